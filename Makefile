@@ -1,0 +1,40 @@
+# The two commands of the README: `make run` and `make test`. Everything else is a helper.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODEL_DIR ?= models/digits
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.DEFAULT_GOAL := help
+.PHONY: help setup train run serve test lint bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-7s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed  ## create .venv and install the project with its dev tools
+
+train: setup  ## train the default digits model into $(MODEL_DIR) unless one is there
+	$(BIN)/python -m training fit --data digits --out $(MODEL_DIR) --if-missing
+
+run: train  ## set up, train the default model if missing, serve it on $(HOST):$(PORT)
+	MODEL_DIR=$(MODEL_DIR) HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m service.api
+
+serve: setup  ## serve $(MODEL_DIR) without training
+	MODEL_DIR=$(MODEL_DIR) HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m service.api
+
+test: setup  ## set up and run the whole test suite
+	$(BIN)/python -m pytest
+
+lint: setup  ## ruff
+	$(BIN)/ruff check .
+
+clean:  ## remove the virtual environment, trained models and caches
+	rm -rf $(VENV) models .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,107 @@
+"""The one place where errors become HTTP responses.
+
+Every error body has the same shape: ``{"error": {"type", "message", "details"?}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.model.errors import (
+    ArtifactError,
+    BatchTooLargeError,
+    InvalidInputError,
+    ModelError,
+    ModelNotReadyError,
+    NotFoundError,
+    SpecError,
+)
+
+logger = logging.getLogger("service.api")
+
+# Most specific first: the first matching class decides the status.
+_DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
+    (BatchTooLargeError, 413, "batch_too_large"),
+    (InvalidInputError, 422, "invalid_input"),
+    (SpecError, 422, "invalid_input"),
+    (NotFoundError, 404, "not_found"),
+    (ModelNotReadyError, 503, "not_ready"),
+    (ArtifactError, 503, "not_ready"),
+)
+_HTTP_TYPES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def error_response(status: int, type_: str, message: str, details=None) -> JSONResponse:
+    """A JSON error response in the service's one error shape."""
+    body = {"type": type_, "message": message}
+    if details is not None:
+        body["details"] = details
+    headers = {"Retry-After": "5"} if status == 503 else None
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def status_of(error: ModelError) -> tuple[int, str]:
+    """HTTP status and error type of a domain error."""
+    for cls, status, type_ in _DOMAIN_STATUS:
+        if isinstance(error, cls):
+            return status, type_
+    return 500, "internal_error"
+
+
+async def _domain_error(request: Request, error: ModelError) -> JSONResponse:
+    status, type_ = status_of(error)
+    if status == 500:
+        logger.error("%s %s failed: %s", request.method, request.url.path, error)
+    return error_response(status, type_, str(error))
+
+
+def _location(loc: tuple) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if part.isdigit() else (f".{part}" if text else part)
+    return text or "body"
+
+
+async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    details = []
+    for problem in error.errors():
+        loc = tuple(problem.get("loc", ()))
+        if problem.get("type") == "json_invalid":
+            at = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+            details.append({"location": "body", "problem": f"not valid JSON{at}"})
+        else:
+            details.append({"location": _location(loc), "problem": problem.get("msg", "")})
+    message = "; ".join(f"{d['location']}: {d['problem']}" for d in details[:5])
+    if len(details) > 5:
+        message += f"; and {len(details) - 5} more"
+    return error_response(422, "invalid_request", message or "invalid request", details)
+
+
+async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    type_ = _HTTP_TYPES.get(error.status_code, "http_error")
+    return error_response(error.status_code, type_, str(error.detail))
+
+
+async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "internal_error", "internal error; the server log has details")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map the domain hierarchy and framework errors to HTTP responses."""
+    app.add_exception_handler(ModelError, _domain_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)

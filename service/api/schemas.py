@@ -1,0 +1,96 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Item 1,009 of scikit-learn's digits (held out from the default model's training split): a 7.
+_DIGIT_SEVEN = [
+    [0, 0, 4, 15, 16, 13, 13, 10],
+    [0, 0, 12, 13, 10, 15, 14, 2],
+    [0, 2, 16, 6, 2, 14, 6, 0],
+    [0, 1, 5, 0, 9, 11, 0, 0],
+    [0, 0, 7, 12, 16, 14, 6, 0],
+    [0, 0, 8, 15, 15, 11, 2, 0],
+    [0, 0, 2, 16, 8, 0, 0, 0],
+    [0, 0, 7, 15, 4, 0, 0, 0],
+]
+
+
+class ClassifyRequest(BaseModel):
+    """A batch of instances to classify."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"instances": [_DIGIT_SEVEN], "top_k": 3}]},
+    )
+
+    instances: list[Any] = Field(
+        ...,
+        description="Instances as nested JSON arrays in the model's input shape (see "
+        "GET /v1/models): a vector(d) is [d numbers]; a grid(H, W, C) is H x W x C numbers, or "
+        "H x W when C = 1. At least one; at most the server's MAX_BATCH_SIZE.",
+    )
+    top_k: int | None = Field(
+        None, ge=1, description="Classes to return per instance, best first (default: 3)."
+    )
+
+
+class ClassScore(BaseModel):
+    label: str = Field(..., description="Class label.")
+    score: float = Field(..., description="One-vs-rest SVM score w_k . phi(x) + b_k.")
+
+
+class Prediction(BaseModel):
+    label: str = Field(..., description="The predicted class: the one with the highest score.")
+    top_k: list[ClassScore] = Field(..., description="The best classes, best first.")
+
+
+class ClassifyResponse(BaseModel):
+    model: str = Field(..., description="Name of the model that answered.")
+    predictions: list[Prediction] = Field(..., description="One per instance, in order.")
+
+
+class InputInfo(BaseModel):
+    kind: str = Field(..., description="vector or grid.")
+    shape: list[int] = Field(..., description="(d,) or (H, W, C).")
+    spec: str = Field(..., description="The input kind as text, e.g. grid(8, 8, 1).")
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    name: str
+    model_type: str
+    created: str | None = Field(None, description="When the artifact was written (UTC).")
+    input: InputInfo
+    classes: list[str]
+    similarities: list[str] = Field(..., description="Similarity measures, canonical text.")
+    normalization: str
+    basis_size: int
+    n_features: int = Field(..., description="Dimensions of the expanded feature space.")
+    training: dict[str, Any] = Field(default_factory=dict, description="Training summary.")
+    versions: dict[str, str] = Field(default_factory=dict, description="Library versions.")
+
+
+class ModelList(BaseModel):
+    models: list[ModelInfo]
+
+
+class Health(BaseModel):
+    status: str
+    detail: str | None = None
+
+
+class ErrorBody(BaseModel):
+    type: str = Field(..., description="Error class, e.g. invalid_input.")
+    message: str = Field(..., description="What was wrong, in words.")
+    details: list[dict[str, Any]] | None = Field(
+        None, description="Per-field problems of a malformed request."
+    )
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,233 @@
+"""The artifact format: a self-describing directory of plain arrays.
+
+::
+
+    model-dir/
+        manifest.json   schema version, name, created time, input kind, classes, similarity
+                        specs, library versions, and for every array: file, sha256, shape, dtype
+        *.npy           arrays, loaded with allow_pickle=False
+
+Reading verifies every checksum, shape and dtype before anything is used, and refuses artifacts
+of a newer schema. Writing goes to a temporary sibling directory first and is renamed into place,
+so a crash never leaves half an artifact where a server would look for one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.model.errors import ArtifactError, ArtifactIntegrityError, ArtifactVersionError
+
+SCHEMA_VERSION = 1
+FORMAT = "besvm-artifact"
+MANIFEST_NAME = "manifest.json"
+_ARRAY_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_HASH_BLOCK = 1 << 20
+
+
+@dataclass
+class Artifact:
+    """A loaded artifact: its manifest and verified arrays."""
+
+    path: Path
+    manifest: dict[str, Any]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape an artifact's numbers."""
+    versions = {"python": platform.python_version()}
+    for package in ("besvm", "numpy", "scikit-learn", "numba"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_artifact(
+    path: str | os.PathLike,
+    manifest: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    overwrite: bool = False,
+) -> Path:
+    """Write an artifact directory atomically.
+
+    Parameters
+    ----------
+    path : path-like
+        The directory to create.
+    manifest : dict
+        JSON-serialisable fields; ``schema_version``, ``format``, ``created``, ``versions`` and
+        ``arrays`` are filled in here.
+    arrays : dict of str to ndarray
+        Names must be identifiers; object arrays are refused.
+    overwrite : bool, default=False
+        Replace an existing directory (only after the new one is complete).
+
+    Returns
+    -------
+    Path
+        The written directory.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ArtifactError(f"{path} already exists; choose another path or allow overwriting")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    try:
+        entries = {}
+        for name, array in arrays.items():
+            if not _ARRAY_NAME.match(name):
+                raise ArtifactError(f"array name {name!r} must be letters, digits and _")
+            array = np.asarray(array, order="C")
+            if array.dtype.hasobject:
+                raise ArtifactError(
+                    f"array {name!r} holds Python objects; artifacts hold no pickles"
+                )
+            file = staging / f"{name}.npy"
+            np.save(file, array, allow_pickle=False)
+            entries[name] = {
+                "file": file.name,
+                "sha256": _sha256(file),
+                "shape": list(array.shape),
+                "dtype": array.dtype.str,
+            }
+        full = {
+            "schema_version": SCHEMA_VERSION,
+            "format": FORMAT,
+            **manifest,
+            "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "versions": library_versions(),
+            "arrays": entries,
+        }
+        (staging / MANIFEST_NAME).write_text(json.dumps(full, indent=2) + "\n")
+        _fsync_tree(staging)
+        if path.exists():
+            retired = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            path.rename(retired)
+            staging.rename(path)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path
+
+
+def _fsync_tree(directory: Path) -> None:
+    for file in directory.iterdir():
+        with file.open("rb") as handle:
+            os.fsync(handle.fileno())
+
+
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check the manifest of an artifact, without touching its arrays.
+
+    Raises
+    ------
+    ArtifactError
+        If there is no artifact at ``path``.
+    ArtifactIntegrityError
+        If the manifest is not valid JSON or lacks required fields.
+    ArtifactVersionError
+        If the artifact's schema is newer than this library's.
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST_NAME
+    if not path.is_dir():
+        raise ArtifactError(f"no model artifact at {path}: directory does not exist")
+    if not manifest_path.is_file():
+        raise ArtifactError(f"no model artifact at {path}: {MANIFEST_NAME} is missing")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactIntegrityError(f"{manifest_path} is not valid JSON: {error}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ArtifactIntegrityError(f"{manifest_path} is not a {FORMAT} manifest")
+    schema = manifest.get("schema_version")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise ArtifactIntegrityError(f"{manifest_path}: schema_version must be an integer")
+    if schema > SCHEMA_VERSION:
+        raise ArtifactVersionError(
+            f"{path} was written with artifact schema {schema}; this version reads schema "
+            f"{SCHEMA_VERSION} and older: upgrade the service to load it"
+        )
+    if not isinstance(manifest.get("arrays"), dict):
+        raise ArtifactIntegrityError(f"{manifest_path}: 'arrays' must be an object")
+    return manifest
+
+
+def read_artifact(path: str | os.PathLike, mmap: frozenset[str] = frozenset()) -> Artifact:
+    """Load an artifact, verifying every array against its manifest entry.
+
+    Parameters
+    ----------
+    path : path-like
+    mmap : set of str
+        Arrays to memory-map read-only instead of reading into memory.
+
+    Returns
+    -------
+    Artifact
+
+    Raises
+    ------
+    ArtifactError, ArtifactIntegrityError, ArtifactVersionError
+    """
+    path = Path(path)
+    manifest = read_manifest(path)
+    arrays = {}
+    for name, entry in manifest["arrays"].items():
+        arrays[name] = _load_array(path, name, entry, mmap_mode="r" if name in mmap else None)
+    return Artifact(path=path, manifest=manifest, arrays=arrays)
+
+
+def _load_array(root: Path, name: str, entry: Any, mmap_mode: str | None) -> np.ndarray:
+    where = f"{root}: array {name!r}"
+    if not isinstance(entry, dict) or not {"file", "sha256", "shape", "dtype"} <= entry.keys():
+        raise ArtifactIntegrityError(f"{where}: manifest entry needs file, sha256, shape, dtype")
+    file_name = entry["file"]
+    if not isinstance(file_name, str) or Path(file_name).name != file_name:
+        raise ArtifactIntegrityError(f"{where}: file must be a plain name, got {file_name!r}")
+    file = root / file_name
+    if not file.is_file():
+        raise ArtifactIntegrityError(f"{where}: file {file_name} is missing")
+    if _sha256(file) != entry["sha256"]:
+        raise ArtifactIntegrityError(
+            f"{where}: checksum of {file_name} does not match the manifest "
+            "(the file was modified, truncated or replaced)"
+        )
+    try:
+        array = np.load(file, allow_pickle=False, mmap_mode=mmap_mode)
+    except ValueError as error:
+        raise ArtifactIntegrityError(f"{where}: cannot read {file_name}: {error}") from None
+    if list(array.shape) != list(entry["shape"]) or array.dtype.str != entry["dtype"]:
+        raise ArtifactIntegrityError(
+            f"{where}: {file_name} holds {array.dtype.str}{list(array.shape)}, manifest says "
+            f"{entry['dtype']}{list(entry['shape'])}"
+        )
+    return array

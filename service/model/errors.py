@@ -1,0 +1,41 @@
+"""The domain error hierarchy.
+
+Every error the library raises on purpose derives from :class:`ModelError`. The HTTP layer maps
+each class to a status code in one place (``service.api.errors``); nothing else needs to know.
+"""
+
+
+class ModelError(Exception):
+    """Base class of every deliberate error of the model library."""
+
+
+class InvalidInputError(ModelError, ValueError):
+    """An input (an instance, a batch, a query) is malformed: wrong shape, type or value."""
+
+
+class BatchTooLargeError(InvalidInputError):
+    """A batch holds more instances than the configured limit."""
+
+
+class ArtifactError(ModelError):
+    """A model artifact cannot be read or written."""
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """An artifact file is missing, truncated, tampered with or inconsistent with its manifest."""
+
+
+class ArtifactVersionError(ArtifactError):
+    """An artifact was written with a schema this version of the library does not know."""
+
+
+class ModelNotReadyError(ModelError):
+    """No model is loaded (yet): the service cannot answer predictions."""
+
+
+class NotFoundError(ModelError, LookupError):
+    """A named thing (a model, a class) does not exist."""
+
+
+class SpecError(ModelError, ValueError):
+    """A text specification (of a similarity measure or an input kind) cannot be parsed."""

@@ -1,0 +1,314 @@
+"""A trained Basis Expanding SVM: prediction on plain arrays, and its artifact form.
+
+The hot path is plain numpy and numba on the stored arrays: normalise the input, compute the
+similarities to the basis, normalise them, then one matrix product with the one-vs-rest weights.
+scikit-learn is not involved at serving time (its per-call overhead dominates at batch size 1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.model.artifact import read_artifact, write_artifact
+from service.model.errors import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    BatchTooLargeError,
+    InvalidInputError,
+    ModelError,
+)
+from service.model.expansion import NORMALIZATIONS, expand
+from service.model.inputs import InputSpec
+from service.model.preprocessing import normalize_inputs
+from service.model.similarity import SimilaritySpec, format_spec, parse_specs
+
+MODEL_TYPE = "besvm"
+
+
+@dataclass(frozen=True, eq=False)
+class Predictor:
+    """A Basis Expanding SVM ready to predict.
+
+    Parameters
+    ----------
+    name : str
+    input_spec : InputSpec
+    classes : tuple of str, length K
+    specs : tuple of SimilaritySpec, length M
+    normalization : str
+    input_mean : ndarray of shape (d,)
+    input_scale : float
+    basis : ndarray of shape (B, d)
+        Basis items, already input-normalised.
+    basis_labels : ndarray of shape (B,), int
+        Index into ``classes`` of each basis item.
+    feature_offset, feature_scale : ndarray of shape (M * B,)
+    coef : ndarray of shape (K, M * B)
+    intercept : ndarray of shape (K,)
+    metadata : dict
+        Everything else the manifest records (training summary, created time, versions).
+    """
+
+    name: str
+    input_spec: InputSpec
+    classes: tuple[str, ...]
+    specs: tuple[SimilaritySpec, ...]
+    normalization: str
+    input_mean: np.ndarray
+    input_scale: float
+    basis: np.ndarray
+    basis_labels: np.ndarray
+    feature_offset: np.ndarray
+    feature_scale: np.ndarray
+    coef: np.ndarray
+    intercept: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # One dtype and layout for every array, so the compiled kernels see one signature.
+        for name in _FLOAT_ARRAYS:
+            array = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
+            object.__setattr__(self, name, array)
+        problems = self._consistency_problems()
+        if problems:
+            raise ArtifactIntegrityError(f"model {self.name!r} is inconsistent: {problems[0]}")
+
+    def _consistency_problems(self) -> list[str]:
+        d, n_basis = self.input_spec.n_features, self.basis.shape[0]
+        n_features, n_classes = len(self.specs) * n_basis, len(self.classes)
+        expected = {
+            "input_mean": (self.input_mean, (d,)),
+            "basis": (self.basis, (n_basis, d)),
+            "basis_labels": (self.basis_labels, (n_basis,)),
+            "feature_offset": (self.feature_offset, (n_features,)),
+            "feature_scale": (self.feature_scale, (n_features,)),
+            "coef": (self.coef, (n_classes, n_features)),
+            "intercept": (self.intercept, (n_classes,)),
+        }
+        problems = [
+            f"{name} has shape {array.shape}, expected {shape}"
+            for name, (array, shape) in expected.items()
+            if array.shape != shape
+        ]
+        if n_classes < 2 or len(set(self.classes)) != n_classes:
+            problems.append(f"needs at least two distinct classes, got {list(self.classes)}")
+        if not self.specs:
+            problems.append("needs at least one similarity")
+        if self.normalization not in NORMALIZATIONS:
+            problems.append(f"unknown normalization {self.normalization!r}")
+        if not (np.isfinite(self.input_scale) and self.input_scale > 0):
+            problems.append(f"input_scale must be positive, got {self.input_scale}")
+        if not problems and not (self.feature_scale > 0).all():
+            problems.append("feature_scale must be positive")
+        if not problems:
+            problems += [
+                f"{name} holds NaN or infinity"
+                for name in _FLOAT_ARRAYS
+                if not np.isfinite(getattr(self, name)).all()
+            ]
+        return problems
+
+    @property
+    def n_basis(self) -> int:
+        return int(self.basis.shape[0])
+
+    @property
+    def similarity_names(self) -> list[str]:
+        return [format_spec(s) for s in self.specs]
+
+    def validate(self, instances) -> np.ndarray:
+        """Turn a client batch into a flat float64 array; see :meth:`InputSpec.as_batch`."""
+        return self.input_spec.as_batch(instances)
+
+    def features(self, X: np.ndarray) -> np.ndarray:
+        """Basis-expanded features of raw (un-normalised) flat inputs.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, d)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, M * B)
+        """
+        X = self._check_flat(X)
+        X_hat = normalize_inputs(X, self.input_mean, self.input_scale)
+        return expand(X_hat, self.basis, self.specs, self.feature_offset, self.feature_scale)
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        """One-vs-rest scores ``w_k . phi(x) + b_k``.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, d)
+
+        Returns
+        -------
+        scores : ndarray of shape (n_samples, K)
+        """
+        scores = self.features(X) @ self.coef.T
+        scores += self.intercept
+        return scores
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        """Predicted class labels, shape (n_samples,)."""
+        return np.asarray(self.classes)[self.decision_function(X).argmax(axis=1)]
+
+    def top_k(self, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best classes of each row of ``scores``, best first.
+
+        Parameters
+        ----------
+        scores : ndarray of shape (n_samples, K)
+        k : int
+            Clipped to K.
+
+        Returns
+        -------
+        indices, top_scores : ndarray of shape (n_samples, min(k, K))
+        """
+        if k < 1:
+            raise InvalidInputError(f"top_k must be at least 1, got {k}")
+        order = np.argsort(-scores, axis=1, kind="stable")[:, : min(k, scores.shape[1])]
+        return order, np.take_along_axis(scores, order, axis=1)
+
+    def classify(
+        self, instances, top_k: int, max_batch_size: int | None = None
+    ) -> list[tuple[str, list[tuple[str, float]]]]:
+        """Validate a client batch and answer it: the label and top-k classes of each instance.
+
+        Parameters
+        ----------
+        instances : sequence of nested lists, or ndarray
+            See :meth:`InputSpec.as_batch`.
+        top_k : int
+            Classes per instance, clipped to the number of classes.
+        max_batch_size : int, optional
+            Refuse larger batches with :class:`BatchTooLargeError`.
+
+        Returns
+        -------
+        list of (label, [(label, score), ...])
+        """
+        if max_batch_size is not None and len(instances) > max_batch_size:
+            raise BatchTooLargeError(
+                f"the batch holds {len(instances)} instances; the limit is {max_batch_size}"
+            )
+        X = self.validate(instances)
+        order, scores = self.top_k(self.decision_function(X), top_k)
+        classes = self.classes
+        return [
+            (
+                classes[row[0]],
+                [(classes[c], float(s)) for c, s in zip(row, row_scores, strict=True)],
+            )
+            for row, row_scores in zip(order.tolist(), scores.tolist(), strict=True)
+        ]
+
+    def warm_up(self) -> None:
+        """Run the whole prediction path once so that compiled kernels are loaded."""
+        for rows in (1, 2):
+            self.decision_function(np.repeat(self.input_mean[None, :], rows, axis=0))
+
+    def _check_flat(self, X: np.ndarray) -> np.ndarray:
+        X = np.asarray(X)
+        d = self.input_spec.n_features
+        if X.ndim != 2 or X.shape[1] != d:
+            raise InvalidInputError(f"expected flat inputs of shape (n, {d}), got {X.shape}")
+        return np.ascontiguousarray(X, dtype=np.float64)
+
+    # -- artifact form ---------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike, overwrite: bool = False):
+        """Write this model as an artifact directory; see :mod:`service.model.artifact`."""
+        manifest = {
+            "model_type": MODEL_TYPE,
+            "name": self.name,
+            "input": {"kind": self.input_spec.kind, "shape": list(self.input_spec.shape)},
+            "classes": list(self.classes),
+            "similarities": self.similarity_names,
+            "normalization": self.normalization,
+            **{k: v for k, v in self.metadata.items() if k not in _RESERVED},
+        }
+        arrays = {
+            "input_mean": self.input_mean,
+            "input_scale": np.asarray(self.input_scale, dtype=np.float64),
+            "basis": self.basis,
+            "basis_labels": self.basis_labels.astype(np.int64),
+            "feature_offset": self.feature_offset,
+            "feature_scale": self.feature_scale,
+            "coef": self.coef,
+            "intercept": self.intercept,
+        }
+        return write_artifact(path, manifest, arrays, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Predictor:
+        """Load and verify an artifact written by :meth:`save`.
+
+        Raises
+        ------
+        ArtifactError
+            Missing, tampered, truncated, inconsistent or newer-schema artifacts.
+        """
+        artifact = read_artifact(path)
+        m, arrays = artifact.manifest, artifact.arrays
+        if m.get("model_type") != MODEL_TYPE:
+            raise ArtifactError(f"{path}: model_type {m.get('model_type')!r} is not {MODEL_TYPE!r}")
+        missing = sorted(set(_ARRAY_NAMES) - arrays.keys())
+        if missing:
+            raise ArtifactIntegrityError(f"{path}: arrays missing from manifest: {missing}")
+        try:
+            input_spec = InputSpec(m["input"]["kind"], tuple(m["input"]["shape"]))
+            specs = parse_specs(m["similarities"])
+            classes = tuple(str(c) for c in m["classes"])
+            normalization = m["normalization"]
+        except (KeyError, TypeError, ModelError) as error:
+            raise ArtifactIntegrityError(f"{path}: malformed manifest: {error!r}") from None
+        return cls(
+            name=str(m.get("name", artifact.path.name)),
+            input_spec=input_spec,
+            classes=classes,
+            specs=specs,
+            normalization=normalization,
+            input_mean=arrays["input_mean"],
+            input_scale=float(arrays["input_scale"]),
+            basis=arrays["basis"],
+            basis_labels=arrays["basis_labels"],
+            feature_offset=arrays["feature_offset"],
+            feature_scale=arrays["feature_scale"],
+            coef=arrays["coef"],
+            intercept=arrays["intercept"],
+            metadata={k: v for k, v in m.items() if k not in _RESERVED},
+        )
+
+
+_ARRAY_NAMES = (
+    "input_mean",
+    "input_scale",
+    "basis",
+    "basis_labels",
+    "feature_offset",
+    "feature_scale",
+    "coef",
+    "intercept",
+)
+_RESERVED = frozenset(
+    {
+        "model_type",
+        "name",
+        "input",
+        "classes",
+        "similarities",
+        "normalization",
+        "schema_version",
+        "format",
+        "arrays",
+    }
+)
+
+_FLOAT_ARRAYS = ("input_mean", "basis", "feature_offset", "feature_scale", "coef", "intercept")

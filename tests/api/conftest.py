@@ -1,0 +1,89 @@
+"""API fixtures: an in-process client for error paths, a real uvicorn process for the main path."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import Settings, create_app
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def make_client(digits_model_dir):
+    """Build a TestClient (lifespan run) for settings overrides of the digits model."""
+    clients = []
+
+    def make(**overrides) -> TestClient:
+        settings = Settings(_env_file=None, model_dir=digits_model_dir, **overrides)
+        client = TestClient(create_app(settings), raise_server_exceptions=False)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(make_client) -> TestClient:
+    return make_client()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def live_server(digits_model_dir):
+    """``python -m service.api`` in its own process on a free localhost port; yields its URL."""
+    port = _free_port()
+    env = {
+        **os.environ,
+        "MODEL_DIR": str(digits_model_dir),
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "MAX_BATCH_SIZE": "50",
+        "ACCESS_LOG": "false",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.api"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"server exited early:\n{process.stdout.read()}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("server did not become ready within 60 s")
+            time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()

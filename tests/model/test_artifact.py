@@ -1,0 +1,147 @@
+"""The artifact format: round trips, and refusal of tampered, truncated or newer artifacts."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from service.model import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    ArtifactVersionError,
+    Predictor,
+)
+from service.model.artifact import SCHEMA_VERSION, read_artifact, write_artifact
+
+
+@pytest.fixture
+def model_copy(digits_model_dir, tmp_path):
+    path = tmp_path / "model"
+    shutil.copytree(digits_model_dir, path)
+    return path
+
+
+def _manifest(path):
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _write_manifest(path, manifest):
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_round_trip_gives_identical_predictions(digits_fit, digits_model_dir, digits):
+    loaded = Predictor.load(digits_model_dir)
+    original = digits_fit.predictor
+    np.testing.assert_array_equal(
+        loaded.decision_function(digits.X_test), original.decision_function(digits.X_test)
+    )
+    assert loaded.classes == original.classes
+    assert loaded.specs == original.specs
+    assert loaded.input_spec == original.input_spec
+    assert loaded.name == "digits"
+
+
+def test_manifest_describes_the_model(digits_model_dir):
+    manifest = _manifest(digits_model_dir)
+    assert manifest["schema_version"] == SCHEMA_VERSION
+    assert manifest["input"] == {"kind": "grid", "shape": [8, 8, 1]}
+    assert manifest["classes"] == [str(d) for d in range(10)]
+    assert manifest["similarities"] == ["rbf(gamma=1)"]
+    assert manifest["created"].endswith("Z")
+    assert {"numpy", "scikit-learn", "numba", "python"} <= manifest["versions"].keys()
+    for name, entry in manifest["arrays"].items():
+        assert (digits_model_dir / entry["file"]).is_file(), name
+        assert len(entry["sha256"]) == 64
+
+
+def test_a_tampered_array_is_refused(model_copy):
+    coef = np.load(model_copy / "coef.npy")
+    coef[0, 0] += 1.0
+    np.save(model_copy / "coef.npy", coef)
+    with pytest.raises(ArtifactIntegrityError, match=r"checksum of coef\.npy"):
+        Predictor.load(model_copy)
+
+
+def test_a_truncated_array_is_refused(model_copy):
+    data = (model_copy / "basis.npy").read_bytes()
+    (model_copy / "basis.npy").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactIntegrityError, match="basis"):
+        Predictor.load(model_copy)
+
+
+def test_a_missing_array_file_is_refused(model_copy):
+    (model_copy / "intercept.npy").unlink()
+    with pytest.raises(ArtifactIntegrityError, match=r"intercept\.npy is missing"):
+        Predictor.load(model_copy)
+
+
+def test_a_newer_schema_is_refused(model_copy):
+    manifest = _manifest(model_copy)
+    manifest["schema_version"] = SCHEMA_VERSION + 1
+    _write_manifest(model_copy, manifest)
+    with pytest.raises(ArtifactVersionError, match="upgrade"):
+        Predictor.load(model_copy)
+
+
+def test_a_corrupt_manifest_is_refused(model_copy):
+    (model_copy / "manifest.json").write_text('{"schema_version": 1, "arr')
+    with pytest.raises(ArtifactIntegrityError, match="not valid JSON"):
+        Predictor.load(model_copy)
+
+
+def test_a_missing_directory_or_manifest_is_reported(tmp_path):
+    with pytest.raises(ArtifactError, match="does not exist"):
+        Predictor.load(tmp_path / "nowhere")
+    with pytest.raises(ArtifactError, match=r"manifest\.json is missing"):
+        Predictor.load(tmp_path)
+
+
+def test_an_edited_manifest_inconsistent_with_the_arrays_is_refused(model_copy):
+    manifest = _manifest(model_copy)
+    manifest["classes"] = manifest["classes"][:-1]
+    _write_manifest(model_copy, manifest)
+    with pytest.raises(ArtifactIntegrityError, match="coef has shape"):
+        Predictor.load(model_copy)
+
+
+def test_file_names_cannot_leave_the_directory(model_copy):
+    manifest = _manifest(model_copy)
+    manifest["arrays"]["coef"]["file"] = "../coef.npy"
+    _write_manifest(model_copy, manifest)
+    with pytest.raises(ArtifactIntegrityError, match="plain name"):
+        Predictor.load(model_copy)
+
+
+def test_a_pickled_array_is_never_loaded(model_copy):
+    # Even with a matching checksum (an attacker rewrote the manifest), no pickle is unpickled.
+    np.save(model_copy / "coef.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    manifest = _manifest(model_copy)
+    from service.model.artifact import _sha256
+
+    manifest["arrays"]["coef"]["sha256"] = _sha256(model_copy / "coef.npy")
+    _write_manifest(model_copy, manifest)
+    with pytest.raises(ArtifactIntegrityError, match=r"cannot read coef\.npy"):
+        Predictor.load(model_copy)
+
+
+def test_object_arrays_are_refused_on_write(tmp_path):
+    with pytest.raises(ArtifactError, match="Python objects"):
+        write_artifact(tmp_path / "a", {}, {"x": np.array([None], dtype=object)})
+    assert not list(tmp_path.iterdir()), "no partial artifact or staging directory is left"
+
+
+def test_writing_never_clobbers_unless_asked(tmp_path):
+    path = write_artifact(tmp_path / "a", {"name": "one"}, {"x": np.arange(3)})
+    with pytest.raises(ArtifactError, match="already exists"):
+        write_artifact(path, {"name": "two"}, {"x": np.arange(4)})
+    write_artifact(path, {"name": "two"}, {"x": np.arange(4)}, overwrite=True)
+    artifact = read_artifact(path)
+    assert artifact.manifest["name"] == "two"
+    np.testing.assert_array_equal(artifact.arrays["x"], np.arange(4))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"], "no staging leftovers"
+
+
+def test_scalar_arrays_keep_their_shape(tmp_path):
+    path = write_artifact(tmp_path / "a", {}, {"s": np.asarray(2.5)})
+    assert read_artifact(path).arrays["s"].shape == ()

@@ -1,0 +1,68 @@
+"""Parsing and formatting of similarity specs, and dispatch to the kernels."""
+
+import numpy as np
+import pytest
+from sklearn.metrics.pairwise import rbf_kernel
+
+from service.model import SpecError, parse_spec, parse_specs
+from service.model.similarity import format_spec, split_specs
+
+
+@pytest.mark.parametrize(
+    ("text", "canonical"),
+    [
+        ("linear", "linear"),
+        ("LINEAR()", "linear"),
+        ("rbf", "rbf(gamma=1)"),
+        ("rbf(0.5)", "rbf(gamma=0.5)"),
+        ("  RBF ( gamma = 2.5e-3 ) ", "rbf(gamma=0.0025)"),
+        ("rbf(gamma=1e+3)", "rbf(gamma=1000)"),
+    ],
+)
+def test_parse_gives_canonical_text_and_round_trips(text, canonical):
+    spec = parse_spec(text)
+    assert format_spec(spec) == canonical == str(spec)
+    assert parse_spec(canonical) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("poly(3)", "unknown similarity 'poly'"),
+        ("rbf(gamma=0)", "gamma must be > 0"),
+        ("rbf(-1)", "gamma must be > 0"),
+        ("rbf(gamma=nan)", "must be finite"),
+        ("rbf(sigma=1)", "has no parameter 'sigma'"),
+        ("rbf(1, 2)", "takes 1 parameter"),
+        ("rbf(gamma=x)", "must be a number"),
+        ("rbf(1, gamma=2)", "given twice"),
+        ("linear(1)", "takes 0 parameter"),
+        ("rbf(", "cannot parse"),
+        ("", "cannot parse"),
+    ],
+)
+def test_bad_specs_are_refused_with_a_reason(text, message):
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        parse_spec(text)
+
+
+def test_several_measures_split_outside_parentheses():
+    assert split_specs("rbf(gamma=1e+3) + linear") == ["rbf(gamma=1e+3) ", " linear"]
+    specs = parse_specs("rbf(gamma=1e+3) + linear")
+    assert [str(s) for s in specs] == ["rbf(gamma=1000)", "linear"]
+    assert parse_specs(["rbf", "linear"]) == parse_specs("rbf+linear")
+
+
+@pytest.mark.parametrize("text", ["rbf + rbf(gamma=1)", "linear + ", "+"])
+def test_duplicate_or_empty_measures_are_refused(text):
+    with pytest.raises(SpecError):
+        parse_specs(text)
+
+
+def test_spec_compute_dispatches_to_the_right_kernel():
+    rng = np.random.default_rng(0)
+    X, basis = rng.normal(size=(5, 3)), rng.normal(size=(4, 3))
+    np.testing.assert_allclose(parse_spec("linear").compute(basis, X), X @ basis.T, rtol=1e-12)
+    np.testing.assert_allclose(
+        parse_spec("rbf(0.25)").compute(basis, X), rbf_kernel(X, basis, gamma=0.25), rtol=1e-10
+    )

@@ -1,0 +1,244 @@
+"""Command line of the trainer: ``python -m training {fit,evaluate} --help``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from service.model import ModelError, Predictor
+from service.model.basis import BASIS_STRATEGIES
+from service.model.expansion import NORMALIZATIONS
+from service.model.similarity import SIMILARITY_KINDS
+from training.datasets import DIGITS, DatasetError, load_dataset
+from training.evaluate import evaluate
+from training.fit import FitConfig, fit_besvm
+
+_DEFAULTS = FitConfig()
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument(
+        "--data",
+        default=default,
+        help=f"'{DIGITS}' (embedded: 8x8 digit images, first 1,000 train / 797 test), "
+        "a .npz file (X, y, optional ids, optional X_test/y_test) or a .csv file with a header "
+        "(a label column, an optional id column, numeric feature columns)"
+        + (f" (default: {default})" if default else " (default: the model's training data)"),
+    )
+    group.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.25,
+        help="held-out fraction for files without X_test, stratified (default: 0.25)",
+    )
+    group.add_argument("--seed", type=int, default=0, help="seed of splits and random bases")
+    group.add_argument(
+        "--input-shape",
+        help="read file rows as grids, e.g. 'grid(28, 28, 1)' (default: from the array shape)",
+    )
+    group.add_argument(
+        "--label-column", default="label", help="CSV column holding the class (default: label)"
+    )
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training",
+        description="Train and evaluate Basis Expanding SVMs offline; the artifacts they write "
+        "are served by 'python -m service.api'.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    fit = commands.add_parser(
+        "fit",
+        help="train a model and write its artifact directory",
+        description="Choose a class-balanced basis, expand the training set on it under one or "
+        "more similarity measures, fit a one-vs-rest linear SVM, and write the artifact.",
+    )
+    _add_data_arguments(fit, default=DIGITS)
+    model = fit.add_argument_group("model")
+    kinds = ", ".join(sorted(SIMILARITY_KINDS))
+    model.add_argument(
+        "--similarity",
+        default=_DEFAULTS.similarities,
+        help=f"similarity measure(s) joined with '+', e.g. 'rbf(gamma=0.5) + linear'; "
+        f"known: {kinds} (default: {_DEFAULTS.similarities})",
+    )
+    model.add_argument(
+        "--basis-per-class",
+        type=int,
+        default=_DEFAULTS.basis_per_class,
+        help=f"basis items per class (default: {_DEFAULTS.basis_per_class})",
+    )
+    model.add_argument(
+        "--basis-strategy",
+        choices=BASIS_STRATEGIES,
+        default=_DEFAULTS.basis_strategy,
+        help=f"how basis items are chosen within a class (default: {_DEFAULTS.basis_strategy})",
+    )
+    model.add_argument(
+        "--normalization",
+        choices=NORMALIZATIONS,
+        default=_DEFAULTS.normalization,
+        help=f"normalisation of the similarities (default: {_DEFAULTS.normalization})",
+    )
+    model.add_argument(
+        "-C",
+        "--C",
+        dest="C",
+        type=float,
+        default=_DEFAULTS.C,
+        help=f"SVM regularisation constant (default: {_DEFAULTS.C:g})",
+    )
+    model.add_argument(
+        "--max-iter",
+        type=int,
+        default=_DEFAULTS.max_iter,
+        help=f"LinearSVC iteration limit (default: {_DEFAULTS.max_iter})",
+    )
+    output = fit.add_argument_group("output")
+    output.add_argument(
+        "--out", type=Path, help="artifact directory to write (default: models/<name>)"
+    )
+    output.add_argument("--name", help="model name (default: the data set's name)")
+    output.add_argument(
+        "--force", action="store_true", help="replace an existing artifact directory"
+    )
+    output.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing if a valid artifact already exists at --out (exit 0)",
+    )
+    output.add_argument("--quiet", action="store_true", help="no progress output")
+    fit.set_defaults(handler=_run_fit)
+
+    ev = commands.add_parser(
+        "evaluate",
+        help="held-out accuracy of a model beside LinearSVC and SVC(RBF) baselines",
+        description="Accuracy, per-class report, training and prediction times of a trained "
+        "model on the held-out split, side by side with baselines trained on the same inputs.",
+    )
+    ev.add_argument("--model", type=Path, required=True, help="artifact directory")
+    _add_data_arguments(ev, default=None)
+    ev.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    ev.add_argument(
+        "--repeats", type=int, default=5, help="timing runs, the median is shown (default: 5)"
+    )
+    ev.set_defaults(handler=_run_evaluate)
+    return parser
+
+
+def _status(args: argparse.Namespace, message: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(message, file=sys.stderr, flush=True)
+
+
+def _load_data(args: argparse.Namespace, default_source=None):
+    if args.data is None and default_source is not None:
+        return load_dataset(default_source)
+    return load_dataset(
+        args.data,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+        input_shape=args.input_shape,
+        label_column=args.label_column,
+    )
+
+
+def _run_fit(args: argparse.Namespace) -> int:
+    name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
+    out = args.out or Path("models") / name
+    if args.if_missing and out.exists():
+        existing = Predictor.load(out)  # a broken artifact is an error, not "present"
+        _status(args, f"{out} already holds model {existing.name!r}: nothing to do")
+        return 0
+    _status(args, f"loading data set {args.data} ...")
+    dataset = _load_data(args)
+    if out.exists() and not args.force:
+        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+    config = FitConfig(
+        similarities=args.similarity,
+        basis_per_class=args.basis_per_class,
+        basis_strategy=args.basis_strategy,
+        normalization=args.normalization,
+        C=args.C,
+        max_iter=args.max_iter,
+        seed=args.seed,
+    )
+    _status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
+    result = fit_besvm(dataset, config, name=name, verbose=not args.quiet)
+    predictor = result.predictor
+    started = time.perf_counter()
+    test_accuracy = float((predictor.predict(dataset.X_test) == dataset.y_test).mean())
+    predict_seconds = time.perf_counter() - started
+    predictor.metadata["training"]["test_accuracy"] = test_accuracy
+    predictor.metadata["training"]["n_test"] = len(dataset.y_test)
+    predictor.save(out, overwrite=args.force)
+    timings = result.timings
+    print(
+        "\n".join(
+            [
+                f"model            {name}",
+                f"artifact         {out}",
+                f"data             {dataset.name}: {len(dataset.y_train):,} train, "
+                f"{len(dataset.y_test):,} test, input {dataset.input_spec}",
+                f"classes          {len(predictor.classes)}",
+                f"similarities     {' + '.join(predictor.similarity_names)}",
+                f"basis            {predictor.n_basis} items ({config.basis_strategy}, "
+                f"{config.basis_per_class} per class), {predictor.coef.shape[1]} features",
+                f"train accuracy   {result.train_accuracy:.2%}",
+                f"test accuracy    {test_accuracy:.2%}",
+                f"train time       {timings['train_seconds']:.2f} s (expansion "
+                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
+                f"test prediction  {1e6 * predict_seconds / max(len(dataset.y_test), 1):.1f} "
+                "µs per item",
+            ]
+            + [f"warning          {note}" for note in result.warnings]
+        )
+    )
+    return 0
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    predictor = Predictor.load(args.model)
+    recorded = predictor.metadata.get("training", {}).get("dataset")
+    if args.data is None and recorded is None:
+        raise DatasetError(f"{args.model} records no training data set: pass --data")
+    dataset = _load_data(args, default_source=recorded)
+    if dataset.input_spec.n_features != predictor.input_spec.n_features:
+        raise DatasetError(
+            f"data set {dataset.name} has input {dataset.input_spec}, "
+            f"model {predictor.name} expects {predictor.input_spec}"
+        )
+    unknown = sorted(set(np.unique(dataset.y_test).tolist()) - set(predictor.classes))
+    if unknown:
+        raise DatasetError(f"test labels unknown to the model: {unknown[:10]}")
+    _status(args, f"evaluating {predictor.name} on {len(dataset.y_test):,} held-out items ...")
+    evaluation = evaluate(predictor, dataset, repeats=args.repeats)
+    print(
+        f"{evaluation.model} on {evaluation.dataset}: "
+        f"{evaluation.n_train:,} train / {evaluation.n_test:,} test\n"
+    )
+    print(evaluation.table())
+    print(f"\nper-class report ({evaluation.results[0].method}):\n")
+    print(evaluation.per_class_report)
+    if args.json:
+        args.json.write_text(json.dumps(evaluation.to_dict(), indent=2) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (DatasetError, ModelError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
