@@ -1,13 +1,15 @@
 r"""Similarity kernels compiled with numba.
 
-Each measure is a small pure serial kernel on one pair ``(b, x)`` of flattened items, with a
-parallel driver beside it that fills a preallocated ``(n_samples, n_basis)`` output, one row per
-input. Accumulators are float64 whatever the input dtype. Everything is compiled with
-``cache=True`` so a server starting on a warm cache does not recompile.
+Each measure is a small pure serial kernel on one pair ``(b, x)`` of flattened items and one on
+a row (one input against the whole basis), with two drivers beside them that fill a preallocated
+``(n_samples, n_basis)`` output: a parallel one over rows, and a serial one for small batches,
+where starting a parallel region costs more than the work (and stalls behind a busy core).
+Accumulators are float64. Everything is compiled with ``cache=True`` so a server starting on a
+warm cache does not recompile.
 
-The drivers are not safe to enter from several threads at once under numba's ``workqueue``
-threading layer; callers go through :func:`service.model.similarity.compute_similarities`, which
-serialises them.
+Callers go through :meth:`service.model.similarity.SimilaritySpec.compute`, which picks the
+driver and serialises the parallel ones (numba's ``workqueue`` threading layer must not be
+entered from two threads at once).
 """
 
 import numba
@@ -77,9 +79,23 @@ def rbf_pair(b, x, gamma):
     return np.exp(-gamma * squared_euclidean_pair(b, x))
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def linear_row(basis, x, out_row):
+    """Fill ``out_row[j] = linear_pair(basis[j], x)`` for one input."""
+    for j in range(basis.shape[0]):
+        out_row[j] = linear_pair(basis[j], x)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def rbf_row(basis, x, gamma, out_row):
+    """Fill ``out_row[j] = rbf_pair(basis[j], x, gamma)`` for one input."""
+    for j in range(basis.shape[0]):
+        out_row[j] = rbf_pair(basis[j], x, gamma)
+
+
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
 def linear_similarities(basis, X, out):
-    """Fill ``out[i, j] = linear_pair(basis[j], X[i])``.
+    """Fill ``out[i, j] = linear_pair(basis[j], X[i])``, rows in parallel.
 
     Parameters
     ----------
@@ -88,16 +104,20 @@ def linear_similarities(basis, X, out):
     out : ndarray of shape (n_samples, n_basis)
         Written in place.
     """
-    n_basis = basis.shape[0]
     for i in numba.prange(X.shape[0]):
-        x = X[i]
-        for j in range(n_basis):
-            out[i, j] = linear_pair(basis[j], x)
+        linear_row(basis, X[i], out[i])
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def linear_similarities_serial(basis, X, out):
+    """:func:`linear_similarities` on the calling thread, for small batches."""
+    for i in range(X.shape[0]):
+        linear_row(basis, X[i], out[i])
 
 
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
 def rbf_similarities(basis, X, gamma, out):
-    """Fill ``out[i, j] = rbf_pair(basis[j], X[i], gamma)``.
+    """Fill ``out[i, j] = rbf_pair(basis[j], X[i], gamma)``, rows in parallel.
 
     Parameters
     ----------
@@ -107,8 +127,12 @@ def rbf_similarities(basis, X, gamma, out):
     out : ndarray of shape (n_samples, n_basis)
         Written in place.
     """
-    n_basis = basis.shape[0]
     for i in numba.prange(X.shape[0]):
-        x = X[i]
-        for j in range(n_basis):
-            out[i, j] = rbf_pair(basis[j], x, gamma)
+        rbf_row(basis, X[i], gamma, out[i])
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def rbf_similarities_serial(basis, X, gamma, out):
+    """:func:`rbf_similarities` on the calling thread, for small batches."""
+    for i in range(X.shape[0]):
+        rbf_row(basis, X[i], gamma, out[i])

@@ -24,7 +24,12 @@ from service.model.errors import (
 from service.model.expansion import NORMALIZATIONS, expand
 from service.model.inputs import InputSpec
 from service.model.preprocessing import normalize_inputs
-from service.model.similarity import SimilaritySpec, format_spec, parse_specs
+from service.model.similarity import (
+    PARALLEL_MIN_WORK,
+    SimilaritySpec,
+    format_spec,
+    parse_specs,
+)
 
 MODEL_TYPE = "besvm"
 
@@ -210,8 +215,9 @@ class Predictor:
         ]
 
     def warm_up(self) -> None:
-        """Run the whole prediction path once so that compiled kernels are loaded."""
-        for rows in (1, 2):
+        """Run the whole prediction path, serial and parallel, so compiled kernels are loaded."""
+        work_per_row = self.n_basis * self.input_spec.n_features
+        for rows in (1, PARALLEL_MIN_WORK // work_per_row + 1):
             self.decision_function(np.repeat(self.input_mean[None, :], rows, axis=0))
 
     def _check_flat(self, X: np.ndarray) -> np.ndarray:

@@ -24,6 +24,11 @@ from service.model.errors import SpecError
 # drivers already use every core, so serialising them costs no throughput.
 _PARALLEL_REGION = threading.Lock()
 
+# Below this many multiply-adds (n_samples * n_basis * n_features) a call runs on the calling
+# thread: a parallel region costs tens of microseconds to start, and far more when another
+# process holds a core. 250 bases of 64 features: batches of up to 12 items run serially.
+PARALLEL_MIN_WORK = 200_000
+
 
 @dataclass(frozen=True)
 class Parameter:
@@ -53,6 +58,7 @@ class SimilarityKind:
     name: str
     parameters: tuple[Parameter, ...]
     driver: Callable[..., None]
+    serial_driver: Callable[..., None]
     definite: bool
     description: str
 
@@ -64,6 +70,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             name="linear",
             parameters=(),
             driver=kernels.linear_similarities,
+            serial_driver=kernels.linear_similarities_serial,
             definite=True,
             description="inner product b . x",
         ),
@@ -71,6 +78,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             name="rbf",
             parameters=(Parameter("gamma", 1.0, minimum=0.0, exclusive_minimum=True),),
             driver=kernels.rbf_similarities,
+            serial_driver=kernels.rbf_similarities_serial,
             definite=True,
             description="exp(-gamma ||b - x||^2)",
         ),
@@ -119,8 +127,11 @@ class SimilaritySpec:
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
         args = [value for _, value in self.params]
-        with _PARALLEL_REGION:
-            self.kind.driver(basis, X, *args, out)
+        if X.shape[0] * basis.shape[0] * X.shape[1] < PARALLEL_MIN_WORK:
+            self.kind.serial_driver(basis, X, *args, out)
+        else:
+            with _PARALLEL_REGION:
+                self.kind.driver(basis, X, *args, out)
         return out
 
 

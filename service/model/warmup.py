@@ -5,20 +5,21 @@ Run at image build time so that a container starts without compiling anything.
 
 import numpy as np
 
-from service.model.similarity import SIMILARITY_KINDS, SimilaritySpec
+from service.model.similarity import SIMILARITY_KINDS
 
 
 def compile_kernels() -> list[str]:
-    """Call every similarity driver once on tiny inputs of the dtypes the predictor uses."""
+    """Call every similarity driver, serial and parallel, on inputs of the predictor's dtypes."""
     rng = np.random.default_rng(0)
     basis, X = rng.normal(size=(3, 4)), rng.normal(size=(2, 4))
     wide = np.empty((2, 6))
     names = []
     for kind in SIMILARITY_KINDS.values():
-        spec = SimilaritySpec(kind.name, tuple((p.name, p.default) for p in kind.parameters))
-        spec.compute(basis, X)  # a C-contiguous output: one measure
-        spec.compute(basis, X, wide[:, :3])  # a strided output block: several measures
-        names.append(str(spec))
+        args = [p.default for p in kind.parameters]
+        for driver in (kind.driver, kind.serial_driver):
+            driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
+            driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
+        names.append(kind.name)
     return names
 
 

@@ -15,20 +15,26 @@ def rng():
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 4), (13, 9, 64), (40, 25, 17)]
 
 
+LINEAR = [kernels.linear_similarities, kernels.linear_similarities_serial]
+RBF = [kernels.rbf_similarities, kernels.rbf_similarities_serial]
+
+
+@pytest.mark.parametrize("driver", LINEAR)
 @pytest.mark.parametrize(("n", "n_basis", "d"), SHAPES)
-def test_linear_similarities_equal_matrix_product(rng, n, n_basis, d):
+def test_linear_similarities_equal_matrix_product(rng, driver, n, n_basis, d):
     X, basis = rng.normal(size=(n, d)), rng.normal(size=(n_basis, d))
     out = np.full((n, n_basis), np.nan)
-    kernels.linear_similarities(basis, X, out)
+    driver(basis, X, out)
     np.testing.assert_allclose(out, X @ basis.T, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("driver", RBF)
 @pytest.mark.parametrize(("n", "n_basis", "d"), SHAPES)
 @pytest.mark.parametrize("gamma", [1e-3, 0.5, 1.0, 7.0])
-def test_rbf_similarities_equal_sklearn(rng, n, n_basis, d, gamma):
+def test_rbf_similarities_equal_sklearn(rng, driver, n, n_basis, d, gamma):
     X, basis = rng.normal(size=(n, d)), rng.normal(size=(n_basis, d))
     out = np.full((n, n_basis), np.nan)
-    kernels.rbf_similarities(basis, X, gamma, out)
+    driver(basis, X, gamma, out)
     np.testing.assert_allclose(out, rbf_kernel(X, basis, gamma=gamma), rtol=1e-10, atol=1e-14)
 
 
@@ -40,11 +46,12 @@ def test_pair_kernels_equal_numpy(rng):
     assert kernels.rbf_pair(b, b, 5.0) == 1.0
 
 
-def test_drivers_write_into_a_strided_block_and_nowhere_else(rng):
+@pytest.mark.parametrize(("linear", "rbf"), list(zip(LINEAR, RBF, strict=True)))
+def test_drivers_write_into_a_strided_block_and_nowhere_else(rng, linear, rbf):
     X, basis = rng.normal(size=(6, 5)), rng.normal(size=(4, 5))
     wide = np.full((6, 12), -99.0)
-    kernels.linear_similarities(basis, X, wide[:, 4:8])
-    kernels.rbf_similarities(basis, X, 1.0, wide[:, 8:12])
+    linear(basis, X, wide[:, 4:8])
+    rbf(basis, X, 1.0, wide[:, 8:12])
     np.testing.assert_allclose(wide[:, 4:8], X @ basis.T, rtol=1e-12)
     np.testing.assert_allclose(wide[:, 8:12], rbf_kernel(X, basis, gamma=1.0), rtol=1e-10)
     assert (wide[:, :4] == -99.0).all()

@@ -66,3 +66,15 @@ def test_spec_compute_dispatches_to_the_right_kernel():
     np.testing.assert_allclose(
         parse_spec("rbf(0.25)").compute(basis, X), rbf_kernel(X, basis, gamma=0.25), rtol=1e-10
     )
+
+
+@pytest.mark.parametrize("n", [1, 3, 400])
+def test_small_and_large_batches_give_the_same_similarities(n):
+    # Small batches run on the serial driver, large ones on the parallel driver.
+    from service.model.similarity import PARALLEL_MIN_WORK
+
+    rng = np.random.default_rng(n)
+    X, basis = rng.normal(size=(n, 64)), rng.normal(size=(20, 64))
+    spec = parse_spec("rbf(0.1)")
+    assert (n * 20 * 64 >= PARALLEL_MIN_WORK) == (n == 400)
+    np.testing.assert_allclose(spec.compute(basis, X), rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)

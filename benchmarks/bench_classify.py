@@ -1,0 +1,110 @@
+"""Prediction cost of the default digits model against SVC(RBF), in the same run.
+
+    .venv/bin/python benchmarks/bench_classify.py [--model models/digits] [--repeats 200]
+        [--http]
+
+Prints medians per sample at batch 1 and batch 1,000 (inputs drawn from the digits test split,
+tiled to 1,000), and the ratio SVC / BE-SVM (above 1: BE-SVM is faster). Both include input
+normalisation. With ``--http`` it also starts ``python -m service.api`` on a free port and
+reports p50/p90 latency of POST /classify with one instance (the HTTP path end to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.svm import SVC
+
+from service.model import InputNormalizer, Predictor
+from training.datasets import load_digits_dataset
+
+
+def _median_seconds(run, repeats: int) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _http_latencies(model: Path, instance: list, requests: int) -> list[float]:
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MODEL_DIR": str(model), "PORT": str(port), "ACCESS_LOG": "false"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.api"], env=env, stderr=subprocess.DEVNULL
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url) as client:
+            for _ in range(600):
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            body = {"instances": [instance]}
+            for _ in range(20):
+                client.post("/classify", json=body)
+            latencies = []
+            for _ in range(requests):
+                started = time.perf_counter()
+                response = client.post("/classify", json=body)
+                latencies.append(time.perf_counter() - started)
+                response.raise_for_status()
+        return latencies
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, default=Path("models/digits"))
+    parser.add_argument("--repeats", type=int, default=200, help="timing runs at batch 1")
+    parser.add_argument("--http", action="store_true", help="also time POST /classify")
+    args = parser.parse_args()
+
+    predictor = Predictor.load(args.model)
+    data = load_digits_dataset()
+    normalizer = InputNormalizer().fit(data.X_train)
+    svc = SVC(kernel="rbf", gamma=1.0, C=1.0).fit(normalizer.transform(data.X_train), data.y_train)
+    predictor.warm_up()
+
+    batch = np.resize(data.X_test, (1000, data.X_test.shape[1]))
+    single = data.X_test[:1]
+    print(
+        f"model {predictor.name}: {' + '.join(predictor.similarity_names)}, "
+        f"B={predictor.n_basis}; SVC(RBF): {svc.support_vectors_.shape[0]} support vectors"
+    )
+    print(f"{'batch':>6} {'BE-SVM µs/sample':>17} {'SVC µs/sample':>14} {'SVC / BE-SVM':>13}")
+    for X, repeats in ((single, args.repeats), (batch, max(args.repeats // 20, 5))):
+        ours = _median_seconds(lambda X=X: predictor.decision_function(X), repeats)
+        theirs = _median_seconds(
+            lambda X=X: svc.decision_function(normalizer.transform(X)), repeats
+        )
+        n = len(X)
+        print(f"{n:>6} {1e6 * ours / n:>17.2f} {1e6 * theirs / n:>14.2f} {theirs / ours:>13.2f}")
+
+    if args.http:
+        instance = data.X_test[0].reshape(8, 8).tolist()
+        latencies = sorted(_http_latencies(args.model, instance, 500))
+        p50, p90 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.9)]
+        print(f"HTTP POST /classify, 1 instance: p50 {1e3 * p50:.2f} ms, p90 {1e3 * p90:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
