@@ -32,8 +32,9 @@ serve: setup  ## serve $(MODEL_DIR) without training
 test: setup  ## set up and run the whole test suite
 	$(BIN)/python -m pytest
 
-lint: setup  ## ruff
+lint: setup  ## ruff: lint and formatting
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:  ## remove the virtual environment, trained models and caches
 	rm -rf $(VENV) models .pytest_cache .ruff_cache

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -25,16 +24,7 @@ from sklearn.svm import SVC
 
 from service.model import InputNormalizer, Predictor
 from training.datasets import load_digits_dataset
-
-
-def _median_seconds(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+from training.evaluate import median_seconds
 
 
 def _http_latencies(model: Path, instance: list, requests: int) -> list[float]:
@@ -92,10 +82,8 @@ def main() -> None:
     )
     print(f"{'batch':>6} {'BE-SVM µs/sample':>17} {'SVC µs/sample':>14} {'SVC / BE-SVM':>13}")
     for X, repeats in ((single, args.repeats), (batch, max(args.repeats // 20, 5))):
-        ours = _median_seconds(lambda X=X: predictor.decision_function(X), repeats)
-        theirs = _median_seconds(
-            lambda X=X: svc.decision_function(normalizer.transform(X)), repeats
-        )
+        ours = median_seconds(lambda X=X: predictor.decision_function(X), repeats)
+        theirs = median_seconds(lambda X=X: svc.decision_function(normalizer.transform(X)), repeats)
         n = len(X)
         print(f"{n:>6} {1e6 * ours / n:>17.2f} {1e6 * theirs / n:>14.2f} {theirs / ours:>13.2f}")
 

@@ -57,7 +57,9 @@ class Evaluation:
         return "\n".join(lines)
 
 
-def _median_seconds(run: Callable[[], object], repeats: int) -> float:
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``run()`` over ``repeats`` calls, after one untimed warm-up call."""
+    run()
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -92,7 +94,7 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
             accuracy=float((predicted == y_test).mean()),
             train_seconds=float("nan") if train_seconds is None else float(train_seconds),
             predict_us_per_sample=1e6
-            * _median_seconds(lambda: predictor.decision_function(X_test), repeats)
+            * median_seconds(lambda: predictor.decision_function(X_test), repeats)
             / n_test,
             n_parameters=int(predictor.coef.size + predictor.basis.size),
         )
@@ -118,7 +120,7 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
                 method=method,
                 accuracy=accuracy,
                 train_seconds=fit_seconds,
-                predict_us_per_sample=1e6 * _median_seconds(predict, repeats) / n_test,
+                predict_us_per_sample=1e6 * median_seconds(predict, repeats) / n_test,
                 n_parameters=n_parameters,
             )
         )
