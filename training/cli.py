@@ -226,6 +226,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         f"{evaluation.n_train:,} train / {evaluation.n_test:,} test\n"
     )
     print(evaluation.table())
+    print("\nper-class recall:\n")
+    print(evaluation.per_class_table())
     print(f"\nper-class report ({evaluation.results[0].method}):\n")
     print(evaluation.per_class_report)
     if args.json:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from sklearn.metrics import classification_report
 from sklearn.svm import SVC, LinearSVC
 
@@ -27,6 +28,7 @@ class MethodResult:
     train_seconds: float
     predict_us_per_sample: float
     n_parameters: int
+    per_class_recall: dict[str, float]
 
 
 @dataclass
@@ -55,6 +57,22 @@ class Evaluation:
                 f"{r.predict_us_per_sample:>18.1f} {r.n_parameters:>9,}"
             )
         return "\n".join(lines)
+
+    def per_class_table(self) -> str:
+        """Recall (accuracy within the class) of every method, class by class."""
+        width = max(12, *(len(r.method) for r in self.results))
+        names = [r.method for r in self.results]
+        lines = ["class".ljust(10) + "".join(f" {n:>{width}}" for n in names)]
+        for label in self.results[0].per_class_recall:
+            cells = "".join(f" {r.per_class_recall[label]:>{width}.1%}" for r in self.results)
+            lines.append(f"{label:<10}{cells}")
+        return "\n".join(lines)
+
+
+def _per_class_recall(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
+    return {
+        str(label): float((y_pred[y_true == label] == label).mean()) for label in np.unique(y_true)
+    }
 
 
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
@@ -97,6 +115,7 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
             * median_seconds(lambda: predictor.decision_function(X_test), repeats)
             / n_test,
             n_parameters=int(predictor.coef.size + predictor.basis.size),
+            per_class_recall=_per_class_recall(y_test, predicted),
         )
     ]
     normalizer = InputNormalizer().fit(dataset.X_train)
@@ -110,7 +129,7 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
         estimator.fit(X_train_hat, dataset.y_train)
         fit_seconds = time.perf_counter() - started
         predict = lambda est=estimator: est.predict(normalizer.transform(X_test))  # noqa: E731
-        accuracy = float((predict() == y_test).mean())
+        baseline_predicted = predict()
         if isinstance(estimator, SVC):
             n_parameters = int(estimator.support_vectors_.size + estimator.dual_coef_.size)
         else:
@@ -118,10 +137,11 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
         results.append(
             MethodResult(
                 method=method,
-                accuracy=accuracy,
+                accuracy=float((baseline_predicted == y_test).mean()),
                 train_seconds=fit_seconds,
                 predict_us_per_sample=1e6 * median_seconds(predict, repeats) / n_test,
                 n_parameters=n_parameters,
+                per_class_recall=_per_class_recall(y_test, baseline_predicted),
             )
         )
     report = classification_report(y_test, predicted, digits=3, zero_division=0)

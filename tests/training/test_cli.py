@@ -99,9 +99,15 @@ def test_evaluate_prints_the_model_beside_both_baselines(digits_model_dir, tmp_p
     for method in ("BE-SVM rbf(gamma=1), B=250", "LinearSVC on inputs", "SVC(RBF, gamma=1)"):
         assert method in printed
     assert "per-class report" in printed
+    assert "per-class recall" in printed
     numbers = json.loads(report.read_text())
     accuracies = {r["method"]: r["accuracy"] for r in numbers["results"]}
     assert accuracies["BE-SVM rbf(gamma=1), B=250"] >= 0.94
     assert numbers["n_test"] == 797
+    for result in numbers["results"]:
+        recalls = result["per_class_recall"]
+        assert sorted(recalls) == [str(d) for d in range(10)]
+        # Classes are near balanced (76 to 83 test items each): mean recall ~ accuracy.
+        assert np.mean(list(recalls.values())) == pytest.approx(result["accuracy"], abs=0.01)
     # The baselines are real: SVC(RBF) on normalised digits is known to land near 96.6 %.
     assert accuracies["SVC(RBF, gamma=1) on inputs"] == pytest.approx(0.966, abs=0.01)
