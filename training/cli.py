@@ -63,7 +63,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_data_arguments(fit, default=DIGITS)
     model = fit.add_argument_group("model")
-    kinds = ", ".join(sorted(SIMILARITY_KINDS))
+    kinds = "; ".join(f"{k.name}: {k.description}" for k in SIMILARITY_KINDS.values())
     model.add_argument(
         "--similarity",
         default=_DEFAULTS.similarities,

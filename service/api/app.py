@@ -52,7 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.models = ModelHolder(settings.model_dir)
+    app.state.models = ModelHolder(settings.model_dir)  # not loaded: 503 until the lifespan runs
     install_error_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.include_router(router)

@@ -53,13 +53,12 @@ class Parameter:
 
 @dataclass(frozen=True)
 class SimilarityKind:
-    """A family of similarity measures: its name, parameters and parallel driver."""
+    """A family of similarity measures: its name, parameters and drivers (parallel, serial)."""
 
     name: str
     parameters: tuple[Parameter, ...]
     driver: Callable[..., None]
     serial_driver: Callable[..., None]
-    definite: bool
     description: str
 
 
@@ -71,7 +70,6 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             parameters=(),
             driver=kernels.linear_similarities,
             serial_driver=kernels.linear_similarities_serial,
-            definite=True,
             description="inner product b . x",
         ),
         SimilarityKind(
@@ -79,7 +77,6 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             parameters=(Parameter("gamma", 1.0, minimum=0.0, exclusive_minimum=True),),
             driver=kernels.rbf_similarities,
             serial_driver=kernels.rbf_similarities_serial,
-            definite=True,
             description="exp(-gamma ||b - x||^2)",
         ),
     )
