@@ -61,6 +61,7 @@ def expand(
     specs: Sequence[SimilaritySpec],
     offset: np.ndarray,
     scale: np.ndarray,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Normalised basis-expanded features: the one feature function of training and serving.
 
@@ -71,12 +72,13 @@ def expand(
     basis : ndarray of shape (n_basis, n_features)
     specs : sequence of SimilaritySpec, length M
     offset, scale : ndarray of shape (M * n_basis,)
+    out : ndarray of shape (n_samples, M * n_basis), optional
 
     Returns
     -------
     features : ndarray of shape (n_samples, M * n_basis)
     """
-    features = raw_similarities(X, basis, specs)
+    features = raw_similarities(X, basis, specs, out)
     features -= offset
     features /= scale
     return features
@@ -165,7 +167,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.random_state = random_state
         self.verbose = verbose
 
-    def _validate_params_now(self) -> tuple[SimilaritySpec, ...]:
+    def _check_params(self) -> tuple[SimilaritySpec, ...]:
         if self.basis_strategy not in BASIS_STRATEGIES:
             raise ValueError(
                 f"basis_strategy must be one of {BASIS_STRATEGIES}, got {self.basis_strategy!r}"
@@ -209,7 +211,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         -------
         features : ndarray of shape (n_samples, M * n_basis)
         """
-        specs = self._validate_params_now()
+        specs = self._check_params()
         if y is None:
             X = validate_data(self, X, dtype=np.float64, order="C")
         else:
@@ -225,7 +227,11 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.basis_indices_ = indices
         self.basis_ = np.ascontiguousarray(X[indices])
         self.basis_labels_ = None if y is None else np.asarray(y)[indices]
-        raw = self._raw_in_chunks(X, desc="expanding training set")
+        # The statistics need the raw map of the whole training set: compute it once, normalise
+        # it in place rather than expanding the training set a second time.
+        raw = np.empty((X.shape[0], len(specs) * len(indices)))
+        for rows in self._chunks(X.shape[0], desc="expanding training set"):
+            raw_similarities(X[rows], self.basis_, specs, raw[rows])
         self.offset_, self.scale_ = normalization_statistics(raw, len(specs), self.normalization)
         raw -= self.offset_
         raw /= self.scale_
@@ -244,18 +250,16 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         """
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
-        features = self._raw_in_chunks(X, desc="expanding")
-        features -= self.offset_
-        features /= self.scale_
+        features = np.empty((X.shape[0], self._n_features_out))
+        for rows in self._chunks(X.shape[0], desc="expanding"):
+            expand(X[rows], self.basis_, self.specs_, self.offset_, self.scale_, features[rows])
         return features
 
-    def _raw_in_chunks(self, X: np.ndarray, desc: str) -> np.ndarray:
-        out = np.empty((X.shape[0], len(self.specs_) * self.basis_.shape[0]))
-        starts = range(0, X.shape[0], self.chunk_size)
+    def _chunks(self, n_samples: int, desc: str):
+        """Row slices of ``chunk_size``, with a progress bar if verbose (and on a terminal)."""
+        starts = range(0, n_samples, self.chunk_size)
         for start in tqdm(starts, desc=desc, unit="chunk", disable=None if self.verbose else True):
-            stop = min(start + self.chunk_size, X.shape[0])
-            raw_similarities(X[start:stop], self.basis_, self.specs_, out[start:stop])
-        return out
+            yield slice(start, min(start + self.chunk_size, n_samples))
 
     @property
     def similarity_names_(self) -> list[str]:
