@@ -1,9 +1,10 @@
-"""Command line of the trainer: ``python -m training {fit,evaluate} --help``."""
+"""Command line of the trainer: ``python -m training {fit,evaluate,report} --help``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,9 +15,20 @@ from service.model import ModelError, Predictor
 from service.model.basis import BASIS_STRATEGIES
 from service.model.expansion import NORMALIZATIONS
 from service.model.similarity import SIMILARITY_KINDS
+from service.model.transforms import TRANSFORMS
 from training.datasets import DIGITS, DatasetError, load_dataset
+from training.diagnostics import format_ratio
 from training.evaluate import evaluate
 from training.fit import FitConfig, fit_besvm
+from training.report import (
+    DEFAULT_BASIS_SIZES,
+    DEFAULT_CONFIGURATIONS,
+    DEFAULT_NORMALIZATIONS,
+    DEFAULT_STRATEGIES,
+    build_grid,
+    run_report,
+    write_report,
+)
 
 _DEFAULTS = FitConfig()
 
@@ -67,8 +79,15 @@ def _build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--similarity",
         default=_DEFAULTS.similarities,
-        help=f"similarity measure(s) joined with '+', e.g. 'rbf(gamma=0.5) + linear'; "
-        f"known: {kinds} (default: {_DEFAULTS.similarities})",
+        help=f"similarity measure(s) joined with '+', sharing one basis, e.g. "
+        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds} (default: {_DEFAULTS.similarities})",
+    )
+    model.add_argument(
+        "--transform",
+        default=_DEFAULTS.transform,
+        help=f"input transform the service applies to raw instances: {', '.join(TRANSFORMS)}; "
+        "'hog(cell_size, orientations)' turns images into a grid of HOG cells, e.g. 'hog(2, 9)' "
+        "(default: pixels for images, none otherwise)",
     )
     model.add_argument(
         "--basis-per-class",
@@ -84,9 +103,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     model.add_argument(
         "--normalization",
-        choices=NORMALIZATIONS,
         default=_DEFAULTS.normalization,
-        help=f"normalisation of the similarities (default: {_DEFAULTS.normalization})",
+        help=f"normalisation of the similarities: {', '.join(NORMALIZATIONS)} "
+        f"(default: {_DEFAULTS.normalization})",
     )
     model.add_argument(
         "-C",
@@ -131,6 +150,60 @@ def _build_parser() -> argparse.ArgumentParser:
         "--repeats", type=int, default=5, help="timing runs, the median is shown (default: 5)"
     )
     ev.set_defaults(handler=_run_evaluate)
+
+    rep = commands.add_parser(
+        "report",
+        help="train a grid of configurations and write a Markdown report with plots",
+        description="Fit BE-SVM over configurations (transform and similarity measures) x basis "
+        "sizes, x basis strategies and x normalisations at a reference size; score each on a "
+        "validation part of the training split (which picks the best) and on the test split; "
+        "train LinearSVC, SVC(RBF) and Nystroem + LinearSVC on the same inputs; write "
+        "README.md, PNG plots and results.json.",
+    )
+    _add_data_arguments(rep, default=DIGITS)
+    axes = rep.add_argument_group("grid")
+    axes.add_argument(
+        "--configurations",
+        default="; ".join(DEFAULT_CONFIGURATIONS),
+        help="configurations separated by ';', each 'similarities' or 'transform: similarities',"
+        " e.g. 'rbf + rigid(1); hog(2, 9): rigid(1)' (default: %(default)s)",
+    )
+    axes.add_argument(
+        "--basis-sizes",
+        default=",".join(str(s) for s in DEFAULT_BASIS_SIZES),
+        help="basis items per class, comma separated (default: %(default)s)",
+    )
+    axes.add_argument(
+        "--strategies",
+        default=",".join(DEFAULT_STRATEGIES),
+        help="basis strategies, the first is used in the other sweeps (default: %(default)s)",
+    )
+    axes.add_argument(
+        "--normalizations",
+        default=";".join(DEFAULT_NORMALIZATIONS),
+        help="normalisations separated by ';', the first is used in the other sweeps "
+        "(default: %(default)s)",
+    )
+    axes.add_argument(
+        "--reference-size",
+        type=int,
+        default=25,
+        help="basis items per class in the strategy and normalisation sweeps (default: 25)",
+    )
+    axes.add_argument(
+        "--folds",
+        type=int,
+        default=3,
+        help="cross-validation folds within the training split, which choose the best (default: 3)",
+    )
+    axes.add_argument(
+        "--repeats", type=int, default=5, help="timing runs, the median is shown (default: 5)"
+    )
+    rep.add_argument(
+        "--out", type=Path, default=Path("report"), help="output directory (default: report)"
+    )
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.set_defaults(handler=_run_report)
     return parser
 
 
@@ -164,6 +237,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
     config = FitConfig(
         similarities=args.similarity,
+        transform=args.transform,
         basis_per_class=args.basis_per_class,
         basis_strategy=args.basis_strategy,
         normalization=args.normalization,
@@ -189,7 +263,9 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"data             {dataset.name}: {len(dataset.y_train):,} train, "
                 f"{len(dataset.y_test):,} test, input {dataset.input_spec}",
                 f"classes          {len(predictor.classes)}",
+                f"transform        {predictor.transform}",
                 f"similarities     {' + '.join(predictor.similarity_names)}",
+                f"normalization    {predictor.normalization}",
                 f"basis            {predictor.n_basis} items ({config.basis_strategy}, "
                 f"{config.basis_per_class} per class), {predictor.coef.shape[1]} features",
                 f"train accuracy   {result.train_accuracy:.2%}",
@@ -198,6 +274,11 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
                 f"test prediction  {1e6 * predict_seconds / max(len(dataset.y_test), 1):.1f} "
                 "µs per item",
+            ]
+            + [
+                f"eigenvalues      {name}: NgRat {format_ratio(d['ngrat'])}, "
+                f"NgEng {format_ratio(d['ngeng'])}"
+                for name, d in predictor.metadata["diagnostics"].items()
             ]
             + [f"warning          {note}" for note in result.warnings]
         )
@@ -235,10 +316,53 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split(text: str, separator: str) -> list[str]:
+    return [part.strip() for part in text.split(separator) if part.strip()]
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    _status(args, f"loading data set {args.data} ...")
+    dataset = _load_data(args)
+    try:
+        sizes = [int(s) for s in _split(args.basis_sizes, ",")]
+    except ValueError:
+        raise ValueError(f"--basis-sizes must be integers, got {args.basis_sizes!r}") from None
+    grid = build_grid(
+        dataset,
+        configurations=_split(args.configurations, ";"),
+        basis_sizes=sizes,
+        strategies=_split(args.strategies, ","),
+        normalizations=_split(args.normalizations, ";"),
+        reference_size=args.reference_size,
+        seed=args.seed,
+        repeats=args.repeats,
+        folds=args.folds,
+    )
+    _status(
+        args,
+        f"training {len(grid.fits())} settings ({grid.folds} folds + 1 fit each) on "
+        f"{dataset.name} ...",
+    )
+    report = run_report(dataset, grid, verbose=not args.quiet)
+    command = "python -m training report " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv)[1:]
+    )
+    markdown = write_report(report, args.out, command)
+    best = report.best()
+    print(f"report           {markdown}")
+    print(
+        f"best             {best.configuration.label}, {best.basis_per_class} per class, "
+        f"{best.basis_strategy}, {best.normalization}: cross-validated "
+        f"{best.validation_accuracy:.2%}, test {best.test_accuracy:.2%}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = _build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv
     try:
         return args.handler(args)
     except (DatasetError, ModelError, ValueError) as error:

@@ -1,4 +1,5 @@
-"""Fitting a Basis Expanding SVM: normalise inputs, expand on a basis, one-vs-rest LinearSVC."""
+"""Fitting a Basis Expanding SVM: transform and normalise inputs, expand on a basis, then a
+one-vs-rest LinearSVC."""
 
 from __future__ import annotations
 
@@ -11,17 +12,27 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.svm import LinearSVC
 
 from service.model import BasisExpansion, InputNormalizer, Predictor, parse_specs
+from service.model.expansion import parse_normalization
+from service.model.transforms import default_transform, parse_transform
 from training.datasets import Dataset
+from training.diagnostics import eigen_diagnostics
 
 
 @dataclass(frozen=True)
 class FitConfig:
-    """Hyper-parameters of a Basis Expanding SVM (defaults: the paper's, tuned on digits)."""
+    """Hyper-parameters of a Basis Expanding SVM.
+
+    The defaults are the configuration that cross-validated best in the digits report
+    (docs/reports/digits): rbf(gamma=1) on 25 bases per class chosen by index, with the
+    Nystroem normalisation of the squared spectrum. The paper's own default normalisation is
+    ``besvm``, which wins for indefinite measures.
+    """
 
     similarities: str = "rbf(gamma=1)"
+    transform: str | None = None  # None: pixels for images, none otherwise
     basis_per_class: int = 25
     basis_strategy: str = "index"
-    normalization: str = "besvm"
+    normalization: str = "nystroem(square)"
     C: float = 1.0
     max_iter: int = 10_000
     seed: int = 0
@@ -54,19 +65,30 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
     FitResult
     """
     specs = parse_specs(config.similarities)
+    normalization = parse_normalization(config.normalization)
+    transform = (
+        default_transform(dataset.input_spec)
+        if config.transform is None
+        else parse_transform(config.transform)
+    )
+    grid_shape = transform.grid_shape(dataset.input_spec)
+    for spec in specs:
+        spec.check_grid(grid_shape, transform.n_features(dataset.input_spec))
     if config.C <= 0:
         raise ValueError(f"C must be positive, got {config.C}")
     if len(set(dataset.y_train.tolist())) < 2:
         raise ValueError("the training split needs at least two classes")
     timings = {}
     started = time.perf_counter()
-    normalizer = InputNormalizer().fit(dataset.X_train)
-    X_hat = normalizer.transform(dataset.X_train)
+    X_train = transform.apply(dataset.X_train, dataset.input_spec)
+    normalizer = InputNormalizer().fit(X_train)
+    X_hat = normalizer.transform(X_train)
     expansion = BasisExpansion(
         similarities=[str(s) for s in specs],
         n_basis_per_class=config.basis_per_class,
         basis_strategy=config.basis_strategy,
-        normalization=config.normalization,
+        normalization=normalization,
+        grid_shape=grid_shape,
         random_state=config.seed,
         verbose=verbose,
     )
@@ -101,7 +123,7 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         input_spec=dataset.input_spec,
         classes=tuple(classes),
         specs=expansion.specs_,
-        normalization=config.normalization,
+        normalization=normalization,
         input_mean=normalizer.mean_,
         input_scale=normalizer.scale_,
         basis=expansion.basis_,
@@ -110,11 +132,19 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         feature_scale=expansion.scale_,
         coef=coef,
         intercept=intercept,
+        transform=transform,
+        feature_projection=expansion.projection_,
         metadata={
             "basis": {
                 "size": int(expansion.basis_.shape[0]),
                 "strategy": config.basis_strategy,
                 "per_class": config.basis_per_class,
+            },
+            "diagnostics": {
+                name: eigen_diagnostics(gram)
+                for name, gram in zip(
+                    expansion.similarity_names_, expansion.basis_gram_, strict=True
+                )
             },
             "training": {
                 "dataset": dataset.source,

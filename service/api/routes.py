@@ -74,9 +74,11 @@ def _model_info(predictor: Predictor) -> ModelInfo:
         ),
         classes=list(predictor.classes),
         similarities=predictor.similarity_names,
+        transform=str(predictor.transform),
         normalization=predictor.normalization,
         basis_size=predictor.n_basis,
         n_features=int(predictor.coef.shape[1]),
+        diagnostics=meta.get("diagnostics", {}),
         training=meta.get("training", {}),
         versions=meta.get("versions", {}),
     )

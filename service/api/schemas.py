@@ -67,10 +67,20 @@ class ModelInfo(BaseModel):
     created: str | None = Field(None, description="When the artifact was written (UTC).")
     input: InputInfo
     classes: list[str]
+    transform: str = Field(
+        ...,
+        description="What the service computes from each raw instance first: none, pixels or "
+        "hog(cell_size, orientations). Clients always send raw instances.",
+    )
     similarities: list[str] = Field(..., description="Similarity measures, canonical text.")
     normalization: str
     basis_size: int
     n_features: int = Field(..., description="Dimensions of the expanded feature space.")
+    diagnostics: dict[str, dict[str, float | None]] = Field(
+        default_factory=dict,
+        description="Per similarity measure: NgRat and NgEng (negative eigenvalues of the "
+        "basis Gram matrix), 0 for kernels.",
+    )
     training: dict[str, Any] = Field(default_factory=dict, description="Training summary.")
     versions: dict[str, str] = Field(default_factory=dict, description="Library versions.")
 

@@ -8,8 +8,16 @@ statistics of the training set
                               {E\lVert \tilde\varphi_m - E[\tilde\varphi_m] \rVert_2}
 
 and concatenated: :math:`\varphi(x) = [\varphi_1(x) \dots \varphi_M(x)]`, M*B features.
-Every normalisation is stored as one affine map per feature, ``(raw - offset) / scale``, so that
-:func:`expand` is the one function both training and serving compute features with.
+
+Alternatives kept for comparison: ``none``; ``zscore`` (each feature centred and divided by its
+standard deviation); ``nystroem(clip|flip|square)``, the Nystroem embedding
+:math:`K_{BB}^{-1/2}\tilde\varphi_m(x)` with the symmetrised basis Gram matrix made positive
+definite by clipping its negative eigenvalues, flipping their sign, or squaring the matrix
+(:math:`(K^T K)^{-1/2}`).
+
+Every normalisation is stored as an affine map per feature, ``(raw - offset) / scale``, followed
+for Nystroem by one B x B projection per measure, so that :func:`expand` is the one function both
+training and serving compute features with.
 """
 
 from __future__ import annotations
@@ -22,9 +30,37 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from tqdm.auto import tqdm
 
 from service.model.basis import BASIS_STRATEGIES, select_basis
+from service.model.errors import SpecError
+from service.model.notation import bind_arguments, parse_call
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
 
-NORMALIZATIONS = ("besvm", "none")
+SPECTRUM_FIXES = ("clip", "flip", "square")
+NORMALIZATIONS = ("besvm", "none", "zscore", *(f"nystroem({fix})" for fix in SPECTRUM_FIXES))
+
+# Eigenvalues below this fraction of the largest magnitude count as zero: they are rounding
+# noise of a PSD matrix, and inverting them would blow noise up into features.
+EIGENVALUE_RELATIVE_TOLERANCE = 1e-10
+
+
+def parse_normalization(text: str) -> str:
+    """The canonical name of a normalisation: ``nystroem`` and ``nystroem(spectrum=clip)`` are
+    both ``nystroem(clip)``.
+
+    Raises
+    ------
+    SpecError
+    """
+    name, arguments = parse_call(text, "normalization")
+    if name == "nystroem":
+        spectrum = bind_arguments(name, arguments, ["spectrum"], text).get("spectrum", "clip")
+        if spectrum.lower() not in SPECTRUM_FIXES:
+            raise SpecError(
+                f"nystroem: spectrum must be one of {', '.join(SPECTRUM_FIXES)}, got {spectrum!r}"
+            )
+        return f"nystroem({spectrum.lower()})"
+    if name not in NORMALIZATIONS or arguments is not None:
+        raise SpecError(f"unknown normalization {text!r}; known: {', '.join(NORMALIZATIONS)}")
+    return name
 
 
 def raw_similarities(
@@ -32,6 +68,7 @@ def raw_similarities(
     basis: np.ndarray,
     specs: Sequence[SimilaritySpec],
     out: np.ndarray | None = None,
+    grid_shape: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
     """Empirical kernel maps of every measure, side by side.
 
@@ -41,6 +78,8 @@ def raw_similarities(
     basis : ndarray of shape (n_basis, n_features), float64, C-contiguous
     specs : sequence of SimilaritySpec, length M
     out : ndarray of shape (n_samples, M * n_basis), optional
+    grid_shape : (height, width, channels), optional
+        Layout of the items, for grid measures.
 
     Returns
     -------
@@ -51,7 +90,7 @@ def raw_similarities(
     if out is None:
         out = np.empty((X.shape[0], len(specs) * n_basis), dtype=np.float64)
     for m, spec in enumerate(specs):
-        spec.compute(basis, X, out[:, m * n_basis : (m + 1) * n_basis])
+        spec.compute(basis, X, out[:, m * n_basis : (m + 1) * n_basis], grid_shape)
     return out
 
 
@@ -62,6 +101,9 @@ def expand(
     offset: np.ndarray,
     scale: np.ndarray,
     out: np.ndarray | None = None,
+    *,
+    projection: np.ndarray | None = None,
+    grid_shape: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
     """Normalised basis-expanded features: the one feature function of training and serving.
 
@@ -73,47 +115,126 @@ def expand(
     specs : sequence of SimilaritySpec, length M
     offset, scale : ndarray of shape (M * n_basis,)
     out : ndarray of shape (n_samples, M * n_basis), optional
+    projection : ndarray of shape (M, n_basis, n_basis), optional
+        Applied to each measure's block after the affine map (Nystroem).
+    grid_shape : (height, width, channels), optional
+        Layout of the items, for grid measures.
 
     Returns
     -------
     features : ndarray of shape (n_samples, M * n_basis)
     """
-    features = raw_similarities(X, basis, specs, out)
+    features = raw_similarities(X, basis, specs, out, grid_shape)
     features -= offset
     features /= scale
+    if projection is not None:
+        project_blocks(features, projection)
     return features
 
 
+def project_blocks(features: np.ndarray, projection: np.ndarray) -> None:
+    """Multiply each measure's block of ``features`` by its projection, in place.
+
+    Parameters
+    ----------
+    features : ndarray of shape (n_samples, M * n_basis)
+    projection : ndarray of shape (M, n_basis, n_basis)
+    """
+    n_basis = projection.shape[1]
+    for m, block_projection in enumerate(projection):
+        block = features[:, m * n_basis : (m + 1) * n_basis]
+        block[...] = block @ block_projection
+
+
 def normalization_statistics(
-    raw: np.ndarray, n_measures: int, normalization: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per-feature ``offset`` and ``scale`` from the training set's raw kernel maps.
+    raw: np.ndarray,
+    n_measures: int,
+    normalization: str,
+    basis_gram: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The normalisation learned from the training set's raw kernel maps.
 
     Parameters
     ----------
     raw : ndarray of shape (n_samples, M * n_basis)
     n_measures : int
-    normalization : {"besvm", "none"}
+    normalization : str
+        One of :data:`NORMALIZATIONS` (canonical form, see :func:`parse_normalization`).
+    basis_gram : ndarray of shape (M, n_basis, n_basis), optional
+        Each measure between the basis items; required by Nystroem.
 
     Returns
     -------
     offset, scale : ndarray of shape (M * n_basis,)
+    projection : ndarray of shape (M, n_basis, n_basis) or None
     """
     n_features = raw.shape[1]
+    n_basis = n_features // n_measures
     if normalization == "none":
-        return np.zeros(n_features), np.ones(n_features)
+        return np.zeros(n_features), np.ones(n_features), None
+    if normalization == "zscore":
+        std = raw.std(axis=0)
+        return raw.mean(axis=0), np.where(std > 0, std, 1.0), None
+    if normalization.startswith("nystroem("):
+        if basis_gram is None:
+            raise ValueError("nystroem normalization needs the basis Gram matrices")
+        fix = normalization[len("nystroem(") : -1]
+        projection = np.stack([nystroem_projection(K, fix) for K in basis_gram])
+        return np.zeros(n_features), np.ones(n_features), projection
     if normalization != "besvm":
         raise ValueError(
             f"unknown normalization {normalization!r}; known: {', '.join(NORMALIZATIONS)}"
         )
     offset = raw.mean(axis=0)
     scale = np.empty(n_features)
-    n_basis = n_features // n_measures
     for m in range(n_measures):
         block = slice(m * n_basis, (m + 1) * n_basis)
         mean_norm = float(np.linalg.norm(raw[:, block] - offset[block], axis=1).mean())
         scale[block] = mean_norm if mean_norm > 0.0 else 1.0
-    return offset, scale
+    return offset, scale, None
+
+
+def symmetric_eigenvalues(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigen-decomposition of the symmetrised matrix ``(K + K^T) / 2``.
+
+    Returns
+    -------
+    eigenvalues : ndarray of shape (n,), ascending
+    eigenvectors : ndarray of shape (n, n), one per column
+    """
+    return np.linalg.eigh((gram + gram.T) / 2.0)
+
+
+def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
+    r"""The Nystroem map :math:`K^{-1/2}` of a possibly indefinite basis Gram matrix.
+
+    With :math:`K = V \Lambda V^T` (symmetrised), the projection is :math:`V f(\Lambda) V^T`
+    with :math:`f(\lambda) = \lambda^{-1/2}` on the positive eigenvalues only (``clip``),
+    :math:`|\lambda|^{-1/2}` (``flip``) or :math:`|\lambda|^{-1}` (``square``, the inverse
+    square root of :math:`K^T K`). Eigenvalues within rounding of zero are dropped.
+
+    Parameters
+    ----------
+    gram : ndarray of shape (n_basis, n_basis)
+    spectrum_fix : {"clip", "flip", "square"}
+
+    Returns
+    -------
+    ndarray of shape (n_basis, n_basis), symmetric
+    """
+    eigenvalues, vectors = symmetric_eigenvalues(gram)
+    tolerance = EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.abs(eigenvalues).max()), 1e-300)
+    magnitude = np.abs(eigenvalues)
+    if spectrum_fix == "clip":
+        keep = eigenvalues > tolerance
+    elif spectrum_fix in ("flip", "square"):
+        keep = magnitude > tolerance
+    else:
+        raise ValueError(f"spectrum fix must be one of {SPECTRUM_FIXES}, got {spectrum_fix!r}")
+    power = 1.0 if spectrum_fix == "square" else 0.5
+    weights = magnitude[keep] ** -power
+    kept = vectors[:, keep]
+    return (kept * weights) @ kept.T
 
 
 class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -122,16 +243,20 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
     Parameters
     ----------
     similarities : str or sequence of str, default="rbf(gamma=1)"
-        One or more similarity measures sharing the basis, e.g. ``"rbf(gamma=1) + linear"``.
+        One or more similarity measures sharing the basis, e.g. ``"rbf(gamma=1) + rigid(1)"``.
     n_basis_per_class : int, default=25
         Basis items taken from each class (all of a smaller class).
-    basis_strategy : {"index", "random"}, default="index"
-    normalization : {"besvm", "none"}, default="besvm"
-        ``besvm`` centres each measure's map and divides it by its mean norm (paper eq. 4).
+    basis_strategy : {"index", "random", "kmedoids"}, default="index"
+        ``kmedoids`` clusters each class under the measures themselves.
+    normalization : str, default="besvm"
+        ``besvm`` centres each measure's map and divides it by its mean norm (paper eq. 4);
+        also ``none``, ``zscore`` and ``nystroem(clip|flip|square)``.
+    grid_shape : tuple of (int, int, int) or None, default=None
+        ``(height, width, channels)`` of the flattened inputs; needed by grid measures.
     chunk_size : int, default=4096
         Rows expanded at a time, bounding the working memory of ``fit``.
     random_state : int or None, default=None
-        Seed of the ``random`` basis strategy.
+        Seed of the ``random`` and ``kmedoids`` basis strategies.
     verbose : bool, default=False
         Show a progress bar while expanding the training set.
 
@@ -139,13 +264,19 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
     ----------
     specs_ : tuple of SimilaritySpec
         The parsed measures, length M.
+    normalization_ : str
+        The canonical name of the normalisation.
     basis_indices_ : ndarray of shape (n_basis,)
         Rows of the training set chosen as basis.
     basis_ : ndarray of shape (n_basis, n_features_in_)
     basis_labels_ : ndarray of shape (n_basis,) or None
         Class of each basis item, if ``y`` was given.
+    basis_gram_ : ndarray of shape (M, n_basis, n_basis)
+        ``basis_gram_[m, i, j]`` is measure m of basis item j against basis item i.
     offset_, scale_ : ndarray of shape (M * n_basis,)
-        The normalisation, ``(raw - offset_) / scale_``.
+        The affine part of the normalisation, ``(raw - offset_) / scale_``.
+    projection_ : ndarray of shape (M, n_basis, n_basis) or None
+        Nystroem's per-measure projection, applied after the affine part.
     n_features_in_ : int
     """
 
@@ -155,6 +286,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         n_basis_per_class=25,
         basis_strategy="index",
         normalization="besvm",
+        grid_shape=None,
         chunk_size=4096,
         random_state=None,
         verbose=False,
@@ -163,24 +295,31 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.n_basis_per_class = n_basis_per_class
         self.basis_strategy = basis_strategy
         self.normalization = normalization
+        self.grid_shape = grid_shape
         self.chunk_size = chunk_size
         self.random_state = random_state
         self.verbose = verbose
 
-    def _check_params(self) -> tuple[SimilaritySpec, ...]:
+    def _check_params(self, n_features: int) -> tuple[tuple[SimilaritySpec, ...], str]:
         if self.basis_strategy not in BASIS_STRATEGIES:
             raise ValueError(
                 f"basis_strategy must be one of {BASIS_STRATEGIES}, got {self.basis_strategy!r}"
-            )
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
             )
         for name in ("n_basis_per_class", "chunk_size"):
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        return parse_specs(self.similarities)
+        try:
+            normalization = parse_normalization(self.normalization)
+            specs = parse_specs(self.similarities)
+            for spec in specs:
+                spec.check_grid(self._grid(), n_features)
+        except SpecError as error:
+            raise ValueError(str(error)) from None
+        return specs, normalization
+
+    def _grid(self) -> tuple[int, int, int] | None:
+        return None if self.grid_shape is None else tuple(int(s) for s in self.grid_shape)
 
     def fit(self, X, y=None):
         """Choose the basis and learn the normalisation.
@@ -211,30 +350,46 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         -------
         features : ndarray of shape (n_samples, M * n_basis)
         """
-        specs = self._check_params()
         if y is None:
             X = validate_data(self, X, dtype=np.float64, order="C")
         else:
             X, y = validate_data(self, X, y, dtype=np.float64, order="C")
+        specs, normalization = self._check_params(X.shape[1])
+        grid = self._grid()
+
+        def class_similarities(rows: np.ndarray) -> np.ndarray:
+            items = np.ascontiguousarray(X[rows])
+            raw = raw_similarities(items, items, specs, grid_shape=grid)
+            return raw.reshape(len(rows), len(specs), len(rows)).transpose(1, 0, 2)
+
         indices = select_basis(
             None if y is None else np.asarray(y),
             X.shape[0],
             self.n_basis_per_class,
             self.basis_strategy,
             self.random_state,
+            similarity=class_similarities,
         )
         self.specs_ = specs
+        self.normalization_ = normalization
         self.basis_indices_ = indices
         self.basis_ = np.ascontiguousarray(X[indices])
         self.basis_labels_ = None if y is None else np.asarray(y)[indices]
         # The statistics need the raw map of the whole training set: compute it once, normalise
         # it in place rather than expanding the training set a second time.
-        raw = np.empty((X.shape[0], len(specs) * len(indices)))
+        n_basis = len(indices)
+        raw = np.empty((X.shape[0], len(specs) * n_basis))
         for rows in self._chunks(X.shape[0], desc="expanding training set"):
-            raw_similarities(X[rows], self.basis_, specs, raw[rows])
-        self.offset_, self.scale_ = normalization_statistics(raw, len(specs), self.normalization)
+            raw_similarities(X[rows], self.basis_, specs, raw[rows], grid)
+        self.basis_gram_ = raw[indices].reshape(n_basis, len(specs), n_basis).transpose(1, 0, 2)
+        self.basis_gram_ = np.ascontiguousarray(self.basis_gram_)
+        self.offset_, self.scale_, self.projection_ = normalization_statistics(
+            raw, len(specs), normalization, self.basis_gram_
+        )
         raw -= self.offset_
         raw /= self.scale_
+        if self.projection_ is not None:
+            project_blocks(raw, self.projection_)
         return raw
 
     def transform(self, X):
@@ -252,7 +407,16 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
         features = np.empty((X.shape[0], self._n_features_out))
         for rows in self._chunks(X.shape[0], desc="expanding"):
-            expand(X[rows], self.basis_, self.specs_, self.offset_, self.scale_, features[rows])
+            expand(
+                X[rows],
+                self.basis_,
+                self.specs_,
+                self.offset_,
+                self.scale_,
+                features[rows],
+                projection=self.projection_,
+                grid_shape=self._grid(),
+            )
         return features
 
     def _chunks(self, n_samples: int, desc: str):

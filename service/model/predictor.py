@@ -1,7 +1,8 @@
 """A trained Basis Expanding SVM: prediction on plain arrays, and its artifact form.
 
-The hot path is plain numpy and numba on the stored arrays: normalise the input, compute the
-similarities to the basis, normalise them, then one matrix product with the one-vs-rest weights.
+The hot path is plain numpy and numba on the stored arrays: transform the raw input (e.g. HOG),
+normalise it, compute the similarities to the basis, normalise them, then one matrix product
+with the one-vs-rest weights.
 scikit-learn is not involved at serving time (its per-call overhead dominates at batch size 1).
 """
 
@@ -30,8 +31,10 @@ from service.model.similarity import (
     format_spec,
     parse_specs,
 )
+from service.model.transforms import InputTransform, parse_transform
 
 MODEL_TYPE = "besvm"
+_NO_TRANSFORM = InputTransform("none")
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,18 +45,24 @@ class Predictor:
     ----------
     name : str
     input_spec : InputSpec
+        What clients send.
     classes : tuple of str, length K
     specs : tuple of SimilaritySpec, length M
     normalization : str
     input_mean : ndarray of shape (d,)
+        ``d`` is the length of a transformed instance.
     input_scale : float
     basis : ndarray of shape (B, d)
-        Basis items, already input-normalised.
+        Basis items, transformed and input-normalised.
     basis_labels : ndarray of shape (B,), int
         Index into ``classes`` of each basis item.
     feature_offset, feature_scale : ndarray of shape (M * B,)
     coef : ndarray of shape (K, M * B)
     intercept : ndarray of shape (K,)
+    transform : InputTransform, default none
+        Applied to every instance first; see :mod:`service.model.transforms`.
+    feature_projection : ndarray of shape (M, B, B), optional
+        Nystroem normalisations only.
     metadata : dict
         Everything else the manifest records (training summary, created time, versions).
     """
@@ -71,19 +80,33 @@ class Predictor:
     feature_scale: np.ndarray
     coef: np.ndarray
     intercept: np.ndarray
+    transform: InputTransform = _NO_TRANSFORM
+    feature_projection: np.ndarray | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # One dtype and layout for every array, so the compiled kernels see one signature.
-        for name in _FLOAT_ARRAYS:
+        for name in self._float_arrays:
             array = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
             object.__setattr__(self, name, array)
         problems = self._consistency_problems()
         if problems:
             raise ArtifactIntegrityError(f"model {self.name!r} is inconsistent: {problems[0]}")
 
+    @property
+    def _float_arrays(self) -> tuple[str, ...]:
+        if self.feature_projection is None:
+            return _FLOAT_ARRAYS
+        return (*_FLOAT_ARRAYS, "feature_projection")
+
     def _consistency_problems(self) -> list[str]:
-        d, n_basis = self.input_spec.n_features, self.basis.shape[0]
+        try:
+            d, grid = self.transform.n_features(self.input_spec), self.grid_shape
+            for spec in self.specs:
+                spec.check_grid(grid, d)
+        except ModelError as error:
+            return [str(error)]
+        n_basis = self.basis.shape[0]
         n_features, n_classes = len(self.specs) * n_basis, len(self.classes)
         expected = {
             "input_mean": (self.input_mean, (d,)),
@@ -94,6 +117,13 @@ class Predictor:
             "coef": (self.coef, (n_classes, n_features)),
             "intercept": (self.intercept, (n_classes,)),
         }
+        if self.normalization.startswith("nystroem"):
+            expected["feature_projection"] = (
+                np.empty(0) if self.feature_projection is None else self.feature_projection,
+                (len(self.specs), n_basis, n_basis),
+            )
+        elif self.feature_projection is not None:
+            return [f"a feature_projection makes no sense with {self.normalization}"]
         problems = [
             f"{name} has shape {array.shape}, expected {shape}"
             for name, (array, shape) in expected.items()
@@ -112,7 +142,7 @@ class Predictor:
         if not problems:
             problems += [
                 f"{name} holds NaN or infinity"
-                for name in _FLOAT_ARRAYS
+                for name in self._float_arrays
                 if not np.isfinite(getattr(self, name)).all()
             ]
         return problems
@@ -125,31 +155,44 @@ class Predictor:
     def similarity_names(self) -> list[str]:
         return [format_spec(s) for s in self.specs]
 
+    @property
+    def grid_shape(self) -> tuple[int, int, int] | None:
+        """Layout of a transformed instance, which grid measures need."""
+        return self.transform.grid_shape(self.input_spec)
+
     def validate(self, instances) -> np.ndarray:
         """Turn a client batch into a flat float64 array; see :meth:`InputSpec.as_batch`."""
         return self.input_spec.as_batch(instances)
 
     def features(self, X: np.ndarray) -> np.ndarray:
-        """Basis-expanded features of raw (un-normalised) flat inputs.
+        """Basis-expanded features of raw (untransformed, un-normalised) flat inputs.
 
         Parameters
         ----------
-        X : ndarray of shape (n_samples, d)
+        X : ndarray of shape (n_samples, input_spec.n_features)
 
         Returns
         -------
         ndarray of shape (n_samples, M * B)
         """
-        X = self._check_flat(X)
+        X = self.transform.apply(self._check_flat(X), self.input_spec)
         X_hat = normalize_inputs(X, self.input_mean, self.input_scale)
-        return expand(X_hat, self.basis, self.specs, self.feature_offset, self.feature_scale)
+        return expand(
+            X_hat,
+            self.basis,
+            self.specs,
+            self.feature_offset,
+            self.feature_scale,
+            projection=self.feature_projection,
+            grid_shape=self.grid_shape,
+        )
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:
         """One-vs-rest scores ``w_k . phi(x) + b_k``.
 
         Parameters
         ----------
-        X : ndarray of shape (n_samples, d)
+        X : ndarray of shape (n_samples, input_spec.n_features)
 
         Returns
         -------
@@ -216,9 +259,11 @@ class Predictor:
 
     def warm_up(self) -> None:
         """Run the whole prediction path, serial and parallel, so compiled kernels are loaded."""
-        work_per_row = self.n_basis * self.input_spec.n_features
-        for rows in (1, PARALLEL_MIN_WORK // work_per_row + 1):
-            self.decision_function(np.repeat(self.input_mean[None, :], rows, axis=0))
+        d = self.input_mean.shape[0]
+        work_per_row = min(spec.work(1, self.n_basis, d) for spec in self.specs)
+        typical = np.zeros((1, self.input_spec.n_features))
+        for rows in (1, int(PARALLEL_MIN_WORK // work_per_row) + 1):
+            self.decision_function(np.repeat(typical, rows, axis=0))
 
     def _check_flat(self, X: np.ndarray) -> np.ndarray:
         X = np.asarray(X)
@@ -236,6 +281,7 @@ class Predictor:
             "name": self.name,
             "input": {"kind": self.input_spec.kind, "shape": list(self.input_spec.shape)},
             "classes": list(self.classes),
+            "transform": str(self.transform),
             "similarities": self.similarity_names,
             "normalization": self.normalization,
             **{k: v for k, v in self.metadata.items() if k not in _RESERVED},
@@ -250,6 +296,8 @@ class Predictor:
             "coef": self.coef,
             "intercept": self.intercept,
         }
+        if self.feature_projection is not None:
+            arrays["feature_projection"] = self.feature_projection
         return write_artifact(path, manifest, arrays, overwrite=overwrite)
 
     @classmethod
@@ -270,6 +318,7 @@ class Predictor:
             raise ArtifactIntegrityError(f"{path}: arrays missing from manifest: {missing}")
         try:
             input_spec = InputSpec(m["input"]["kind"], tuple(m["input"]["shape"]))
+            transform = parse_transform(m.get("transform", "none"))
             specs = parse_specs(m["similarities"])
             classes = tuple(str(c) for c in m["classes"])
             normalization = m["normalization"]
@@ -289,6 +338,8 @@ class Predictor:
             feature_scale=arrays["feature_scale"],
             coef=arrays["coef"],
             intercept=arrays["intercept"],
+            transform=transform,
+            feature_projection=arrays.get("feature_projection"),
             metadata={k: v for k, v in m.items() if k not in _RESERVED},
         )
 
@@ -309,6 +360,7 @@ _RESERVED = frozenset(
         "name",
         "input",
         "classes",
+        "transform",
         "similarities",
         "normalization",
         "schema_version",

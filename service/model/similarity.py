@@ -9,24 +9,25 @@ line, stored in the manifest and shown by the API. :func:`format_spec` gives the
 from __future__ import annotations
 
 import math
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.model import kernels
+from service.model import grid_kernels, kernels
 from service.model.errors import SpecError
+from service.model.notation import bind_arguments, parse_call
 
 # numba's workqueue threading layer aborts the process when two threads enter parallel regions at
 # once; serving runs handlers on a thread pool, so every driver call goes through this lock. The
 # drivers already use every core, so serialising them costs no throughput.
 _PARALLEL_REGION = threading.Lock()
 
-# Below this many multiply-adds (n_samples * n_basis * n_features) a call runs on the calling
-# thread: a parallel region costs tens of microseconds to start, and far more when another
-# process holds a core. 250 bases of 64 features: batches of up to 12 items run serially.
+# Below this many multiply-adds (n_samples * n_basis * n_features * the measure's cost factor) a
+# call runs on the calling thread: a parallel region costs tens of microseconds to start, and far
+# more when another process holds a core. rbf on 250 bases of 64 features: batches of up to 12
+# items run serially; rigid(1) (cost 9): one item.
 PARALLEL_MIN_WORK = 200_000
 
 
@@ -38,10 +39,13 @@ class Parameter:
     default: float
     minimum: float = -math.inf
     exclusive_minimum: bool = False
+    integer: bool = False
 
     def check(self, value: float, measure: str) -> float:
         if not math.isfinite(value):
             raise SpecError(f"{measure}: parameter {self.name} must be finite, got {value}")
+        if self.integer and value != int(value):
+            raise SpecError(f"{measure}: parameter {self.name} must be an integer, got {value}")
         too_small = value <= self.minimum if self.exclusive_minimum else value < self.minimum
         if too_small:
             relation = ">" if self.exclusive_minimum else ">="
@@ -51,15 +55,33 @@ class Parameter:
         return value
 
 
+def _unit_cost(*_params: float) -> float:
+    return 1.0
+
+
 @dataclass(frozen=True)
 class SimilarityKind:
-    """A family of similarity measures: its name, parameters and drivers (parallel, serial)."""
+    """A family of similarity measures: its name, parameters and drivers (parallel, serial).
+
+    A grid kind's drivers take the grid's ``height, width, channels`` after ``basis, X``;
+    ``cost`` gives the multiply-adds per feature pair as a function of the parameters.
+    """
 
     name: str
     parameters: tuple[Parameter, ...]
     driver: Callable[..., None]
     serial_driver: Callable[..., None]
     description: str
+    needs_grid: bool = False
+    cost: Callable[..., float] = _unit_cost
+
+
+def _shifts(h: float) -> float:
+    return (2 * h + 1) ** 2
+
+
+def _deformable_cost(h_r: float, h_l: float) -> float:
+    return _shifts(h_r + h_l) + _shifts(h_r) * _shifts(h_l)
 
 
 SIMILARITY_KINDS: dict[str, SimilarityKind] = {
@@ -78,6 +100,30 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             driver=kernels.rbf_similarities,
             serial_driver=kernels.rbf_similarities_serial,
             description="exp(-gamma ||b - x||^2)",
+        ),
+        SimilarityKind(
+            name="rigid",
+            parameters=(Parameter("h", 1, minimum=0, integer=True),),
+            driver=grid_kernels.rigid_similarities,
+            serial_driver=grid_kernels.rigid_similarities_serial,
+            description="max over shifts z in {-h..h}^2 of sum_cells <b_c, x_(c+z)> (grids)",
+            needs_grid=True,
+            cost=_shifts,
+        ),
+        SimilarityKind(
+            name="deformable",
+            parameters=(
+                Parameter("h_r", 1, minimum=0, integer=True),
+                Parameter("h_l", 1, minimum=0, integer=True),
+            ),
+            driver=grid_kernels.deformable_similarities,
+            serial_driver=grid_kernels.deformable_similarities_serial,
+            description=(
+                "rigid shift h_r plus an independent local shift h_l per cell, "
+                "max over both (grids)"
+            ),
+            needs_grid=True,
+            cost=_deformable_cost,
         ),
     )
 }
@@ -105,8 +151,30 @@ class SimilaritySpec:
     def __str__(self) -> str:
         return format_spec(self)
 
+    @property
+    def needs_grid(self) -> bool:
+        return self.kind.needs_grid
+
+    def check_grid(self, grid_shape: tuple[int, int, int] | None, n_features: int) -> None:
+        """Refuse a grid measure on inputs that are not a grid of ``n_features`` numbers."""
+        if not self.needs_grid:
+            return
+        if grid_shape is None:
+            raise SpecError(f"{self} compares grids of cells; the inputs are not a grid")
+        if int(np.prod(grid_shape)) != n_features:
+            raise SpecError(f"grid {tuple(grid_shape)} does not hold {n_features} numbers")
+
+    def work(self, n_samples: int, n_basis: int, n_features: int) -> float:
+        """Multiply-adds of one call, the measure for choosing the serial driver."""
+        values = [value for _, value in self.params]
+        return n_samples * n_basis * n_features * self.kind.cost(*values)
+
     def compute(
-        self, basis: np.ndarray, X: np.ndarray, out: np.ndarray | None = None
+        self,
+        basis: np.ndarray,
+        X: np.ndarray,
+        out: np.ndarray | None = None,
+        grid_shape: tuple[int, int, int] | None = None,
     ) -> np.ndarray:
         """Similarities of every input to every basis item.
 
@@ -116,15 +184,28 @@ class SimilaritySpec:
         X : ndarray of shape (n_samples, n_features), float64, C-contiguous
         out : ndarray of shape (n_samples, n_basis), optional
             Preallocated output, written in place.
+        grid_shape : (height, width, channels), optional
+            How the flat items are laid out (row-major); required by grid measures.
 
         Returns
         -------
         out : ndarray of shape (n_samples, n_basis)
+
+        Raises
+        ------
+        SpecError
+            If a grid measure gets no grid shape, or one that does not fit the items.
         """
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
-        args = [value for _, value in self.params]
-        if X.shape[0] * basis.shape[0] * X.shape[1] < PARALLEL_MIN_WORK:
+        args = [
+            int(value) if p.integer else value
+            for p, (_, value) in zip(self.kind.parameters, self.params, strict=True)
+        ]
+        if self.needs_grid:
+            self.check_grid(grid_shape, X.shape[1])
+            args = [int(s) for s in grid_shape] + args
+        if self.work(X.shape[0], basis.shape[0], X.shape[1]) < PARALLEL_MIN_WORK:
             self.kind.serial_driver(basis, X, *args, out)
         else:
             with _PARALLEL_REGION:
@@ -145,9 +226,6 @@ def format_spec(spec: SimilaritySpec) -> str:
     return f"{spec.name}({inner})"
 
 
-_SPEC_PATTERN = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\((.*)\))?\s*$", re.DOTALL)
-
-
 def parse_spec(text: str) -> SimilaritySpec:
     """Parse one similarity measure, e.g. ``rbf``, ``rbf(0.5)`` or ``rbf(gamma=0.5)``.
 
@@ -156,37 +234,18 @@ def parse_spec(text: str) -> SimilaritySpec:
     SpecError
         If the text is malformed, names an unknown measure or gives a bad parameter.
     """
-    match = _SPEC_PATTERN.match(text)
-    if match is None:
-        raise SpecError(f"cannot parse similarity {text!r}: expected name or name(arguments)")
-    name, arguments = match.group(1).lower(), match.group(2)
+    name, arguments = parse_call(text, "similarity")
     if name not in SIMILARITY_KINDS:
         known = ", ".join(sorted(SIMILARITY_KINDS))
         raise SpecError(f"unknown similarity {name!r}; known: {known}")
     kind = SIMILARITY_KINDS[name]
+    given = bind_arguments(name, arguments, [p.name for p in kind.parameters], text)
     values: dict[str, float] = {}
-    if arguments is not None and arguments.strip():
-        for position, argument in enumerate(arguments.split(",")):
-            key, sep, raw = argument.partition("=")
-            if not sep:
-                key, raw = "", key
-                if position >= len(kind.parameters):
-                    raise SpecError(
-                        f"{name} takes {len(kind.parameters)} parameter(s), got more in {text!r}"
-                    )
-                key = kind.parameters[position].name
-            key = key.strip().lower()
-            if key not in {p.name for p in kind.parameters}:
-                expected = ", ".join(p.name for p in kind.parameters) or "none"
-                raise SpecError(f"{name} has no parameter {key!r} (parameters: {expected})")
-            if key in values:
-                raise SpecError(f"{name}: parameter {key} given twice in {text!r}")
-            try:
-                values[key] = float(raw.strip())
-            except ValueError:
-                raise SpecError(
-                    f"{name}: parameter {key} must be a number, got {raw.strip()!r}"
-                ) from None
+    for key, raw in given.items():
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise SpecError(f"{name}: parameter {key} must be a number, got {raw!r}") from None
     params = tuple((p.name, p.check(values.get(p.name, p.default), name)) for p in kind.parameters)
     return SimilaritySpec(name, params)
 

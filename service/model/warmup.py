@@ -15,7 +15,11 @@ def compile_kernels() -> list[str]:
     wide = np.empty((2, 6))
     names = []
     for kind in SIMILARITY_KINDS.values():
-        args = [p.default for p in kind.parameters]
+        # The argument types of SimilaritySpec.compute: Python ints for integer parameters and
+        # grid dimensions (a 2 x 2 grid of one-number cells here), floats otherwise.
+        args = [int(p.default) if p.integer else float(p.default) for p in kind.parameters]
+        if kind.needs_grid:
+            args = [2, 2, 1, *args]
         for driver in (kind.driver, kind.serial_driver):
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block

@@ -36,14 +36,18 @@ def test_http_scores_equal_the_in_process_predictor(live_server, digits_predicto
     assert np.mean(np.array(labels) == digits.y_test[:40]) > 0.9
 
 
-def test_model_metadata(live_server):
+def test_model_metadata(live_server, digits_predictor):
     body = httpx.get(f"{live_server}/v1/models").json()
     (model,) = body["models"]
     assert model["name"] == "digits"
     assert model["classes"] == [str(d) for d in range(10)]
     assert model["input"] == {"kind": "grid", "shape": [8, 8, 1], "spec": "grid(8, 8, 1)"}
-    assert model["similarities"] == ["rbf(gamma=1)"]
-    assert model["basis_size"] == 250
+    assert model["transform"] == "pixels"
+    assert model["similarities"] == digits_predictor.similarity_names
+    assert model["normalization"] == digits_predictor.normalization
+    assert model["basis_size"] == digits_predictor.n_basis == 250
+    for name in digits_predictor.similarity_names:
+        assert 0.0 <= model["diagnostics"][name]["ngrat"] < 1.0
     assert model["created"].endswith("Z")
     one = httpx.get(f"{live_server}/v1/models/digits").json()
     assert one == model
@@ -64,10 +68,12 @@ def test_the_readme_curl_example_answers_as_printed(live_server):
     assert response.status_code == 200
     shown = re.search(r"answers\S*\s*```json\s*(\{.*?\})\s*```", text, re.DOTALL)
     assert shown, "README shows no answer of the curl example"
-    assert (
-        response.json()["predictions"][0]["label"]
-        == json.loads(shown.group(1))["predictions"][0]["label"]
-    )
+    (served,) = response.json()["predictions"]
+    (printed,) = json.loads(shown.group(1))["predictions"]
+    assert served["label"] == printed["label"]
+    assert [c["label"] for c in served["top_k"]] == [c["label"] for c in printed["top_k"]]
+    for got, expected in zip(served["top_k"], printed["top_k"], strict=True):
+        assert got["score"] == pytest.approx(expected["score"], rel=1e-6)
 
 
 @pytest.mark.parametrize("path", ["/docs", "/openapi.json"])

@@ -17,6 +17,11 @@ from service.model.similarity import format_spec, split_specs
         ("rbf(0.5)", "rbf(gamma=0.5)"),
         ("  RBF ( gamma = 2.5e-3 ) ", "rbf(gamma=0.0025)"),
         ("rbf(gamma=1e+3)", "rbf(gamma=1000)"),
+        ("rigid", "rigid(h=1)"),
+        ("rigid(2)", "rigid(h=2)"),
+        ("rigid(h=0.0)", "rigid(h=0)"),
+        ("deformable(2, 0)", "deformable(h_r=2, h_l=0)"),
+        ("Deformable(h_l=2)", "deformable(h_r=1, h_l=2)"),
     ],
 )
 def test_parse_gives_canonical_text_and_round_trips(text, canonical):
@@ -37,6 +42,9 @@ def test_parse_gives_canonical_text_and_round_trips(text, canonical):
         ("rbf(gamma=x)", "must be a number"),
         ("rbf(1, gamma=2)", "given twice"),
         ("linear(1)", "takes 0 parameter"),
+        ("rigid(1.5)", "h must be an integer"),
+        ("rigid(-1)", "h must be >= 0"),
+        ("deformable(1, 1, 1)", "takes 2 parameter"),
         ("rbf(", "cannot parse"),
         ("", "cannot parse"),
     ],
@@ -78,3 +86,24 @@ def test_small_and_large_batches_give_the_same_similarities(n):
     spec = parse_spec("rbf(0.1)")
     assert (n * 20 * 64 >= PARALLEL_MIN_WORK) == (n == 400)
     np.testing.assert_allclose(spec.compute(basis, X), rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)
+
+
+def test_grid_measures_need_a_grid_that_fits_the_items():
+    rng = np.random.default_rng(1)
+    X, basis = rng.normal(size=(2, 12)), rng.normal(size=(3, 12))
+    rigid = parse_spec("rigid(1)")
+    with pytest.raises(SpecError, match="not a grid"):
+        rigid.compute(basis, X)
+    with pytest.raises(SpecError, match=r"grid \(3, 3, 1\) does not hold 12 numbers"):
+        rigid.compute(basis, X, grid_shape=(3, 3, 1))
+    # h = 0 is the inner product, whatever the grid's shape.
+    for grid in [(3, 4, 1), (2, 2, 3), (1, 1, 12)]:
+        np.testing.assert_allclose(
+            parse_spec("rigid(0)").compute(basis, X, grid_shape=grid), X @ basis.T, rtol=1e-12
+        )
+
+
+def test_work_estimates_count_every_shift():
+    assert parse_spec("rbf").work(2, 3, 4) == 24
+    assert parse_spec("rigid(1)").work(2, 3, 4) == 24 * 9
+    assert parse_spec("deformable(1, 1)").work(1, 1, 1) == 25 + 9 * 9

@@ -1,0 +1,152 @@
+"""Input transforms: what the service computes from a raw instance before anything else.
+
+A model records its transform in the manifest, so clients send raw inputs (for images, the
+pixels) and never compute features themselves. Written like similarity measures:
+
+- ``none``: the instance as it is (any input kind);
+- ``pixels``: an image as a grid of pixel cells, 1 (grey) or 3 (colour) numbers per cell;
+- ``hog(cell_size, orientations)``: an image as a grid of HOG cells, ``orientations`` gradient
+  histogram bins per ``cell_size x cell_size`` pixel cell, each cell L2-Hys normalised on its
+  own (scikit-image's HOG with one-cell blocks), so grid similarities can shift whole cells.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.model.errors import SpecError
+from service.model.inputs import InputSpec
+from service.model.notation import bind_arguments, parse_call
+
+TRANSFORMS = ("none", "pixels", "hog")
+_PARAMETERS = {"none": (), "pixels": (), "hog": (("cell_size", 4), ("orientations", 9))}
+
+
+@dataclass(frozen=True)
+class InputTransform:
+    """A transform with all of its parameters set.
+
+    Parameters
+    ----------
+    name : {"none", "pixels", "hog"}
+    params : tuple of (str, int)
+        Every parameter of the transform, in order.
+    """
+
+    name: str
+    params: tuple[tuple[str, int], ...] = ()
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params)})"
+
+    @property
+    def is_identity(self) -> bool:
+        return self.name in ("none", "pixels")
+
+    def check(self, input_spec: InputSpec) -> None:
+        """Refuse a transform that does not apply to the model's inputs.
+
+        Raises
+        ------
+        SpecError
+        """
+        if self.name == "none":
+            return
+        if input_spec.kind != "grid" or input_spec.shape[2] not in (1, 3):
+            raise SpecError(
+                f"transform {self} needs images (grid(H, W, 1) or grid(H, W, 3)),"
+                f" the inputs are {input_spec}"
+            )
+        if self.name == "hog":
+            cell = dict(self.params)["cell_size"]
+            height, width, _ = input_spec.shape
+            if cell > min(height, width):
+                raise SpecError(
+                    f"transform {self}: cell_size {cell} is larger than the {height}x{width} image"
+                )
+
+    def grid_shape(self, input_spec: InputSpec) -> tuple[int, int, int] | None:
+        """Layout of the transformed instance as (height, width, channels), or None if flat."""
+        self.check(input_spec)
+        if self.name == "none":
+            return tuple(input_spec.shape) if input_spec.kind == "grid" else None
+        if self.name == "pixels":
+            return tuple(input_spec.shape)
+        params = dict(self.params)
+        height, width, _ = input_spec.shape
+        cell = params["cell_size"]
+        return (height // cell, width // cell, params["orientations"])
+
+    def n_features(self, input_spec: InputSpec) -> int:
+        """Length of a transformed instance."""
+        shape = self.grid_shape(input_spec)
+        return input_spec.n_features if shape is None else int(np.prod(shape))
+
+    def apply(self, X: np.ndarray, input_spec: InputSpec) -> np.ndarray:
+        """Transform a validated batch.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, input_spec.n_features)
+            Flat raw instances, as :meth:`InputSpec.as_batch` returns them.
+        input_spec : InputSpec
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features(input_spec)), float64, C-contiguous
+        """
+        if self.is_identity:
+            return X
+        from skimage.feature import hog  # only HOG models pay for importing scikit-image
+
+        params = dict(self.params)
+        height, width, channels = input_spec.shape
+        cell = params["cell_size"]
+        out = np.empty((X.shape[0], self.n_features(input_spec)))
+        images = X.reshape(-1, height, width, channels)
+        for i, image in enumerate(images):
+            cells = hog(
+                image if channels == 3 else image[:, :, 0],
+                orientations=params["orientations"],
+                pixels_per_cell=(cell, cell),
+                cells_per_block=(1, 1),
+                block_norm="L2-Hys",
+                feature_vector=False,
+                channel_axis=-1 if channels == 3 else None,
+            )
+            out[i] = cells.ravel()
+        return out
+
+
+def parse_transform(text: str | None) -> InputTransform:
+    """Parse ``none``, ``pixels``, ``hog``, ``hog(4)`` or ``hog(cell_size=4, orientations=9)``.
+
+    Raises
+    ------
+    SpecError
+    """
+    text = text or "none"
+    name, arguments = parse_call(text, "transform")
+    if name not in TRANSFORMS:
+        raise SpecError(f"unknown transform {name!r}; known: {', '.join(TRANSFORMS)}")
+    defaults = dict(_PARAMETERS[name])
+    values: dict[str, int] = {}
+    for key, raw in bind_arguments(name, arguments, list(defaults), text).items():
+        try:
+            values[key] = int(raw)
+        except ValueError:
+            raise SpecError(f"{name}: parameter {key} must be an integer, got {raw!r}") from None
+        if values[key] < 1:
+            raise SpecError(f"{name}: parameter {key} must be >= 1, got {values[key]}")
+    return InputTransform(name, tuple((k, values.get(k, v)) for k, v in defaults.items()))
+
+
+def default_transform(input_spec: InputSpec) -> InputTransform:
+    """``pixels`` for images, ``none`` for everything else."""
+    if input_spec.kind == "grid" and input_spec.shape[2] in (1, 3):
+        return InputTransform("pixels")
+    return InputTransform("none")

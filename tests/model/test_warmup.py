@@ -1,0 +1,9 @@
+"""The image build's warm-up compiles every similarity driver, grid measures included."""
+
+from service.model.similarity import SIMILARITY_KINDS
+from service.model.warmup import compile_kernels
+
+
+def test_warm_up_calls_every_driver_of_every_measure():
+    assert compile_kernels() == list(SIMILARITY_KINDS)
+    assert {"rigid", "deformable"} <= set(SIMILARITY_KINDS)

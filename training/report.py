@@ -1,0 +1,529 @@
+"""The evaluation report: a grid of BE-SVM configurations on one data set, written as Markdown
+with PNG plots (``python -m training report --help``).
+
+Three sweeps share one set of *configurations* (an input transform and one or more similarity
+measures):
+
+- basis size: every configuration at every basis size, with the default strategy and
+  normalisation;
+- basis strategy: every configuration and strategy at the reference size;
+- normalisation: every configuration and normalisation at the reference size.
+
+Every setting is scored on the test split, and by stratified k-fold cross-validation within the
+training split; the *best* configuration is chosen by cross-validated accuracy, so the test split
+never picks the winner. Baselines (LinearSVC,
+SVC(RBF), Nystroem + LinearSVC) are trained on the same inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sklearn.model_selection import StratifiedKFold
+from tqdm.auto import tqdm
+
+from service.model import parse_specs
+from service.model.basis import BASIS_STRATEGIES
+from service.model.expansion import parse_normalization
+from service.model.similarity import format_spec
+from service.model.transforms import default_transform, parse_transform
+from training.datasets import Dataset
+from training.diagnostics import format_ratio
+from training.evaluate import MethodResult, evaluate_baselines, median_seconds, predictor_parameters
+from training.fit import FitConfig, fit_besvm
+
+DEFAULT_CONFIGURATIONS = (
+    "linear",
+    "rbf(gamma=1)",
+    "rigid(h=1)",
+    "deformable(h_r=1, h_l=1)",
+    "rbf(gamma=1) + rigid(h=1)",
+    "rbf(gamma=1) + deformable(h_r=1, h_l=1)",
+    "hog(cell_size=2, orientations=9): rigid(h=1)",
+    "hog(cell_size=2, orientations=9): rbf(gamma=1) + rigid(h=1)",
+)
+DEFAULT_BASIS_SIZES = (5, 10, 25, 50, 100)
+DEFAULT_STRATEGIES = ("index", "random", "kmedoids")
+DEFAULT_NORMALIZATIONS = (
+    "besvm",
+    "none",
+    "zscore",
+    "nystroem(clip)",
+    "nystroem(flip)",
+    "nystroem(square)",
+)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """An input transform and the similarity measures on it: one line of the plots."""
+
+    transform: str
+    similarities: str
+
+    @property
+    def label(self) -> str:
+        if self.transform in ("pixels", "none"):
+            return self.similarities
+        return f"{self.transform}: {self.similarities}"
+
+
+def parse_configuration(text: str, dataset: Dataset) -> Configuration:
+    """Parse ``"rbf + rigid(1)"`` or ``"hog(2, 9): rigid(1)"`` into canonical form.
+
+    Raises
+    ------
+    SpecError
+    """
+    transform_text, sep, similarities = text.rpartition(":")
+    transform = parse_transform(transform_text) if sep else default_transform(dataset.input_spec)
+    specs = parse_specs(similarities)
+    grid_shape = transform.grid_shape(dataset.input_spec)
+    for spec in specs:
+        spec.check_grid(grid_shape, transform.n_features(dataset.input_spec))
+    return Configuration(str(transform), " + ".join(format_spec(s) for s in specs))
+
+
+@dataclass
+class FitRecord:
+    """One fitted configuration and its numbers."""
+
+    configuration: Configuration
+    basis_per_class: int
+    basis_strategy: str
+    normalization: str
+    n_basis: int
+    n_parameters: int
+    validation_accuracy: float
+    test_accuracy: float
+    train_seconds: float
+    predict_us_per_sample: float
+    diagnostics: dict[str, dict[str, float]]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple:
+        return (self.configuration, self.basis_per_class, self.basis_strategy, self.normalization)
+
+
+@dataclass
+class ReportGrid:
+    """What the report trains."""
+
+    configurations: tuple[Configuration, ...]
+    basis_sizes: tuple[int, ...] = DEFAULT_BASIS_SIZES
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    normalizations: tuple[str, ...] = DEFAULT_NORMALIZATIONS
+    reference_size: int = 25
+    folds: int = 3
+    seed: int = 0
+    repeats: int = 3
+
+    def fits(self) -> list[tuple[Configuration, int, str, str]]:
+        """Every distinct (configuration, basis per class, strategy, normalisation) to train."""
+        default_strategy, default_normalization = self.strategies[0], self.normalizations[0]
+        wanted = []
+        for configuration in self.configurations:
+            wanted += [
+                (configuration, size, default_strategy, default_normalization)
+                for size in self.basis_sizes
+            ]
+            wanted += [
+                (configuration, self.reference_size, strategy, default_normalization)
+                for strategy in self.strategies
+            ]
+            wanted += [
+                (configuration, self.reference_size, default_strategy, normalization)
+                for normalization in self.normalizations
+            ]
+        return list(dict.fromkeys(wanted))
+
+
+@dataclass
+class Report:
+    """Everything the Markdown and the plots are made from."""
+
+    dataset: str
+    n_train: int
+    n_validation: int  # items held out across all folds
+    n_test: int
+    n_classes: int
+    grid: ReportGrid
+    records: list[FitRecord]
+    baselines: list[MethodResult]
+
+    def best(self) -> FitRecord:
+        """Highest validation accuracy; ties go to the smaller model."""
+        return max(self.records, key=lambda r: (r.validation_accuracy, -r.n_parameters))
+
+    def find(self, configuration, size, strategy, normalization) -> FitRecord | None:
+        for record in self.records:
+            if record.key == (configuration, size, strategy, normalization):
+                return record
+        return None
+
+    def to_dict(self) -> dict:
+        return {
+            "dataset": self.dataset,
+            "n_train": self.n_train,
+            "n_validation": self.n_validation,
+            "n_test": self.n_test,
+            "grid": asdict(self.grid),
+            "records": [asdict(r) for r in self.records],
+            "baselines": [asdict(b) for b in self.baselines],
+            "best": asdict(self.best()),
+        }
+
+
+def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Report:
+    """Train every fit of the grid and the baselines.
+
+    Parameters
+    ----------
+    dataset : Dataset
+    grid : ReportGrid
+    verbose : bool
+        Progress bar over the grid.
+
+    Returns
+    -------
+    Report
+    """
+    folds = _folds(dataset, grid.folds, grid.seed)
+    records = []
+    fits = grid.fits()
+    for configuration, size, strategy, normalization in tqdm(
+        fits, desc="report grid", unit="fit", disable=not verbose
+    ):
+        config = FitConfig(
+            similarities=configuration.similarities,
+            transform=configuration.transform,
+            basis_per_class=size,
+            basis_strategy=strategy,
+            normalization=normalization,
+            seed=grid.seed,
+        )
+        correct = sum(
+            _accuracy(fit_besvm(fit_part, config, name="fold").predictor, held_out)
+            * len(held_out.y_test)
+            for fit_part, held_out in folds
+        )
+        validation_accuracy = correct / len(dataset.y_train)
+        result = fit_besvm(dataset, config, name="report")
+        predictor = result.predictor
+        predictor.warm_up()
+        records.append(
+            FitRecord(
+                configuration=configuration,
+                basis_per_class=size,
+                basis_strategy=strategy,
+                normalization=normalization,
+                n_basis=predictor.n_basis,
+                n_parameters=predictor_parameters(predictor),
+                validation_accuracy=validation_accuracy,
+                test_accuracy=_accuracy(predictor, dataset),
+                train_seconds=result.timings["train_seconds"],
+                predict_us_per_sample=1e6
+                * median_seconds(
+                    lambda p=predictor: p.decision_function(dataset.X_test), grid.repeats
+                )
+                / len(dataset.y_test),
+                diagnostics=predictor.metadata["diagnostics"],
+                warnings=result.warnings,
+            )
+        )
+    n_classes = len(dataset.classes)
+    baselines = evaluate_baselines(
+        dataset.X_train,
+        dataset.y_train,
+        dataset.X_test,
+        dataset.y_test,
+        repeats=grid.repeats,
+        nystroem_components=tuple(
+            size * n_classes
+            for size in grid.basis_sizes
+            if size * n_classes <= len(dataset.y_train)
+        ),
+    )
+    return Report(
+        dataset=dataset.name,
+        n_train=len(dataset.y_train),
+        n_validation=len(dataset.y_train),
+        n_test=len(dataset.y_test),
+        n_classes=n_classes,
+        grid=grid,
+        records=records,
+        baselines=baselines,
+    )
+
+
+def _folds(dataset: Dataset, n_folds: int, seed: int) -> list[tuple[Dataset, Dataset]]:
+    """Stratified folds of the training split: (part to fit on, part held out) pairs."""
+    splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    X, y = dataset.X_train, dataset.y_train
+    folds = []
+    for fit_rows, held_rows in splitter.split(X, y):
+        fit_part = dataclasses.replace(dataset, X_train=X[fit_rows], y_train=y[fit_rows])
+        held_out = dataclasses.replace(fit_part, X_test=X[held_rows], y_test=y[held_rows])
+        folds.append((fit_part, held_out))
+    return folds
+
+
+def _accuracy(predictor, dataset: Dataset) -> float:
+    return float((predictor.predict(dataset.X_test) == dataset.y_test).mean())
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+def write_report(report: Report, out: Path, command: str) -> Path:
+    """Write ``README.md``, the PNG plots and ``results.json`` into ``out``.
+
+    Returns
+    -------
+    Path of the Markdown file.
+    """
+    from training import plots  # matplotlib is only needed here
+
+    out.mkdir(parents=True, exist_ok=True)
+    figures = plots.write_all(report, out)
+    (out / "results.json").write_text(json.dumps(report.to_dict(), indent=2, default=str) + "\n")
+    markdown = out / "README.md"
+    markdown.write_text(render_markdown(report, figures, command))
+    return markdown
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}%"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def render_markdown(report: Report, figures: dict[str, str], command: str) -> str:
+    """The report as Markdown, figures linked by file name."""
+    grid = report.grid
+    best = report.best()
+    svc = next(b for b in report.baselines if b.method.startswith("SVC"))
+    strategy, normalization = grid.strategies[0], grid.normalizations[0]
+    lines = [
+        f"# BE-SVM report: {report.dataset}",
+        "",
+        f"Made with `{command}` on {platform.machine()} ({platform.python_version()}).",
+        f"{report.n_train:,} training items, {report.n_test:,} test items, "
+        f"{report.n_classes} classes. Every setting is scored twice: by stratified "
+        f"{grid.folds}-fold cross-validation within the training split (the *validation* "
+        "accuracy, which chooses the best), and trained on the whole training split and tested "
+        "on the test split (every other accuracy shown). Prediction times are medians over the "
+        "whole test set in one batch, on the machine that made the report.",
+        "",
+        "## Best configuration (by cross-validated accuracy)",
+        "",
+        f"**{best.configuration.label}**, {best.basis_per_class} bases per class "
+        f"(B = {best.n_basis}), basis `{best.basis_strategy}`, normalisation "
+        f"`{best.normalization}`: cross-validated {_pct(best.validation_accuracy)}, "
+        f"test **{_pct(best.test_accuracy)}** against SVC(RBF)'s {_pct(svc.accuracy)}; "
+        f"{best.predict_us_per_sample:.1f} µs per item against SVC's "
+        f"{svc.predict_us_per_sample:.1f} µs (whole test set in one batch).",
+        "",
+        "## Baselines (same inputs, normalised the same way)",
+        "",
+        *_table(
+            ["method", "accuracy", "train s", "predict µs/item", "parameters"],
+            [
+                [
+                    b.method,
+                    _pct(b.accuracy),
+                    f"{b.train_seconds:.2f}",
+                    f"{b.predict_us_per_sample:.1f}",
+                    f"{b.n_parameters:,}",
+                ]
+                for b in report.baselines
+            ],
+        ),
+        "",
+        f"## Accuracy against basis size (basis `{strategy}`, normalisation `{normalization}`)",
+        "",
+        f"![accuracy against basis size]({figures['basis_size']})",
+        "",
+        *_table(
+            ["configuration", *(f"{s}/class" for s in grid.basis_sizes)],
+            [
+                [
+                    c.label,
+                    *(
+                        _pct(r.test_accuracy)
+                        if (r := report.find(c, s, strategy, normalization))
+                        else "—"
+                        for s in grid.basis_sizes
+                    ),
+                ]
+                for c in grid.configurations
+            ],
+        ),
+        "",
+        "## Accuracy against model size",
+        "",
+        "Parameters are the numbers a model keeps to predict: for BE-SVM the basis items, the "
+        "weights and any projection; for SVC the support vectors and their coefficients; for "
+        "Nystroem the landmarks and the weights.",
+        "",
+        f"![accuracy against parameters]({figures['parameters']})",
+        "",
+        f"## Basis strategies ({grid.reference_size} per class, normalisation `{normalization}`)",
+        "",
+        *_sweep_table(report, "basis_strategy", grid.strategies, normalization=normalization),
+        "",
+        f"## Normalisations ({grid.reference_size} per class, basis `{strategy}`)",
+        "",
+        f"![normalisations]({figures['normalizations']})",
+        "",
+        *_sweep_table(report, "normalization", grid.normalizations, strategy=strategy),
+        "",
+        f"## Eigenvalue diagnostics ({grid.reference_size} per class, basis `{strategy}`)",
+        "",
+        "NgRat is the fraction of negative eigenvalues of the symmetrised basis Gram matrix of a "
+        "measure, NgEng the negative eigenvalues' total magnitude over the positive ones' "
+        "(BE-SVM paper, table 2). Zero for a kernel; the invariant measures are indefinite, "
+        "which a kernel SVM cannot use and BE-SVM can.",
+        "",
+        f"![eigenvalue diagnostics]({figures['eigen']})",
+        "",
+        *_table(
+            ["transform", "measure", "NgRat", "NgEng", "smallest eigenvalue", "largest"],
+            [
+                [
+                    transform,
+                    name,
+                    format_ratio(d["ngrat"]),
+                    format_ratio(d["ngeng"]),
+                    f"{d['min_eigenvalue']:.3g}",
+                    f"{d['max_eigenvalue']:.3g}",
+                ]
+                for (transform, name), d in diagnostics_by_measure(report).items()
+            ],
+        ),
+        "",
+        "## Every fit",
+        "",
+        *_table(
+            [
+                "configuration",
+                "per class",
+                "basis",
+                "normalisation",
+                "B",
+                "cross-validated",
+                "test",
+                "train s",
+                "predict µs/item",
+                "parameters",
+            ],
+            [
+                [
+                    r.configuration.label,
+                    str(r.basis_per_class),
+                    r.basis_strategy,
+                    r.normalization,
+                    str(r.n_basis),
+                    _pct(r.validation_accuracy),
+                    _pct(r.test_accuracy),
+                    f"{r.train_seconds:.2f}",
+                    f"{r.predict_us_per_sample:.1f}",
+                    f"{r.n_parameters:,}",
+                ]
+                for r in report.records
+            ],
+        ),
+        "",
+        "The numbers are also in `results.json`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _sweep_table(report: Report, axis: str, values: Sequence[str], **fixed: str) -> list[str]:
+    grid = report.grid
+    rows = []
+    for configuration in grid.configurations:
+        cells = []
+        for value in values:
+            setting = {
+                "basis_strategy": grid.strategies[0],
+                "normalization": grid.normalizations[0],
+                **fixed,
+            }
+            setting[axis] = value
+            record = report.find(
+                configuration,
+                grid.reference_size,
+                setting["basis_strategy"],
+                setting["normalization"],
+            )
+            cells.append(_pct(record.test_accuracy) if record else "—")
+        rows.append([configuration.label, *cells])
+    return _table(["configuration", *values], rows)
+
+
+def diagnostics_by_measure(report: Report) -> dict[tuple[str, str], dict[str, float]]:
+    """NgRat/NgEng of every measure at the reference size, default strategy, per transform."""
+    grid = report.grid
+    found: dict[tuple[str, str], dict[str, float]] = {}
+    for record in report.records:
+        if (record.basis_per_class, record.basis_strategy, record.normalization) != (
+            grid.reference_size,
+            grid.strategies[0],
+            grid.normalizations[0],
+        ):
+            continue
+        for name, values in record.diagnostics.items():
+            found.setdefault((record.configuration.transform, name), values)
+    return found
+
+
+def build_grid(
+    dataset: Dataset,
+    configurations: Sequence[str],
+    basis_sizes: Sequence[int],
+    strategies: Sequence[str],
+    normalizations: Sequence[str],
+    reference_size: int,
+    seed: int,
+    repeats: int,
+    folds: int = 3,
+) -> ReportGrid:
+    """Parse and check the command line's grid before anything is trained.
+
+    Raises
+    ------
+    SpecError, ValueError
+    """
+    if not configurations or not basis_sizes or not strategies or not normalizations:
+        raise ValueError("every axis of the report grid needs at least one value")
+    if any(size < 1 for size in basis_sizes) or reference_size < 1:
+        raise ValueError("basis sizes must be positive integers")
+    if folds < 2:
+        raise ValueError(f"cross-validation needs at least 2 folds, got {folds}")
+    unknown = [s for s in strategies if s not in BASIS_STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown basis strategy {unknown[0]!r}; known: {BASIS_STRATEGIES}")
+    return ReportGrid(
+        configurations=tuple(
+            dict.fromkeys(parse_configuration(c, dataset) for c in configurations)
+        ),
+        basis_sizes=tuple(sorted(set(basis_sizes))),
+        strategies=tuple(dict.fromkeys(strategies)),
+        normalizations=tuple(dict.fromkeys(parse_normalization(n) for n in normalizations)),
+        reference_size=reference_size,
+        folds=folds,
+        seed=seed,
+        repeats=repeats,
+    )
