@@ -92,6 +92,22 @@ class Predictor:
         problems = self._consistency_problems()
         if problems:
             raise ArtifactIntegrityError(f"model {self.name!r} is inconsistent: {problems[0]}")
+        object.__setattr__(self, "_score_weights", self._fold_projection())
+
+    def _fold_projection(self) -> np.ndarray:
+        """The weights applied to unprojected features, shape (M * B, K).
+
+        Scores are linear in the features and a Nystroem projection is linear too, so
+        ``(phi P) w = phi (P w)``: folding P into the weights once saves a B x B product per
+        instance at serving time.
+        """
+        weights = np.ascontiguousarray(self.coef.T)
+        if self.feature_projection is not None:
+            n_basis = self.n_basis
+            for m, block_projection in enumerate(self.feature_projection):
+                block = slice(m * n_basis, (m + 1) * n_basis)
+                weights[block] = block_projection @ weights[block]
+        return weights
 
     @property
     def _float_arrays(self) -> tuple[str, ...]:
@@ -175,6 +191,9 @@ class Predictor:
         -------
         ndarray of shape (n_samples, M * B)
         """
+        return self._features(X, projection=self.feature_projection)
+
+    def _features(self, X: np.ndarray, projection: np.ndarray | None) -> np.ndarray:
         X = self.transform.apply(self._check_flat(X), self.input_spec)
         X_hat = normalize_inputs(X, self.input_mean, self.input_scale)
         return expand(
@@ -183,7 +202,7 @@ class Predictor:
             self.specs,
             self.feature_offset,
             self.feature_scale,
-            projection=self.feature_projection,
+            projection=projection,
             grid_shape=self.grid_shape,
         )
 
@@ -198,7 +217,7 @@ class Predictor:
         -------
         scores : ndarray of shape (n_samples, K)
         """
-        scores = self.features(X) @ self.coef.T
+        scores = self._features(X, projection=None) @ self._score_weights
         scores += self.intercept
         return scores
 
