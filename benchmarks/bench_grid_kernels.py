@@ -6,8 +6,8 @@
 Inputs are the digits (8 x 8 x 1), normalised as the models do (centred, divided by the mean
 norm of the centred rows); the basis is their first ``--basis`` rows, the inputs the first
 ``--inputs``. Prints the median time of one call of each driver, parallel and serial, and its
-ratio to the parallel linear driver. With ``--hog`` it also times random 4 x 4 x 9 grids, the
-shape of HOG cells. Compilation happens before timing.
+ratio to the linear driver of the same kind. With ``--hog`` it also times random 4 x 4 x 9
+grids, the shape of HOG cells. Each driver is called once, compiling it, before it is timed.
 """
 
 from __future__ import annotations
@@ -56,15 +56,17 @@ def _measures(shape: tuple[int, int, int]) -> list[tuple[str, object, object, tu
 def _report(title: str, basis: np.ndarray, X: np.ndarray, shape, repeats: int) -> None:
     out = np.empty((X.shape[0], basis.shape[0]))
     print(f"{title}: {basis.shape[0]} basis items, {X.shape[0]} inputs, d = {X.shape[1]}")
-    print(f"{'measure':>16} {'parallel ms':>12} {'serial ms':>10} {'parallel / linear':>18}")
+    print(f"{'measure':>16} {'parallel ms':>12} {'x linear':>9} {'serial ms':>10} {'x linear':>9}")
     linear = None
     for name, driver, serial, args in _measures(shape):
-        parallel_s = median_seconds(lambda d=driver, a=args: d(basis, X, *a, out), repeats)
-        serial_s = median_seconds(lambda d=serial, a=args: d(basis, X, *a, out), repeats)
-        linear = parallel_s if linear is None else linear
+        times = (
+            median_seconds(lambda d=driver, a=args: d(basis, X, *a, out), repeats),
+            median_seconds(lambda d=serial, a=args: d(basis, X, *a, out), repeats),
+        )
+        linear = times if linear is None else linear
         print(
-            f"{name:>16} {1e3 * parallel_s:>12.2f} {1e3 * serial_s:>10.2f} "
-            f"{parallel_s / linear:>18.1f}"
+            f"{name:>16} {1e3 * times[0]:>12.2f} {times[0] / linear[0]:>9.1f} "
+            f"{1e3 * times[1]:>10.2f} {times[1] / linear[1]:>9.1f}"
         )
 
 
