@@ -7,7 +7,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train run serve test lint bench clean
+.PHONY: help setup train run serve test lint bench report clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-7s %s\n", $$1, $$2}'
@@ -31,6 +31,13 @@ serve: setup  ## serve $(MODEL_DIR) without training
 
 test: setup  ## set up and run the whole test suite
 	$(BIN)/python -m pytest
+
+bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
+	$(BIN)/python benchmarks/bench_classify.py --http
+	$(BIN)/python benchmarks/bench_grid_kernels.py --hog
+
+report: setup  ## rebuild the digits evaluation report in docs/reports/digits (about 11 min)
+	$(BIN)/python -m training report --out docs/reports/digits
 
 lint: setup  ## ruff: lint and formatting
 	$(BIN)/ruff check .

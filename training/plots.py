@@ -61,14 +61,20 @@ def _accuracy_against_basis_size(report: Report):
             label=configuration.label,
         )
     _reference_lines(axes, report)
-    axes.set_xscale("log")
+    _log_accuracy_axes(
+        axes, f"{report.dataset}: accuracy against basis size", "basis items per class"
+    )
     axes.set_xticks(report.grid.basis_sizes, [str(s) for s in report.grid.basis_sizes])
-    axes.set_xlabel("basis items per class")
-    axes.set_ylabel("test accuracy (%)")
-    axes.set_title(f"{report.dataset}: accuracy against basis size")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7, loc="lower right")
     return figure
+
+
+def _log_accuracy_axes(axes, title: str, xlabel: str) -> None:
+    axes.set_xscale("log")
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("test accuracy (%)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _accuracy_against_parameters(report: Report):
@@ -100,12 +106,7 @@ def _accuracy_against_parameters(report: Report):
             zorder=3,
             label=baseline.method,
         )
-    axes.set_xscale("log")
-    axes.set_xlabel("model parameters")
-    axes.set_ylabel("test accuracy (%)")
-    axes.set_title(f"{report.dataset}: accuracy against model size")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7, loc="lower right")
+    _log_accuracy_axes(axes, f"{report.dataset}: accuracy against model size", "model parameters")
     return figure
 
 
