@@ -17,7 +17,17 @@ def data():
     return X, y
 
 
-@parametrize_with_checks([InputNormalizer(), BasisExpansion(n_basis_per_class=3)])
+@parametrize_with_checks(
+    [
+        InputNormalizer(),
+        BasisExpansion(n_basis_per_class=3),
+        BasisExpansion(
+            "rbf + linear", n_basis_per_class=3, basis_strategy="kmedoids", random_state=0
+        ),
+        BasisExpansion(n_basis_per_class=3, normalization="nystroem(flip)"),
+        BasisExpansion(n_basis_per_class=3, normalization="zscore", basis_strategy="random"),
+    ]
+)
 def test_scikit_learn_estimator_checks(estimator, check):
     check(estimator)
 

@@ -111,3 +111,40 @@ def test_evaluate_prints_the_model_beside_both_baselines(digits_model_dir, tmp_p
         assert np.mean(list(recalls.values())) == pytest.approx(result["accuracy"], abs=0.01)
     # The baselines are real: SVC(RBF) on normalised digits is known to land near 96.6 %.
     assert accuracies["SVC(RBF, gamma=1) on inputs"] == pytest.approx(0.966, abs=0.01)
+
+
+def test_fit_with_a_transform_a_grid_measure_and_the_new_options(tmp_path, capsys):
+    out = tmp_path / "hog"
+    args = ["fit", "--out", str(out), "--quiet", "--basis-per-class", "3"]
+    args += ["--transform", "hog(4, 6)", "--similarity", "rbf + rigid(1)"]
+    args += ["--basis-strategy", "kmedoids", "--normalization", "nystroem"]
+    assert main(args) == 0
+    summary = capsys.readouterr().out
+    assert "transform        hog(cell_size=4, orientations=6)" in summary
+    assert "normalization    nystroem(clip)" in summary
+    assert "eigenvalues      rigid(h=1): NgRat" in summary
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["transform"] == "hog(cell_size=4, orientations=6)"
+    assert manifest["basis"]["strategy"] == "kmedoids"
+    assert set(manifest["diagnostics"]) == {"rbf(gamma=1)", "rigid(h=1)"}
+    assert "feature_projection" in manifest["arrays"]
+    assert Predictor.load(out).grid_shape == (2, 2, 6)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--similarity", "rigid(1)", "--transform", "none", "--data", "VECTORS"], "not a grid"),
+        (["--transform", "hog(16)"], "larger than the 8x8 image"),
+        (["--normalization", "nystroem(shift)"], "spectrum must be one of"),
+        (["--similarity", "rigid(0.5)"], "h must be an integer"),
+    ],
+)
+def test_bad_model_options_exit_2_with_a_message(args, message, tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    vectors = tmp_path / "v.npz"
+    np.savez(vectors, X=rng.normal(size=(40, 4)), y=np.repeat([0, 1], 20))
+    args = [str(vectors) if a == "VECTORS" else a for a in args]
+    assert main(["fit", "--out", str(tmp_path / "m"), "--quiet", *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
