@@ -13,7 +13,11 @@ import numpy as np
 
 from service.model import ModelError, Predictor
 from service.model.basis import BASIS_STRATEGIES
-from service.model.expansion import NORMALIZATIONS
+from service.model.expansion import (
+    AUTO_NORMALIZATION_INDEFINITE,
+    AUTO_NORMALIZATION_KERNELS,
+    NORMALIZATIONS,
+)
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.transforms import TRANSFORMS
 from training.datasets import DIGITS, DatasetError, load_dataset
@@ -104,7 +108,9 @@ def _build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--normalization",
         default=_DEFAULTS.normalization,
-        help=f"normalisation of the similarities: {', '.join(NORMALIZATIONS)} "
+        help=f"normalisation of the similarities: {', '.join(NORMALIZATIONS)}, or auto: "
+        f"{AUTO_NORMALIZATION_KERNELS} when every measure is a kernel (linear, rbf), "
+        f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite (rigid, deformable) "
         f"(default: {_DEFAULTS.normalization})",
     )
     model.add_argument(

@@ -74,6 +74,7 @@ class SimilarityKind:
     description: str
     needs_grid: bool = False
     cost: Callable[..., float] = _unit_cost
+    positive_definite: bool = True
 
 
 def _shifts(h: float) -> float:
@@ -109,6 +110,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             description="max over shifts z in {-h..h}^2 of sum_cells <b_c, x_(c+z)> (grids)",
             needs_grid=True,
             cost=_shifts,
+            positive_definite=False,
         ),
         SimilarityKind(
             name="deformable",
@@ -124,6 +126,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             ),
             needs_grid=True,
             cost=_deformable_cost,
+            positive_definite=False,
         ),
     )
 }

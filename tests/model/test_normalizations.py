@@ -5,8 +5,13 @@ import pytest
 import scipy.linalg
 from sklearn.metrics.pairwise import rbf_kernel
 
-from service.model import BasisExpansion, SpecError
-from service.model.expansion import NORMALIZATIONS, nystroem_projection, parse_normalization
+from service.model import BasisExpansion, SpecError, parse_specs
+from service.model.expansion import (
+    NORMALIZATIONS,
+    nystroem_projection,
+    parse_normalization,
+    resolve_normalization,
+)
 from training.diagnostics import eigen_diagnostics
 
 
@@ -124,3 +129,20 @@ def test_basis_gram_holds_each_measure_between_basis_items(data):
     basis = X[expansion.basis_indices_]
     np.testing.assert_allclose(expansion.basis_gram_[0], rbf_kernel(basis, basis, gamma=0.3))
     np.testing.assert_allclose(expansion.basis_gram_[1], basis @ basis.T, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("normalization", "similarities", "resolved"),
+    [
+        ("auto", "rbf", "nystroem(square)"),
+        ("AUTO", "rbf + linear", "nystroem(square)"),
+        ("auto", "rbf + rigid(1)", "besvm"),
+        ("auto", "deformable", "besvm"),
+        ("zscore", "rigid", "zscore"),
+        ("nystroem", "rbf", "nystroem(clip)"),
+    ],
+)
+def test_auto_normalization_follows_whether_every_measure_is_a_kernel(
+    normalization, similarities, resolved
+):
+    assert resolve_normalization(normalization, parse_specs(similarities)) == resolved

@@ -62,7 +62,7 @@ def test_two_classes_score_and_predict_like_linear_svc(digits):
     assert predictor.classes == ("3", "8")
     pipeline = make_pipeline(
         InputNormalizer(),
-        BasisExpansion(n_basis_per_class=10, normalization=FitConfig().normalization),
+        BasisExpansion(n_basis_per_class=10, normalization="nystroem(square)"),
         LinearSVC(dual="auto", max_iter=10_000, random_state=0),
     ).fit(binary.X_train, binary.y_train)
     scores = predictor.decision_function(binary.X_test)
