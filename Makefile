@@ -36,7 +36,7 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 	$(BIN)/python benchmarks/bench_classify.py --http
 	$(BIN)/python benchmarks/bench_grid_kernels.py --hog
 
-report: setup  ## rebuild the digits evaluation report in docs/reports/digits (about 11 min)
+report: setup  ## rebuild the digits evaluation report in docs/reports/digits (about 5 min)
 	$(BIN)/python -m training report --out docs/reports/digits
 
 lint: setup  ## ruff: lint and formatting
