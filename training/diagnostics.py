@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.model.expansion import EIGENVALUE_RELATIVE_TOLERANCE, symmetric_eigenvalues
+from service.model.expansion import eigenvalue_tolerance, symmetric_eigenvalues
 
 
 def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:
@@ -30,7 +30,7 @@ def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:
         ``ngeng`` is None when no eigenvalue is positive (a degenerate measure).
     """
     eigenvalues, _ = symmetric_eigenvalues(gram)
-    tolerance = EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.abs(eigenvalues).max()), 1e-300)
+    tolerance = eigenvalue_tolerance(eigenvalues)
     negative = eigenvalues < -tolerance
     positive_energy = float(eigenvalues[eigenvalues > tolerance].sum())
     negative_energy = float(np.abs(eigenvalues[negative]).sum())

@@ -11,9 +11,15 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.svm import LinearSVC
 
-from service.model import BasisExpansion, InputNormalizer, Predictor, parse_specs
-from service.model.expansion import resolve_normalization
-from service.model.transforms import default_transform, parse_transform
+from service.model import (
+    BasisExpansion,
+    InputNormalizer,
+    InputSpec,
+    Predictor,
+    SimilaritySpec,
+    parse_specs,
+)
+from service.model.transforms import InputTransform, default_transform, parse_transform
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
 
@@ -49,6 +55,24 @@ class FitResult:
     warnings: list[str] = field(default_factory=list)
 
 
+def resolve_transform(
+    text: str | None, input_spec: InputSpec, specs: tuple[SimilaritySpec, ...]
+) -> InputTransform:
+    """The input transform named by ``text`` (None: the default for the inputs), checked against
+    the inputs and the measures that will read its output.
+
+    Raises
+    ------
+    SpecError
+        The transform does not apply to the inputs, or a grid measure gets no grid.
+    """
+    transform = default_transform(input_spec) if text is None else parse_transform(text)
+    grid_shape = transform.grid_shape(input_spec)
+    for spec in specs:
+        spec.check_grid(grid_shape, transform.n_features(input_spec))
+    return transform
+
+
 def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = False) -> FitResult:
     """Train a Basis Expanding SVM on the training split of ``dataset``.
 
@@ -66,15 +90,7 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
     FitResult
     """
     specs = parse_specs(config.similarities)
-    normalization = resolve_normalization(config.normalization, specs)
-    transform = (
-        default_transform(dataset.input_spec)
-        if config.transform is None
-        else parse_transform(config.transform)
-    )
-    grid_shape = transform.grid_shape(dataset.input_spec)
-    for spec in specs:
-        spec.check_grid(grid_shape, transform.n_features(dataset.input_spec))
+    transform = resolve_transform(config.transform, dataset.input_spec, specs)
     if config.C <= 0:
         raise ValueError(f"C must be positive, got {config.C}")
     if len(set(dataset.y_train.tolist())) < 2:
@@ -88,8 +104,8 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         similarities=[str(s) for s in specs],
         n_basis_per_class=config.basis_per_class,
         basis_strategy=config.basis_strategy,
-        normalization=normalization,
-        grid_shape=grid_shape,
+        normalization=config.normalization,
+        grid_shape=transform.grid_shape(dataset.input_spec),
         random_state=config.seed,
         verbose=verbose,
     )
@@ -124,7 +140,7 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         input_spec=dataset.input_spec,
         classes=tuple(classes),
         specs=expansion.specs_,
-        normalization=normalization,
+        normalization=expansion.normalization_,
         input_mean=normalizer.mean_,
         input_scale=normalizer.scale_,
         basis=expansion.basis_,

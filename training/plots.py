@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.report import Report, diagnostics_by_measure
+from training.report import Report, configuration_label, diagnostics_by_measure
 
 try:
     import matplotlib
@@ -148,10 +148,7 @@ def _normalizations(report: Report):
 
 def _eigen_diagnostics(report: Report):
     diagnostics = diagnostics_by_measure(report)
-    labels = [
-        name if transform in ("pixels", "none") else f"{transform}: {name}"
-        for transform, name in diagnostics
-    ]
+    labels = [configuration_label(transform, name) for transform, name in diagnostics]
     figure, axes = plt.subplots(figsize=(8, 4.5))
     positions = range(len(labels))
     axes.bar(

@@ -31,11 +31,10 @@ from service.model import parse_specs
 from service.model.basis import BASIS_STRATEGIES
 from service.model.expansion import parse_normalization
 from service.model.similarity import format_spec
-from service.model.transforms import default_transform, parse_transform
 from training.datasets import Dataset
 from training.diagnostics import format_ratio
 from training.evaluate import MethodResult, evaluate_baselines, median_seconds, predictor_parameters
-from training.fit import FitConfig, fit_besvm
+from training.fit import FitConfig, fit_besvm, resolve_transform
 
 DEFAULT_CONFIGURATIONS = (
     "linear",
@@ -68,9 +67,12 @@ class Configuration:
 
     @property
     def label(self) -> str:
-        if self.transform in ("pixels", "none"):
-            return self.similarities
-        return f"{self.transform}: {self.similarities}"
+        return configuration_label(self.transform, self.similarities)
+
+
+def configuration_label(transform: str, similarities: str) -> str:
+    """``similarities``, prefixed by the transform unless it leaves the inputs as they are."""
+    return similarities if transform in ("pixels", "none") else f"{transform}: {similarities}"
 
 
 def parse_configuration(text: str, dataset: Dataset) -> Configuration:
@@ -81,11 +83,8 @@ def parse_configuration(text: str, dataset: Dataset) -> Configuration:
     SpecError
     """
     transform_text, sep, similarities = text.rpartition(":")
-    transform = parse_transform(transform_text) if sep else default_transform(dataset.input_spec)
     specs = parse_specs(similarities)
-    grid_shape = transform.grid_shape(dataset.input_spec)
-    for spec in specs:
-        spec.check_grid(grid_shape, transform.n_features(dataset.input_spec))
+    transform = resolve_transform(transform_text if sep else None, dataset.input_spec, specs)
     return Configuration(str(transform), " + ".join(format_spec(s) for s in specs))
 
 

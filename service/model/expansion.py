@@ -228,6 +228,11 @@ def symmetric_eigenvalues(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.linalg.eigh((gram + gram.T) / 2.0)
 
 
+def eigenvalue_tolerance(eigenvalues: np.ndarray) -> float:
+    """Magnitude below which an eigenvalue counts as zero (rounding noise)."""
+    return EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.abs(eigenvalues).max()), 1e-300)
+
+
 def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
     r"""The Nystroem map :math:`K^{-1/2}` of a possibly indefinite basis Gram matrix.
 
@@ -246,7 +251,7 @@ def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
     ndarray of shape (n_basis, n_basis), symmetric
     """
     eigenvalues, vectors = symmetric_eigenvalues(gram)
-    tolerance = EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.abs(eigenvalues).max()), 1e-300)
+    tolerance = eigenvalue_tolerance(eigenvalues)
     magnitude = np.abs(eigenvalues)
     if spectrum_fix == "clip":
         keep = eigenvalues > tolerance
@@ -273,7 +278,8 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         ``kmedoids`` clusters each class under the measures themselves.
     normalization : str, default="besvm"
         ``besvm`` centres each measure's map and divides it by its mean norm (paper eq. 4);
-        also ``none``, ``zscore`` and ``nystroem(clip|flip|square)``.
+        also ``none``, ``zscore``, ``nystroem(clip|flip|square)`` and ``auto`` (see
+        :func:`resolve_normalization`).
     grid_shape : tuple of (int, int, int) or None, default=None
         ``(height, width, channels)`` of the flattened inputs; needed by grid measures.
     chunk_size : int, default=4096
@@ -288,7 +294,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
     specs_ : tuple of SimilaritySpec
         The parsed measures, length M.
     normalization_ : str
-        The canonical name of the normalisation.
+        The canonical name of the normalisation (``auto`` resolved).
     basis_indices_ : ndarray of shape (n_basis,)
         Rows of the training set chosen as basis.
     basis_ : ndarray of shape (n_basis, n_features_in_)
@@ -333,8 +339,8 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         try:
-            normalization = parse_normalization(self.normalization)
             specs = parse_specs(self.similarities)
+            normalization = resolve_normalization(self.normalization, specs)
             for spec in specs:
                 spec.check_grid(self._grid(), n_features)
         except SpecError as error:

@@ -92,6 +92,8 @@ class Predictor:
         problems = self._consistency_problems()
         if problems:
             raise ArtifactIntegrityError(f"model {self.name!r} is inconsistent: {problems[0]}")
+        # Derived once: the hot path needs both on every call.
+        object.__setattr__(self, "_grid_shape", self.transform.grid_shape(self.input_spec))
         object.__setattr__(self, "_score_weights", self._fold_projection())
 
     def _fold_projection(self) -> np.ndarray:
@@ -117,7 +119,8 @@ class Predictor:
 
     def _consistency_problems(self) -> list[str]:
         try:
-            d, grid = self.transform.n_features(self.input_spec), self.grid_shape
+            d = self.transform.n_features(self.input_spec)
+            grid = self.transform.grid_shape(self.input_spec)
             for spec in self.specs:
                 spec.check_grid(grid, d)
         except ModelError as error:
@@ -174,7 +177,7 @@ class Predictor:
     @property
     def grid_shape(self) -> tuple[int, int, int] | None:
         """Layout of a transformed instance, which grid measures need."""
-        return self.transform.grid_shape(self.input_spec)
+        return self._grid_shape
 
     def validate(self, instances) -> np.ndarray:
         """Turn a client batch into a flat float64 array; see :meth:`InputSpec.as_batch`."""
