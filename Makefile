@@ -5,9 +5,10 @@ BIN := $(VENV)/bin
 MODEL_DIR ?= models/digits
 HOST ?= 127.0.0.1
 PORT ?= 8000
+FORTUNES_CONFIGURATIONS := sensing0; sensing1(n=150); sensing1(n=150) [C=3]; sensing2(n_words=150); linear; sensing1(n=150) + linear
 
 .DEFAULT_GOAL := help
-.PHONY: help setup train run serve test lint bench report clean
+.PHONY: help setup train run serve test lint bench bench-text report report-fortunes clean
 
 help:  ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-7s %s\n", $$1, $$2}'
@@ -36,8 +37,16 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 	$(BIN)/python benchmarks/bench_classify.py --http
 	$(BIN)/python benchmarks/bench_grid_kernels.py --hog
 
+bench-text: setup  ## the sensing-kernel and text /classify benchmark (needs the fortunes packages)
+	$(BIN)/python benchmarks/bench_sensing.py
+
 report: setup  ## rebuild the digits evaluation report in docs/reports/digits (about 5 min)
 	$(BIN)/python -m training report --out docs/reports/digits
+
+report-fortunes: setup  ## rebuild the text report in docs/reports/fortunes (about 40 min)
+	$(BIN)/python -m training report --data fortunes --configurations "$(FORTUNES_CONFIGURATIONS)" \
+	    --basis-sizes 25,250 --strategies index --normalizations besvm --folds 2 --repeats 3 \
+	    --out docs/reports/fortunes
 
 lint: setup  ## ruff: lint and formatting
 	$(BIN)/ruff check .

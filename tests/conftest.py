@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from service.model import Predictor
+from service.model.inputs import InputSpec
 from training.datasets import Dataset, load_digits_dataset
 from training.fit import FitConfig, fit_besvm
 
@@ -33,3 +35,45 @@ def digits_model_dir(digits_fit, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def digits_predictor(digits_model_dir: Path) -> Predictor:
     return Predictor.load(digits_model_dir)
+
+
+TOPICS = {
+    "space": "rocket orbit planet moon launch star galaxy telescope astronaut comet",
+    "food": "bread cheese butter apple soup recipe kitchen oven dinner pepper",
+    "law": "court judge lawyer trial verdict appeal contract witness jury statute",
+}
+
+
+def _corpus(n_per_class: int, seed: int):
+    rng = np.random.default_rng(seed)
+    shared = ["the", "of", "people", "time", "world", "thing", "way", "day"]
+    texts, labels = [], []
+    for label, words in TOPICS.items():
+        own = words.split()
+        for _ in range(n_per_class):
+            length = int(rng.integers(3, 25))
+            pool = own * 2 + shared
+            texts.append(" ".join(rng.choice(pool, size=length)).capitalize() + ".")
+            labels.append(label)
+    return np.array(texts, dtype=object), np.array(labels)
+
+
+@pytest.fixture(scope="session")
+def text_dataset() -> Dataset:
+    """A small synthetic three-topic text corpus (for round trips and errors, not accuracy)."""
+    X_train, y_train = _corpus(40, 0)
+    X_test, y_test = _corpus(15, 1)
+    return Dataset("topics", InputSpec("text", ()), X_train, y_train, X_test, y_test)
+
+
+@pytest.fixture(scope="session")
+def text_fit(text_dataset):
+    config = FitConfig(similarities="sensing1(n=150) + linear", basis_per_class=8, min_df=1)
+    return fit_besvm(text_dataset, config, name="topics")
+
+
+@pytest.fixture(scope="session")
+def text_model_dir(text_fit, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("artifacts") / "topics"
+    text_fit.predictor.save(path)
+    return path

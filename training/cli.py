@@ -20,7 +20,7 @@ from service.model.expansion import (
 )
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.transforms import TRANSFORMS
-from training.datasets import DIGITS, DatasetError, load_dataset
+from training.datasets import DIGITS, FORTUNES, DatasetError, load_dataset
 from training.diagnostics import format_ratio
 from training.evaluate import evaluate
 from training.fit import FitConfig, fit_besvm
@@ -29,6 +29,7 @@ from training.report import (
     DEFAULT_CONFIGURATIONS,
     DEFAULT_NORMALIZATIONS,
     DEFAULT_STRATEGIES,
+    TEXT_CONFIGURATIONS,
     build_grid,
     run_report,
     write_report,
@@ -43,8 +44,11 @@ def _add_data_arguments(parser: argparse.ArgumentParser, default: str | None) ->
         "--data",
         default=default,
         help=f"'{DIGITS}' (embedded: 8x8 digit images, first 1,000 train / 797 test), "
-        "a .npz file (X, y, optional ids, optional X_test/y_test) or a .csv file with a header "
-        "(a label column, an optional id column, numeric feature columns)"
+        f"'{FORTUNES}' (text: Debian's fortunes and fortunes-min quotes, categories with at "
+        "least 100 quotes), a .npz file (X, y, optional ids, optional X_test/y_test), a .csv "
+        "file with a header (a label column, an optional id column, numeric feature columns), "
+        'a .jsonl file of {"text": ..., "label": ...} lines, or a folder with one '
+        "sub-folder of text files per class"
         + (f" (default: {default})" if default else " (default: the model's training data)"),
     )
     group.add_argument(
@@ -110,7 +114,7 @@ def _build_parser() -> argparse.ArgumentParser:
         default=_DEFAULTS.normalization,
         help=f"normalisation of the similarities: {', '.join(NORMALIZATIONS)}, or auto: "
         f"{AUTO_NORMALIZATION_KERNELS} when every measure is a kernel (linear, rbf), "
-        f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite (rigid, deformable) "
+        f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite (rigid, deformable, sensing) "
         f"(default: {_DEFAULTS.normalization})",
     )
     model.add_argument(
@@ -126,6 +130,21 @@ def _build_parser() -> argparse.ArgumentParser:
         type=int,
         default=_DEFAULTS.max_iter,
         help=f"LinearSVC iteration limit (default: {_DEFAULTS.max_iter})",
+    )
+    text = fit.add_argument_group("text data sets")
+    text.add_argument(
+        "--min-df",
+        type=int,
+        default=_DEFAULTS.min_df,
+        help="vocabulary: leave out words found in fewer training texts than this "
+        f"(default: {_DEFAULTS.min_df})",
+    )
+    text.add_argument(
+        "--stop-words",
+        choices=("english", "none"),
+        default=_DEFAULTS.stop_words,
+        help="vocabulary: leave out scikit-learn's English stop words, or keep every word "
+        f"(default: {_DEFAULTS.stop_words})",
     )
     output = fit.add_argument_group("output")
     output.add_argument(
@@ -163,16 +182,18 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Fit BE-SVM over configurations (transform and similarity measures) x basis "
         "sizes, x basis strategies and x normalisations at a reference size; score each on a "
         "validation part of the training split (which picks the best) and on the test split; "
-        "train LinearSVC, SVC(RBF) and Nystroem + LinearSVC on the same inputs; write "
-        "README.md, PNG plots and results.json.",
+        "train LinearSVC, SVC(RBF) and Nystroem + LinearSVC on the same inputs (on text: tf-idf "
+        "+ LinearSVC, multinomial naive Bayes, SVC(RBF) on tf-idf); write README.md, PNG plots "
+        "and results.json.",
     )
     _add_data_arguments(rep, default=DIGITS)
     axes = rep.add_argument_group("grid")
     axes.add_argument(
         "--configurations",
-        default="; ".join(DEFAULT_CONFIGURATIONS),
         help="configurations separated by ';', each 'similarities' or 'transform: similarities',"
-        " e.g. 'rbf + rigid(1); hog(2, 9): rigid(1)' (default: %(default)s)",
+        " optionally followed by the SVM's C as '[C=3]' (default 1), e.g. "
+        "'rbf + rigid(1); hog(2, 9): rigid(1); sensing1 [C=3]' (default: "
+        f"{'; '.join(DEFAULT_CONFIGURATIONS)}; on text: {'; '.join(TEXT_CONFIGURATIONS)})",
     )
     axes.add_argument(
         "--basis-sizes",
@@ -250,6 +271,8 @@ def _run_fit(args: argparse.Namespace) -> int:
         C=args.C,
         max_iter=args.max_iter,
         seed=args.seed,
+        min_df=args.min_df,
+        stop_words=None if args.stop_words == "none" else args.stop_words,
     )
     _status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
     result = fit_besvm(dataset, config, name=name, verbose=not args.quiet)
@@ -269,6 +292,8 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"data             {dataset.name}: {len(dataset.y_train):,} train, "
                 f"{len(dataset.y_test):,} test, input {dataset.input_spec}",
                 f"classes          {len(predictor.classes)}",
+                f"inputs           {predictor.input_spec}"
+                + ("" if predictor.vocabulary is None else " (a vocabulary reads raw text)"),
                 f"transform        {predictor.transform}",
                 f"similarities     {' + '.join(predictor.similarity_names)}",
                 f"normalization    {predictor.normalization}",
@@ -298,7 +323,10 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if args.data is None and recorded is None:
         raise DatasetError(f"{args.model} records no training data set: pass --data")
     dataset = _load_data(args, default_source=recorded)
-    if dataset.input_spec.n_features != predictor.input_spec.n_features:
+    text_model = predictor.vocabulary is not None
+    if (dataset.input_spec.kind == "text") != text_model or (
+        not text_model and dataset.input_spec.n_features != predictor.input_spec.n_features
+    ):
         raise DatasetError(
             f"data set {dataset.name} has input {dataset.input_spec}, "
             f"model {predictor.name} expects {predictor.input_spec}"
@@ -335,7 +363,11 @@ def _run_report(args: argparse.Namespace) -> int:
         raise ValueError(f"--basis-sizes must be integers, got {args.basis_sizes!r}") from None
     grid = build_grid(
         dataset,
-        configurations=_split(args.configurations, ";"),
+        configurations=_split(args.configurations, ";")
+        if args.configurations
+        else list(
+            TEXT_CONFIGURATIONS if dataset.input_spec.kind == "text" else DEFAULT_CONFIGURATIONS
+        ),
         basis_sizes=sizes,
         strategies=_split(args.strategies, ","),
         normalizations=_split(args.normalizations, ";"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.model.expansion import eigenvalue_tolerance, symmetric_eigenvalues
+from service.model.expansion import eigenvalue_tolerance
 
 
 def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:
@@ -29,7 +29,8 @@ def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:
     dict with ``ngrat``, ``ngeng``, ``n_negative``, ``min_eigenvalue``, ``max_eigenvalue``
         ``ngeng`` is None when no eigenvalue is positive (a degenerate measure).
     """
-    eigenvalues, _ = symmetric_eigenvalues(gram)
+    # Eigenvalues only: several times faster than the full decomposition on large bases.
+    eigenvalues = np.linalg.eigvalsh((gram + gram.T) / 2.0)
     tolerance = eigenvalue_tolerance(eigenvalues)
     negative = eigenvalues < -tolerance
     positive_energy = float(eigenvalues[eigenvalues > tolerance].sum())

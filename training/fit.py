@@ -1,5 +1,11 @@
 """Fitting a Basis Expanding SVM: transform and normalise inputs, expand on a basis, then a
-one-vs-rest LinearSVC."""
+one-vs-rest LinearSVC.
+
+Text data sets first get a vocabulary fitted on the training texts (scikit-learn's
+CountVectorizer: lower-casing, its token pattern, English stop words left out, a minimum
+document frequency); the model then reads word counts over it, and keeps the vocabulary so that
+the service can read raw text.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,9 @@ import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.svm import LinearSVC
 
 from service.model import (
@@ -19,6 +27,7 @@ from service.model import (
     SimilaritySpec,
     parse_specs,
 )
+from service.model.documents import DEFAULT_TOKEN_PATTERN, Vocabulary
 from service.model.transforms import InputTransform, default_transform, parse_transform
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
@@ -43,6 +52,14 @@ class FitConfig:
     C: float = 1.0
     max_iter: int = 10_000
     seed: int = 0
+    min_df: int = 2  # text: words in fewer training documents are left out of the vocabulary
+    stop_words: str | None = "english"  # text: scikit-learn's English list; None keeps all
+
+
+# The LinearSVC trains on sparse features when at most this fraction of them differ from their
+# column's median (document measures: most pairs share no word): liblinear then runs several
+# times faster, on the same problem up to how its intercept is regularised.
+SPARSE_TRAINING_DENSITY = 0.25
 
 
 @dataclass
@@ -69,11 +86,69 @@ def resolve_transform(
     transform = default_transform(input_spec) if text is None else parse_transform(text)
     grid_shape = transform.grid_shape(input_spec)
     for spec in specs:
+        spec.check_documents(input_spec.is_documents, f"inputs {input_spec}")
         spec.check_grid(grid_shape, transform.n_features(input_spec))
     return transform
 
 
-def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = False) -> FitResult:
+def fit_vocabulary(texts, min_df: int = 2, stop_words: str | None = "english") -> Vocabulary:
+    """The words of the training texts that a model will count.
+
+    Parameters
+    ----------
+    texts : sequence of str
+    min_df : int
+        Words in fewer documents than this are left out.
+    stop_words : "english" or None
+        Words of scikit-learn's English stop word list are left out.
+
+    Raises
+    ------
+    ValueError
+        No word is left.
+    """
+    if not isinstance(min_df, int) or min_df < 1:
+        raise ValueError(f"min_df must be a positive integer, got {min_df!r}")
+    vectorizer = CountVectorizer(
+        lowercase=True, token_pattern=DEFAULT_TOKEN_PATTERN, stop_words=stop_words, min_df=min_df
+    )
+    try:
+        vectorizer.fit(texts)
+    except ValueError as error:
+        raise ValueError(
+            f"no vocabulary: no word is in at least {min_df} training texts ({error})"
+        ) from None
+    return Vocabulary(tuple(vectorizer.get_feature_names_out().tolist()))
+
+
+def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray]:
+    """The matrix the SVM trains on, and the shift that makes it from ``features``.
+
+    When at most :data:`SPARSE_TRAINING_DENSITY` of the entries differ from their column's
+    median, the features minus those medians, as a sparse matrix (``features`` is shifted in
+    place); otherwise the features themselves and a zero shift. A linear model on shifted
+    features is the same model with another intercept: the caller folds ``shift`` back in
+    (``b - w . shift``).
+
+    Returns
+    -------
+    design : ndarray or csr_matrix of shape (n_samples, n_features)
+    shift : ndarray of shape (n_features,)
+    """
+    median = np.median(features, axis=0)
+    if np.count_nonzero(features != median) > SPARSE_TRAINING_DENSITY * features.size:
+        return features, np.zeros(features.shape[1])
+    features -= median
+    return sp.csr_matrix(features), median
+
+
+def fit_besvm(
+    dataset: Dataset,
+    config: FitConfig,
+    name: str,
+    verbose: bool = False,
+    diagnostics: bool = True,
+) -> FitResult:
     """Train a Basis Expanding SVM on the training split of ``dataset``.
 
     Parameters
@@ -84,6 +159,9 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         Model name recorded in the artifact.
     verbose : bool
         Progress bars on long steps.
+    diagnostics : bool
+        Compute NgRat/NgEng of every measure (an eigen-decomposition of each B x B basis Gram
+        matrix: minutes for thousands of bases); off for throw-away fits such as CV folds.
 
     Returns
     -------
@@ -97,9 +175,19 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         raise ValueError("the training split needs at least two classes")
     timings = {}
     started = time.perf_counter()
-    X_train = transform.apply(dataset.X_train, dataset.input_spec)
-    normalizer = InputNormalizer().fit(X_train)
-    X_hat = normalizer.transform(X_train)
+    vocabulary, input_spec = None, dataset.input_spec
+    if dataset.input_spec.kind == "text":
+        vocabulary = fit_vocabulary(dataset.X_train, config.min_df, config.stop_words)
+        input_spec = InputSpec("counts", (vocabulary.size,))
+        X_hat, input_mean, input_scale = vocabulary.encode(dataset.X_train), None, 1.0
+    else:
+        X_train = transform.apply(dataset.X_train, dataset.input_spec)
+        normalizer = InputNormalizer().fit(X_train)
+        X_hat, input_mean, input_scale = (
+            normalizer.transform(X_train),
+            normalizer.mean_,
+            normalizer.scale_,
+        )
     expansion = BasisExpansion(
         similarities=[str(s) for s in specs],
         n_basis_per_class=config.basis_per_class,
@@ -121,14 +209,15 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         max_iter=config.max_iter,
         random_state=config.seed,
     )
+    design, shift = training_design(features)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        svm.fit(features, dataset.y_train)
+        svm.fit(design, dataset.y_train)
     timings["svm_seconds"] = time.perf_counter() - started
     timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
     notes = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
 
-    coef, intercept = svm.coef_, svm.intercept_
+    coef, intercept = svm.coef_, svm.intercept_ - svm.coef_ @ shift
     if len(svm.classes_) == 2:
         # LinearSVC keeps one row for two classes (positive means classes_[1]); store one row
         # per class so that every model scores and ranks its classes the same way.
@@ -137,12 +226,12 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
     class_index = {c: i for i, c in enumerate(classes)}
     predictor = Predictor(
         name=name,
-        input_spec=dataset.input_spec,
+        input_spec=input_spec,
         classes=tuple(classes),
         specs=expansion.specs_,
         normalization=expansion.normalization_,
-        input_mean=normalizer.mean_,
-        input_scale=normalizer.scale_,
+        input_mean=input_mean,
+        input_scale=input_scale,
         basis=expansion.basis_,
         basis_labels=np.array([class_index[str(c)] for c in expansion.basis_labels_]),
         feature_offset=expansion.offset_,
@@ -151,6 +240,8 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
         intercept=intercept,
         transform=transform,
         feature_projection=expansion.projection_,
+        idf=expansion.idf_,
+        vocabulary=vocabulary,
         metadata={
             "basis": {
                 "size": int(expansion.basis_.shape[0]),
@@ -162,7 +253,9 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
                 for name, gram in zip(
                     expansion.similarity_names_, expansion.basis_gram_, strict=True
                 )
-            },
+            }
+            if diagnostics
+            else {},
             "training": {
                 "dataset": dataset.source,
                 "n_train": len(dataset.y_train),
@@ -171,6 +264,6 @@ def fit_besvm(dataset: Dataset, config: FitConfig, name: str, verbose: bool = Fa
             },
         },
     )
-    train_accuracy = float((svm.predict(features) == dataset.y_train).mean())
+    train_accuracy = float((svm.predict(design) == dataset.y_train).mean())
     predictor.metadata["training"]["train_accuracy"] = train_accuracy
     return FitResult(predictor, timings, train_accuracy, notes)

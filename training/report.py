@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import platform
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,14 +29,20 @@ from pathlib import Path
 from sklearn.model_selection import StratifiedKFold
 from tqdm.auto import tqdm
 
-from service.model import parse_specs
+from service.model import SpecError, parse_specs
 from service.model.basis import BASIS_STRATEGIES
 from service.model.expansion import parse_normalization
 from service.model.similarity import format_spec
 from training.datasets import Dataset
 from training.diagnostics import format_ratio
-from training.evaluate import MethodResult, evaluate_baselines, median_seconds, predictor_parameters
-from training.fit import FitConfig, fit_besvm, resolve_transform
+from training.evaluate import (
+    MethodResult,
+    evaluate_baselines,
+    evaluate_text_baselines,
+    median_seconds,
+    predictor_parameters,
+)
+from training.fit import FitConfig, fit_besvm, fit_vocabulary, resolve_transform
 
 DEFAULT_CONFIGURATIONS = (
     "linear",
@@ -45,6 +53,14 @@ DEFAULT_CONFIGURATIONS = (
     "rbf(gamma=1) + deformable(h_r=1, h_l=1)",
     "hog(cell_size=2, orientations=9): rigid(h=1)",
     "hog(cell_size=2, orientations=9): rbf(gamma=1) + rigid(h=1)",
+)
+# The text report's: the sensing measures alone, tf-idf's linear alone, and combined.
+TEXT_CONFIGURATIONS = (
+    "sensing0",
+    "sensing1(n=150)",
+    "sensing2(n_words=150)",
+    "linear",
+    "sensing1(n=150) + linear",
 )
 DEFAULT_BASIS_SIZES = (5, 10, 25, 50, 100)
 DEFAULT_STRATEGIES = ("index", "random", "kmedoids")
@@ -60,14 +76,17 @@ DEFAULT_NORMALIZATIONS = (
 
 @dataclass(frozen=True)
 class Configuration:
-    """An input transform and the similarity measures on it: one line of the plots."""
+    """An input transform, the similarity measures on it and the SVM's C: one line of the
+    plots."""
 
     transform: str
     similarities: str
+    C: float = 1.0
 
     @property
     def label(self) -> str:
-        return configuration_label(self.transform, self.similarities)
+        label = configuration_label(self.transform, self.similarities)
+        return label if self.C == 1.0 else f"{label} [C={self.C:g}]"
 
 
 def configuration_label(transform: str, similarities: str) -> str:
@@ -75,17 +94,30 @@ def configuration_label(transform: str, similarities: str) -> str:
     return similarities if transform in ("pixels", "none") else f"{transform}: {similarities}"
 
 
+_C_SUFFIX = re.compile(r"\[\s*C\s*=\s*([^\]]*)\]\s*$")
+
+
 def parse_configuration(text: str, dataset: Dataset) -> Configuration:
-    """Parse ``"rbf + rigid(1)"`` or ``"hog(2, 9): rigid(1)"`` into canonical form.
+    """Parse ``"rbf + rigid(1)"``, ``"hog(2, 9): rigid(1)"`` or ``"sensing1 [C=3]"`` (the SVM's
+    C, default 1) into canonical form.
 
     Raises
     ------
     SpecError
     """
+    C = 1.0
+    if match := _C_SUFFIX.search(text):
+        try:
+            C = float(match.group(1))
+        except ValueError:
+            raise SpecError(f"C must be a number in {text!r}") from None
+        if not (math.isfinite(C) and C > 0):
+            raise SpecError(f"C must be positive in {text!r}")
+        text = text[: match.start()]
     transform_text, sep, similarities = text.rpartition(":")
     specs = parse_specs(similarities)
     transform = resolve_transform(transform_text if sep else None, dataset.input_spec, specs)
-    return Configuration(str(transform), " + ".join(format_spec(s) for s in specs))
+    return Configuration(str(transform), " + ".join(format_spec(s) for s in specs), C)
 
 
 @dataclass
@@ -205,10 +237,13 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
             basis_per_class=size,
             basis_strategy=strategy,
             normalization=normalization,
+            C=configuration.C,
             seed=grid.seed,
         )
         correct = sum(
-            _accuracy(fit_besvm(fit_part, config, name="fold").predictor, held_out)
+            _accuracy(
+                fit_besvm(fit_part, config, name="fold", diagnostics=False).predictor, held_out
+            )
             * len(held_out.y_test)
             for fit_part, held_out in folds
         )
@@ -237,18 +272,28 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
             )
         )
     n_classes = len(dataset.classes)
-    baselines = evaluate_baselines(
-        dataset.X_train,
-        dataset.y_train,
-        dataset.X_test,
-        dataset.y_test,
-        repeats=grid.repeats,
-        nystroem_components=tuple(
-            size * n_classes
-            for size in grid.basis_sizes
-            if size * n_classes <= len(dataset.y_train)
-        ),
-    )
+    if dataset.input_spec.kind == "text":
+        baselines = evaluate_text_baselines(
+            dataset.X_train,
+            dataset.y_train,
+            dataset.X_test,
+            dataset.y_test,
+            fit_vocabulary(dataset.X_train, FitConfig.min_df, FitConfig.stop_words),
+            repeats=grid.repeats,
+        )
+    else:
+        baselines = evaluate_baselines(
+            dataset.X_train,
+            dataset.y_train,
+            dataset.X_test,
+            dataset.y_test,
+            repeats=grid.repeats,
+            nystroem_components=tuple(
+                size * n_classes
+                for size in grid.basis_sizes
+                if size * n_classes <= len(dataset.y_train)
+            ),
+        )
     return Report(
         dataset=dataset.name,
         n_train=len(dataset.y_train),
@@ -312,6 +357,8 @@ def render_markdown(report: Report, figures: dict[str, str], command: str) -> st
     grid = report.grid
     best = report.best()
     svc = next(b for b in report.baselines if b.method.startswith("SVC"))
+    # On text the usual reference is tf-idf + LinearSVC; elsewhere the kernel SVM.
+    reference = next((b for b in report.baselines if b.method == "tf-idf + LinearSVC"), svc)
     strategy, normalization = grid.strategies[0], grid.normalizations[0]
     lines = [
         f"# BE-SVM report: {report.dataset}",
@@ -329,11 +376,16 @@ def render_markdown(report: Report, figures: dict[str, str], command: str) -> st
         f"**{best.configuration.label}**, {best.basis_per_class} bases per class "
         f"(B = {best.n_basis}), basis `{best.basis_strategy}`, normalisation "
         f"`{best.normalization}`: cross-validated {_pct(best.validation_accuracy)}, "
-        f"test **{_pct(best.test_accuracy)}** against SVC(RBF)'s {_pct(svc.accuracy)}; "
-        f"{best.predict_us_per_sample:.1f} µs per item against SVC's "
-        f"{svc.predict_us_per_sample:.1f} µs (whole test set in one batch).",
+        f"test **{_pct(best.test_accuracy)}** against {reference.method}'s "
+        f"{_pct(reference.accuracy)}; {best.predict_us_per_sample:.1f} µs per item against "
+        f"{svc.method}'s {svc.predict_us_per_sample:.1f} µs (whole test set in one batch).",
         "",
-        "## Baselines (same inputs, normalised the same way)",
+        "## Baselines "
+        + (
+            "(the same vocabulary, except where every word is kept)"
+            if reference is not svc
+            else "(same inputs, normalised the same way)"
+        ),
         "",
         *_table(
             ["method", "accuracy", "train s", "predict µs/item", "parameters"],
@@ -391,8 +443,8 @@ def render_markdown(report: Report, figures: dict[str, str], command: str) -> st
         "",
         "NgRat is the fraction of negative eigenvalues of the symmetrised basis Gram matrix of a "
         "measure, NgEng the negative eigenvalues' total magnitude over the positive ones' "
-        "(BE-SVM paper, table 2). Zero for a kernel; the invariant measures are indefinite, "
-        "which a kernel SVM cannot use and BE-SVM can.",
+        "(BE-SVM paper, table 2). Zero for a kernel; the invariant and sensing measures are "
+        "indefinite, which a kernel SVM cannot use and BE-SVM can.",
         "",
         f"![eigenvalue diagnostics]({figures['eigen']})",
         "",

@@ -71,9 +71,13 @@ def _model_info(predictor: Predictor) -> ModelInfo:
             kind=predictor.input_spec.kind,
             shape=list(predictor.input_spec.shape),
             spec=str(predictor.input_spec),
+            accepts_texts=predictor.vocabulary is not None,
         ),
         classes=list(predictor.classes),
         similarities=predictor.similarity_names,
+        vocabulary=None
+        if predictor.vocabulary is None
+        else {"size": predictor.vocabulary.size, **predictor.vocabulary.settings()},
         transform=str(predictor.transform),
         normalization=predictor.normalization,
         basis_size=predictor.n_basis,
@@ -107,14 +111,23 @@ def classify(
     predictor: Annotated[Predictor, Depends(_predictor)],
     settings: Annotated[Settings, Depends(_settings)],
 ) -> ClassifyResponse:
-    """Classify a batch: per instance the predicted label and the top-k classes with scores."""
+    """Classify a batch: per instance the predicted label and the top-k classes with scores.
+
+    Send ``instances`` in the model's input shape, or ``texts`` to a bag-of-words model."""
     answers = predictor.classify(
-        body.instances, body.top_k or settings.default_top_k, settings.max_batch_size
+        body.instances,
+        body.top_k or settings.default_top_k,
+        settings.max_batch_size,
+        texts=body.texts,
     )
     return ClassifyResponse(
         model=predictor.name,
         predictions=[
-            Prediction(label=label, top_k=[ClassScore(label=c, score=s) for c, s in ranked])
-            for label, ranked in answers
+            Prediction(
+                label=answer.label,
+                top_k=[ClassScore(label=c, score=s) for c, s in answer.ranked],
+                known_words=answer.known_words,
+            )
+            for answer in answers
         ],
     )

@@ -25,12 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 from tqdm.auto import tqdm
 
 from service.model.basis import BASIS_STRATEGIES, select_basis
-from service.model.errors import SpecError
+from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.errors import InvalidInputError, SpecError
 from service.model.notation import bind_arguments, parse_call
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
 
@@ -87,8 +89,8 @@ def parse_normalization(text: str) -> str:
 
 
 def raw_similarities(
-    X: np.ndarray,
-    basis: np.ndarray,
+    X: np.ndarray | Documents,
+    basis: np.ndarray | Documents,
     specs: Sequence[SimilaritySpec],
     out: np.ndarray | None = None,
     grid_shape: tuple[int, int, int] | None = None,
@@ -97,8 +99,8 @@ def raw_similarities(
 
     Parameters
     ----------
-    X : ndarray of shape (n_samples, n_features), float64, C-contiguous
-    basis : ndarray of shape (n_basis, n_features), float64, C-contiguous
+    X : ndarray of shape (n_samples, n_features), float64, C-contiguous, or Documents
+    basis : ndarray of shape (n_basis, n_features), float64, C-contiguous, or Documents
     specs : sequence of SimilaritySpec, length M
     out : ndarray of shape (n_samples, M * n_basis), optional
     grid_shape : (height, width, channels), optional
@@ -118,8 +120,8 @@ def raw_similarities(
 
 
 def expand(
-    X: np.ndarray,
-    basis: np.ndarray,
+    X: np.ndarray | Documents,
+    basis: np.ndarray | Documents,
     specs: Sequence[SimilaritySpec],
     offset: np.ndarray,
     scale: np.ndarray,
@@ -132,9 +134,9 @@ def expand(
 
     Parameters
     ----------
-    X : ndarray of shape (n_samples, n_features), float64, C-contiguous
-        Inputs, already normalised.
-    basis : ndarray of shape (n_basis, n_features)
+    X : ndarray of shape (n_samples, n_features), float64, C-contiguous, or Documents
+        Inputs, already normalised (dense ones).
+    basis : ndarray of shape (n_basis, n_features), or Documents
     specs : sequence of SimilaritySpec, length M
     offset, scale : ndarray of shape (M * n_basis,)
     out : ndarray of shape (n_samples, M * n_basis), optional
@@ -268,6 +270,10 @@ def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
 class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Similarities to a class-balanced basis of training items, normalised per measure.
 
+    Inputs are dense vectors (or flattened grids), or sparse bag-of-words counts (a scipy CSR
+    matrix of non-negative whole numbers, one row per document), which the sensing measures read
+    as they are and ``linear``/``rbf`` as tf-idf vectors (see :mod:`service.model.documents`).
+
     Parameters
     ----------
     similarities : str or sequence of str, default="rbf(gamma=1)"
@@ -297,7 +303,12 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         The canonical name of the normalisation (``auto`` resolved).
     basis_indices_ : ndarray of shape (n_basis,)
         Rows of the training set chosen as basis.
-    basis_ : ndarray of shape (n_basis, n_features_in_)
+    basis_ : ndarray or csr_matrix of shape (n_basis, n_features_in_)
+        Sparse counts for document inputs.
+    idf_ : ndarray of shape (n_features_in_,) or None
+        Smooth inverse document frequencies of the training documents (documents only).
+    basis_documents_ : Documents or None
+        The basis as the document measures read it, with its cached postings.
     basis_labels_ : ndarray of shape (n_basis,) or None
         Class of each basis item, if ``y`` was given.
     basis_gram_ : ndarray of shape (M, n_basis, n_basis)
@@ -329,7 +340,9 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.random_state = random_state
         self.verbose = verbose
 
-    def _check_params(self, n_features: int) -> tuple[tuple[SimilaritySpec, ...], str]:
+    def _check_params(
+        self, n_features: int, documents: bool
+    ) -> tuple[tuple[SimilaritySpec, ...], str]:
         if self.basis_strategy not in BASIS_STRATEGIES:
             raise ValueError(
                 f"basis_strategy must be one of {BASIS_STRATEGIES}, got {self.basis_strategy!r}"
@@ -342,6 +355,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
             specs = parse_specs(self.similarities)
             normalization = resolve_normalization(self.normalization, specs)
             for spec in specs:
+                spec.check_documents(documents)
                 spec.check_grid(self._grid(), n_features)
         except SpecError as error:
             raise ValueError(str(error)) from None
@@ -355,8 +369,8 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            Inputs, normalised already if they should be.
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+            Inputs, normalised already if they should be; sparse means word counts.
         y : array-like of shape (n_samples,), optional
             Class labels for a class-balanced basis.
 
@@ -372,7 +386,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like or sparse matrix of shape (n_samples, n_features)
         y : array-like of shape (n_samples,), optional
 
         Returns
@@ -380,14 +394,18 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         features : ndarray of shape (n_samples, M * n_basis)
         """
         if y is None:
-            X = validate_data(self, X, dtype=np.float64, order="C")
+            X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C")
         else:
-            X, y = validate_data(self, X, y, dtype=np.float64, order="C")
-        specs, normalization = self._check_params(X.shape[1])
+            X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C")
+        documents = sp.issparse(X)
+        specs, normalization = self._check_params(X.shape[1], documents)
         grid = self._grid()
+        self.idf_ = None
+        if documents:
+            X = self._documents(X, reset=True)
 
         def class_similarities(rows: np.ndarray) -> np.ndarray:
-            items = np.ascontiguousarray(X[rows])
+            items = X[rows] if documents else np.ascontiguousarray(X[rows])
             raw = raw_similarities(items, items, specs, grid_shape=grid)
             return raw.reshape(len(rows), len(specs), len(rows)).transpose(1, 0, 2)
 
@@ -402,14 +420,20 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.specs_ = specs
         self.normalization_ = normalization
         self.basis_indices_ = indices
-        self.basis_ = np.ascontiguousarray(X[indices])
+        if documents:
+            self.basis_documents_ = X[indices]
+            self.basis_ = self.basis_documents_.counts
+        else:
+            self.basis_documents_ = None
+            self.basis_ = np.ascontiguousarray(X[indices])
         self.basis_labels_ = None if y is None else np.asarray(y)[indices]
         # The statistics need the raw map of the whole training set: compute it once, normalise
         # it in place rather than expanding the training set a second time.
         n_basis = len(indices)
         raw = np.empty((X.shape[0], len(specs) * n_basis))
+        basis = self._basis()
         for rows in self._chunks(X.shape[0], desc="expanding training set"):
-            raw_similarities(X[rows], self.basis_, specs, raw[rows], grid)
+            raw_similarities(X[rows], basis, specs, raw[rows], grid)
         self.basis_gram_ = raw[indices].reshape(n_basis, len(specs), n_basis).transpose(1, 0, 2)
         self.basis_gram_ = np.ascontiguousarray(self.basis_gram_)
         self.offset_, self.scale_, self.projection_ = normalization_statistics(
@@ -426,19 +450,25 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like or sparse matrix of shape (n_samples, n_features)
 
         Returns
         -------
         features : ndarray of shape (n_samples, M * n_basis)
         """
         check_is_fitted(self)
-        X = validate_data(self, X, dtype=np.float64, order="C", reset=False)
+        X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C", reset=False)
+        if sp.issparse(X) != (self.idf_ is not None):
+            kind = "word counts (sparse)" if self.idf_ is not None else "dense inputs"
+            raise ValueError(f"this expansion was fitted on {kind}")
+        if self.idf_ is not None:
+            X = self._documents(X, reset=False)
         features = np.empty((X.shape[0], self._n_features_out))
+        basis = self._basis()
         for rows in self._chunks(X.shape[0], desc="expanding"):
             expand(
                 X[rows],
-                self.basis_,
+                basis,
                 self.specs_,
                 self.offset_,
                 self.scale_,
@@ -447,6 +477,18 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
                 grid_shape=self._grid(),
             )
         return features
+
+    def _documents(self, X, reset: bool) -> Documents:
+        try:
+            counts = canonical_counts(X)
+        except InvalidInputError as error:
+            raise ValueError(f"sparse inputs are word counts: {error}") from None
+        if reset:
+            self.idf_ = smooth_idf(counts)
+        return Documents(counts, self.idf_)
+
+    def _basis(self) -> np.ndarray | Documents:
+        return self.basis_ if self.basis_documents_ is None else self.basis_documents_
 
     def _chunks(self, n_samples: int, desc: str):
         """Row slices of ``chunk_size``, with a progress bar if verbose (and on a terminal)."""

@@ -3,6 +3,9 @@
 ``vector(d)`` is a flat vector of ``d`` numbers. ``grid(H, W, C)`` is an image-like grid of
 ``H x W`` cells holding ``C`` numbers each (pixels: C = 1 or 3), flattened row-major (H, W, C)
 before any similarity sees it. A grid with C = 1 may also be sent as ``H x W``.
+``counts(W)`` is a bag-of-words document: word counts over a vocabulary of ``W`` words, kept
+sparse (see :mod:`service.model.documents`). ``text`` is a raw text document, the kind of a text
+data set before a vocabulary turns it into ``counts(W)``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import numpy as np
 
 from service.model.errors import InvalidInputError, SpecError
 
-INPUT_KINDS = ("vector", "grid")
-_INPUT_PATTERN = re.compile(r"^\s*(vector|grid)\s*\(([\d\s,]+)\)\s*$", re.IGNORECASE)
+INPUT_KINDS = ("vector", "grid", "counts", "text")
+_RANKS = {"vector": 1, "grid": 3, "counts": 1, "text": 0}
+_INPUT_PATTERN = re.compile(
+    r"^\s*(vector|grid|counts)\s*\(([\d\s,]+)\)\s*$|^\s*(text)\s*$", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -26,9 +32,9 @@ class InputSpec:
 
     Parameters
     ----------
-    kind : {"vector", "grid"}
+    kind : {"vector", "grid", "counts", "text"}
     shape : tuple of int
-        ``(d,)`` for a vector, ``(H, W, C)`` for a grid.
+        ``(d,)`` for a vector, ``(H, W, C)`` for a grid, ``(W,)`` for counts, ``()`` for text.
     """
 
     kind: str
@@ -37,7 +43,7 @@ class InputSpec:
     def __post_init__(self) -> None:
         if self.kind not in INPUT_KINDS:
             raise SpecError(f"unknown input kind {self.kind!r}; known: {', '.join(INPUT_KINDS)}")
-        expected_rank = 1 if self.kind == "vector" else 3
+        expected_rank = _RANKS[self.kind]
         if len(self.shape) != expected_rank or any(int(s) < 1 for s in self.shape):
             raise SpecError(
                 f"{self.kind} needs {expected_rank} positive dimension(s), got {tuple(self.shape)}"
@@ -56,17 +62,27 @@ class InputSpec:
             return (self.shape, self.shape[:2])
         return (self.shape,)
 
+    @property
+    def is_documents(self) -> bool:
+        """Bag-of-words documents (counts or raw text), kept sparse."""
+        return self.kind in ("counts", "text")
+
     def __str__(self) -> str:
+        if not self.shape:
+            return self.kind
         return f"{self.kind}({', '.join(str(s) for s in self.shape)})"
 
     @classmethod
     def parse(cls, text: str) -> InputSpec:
-        """Parse ``vector(64)`` or ``grid(8, 8, 1)``."""
+        """Parse ``vector(64)``, ``grid(8, 8, 1)``, ``counts(5000)`` or ``text``."""
         match = _INPUT_PATTERN.match(text)
         if match is None:
             raise SpecError(
-                f"cannot parse input kind {text!r}: expected vector(d) or grid(H, W, C)"
+                f"cannot parse input kind {text!r}: expected vector(d), grid(H, W, C), "
+                "counts(W) or text"
             )
+        if match.group(3):
+            return cls("text", ())
         try:
             dims = tuple(int(s) for s in match.group(2).split(","))
         except ValueError:

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.model import grid_kernels, kernels
+from service.model import documents, grid_kernels, kernels
+from service.model.documents import Documents
 from service.model.errors import SpecError
 from service.model.notation import bind_arguments, parse_call
 
@@ -29,6 +30,10 @@ _PARALLEL_REGION = threading.Lock()
 # more when another process holds a core. rbf on 250 bases of 64 features: batches of up to 12
 # items run serially; rigid(1) (cost 9): one item.
 PARALLEL_MIN_WORK = 200_000
+
+# Work of one document pair for that choice: the row kernels' fixed cost per basis item plus a
+# few shared words, each costing a log-Gamma (about ten multiply-adds).
+DOCUMENT_PAIR_WORK = 32
 
 
 @dataclass(frozen=True)
@@ -65,16 +70,23 @@ class SimilarityKind:
 
     A grid kind's drivers take the grid's ``height, width, channels`` after ``basis, X``;
     ``cost`` gives the multiply-adds per feature pair as a function of the parameters.
+    ``on_documents`` computes the measure on bag-of-words :class:`Documents`
+    (``basis, X, *params, out, parallel``); a kind without dense drivers reads documents only.
     """
 
     name: str
     parameters: tuple[Parameter, ...]
-    driver: Callable[..., None]
-    serial_driver: Callable[..., None]
+    driver: Callable[..., None] | None
+    serial_driver: Callable[..., None] | None
     description: str
     needs_grid: bool = False
     cost: Callable[..., float] = _unit_cost
     positive_definite: bool = True
+    on_documents: Callable[..., None] | None = None
+
+    @property
+    def documents_only(self) -> bool:
+        return self.driver is None
 
 
 def _shifts(h: float) -> float:
@@ -93,14 +105,16 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             parameters=(),
             driver=kernels.linear_similarities,
             serial_driver=kernels.linear_similarities_serial,
-            description="inner product b . x",
+            description="inner product b . x (documents: of their tf-idf vectors)",
+            on_documents=documents.tfidf_linear,
         ),
         SimilarityKind(
             name="rbf",
             parameters=(Parameter("gamma", 1.0, minimum=0.0, exclusive_minimum=True),),
             driver=kernels.rbf_similarities,
             serial_driver=kernels.rbf_similarities_serial,
-            description="exp(-gamma ||b - x||^2)",
+            description="exp(-gamma ||b - x||^2) (documents: of their tf-idf vectors)",
+            on_documents=documents.tfidf_rbf,
         ),
         SimilarityKind(
             name="rigid",
@@ -127,6 +141,33 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             needs_grid=True,
             cost=_deformable_cost,
             positive_definite=False,
+        ),
+        SimilarityKind(
+            name="sensing0",
+            parameters=(),
+            driver=None,
+            serial_driver=None,
+            description="log of the multinomial sensing kernel on word counts (documents)",
+            positive_definite=False,
+            on_documents=documents.sensing0,
+        ),
+        SimilarityKind(
+            name="sensing1",
+            parameters=(Parameter("n", 150.0, minimum=0.0, exclusive_minimum=True),),
+            driver=None,
+            serial_driver=None,
+            description="sensing kernel on word frequencies scaled to n words (documents)",
+            positive_definite=False,
+            on_documents=documents.sensing1,
+        ),
+        SimilarityKind(
+            name="sensing2",
+            parameters=(Parameter("n_words", 150, minimum=1, integer=True),),
+            driver=None,
+            serial_driver=None,
+            description="sensing0 after resampling each document to n_words words (documents)",
+            positive_definite=False,
+            on_documents=documents.sensing2,
         ),
     )
 }
@@ -167,6 +208,13 @@ class SimilaritySpec:
         if int(np.prod(grid_shape)) != n_features:
             raise SpecError(f"grid {tuple(grid_shape)} does not hold {n_features} numbers")
 
+    def check_documents(self, inputs_are_documents: bool, inputs: str = "the inputs") -> None:
+        """Refuse a documents-only measure on dense inputs, and a dense-only one on documents."""
+        if inputs_are_documents and self.kind.on_documents is None:
+            raise SpecError(f"{self} does not apply to bag-of-words documents ({inputs})")
+        if not inputs_are_documents and self.kind.documents_only:
+            raise SpecError(f"{self} compares bag-of-words documents; {inputs} are not documents")
+
     def work(self, n_samples: int, n_basis: int, n_features: int) -> float:
         """Multiply-adds of one call, the measure for choosing the serial driver."""
         values = [value for _, value in self.params]
@@ -174,8 +222,8 @@ class SimilaritySpec:
 
     def compute(
         self,
-        basis: np.ndarray,
-        X: np.ndarray,
+        basis: np.ndarray | Documents,
+        X: np.ndarray | Documents,
         out: np.ndarray | None = None,
         grid_shape: tuple[int, int, int] | None = None,
     ) -> np.ndarray:
@@ -183,8 +231,9 @@ class SimilaritySpec:
 
         Parameters
         ----------
-        basis : ndarray of shape (n_basis, n_features), float64, C-contiguous
-        X : ndarray of shape (n_samples, n_features), float64, C-contiguous
+        basis : ndarray of shape (n_basis, n_features), float64, C-contiguous, or Documents
+        X : ndarray of shape (n_samples, n_features), float64, C-contiguous, or Documents
+            Documents if and only if ``basis`` is.
         out : ndarray of shape (n_samples, n_basis), optional
             Preallocated output, written in place.
         grid_shape : (height, width, channels), optional
@@ -205,6 +254,16 @@ class SimilaritySpec:
             int(value) if p.integer else value
             for p, (_, value) in zip(self.kind.parameters, self.params, strict=True)
         ]
+        if isinstance(X, Documents):
+            self.check_documents(True)
+            serial = X.shape[0] * basis.shape[0] * DOCUMENT_PAIR_WORK < PARALLEL_MIN_WORK
+            if serial:
+                self.kind.on_documents(basis, X, *args, out, False)
+            else:
+                with _PARALLEL_REGION:
+                    self.kind.on_documents(basis, X, *args, out, True)
+            return out
+        self.check_documents(False)
         if self.needs_grid:
             self.check_grid(grid_shape, X.shape[1])
             args = [int(s) for s in grid_shape] + args

@@ -4,20 +4,33 @@ Run at image build time so that a container starts without compiling anything.
 """
 
 import numpy as np
+import scipy.sparse as sp
 
+from service.model.documents import Documents, canonical_counts, smooth_idf
 from service.model.similarity import SIMILARITY_KINDS
 
 
 def compile_kernels() -> list[str]:
-    """Call every similarity driver, serial and parallel, on inputs of the predictor's dtypes."""
+    """Call every similarity driver, serial and parallel, on inputs of the predictor's dtypes
+    (dense arrays, and bag-of-words documents for the measures that read them)."""
     rng = np.random.default_rng(0)
     basis, X = rng.normal(size=(3, 4)), rng.normal(size=(2, 4))
+    counts = canonical_counts(sp.csr_matrix(rng.integers(0, 3, size=(5, 4)).astype(float)))
+    idf = smooth_idf(counts)
+    basis_documents, documents = Documents(counts[:3], idf), Documents(counts[3:], idf)
     wide = np.empty((2, 6))
     names = []
     for kind in SIMILARITY_KINDS.values():
+        args = [int(p.default) if p.integer else float(p.default) for p in kind.parameters]
+        if kind.on_documents is not None:
+            for parallel in (True, False):
+                kind.on_documents(basis_documents, documents, *args, np.empty((2, 3)), parallel)
+                kind.on_documents(basis_documents, documents, *args, wide[:, :3], parallel)
+        if kind.documents_only:
+            names.append(kind.name)
+            continue
         # The argument types of SimilaritySpec.compute: Python ints for integer parameters and
         # grid dimensions (a 2 x 2 grid of one-number cells here), floats otherwise.
-        args = [int(p.default) if p.integer else float(p.default) for p in kind.parameters]
         if kind.needs_grid:
             args = [2, 2, 1, *args]
         for driver in (kind.driver, kind.serial_driver):

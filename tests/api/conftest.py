@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -46,13 +47,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def live_server(digits_model_dir):
+@contextlib.contextmanager
+def serving(model_dir: Path):
     """``python -m service.api`` in its own process on a free localhost port; yields its URL."""
     port = _free_port()
     env = {
         **os.environ,
-        "MODEL_DIR": str(digits_model_dir),
+        "MODEL_DIR": str(model_dir),
         "HOST": "127.0.0.1",
         "PORT": str(port),
         "MAX_BATCH_SIZE": "50",
@@ -87,3 +88,17 @@ def live_server(digits_model_dir):
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+@pytest.fixture(scope="module")
+def live_server(digits_model_dir):
+    """The digits model served by a real server process."""
+    with serving(digits_model_dir) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def text_live_server(text_model_dir):
+    """The synthetic three-topic text model served by a real server process."""
+    with serving(text_model_dir) as url:
+        yield url

@@ -28,7 +28,7 @@ def _error(response, status):
         ({"instances": [[[0.0] * 8] * 7 + [[0.0] * 7]]}, "instances[0] is ragged"),
         ({"instances": [[[0.0] * 8] * 7 + [[0.0] * 3 + [[1]] + [0.0] * 4]]}, "is ragged"),
         ({"instances": "seven"}, "instances: Input should be a valid list"),
-        ({}, "instances: Field required"),
+        ({}, "send either instances or texts (exactly one of them)"),
         ({"instances": [SEVEN], "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
         ({"instances": [SEVEN], "top_k": "many"}, "top_k: Input should be a valid integer"),
         ({"instances": [SEVEN], "extra": 1}, "extra: Extra inputs are not permitted"),

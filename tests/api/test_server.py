@@ -41,7 +41,13 @@ def test_model_metadata(live_server, digits_predictor):
     (model,) = body["models"]
     assert model["name"] == "digits"
     assert model["classes"] == [str(d) for d in range(10)]
-    assert model["input"] == {"kind": "grid", "shape": [8, 8, 1], "spec": "grid(8, 8, 1)"}
+    assert model["input"] == {
+        "kind": "grid",
+        "shape": [8, 8, 1],
+        "spec": "grid(8, 8, 1)",
+        "accepts_texts": False,
+    }
+    assert model["vocabulary"] is None
     assert model["transform"] == "pixels"
     assert model["similarities"] == digits_predictor.similarity_names
     assert model["normalization"] == digits_predictor.normalization

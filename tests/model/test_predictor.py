@@ -86,7 +86,9 @@ def test_classify_answers_labels_and_ranked_scores(digits_predictor, digits):
     images = digits.X_test[:4].reshape(4, 8, 8).tolist()
     answers = digits_predictor.classify(images, top_k=2)
     scores = digits_predictor.decision_function(digits.X_test[:4])
-    for (label, ranked), row in zip(answers, scores, strict=True):
+    for answer, row in zip(answers, scores, strict=True):
+        label, ranked = answer.label, answer.ranked
+        assert answer.known_words is None
         assert label == digits_predictor.classes[int(row.argmax())]
         assert [c for c, _ in ranked] == [digits_predictor.classes[i] for i in np.argsort(-row)[:2]]
         assert ranked[0][1] == pytest.approx(row.max())
@@ -162,8 +164,8 @@ def test_transform_and_projection_survive_the_artifact(hog_nystroem_fit, digits,
         hog_nystroem_fit.predictor.decision_function(digits.X_test[:20]),
     )
     # Clients send raw 8x8 images, as for any digits model.
-    label, top = loaded.classify([digits.X_test[0].reshape(8, 8).tolist()], top_k=2)[0]
-    assert label == top[0][0]
+    answer = loaded.classify([digits.X_test[0].reshape(8, 8).tolist()], top_k=2)[0]
+    assert answer.label == answer.ranked[0][0]
 
 
 def test_a_projection_with_the_wrong_normalization_is_inconsistent(hog_nystroem_fit):

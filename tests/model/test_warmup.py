@@ -6,4 +6,4 @@ from service.model.warmup import compile_kernels
 
 def test_warm_up_calls_every_driver_of_every_measure():
     assert compile_kernels() == list(SIMILARITY_KINDS)
-    assert {"rigid", "deformable"} <= set(SIMILARITY_KINDS)
+    assert {"rigid", "deformable", "sensing0", "sensing1", "sensing2"} <= set(SIMILARITY_KINDS)

@@ -1,0 +1,415 @@
+r"""Bag-of-words documents: a vocabulary, sparse count batches, and the views measures read.
+
+A model with ``counts(W)`` inputs keeps its documents as word counts over a vocabulary of W
+words, CSR (one row per document, column = word). Measures read one *view* of the counts:
+
+- ``sensing0`` the counts themselves;
+- ``sensing1(n)`` the frequencies scaled by n, :math:`n x_w / N_x`;
+- ``sensing2(N)`` the counts after resampling the document to exactly N words, with a seed taken
+  from the document's content, so the same document always gets the same resample;
+- ``linear`` and ``rbf`` the tf-idf vector: counts times the idf fitted on the training set
+  (:math:`\ln\frac{1 + n}{1 + \text{df}_w} + 1`, scikit-learn's smooth idf), each row scaled to
+  unit L2 norm.
+
+A batch of inputs is a :class:`Documents`; the basis is one too, and keeps its views as postings
+(the CSC form: for every word, the basis items holding it), built once and cached.
+
+The :class:`Vocabulary` is plain data (terms, lower-casing, token pattern) saved in the artifact;
+encoding text needs no scikit-learn and runs no code from the artifact. Words not in the
+vocabulary are dropped (stop words were left out of it when it was fitted).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import gammaln
+
+from service.model import sparse_kernels
+from service.model.errors import InvalidInputError
+
+# scikit-learn's CountVectorizer default: runs of two or more word characters.
+DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+
+
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    """Words a model knows, and how raw text is cut into them.
+
+    Parameters
+    ----------
+    terms : sequence of str, length W
+        Column ``i`` of a count vector counts ``terms[i]``.
+    lowercase : bool, default=True
+    token_pattern : str
+        A regular expression whose matches are the tokens (scikit-learn's default).
+    """
+
+    terms: tuple[str, ...]
+    lowercase: bool = True
+    token_pattern: str = DEFAULT_TOKEN_PATTERN
+    _index: dict[str, int] = field(init=False, repr=False)
+    _pattern: re.Pattern = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "terms", tuple(str(t) for t in self.terms))
+        index = {term: i for i, term in enumerate(self.terms)}
+        if len(index) != len(self.terms):
+            raise ValueError("vocabulary terms must be distinct")
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_pattern", re.compile(self.token_pattern))
+
+    @property
+    def size(self) -> int:
+        return len(self.terms)
+
+    def tokens(self, text: str) -> list[str]:
+        """The tokens of one text, in order (before the vocabulary drops unknown ones)."""
+        return self._pattern.findall(text.lower() if self.lowercase else text)
+
+    def encode(self, texts: Sequence[str]) -> sp.csr_matrix:
+        """Word counts of raw texts; words not in the vocabulary are dropped.
+
+        Parameters
+        ----------
+        texts : sequence of str, length n
+
+        Returns
+        -------
+        counts : csr_matrix of shape (n, W), float64, canonical (sorted, no duplicates)
+
+        Raises
+        ------
+        InvalidInputError
+            If an item is not a string.
+        """
+        indptr, indices, values = [0], [], []
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InvalidInputError(f"texts[{i}] must be a string, got {type(text).__name__}")
+            counted = Counter(
+                word for token in self.tokens(text) if (word := self._index.get(token)) is not None
+            )
+            for word in sorted(counted):
+                indices.append(word)
+                values.append(counted[word])
+            indptr.append(len(indices))
+        matrix = sp.csr_matrix(
+            (
+                np.asarray(values, dtype=np.float64),
+                np.asarray(indices, dtype=np.int64),
+                np.asarray(indptr, dtype=np.int64),
+            ),
+            shape=(len(texts), self.size),
+        )
+        # scipy may narrow the index arrays; the kernels are compiled for int64 ones.
+        matrix.indices = matrix.indices.astype(np.int64)
+        matrix.indptr = matrix.indptr.astype(np.int64)
+        return matrix
+
+    def settings(self) -> dict[str, Any]:
+        """Everything but the terms, as the manifest records it."""
+        return {"lowercase": self.lowercase, "token_pattern": self.token_pattern}
+
+
+def canonical_counts(counts, n_words: int | None = None) -> sp.csr_matrix:
+    """A CSR float64 copy of ``counts`` with sorted, summed indices and int64 index arrays.
+
+    Parameters
+    ----------
+    counts : sparse matrix or array-like of shape (n, W)
+    n_words : int, optional
+        Expected W.
+
+    Raises
+    ------
+    InvalidInputError
+        Wrong width, negative, non-integer or non-finite counts.
+    """
+    matrix = sp.csr_matrix(counts, dtype=np.float64, copy=True)
+    if n_words is not None and matrix.shape[1] != n_words:
+        raise InvalidInputError(f"expected counts over {n_words} words, got {matrix.shape[1]}")
+    matrix.sum_duplicates()
+    matrix.eliminate_zeros()
+    data = matrix.data
+    if not np.isfinite(data).all() or (data < 0).any() or (data != np.floor(data)).any():
+        row = int(
+            np.searchsorted(
+                matrix.indptr,
+                np.flatnonzero(~np.isfinite(data) | (data < 0) | (data != np.floor(data)))[0],
+                side="right",
+            )
+            - 1
+        )
+        raise InvalidInputError(f"document {row}: counts must be non-negative whole numbers")
+    matrix.indices = matrix.indices.astype(np.int64)
+    matrix.indptr = matrix.indptr.astype(np.int64)
+    return matrix
+
+
+def counts_from_pairs(documents: Sequence[Any], n_words: int) -> sp.csr_matrix:
+    """Count vectors from ``{"indices": [...], "counts": [...]}`` objects, one per document.
+
+    Repeated indices add up. An empty document (no indices) is allowed.
+
+    Raises
+    ------
+    InvalidInputError
+        Naming the first offending document.
+    """
+    indptr, indices, values = [0], [], []
+    for i, document in enumerate(documents):
+        where = f"instances[{i}]"
+        if not isinstance(document, dict) or set(document) != {"indices", "counts"}:
+            raise InvalidInputError(
+                f"{where} must be an object with exactly the keys indices and counts"
+            )
+        words, counts = document["indices"], document["counts"]
+        if not isinstance(words, list) or not isinstance(counts, list):
+            raise InvalidInputError(f"{where}: indices and counts must be lists")
+        if len(words) != len(counts):
+            raise InvalidInputError(
+                f"{where}: {len(words)} indices but {len(counts)} counts; give one count per index"
+            )
+        for word in words:
+            if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word < n_words:
+                raise InvalidInputError(
+                    f"{where}: word index {word!r} is not an integer in [0, {n_words})"
+                )
+        for count in counts:
+            if (
+                isinstance(count, bool)
+                or not isinstance(count, (int, float))
+                or not math.isfinite(count)
+                or count < 0
+                or count != int(count)
+            ):
+                raise InvalidInputError(
+                    f"{where}: count {count!r} is not a non-negative whole number"
+                )
+        indices.extend(words)
+        values.extend(counts)
+        indptr.append(len(indices))
+    matrix = sp.csr_matrix(
+        (
+            np.asarray(values, dtype=np.float64),
+            np.asarray(indices, dtype=np.int64),
+            np.asarray(indptr, dtype=np.int64),
+        ),
+        shape=(len(documents), n_words),
+    )
+    return canonical_counts(matrix)
+
+
+def smooth_idf(counts: sp.csr_matrix) -> np.ndarray:
+    r"""Inverse document frequencies :math:`\ln\frac{1 + n}{1 + \text{df}_w} + 1`, shape (W,)."""
+    document_frequency = np.bincount(counts.indices, minlength=counts.shape[1])
+    return np.log((1.0 + counts.shape[0]) / (1.0 + document_frequency)) + 1.0
+
+
+def _row_scaled(matrix: sp.csr_matrix, factors: np.ndarray) -> sp.csr_matrix:
+    scaled = matrix.copy()
+    scaled.data = scaled.data * np.repeat(factors, np.diff(matrix.indptr))
+    return scaled
+
+
+def resampled(counts: sp.csr_matrix, n_words: int) -> sp.csr_matrix:
+    """Every row of canonical ``counts`` resampled to ``n_words`` words, reproducibly.
+
+    Each document draws from its own word distribution with a random stream seeded by its
+    (sorted) words and counts (:func:`service.model.sparse_kernels.resample_row`), so the same
+    document gets the same resample in training and serving, in any batch. An empty document
+    stays empty.
+    """
+    drawn = np.empty_like(counts.data)
+    sparse_kernels.resample_rows(counts.indptr, counts.indices, counts.data, n_words, drawn)
+    # Copies: eliminate_zeros works in place, and must not touch the counts' own arrays.
+    matrix = sp.csr_matrix((drawn, counts.indices.copy(), counts.indptr.copy()), shape=counts.shape)
+    matrix.eliminate_zeros()
+    return matrix
+
+
+def _tfidf(counts: sp.csr_matrix, idf: np.ndarray) -> sp.csr_matrix:
+    """Rows of ``counts * idf`` scaled to unit L2 norm (empty rows stay empty), on the CSR
+    arrays directly: scipy's elementwise products cost hundreds of µs on one small row."""
+    nnz = counts.indptr[-1]
+    indices = counts.indices[:nnz]
+    values = counts.data[:nnz] * idf[indices]
+    rows = np.repeat(np.arange(counts.shape[0]), np.diff(counts.indptr))
+    norms = np.sqrt(np.bincount(rows, weights=values * values, minlength=counts.shape[0]))
+    values /= norms[rows]
+    return sp.csr_matrix((values, indices, counts.indptr), shape=counts.shape)
+
+
+@dataclass(frozen=True)
+class Postings:
+    """One view of a basis, word by word (CSC), as the sparse kernels read it.
+
+    Attributes
+    ----------
+    indptr : ndarray of shape (W + 1,), int64
+    items, values, lgamma1 : ndarray of shape (nnz,)
+        Basis item, value and :math:`\\ln\\Gamma(\\text{value} + 1)` of each entry.
+    totals, lgamma_totals1, sq_norms : ndarray of shape (n_basis,)
+        Row sums, :math:`\\ln\\Gamma(\\text{sum} + 1)` and squared L2 norms of the view.
+    """
+
+    indptr: np.ndarray
+    items: np.ndarray
+    values: np.ndarray
+    lgamma1: np.ndarray
+    totals: np.ndarray
+    lgamma_totals1: np.ndarray
+    sq_norms: np.ndarray
+
+    @classmethod
+    def of(cls, view: sp.csr_matrix) -> Postings:
+        totals = np.asarray(view.sum(axis=1), dtype=np.float64).ravel()
+        by_word = view.tocsc()
+        by_word.sort_indices()
+        values = np.ascontiguousarray(by_word.data, dtype=np.float64)
+        return cls(
+            indptr=by_word.indptr.astype(np.int64),
+            items=by_word.indices.astype(np.int64),
+            values=values,
+            lgamma1=gammaln(values + 1.0),
+            totals=totals,
+            lgamma_totals1=gammaln(totals + 1.0),
+            sq_norms=np.asarray(view.multiply(view).sum(axis=1), dtype=np.float64).ravel(),
+        )
+
+
+@dataclass(eq=False)
+class Documents:
+    """A batch of bag-of-words documents and the views measures read (cached).
+
+    Parameters
+    ----------
+    counts : csr_matrix of shape (n, W)
+        Canonical (see :func:`canonical_counts`).
+    idf : ndarray of shape (W,), optional
+        Needed by the tf-idf view.
+    """
+
+    counts: sp.csr_matrix
+    idf: np.ndarray | None = None
+    _views: dict[tuple, sp.csr_matrix] = field(default_factory=dict, init=False, repr=False)
+    _postings: dict[tuple, Postings] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __len__(self) -> int:
+        return self.counts.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.counts.shape
+
+    @property
+    def n_words(self) -> int:
+        return self.counts.shape[1]
+
+    def __getitem__(self, rows) -> Documents:
+        return Documents(self.counts[rows], self.idf)
+
+    def known_words(self) -> np.ndarray:
+        """Word total of each document, shape (n,)."""
+        return np.asarray(self.counts.sum(axis=1), dtype=np.float64).ravel()
+
+    def view(self, name: str, parameter: float = 0.0) -> sp.csr_matrix:
+        """The counts as a measure reads them: ``counts``, ``frequencies`` (times n),
+        ``resampled`` (to N words) or ``tfidf``."""
+        key = (name, parameter)
+        with self._lock:
+            cached = self._views.get(key)
+        if cached is not None:
+            return cached
+        if name == "counts":
+            result = self.counts
+        elif name == "frequencies":
+            totals = self.known_words()
+            result = _row_scaled(self.counts, parameter / np.where(totals > 0, totals, 1.0))
+        elif name == "resampled":
+            result = resampled(self.counts, int(parameter))
+        elif name == "tfidf":
+            if self.idf is None:
+                raise ValueError("the tf-idf view needs the idf fitted on the training set")
+            result = _tfidf(self.view("counts"), self.idf)
+        else:
+            raise ValueError(f"unknown document view {name!r}")
+        result.indices = result.indices.astype(np.int64)
+        result.indptr = result.indptr.astype(np.int64)
+        with self._lock:
+            self._views[key] = result
+        return result
+
+    def postings(self, name: str, parameter: float = 0.0) -> Postings:
+        """:meth:`view` word by word, for use as a basis (cached)."""
+        key = (name, parameter)
+        with self._lock:
+            cached = self._postings.get(key)
+        if cached is None:
+            cached = Postings.of(self.view(name, parameter))
+            with self._lock:
+                self._postings[key] = cached
+        return cached
+
+
+def sensing0(basis: Documents, X: Documents, out: np.ndarray, parallel: bool) -> None:
+    """Sensing 0 of every input against every basis item, into ``out`` (n, n_basis)."""
+    _sensing0_on(basis.postings("counts"), X.view("counts"), out, parallel)
+
+
+def sensing2(basis: Documents, X: Documents, n_words: float, out: np.ndarray, parallel: bool):
+    """Sensing 2: Sensing 0 of the documents resampled to ``n_words`` words."""
+    _sensing0_on(basis.postings("resampled", n_words), X.view("resampled", n_words), out, parallel)
+
+
+def _sensing0_on(post: Postings, view: sp.csr_matrix, out: np.ndarray, parallel: bool) -> None:
+    driver = (
+        sparse_kernels.sensing0_similarities
+        if parallel
+        else sparse_kernels.sensing0_similarities_serial
+    )
+    driver(
+        post.indptr, post.items, post.values, post.lgamma1, post.totals, post.lgamma_totals1,
+        view.indptr, view.indices, view.data, float(view.shape[1]), out,
+    )  # fmt: skip
+
+
+def sensing1(basis: Documents, X: Documents, n: float, out: np.ndarray, parallel: bool) -> None:
+    """Sensing 1 on word frequencies scaled by ``n``."""
+    post, view = basis.postings("frequencies", n), X.view("counts")
+    driver = (
+        sparse_kernels.sensing1_similarities
+        if parallel
+        else sparse_kernels.sensing1_similarities_serial
+    )
+    driver(
+        post.indptr, post.items, post.values, post.lgamma1,
+        view.indptr, view.indices, view.data, float(n), out,
+    )  # fmt: skip
+
+
+def tfidf_linear(basis: Documents, X: Documents, out: np.ndarray, parallel: bool) -> None:
+    """Inner products of the tf-idf vectors."""
+    post, view = basis.postings("tfidf"), X.view("tfidf")
+    driver = sparse_kernels.dot_similarities if parallel else sparse_kernels.dot_similarities_serial
+    driver(post.indptr, post.items, post.values, view.indptr, view.indices, view.data, out)
+
+
+def tfidf_rbf(basis: Documents, X: Documents, gamma: float, out: np.ndarray, parallel: bool):
+    """Gaussian RBF of the tf-idf vectors."""
+    post, view = basis.postings("tfidf"), X.view("tfidf")
+    driver = sparse_kernels.rbf_similarities if parallel else sparse_kernels.rbf_similarities_serial
+    driver(
+        post.indptr, post.items, post.values, post.sq_norms,
+        view.indptr, view.indices, view.data, float(gamma), out,
+    )  # fmt: skip

@@ -1,0 +1,115 @@
+"""The trainer on text: fit a JSON-lines corpus, evaluate it beside the text baselines, a small
+text report, and what fortunes gives (when the Debian packages are installed)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from service.model import Predictor
+from training.cli import main
+from training.datasets import FORTUNES_DIR, load_dataset
+from training.fit import FitConfig, fit_besvm
+from training.report import ReportGrid, parse_configuration, run_report
+
+
+@pytest.fixture
+def jsonl_corpus(tmp_path, text_dataset) -> Path:
+    path = tmp_path / "topics.jsonl"
+    rows = [
+        {"text": str(text), "label": str(label)}
+        for text, label in zip(
+            [*text_dataset.X_train, *text_dataset.X_test],
+            [*text_dataset.y_train, *text_dataset.y_test],
+            strict=True,
+        )
+    ]
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return path
+
+
+def test_fit_and_evaluate_a_jsonl_corpus(jsonl_corpus, tmp_path, capsys):
+    out = tmp_path / "topics"
+    args = ["fit", "--data", str(jsonl_corpus), "--similarity", "sensing2(n_words=40)"]
+    assert (
+        main([*args, "--basis-per-class", "6", "--min-df", "1", "--out", str(out), "--quiet"]) == 0
+    )
+    summary = capsys.readouterr().out
+    predictor = Predictor.load(out)
+    assert (
+        f"inputs           counts({predictor.vocabulary.size}) (a vocabulary reads raw text)"
+        in summary
+    )
+    assert "sensing2(n_words=40): NgRat" in summary
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["training"]["config"]["min_df"] == 1
+    assert manifest["training"]["test_accuracy"] > 0.8
+    assert main(["evaluate", "--model", str(out), "--repeats", "1"]) == 0
+    table = capsys.readouterr().out
+    for method in (
+        "BE-SVM sensing2(n_words=40)",
+        "tf-idf + LinearSVC",
+        "multinomial naive Bayes",
+        "SVC(RBF, gamma=1) on tf-idf",
+        "tf-idf + LinearSVC, every word",
+    ):
+        assert method in table
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--similarity", "rigid(1)"], "rigid(h=1) does not apply to bag-of-words documents"),
+        (["--transform", "hog"], "needs images"),
+        (["--min-df", "1000"], "no vocabulary"),
+    ],
+)
+def test_text_fit_errors_exit_2_with_a_message(jsonl_corpus, tmp_path, capsys, args, message):
+    out = tmp_path / "m"
+    assert main(["fit", "--data", str(jsonl_corpus), "--out", str(out), "--quiet", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sensing_measures_are_refused_on_images(tmp_path, capsys):
+    assert main(["fit", "--similarity", "sensing1", "--out", str(tmp_path / "m"), "--quiet"]) == 2
+    assert "compares bag-of-words documents" in capsys.readouterr().err
+
+
+def test_a_small_text_report(text_dataset):
+    grid = ReportGrid(
+        configurations=(
+            parse_configuration("sensing1(n=150)", text_dataset),
+            parse_configuration("sensing1(n=150) + linear [C=3]", text_dataset),
+        ),
+        basis_sizes=(4,),
+        strategies=("index",),
+        normalizations=("besvm",),
+        reference_size=4,
+        folds=2,
+        repeats=1,
+    )
+    report = run_report(text_dataset, grid, verbose=False)
+    assert [r.configuration.label for r in report.records] == [
+        "sensing1(n=150)",
+        "sensing1(n=150) + linear [C=3]",
+    ]
+    assert report.records[1].configuration.C == 3.0
+    assert {b.method for b in report.baselines} >= {"tf-idf + LinearSVC", "multinomial naive Bayes"}
+    assert all(r.test_accuracy > 0.8 for r in report.records)
+
+
+def _fortunes_or_skip():
+    if not FORTUNES_DIR.is_dir() and os.environ.get("CI") != "true":
+        pytest.skip(
+            "Debian's fortunes packages are not installed (apt-get install fortunes fortunes-min)"
+        )
+
+
+def test_sensing1_learns_fortunes_well_above_chance():
+    _fortunes_or_skip()
+    dataset = load_dataset("fortunes")
+    result = fit_besvm(dataset, FitConfig(similarities="sensing1(n=150)", basis_per_class=10), "f")
+    accuracy = (result.predictor.predict(dataset.X_test) == dataset.y_test).mean()
+    # 32 classes, the largest 8.5% of the test split; tf-idf + LinearSVC reaches about 44%.
+    assert accuracy > 0.25
