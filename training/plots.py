@@ -65,6 +65,7 @@ def _accuracy_against_basis_size(report: Report):
         axes, f"{report.dataset}: accuracy against basis size", "basis items per class"
     )
     axes.set_xticks(report.grid.basis_sizes, [str(s) for s in report.grid.basis_sizes])
+    axes.minorticks_off()  # log-scale minor labels (3x10^1, ...) would clutter the sizes
     return figure
 
 
