@@ -16,10 +16,11 @@ from service.api.schemas import (
     ModelInfo,
     ModelList,
     Prediction,
+    VocabularyInfo,
 )
 from service.api.settings import Settings
 from service.api.state import ModelHolder
-from service.model import Predictor
+from service.model import NotFoundError, Predictor
 
 router = APIRouter()
 
@@ -103,6 +104,25 @@ def list_models(predictor: Annotated[Predictor, Depends(_predictor)]) -> ModelLi
 def get_model(name: str, holder: Annotated[ModelHolder, Depends(_holder)]) -> ModelInfo:
     """Metadata of one model, by name."""
     return _model_info(holder.require_named(name))
+
+
+@router.get(
+    "/v1/models/{name}/vocabulary",
+    response_model=VocabularyInfo,
+    tags=["models"],
+    responses={
+        404: {"model": ErrorResponse, "description": "No such model, or it has no vocabulary."},
+        **_ERRORS,
+    },
+)
+def get_vocabulary(name: str, holder: Annotated[ModelHolder, Depends(_holder)]) -> VocabularyInfo:
+    """The words of a text model, in index order: what sparse ``counts`` instances index."""
+    vocabulary = holder.require_named(name).vocabulary
+    if vocabulary is None:
+        raise NotFoundError(f"model {name!r} reads no text: it has no vocabulary")
+    return VocabularyInfo(
+        size=vocabulary.size, terms=list(vocabulary.terms), **vocabulary.settings()
+    )
 
 
 @router.post("/classify", response_model=ClassifyResponse, tags=["predictions"], responses=_ERRORS)

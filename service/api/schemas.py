@@ -118,6 +118,15 @@ class ModelInfo(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict, description="Library versions.")
 
 
+class VocabularyInfo(BaseModel):
+    size: int = Field(..., description="W, the number of words.")
+    lowercase: bool = Field(..., description="Whether texts are lower-cased before cutting.")
+    token_pattern: str = Field(..., description="Regular expression whose matches are words.")
+    terms: list[str] = Field(
+        ..., description="The words; the index of a word is its position here (counts indices)."
+    )
+
+
 class ModelList(BaseModel):
     models: list[ModelInfo]
 

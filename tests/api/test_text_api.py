@@ -91,3 +91,23 @@ def test_a_long_document_is_answered(text_live_server):
     response = httpx.post(f"{text_live_server}/classify", json={"texts": [" ".join(words)]})
     assert response.status_code == 200
     assert response.json()["predictions"][0]["known_words"] == 20_000
+
+
+def test_the_vocabulary_is_served_in_index_order(text_live_server, text_fit, live_server):
+    vocabulary = text_fit.predictor.vocabulary
+    body = httpx.get(f"{text_live_server}/v1/models/topics/vocabulary").json()
+    assert body["terms"] == list(vocabulary.terms)
+    assert body["size"] == vocabulary.size
+    # A client can count words itself with it and send sparse counts.
+    index = {term: i for i, term in enumerate(body["terms"])}
+    counts = {index["moon"]: 2, index["rocket"]: 1}
+    response = httpx.post(
+        f"{text_live_server}/classify",
+        json={"instances": [{"indices": list(counts), "counts": list(counts.values())}]},
+    )
+    assert response.json()["predictions"][0]["label"] == "space"
+    missing = httpx.get(f"{text_live_server}/v1/models/other/vocabulary")
+    assert missing.status_code == 404
+    image = httpx.get(f"{live_server}/v1/models/digits/vocabulary")
+    assert image.status_code == 404
+    assert "has no vocabulary" in image.json()["error"]["message"]
