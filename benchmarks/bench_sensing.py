@@ -315,7 +315,7 @@ def bench_kernels(data: Dataset, n_basis: int, repeats: int, dense_docs: int) ->
         _check_agreement(f"{spec} (serial driver)", serial_out, dense_out)
         sparse_time = _batch_seconds(spec, basis, subset, idf, repeats)
         serial_time = _batch_seconds(spec, basis, subset, idf, repeats, serial=True)
-        dense_time = _median_no_warmup(lambda run=dense_run: run(subset), repeats)
+        dense_time = median_seconds(lambda run=dense_run: run(subset), repeats, warm_up=False)
         print(
             f"{spec!s:<24} {1e3 * sparse_time:>10.3f} {1e3 * serial_time:>10.3f} "
             f"{1e3 * dense_time:>10.1f} {dense_time / sparse_time:>13.0f} "
@@ -325,16 +325,6 @@ def bench_kernels(data: Dataset, n_basis: int, repeats: int, dense_docs: int) ->
         f"sparse: compute() ({_driver(len(dense_at), n_basis)} driver here); serial: the serial "
         "driver, one thread like numpy's gammaln"
     )
-
-
-def _median_no_warmup(run: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``run()`` (the caller has already run it once)."""
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 # -- part 2: /classify --------------------------------------------------------------------------

@@ -362,6 +362,12 @@ class Documents:
         return cached
 
 
+def _driver(measure: str, parallel: bool):
+    """The parallel or serial driver of a measure in :mod:`service.model.sparse_kernels`."""
+    suffix = "" if parallel else "_serial"
+    return getattr(sparse_kernels, f"{measure}_similarities{suffix}")
+
+
 def sensing0(basis: Documents, X: Documents, out: np.ndarray, parallel: bool) -> None:
     """Sensing 0 of every input against every basis item, into ``out`` (n, n_basis)."""
     _sensing0_on(basis.postings("counts"), X.view("counts"), out, parallel)
@@ -373,11 +379,7 @@ def sensing2(basis: Documents, X: Documents, n_words: float, out: np.ndarray, pa
 
 
 def _sensing0_on(post: Postings, view: sp.csr_matrix, out: np.ndarray, parallel: bool) -> None:
-    driver = (
-        sparse_kernels.sensing0_similarities
-        if parallel
-        else sparse_kernels.sensing0_similarities_serial
-    )
+    driver = _driver("sensing0", parallel)
     driver(
         post.indptr, post.items, post.values, post.lgamma1, post.totals, post.lgamma_totals1,
         view.indptr, view.indices, view.data, float(view.shape[1]), out,
@@ -387,11 +389,7 @@ def _sensing0_on(post: Postings, view: sp.csr_matrix, out: np.ndarray, parallel:
 def sensing1(basis: Documents, X: Documents, n: float, out: np.ndarray, parallel: bool) -> None:
     """Sensing 1 on word frequencies scaled by ``n``."""
     post, view = basis.postings("frequencies", n), X.view("counts")
-    driver = (
-        sparse_kernels.sensing1_similarities
-        if parallel
-        else sparse_kernels.sensing1_similarities_serial
-    )
+    driver = _driver("sensing1", parallel)
     driver(
         post.indptr, post.items, post.values, post.lgamma1,
         view.indptr, view.indices, view.data, float(n), out,
@@ -401,14 +399,14 @@ def sensing1(basis: Documents, X: Documents, n: float, out: np.ndarray, parallel
 def tfidf_linear(basis: Documents, X: Documents, out: np.ndarray, parallel: bool) -> None:
     """Inner products of the tf-idf vectors."""
     post, view = basis.postings("tfidf"), X.view("tfidf")
-    driver = sparse_kernels.dot_similarities if parallel else sparse_kernels.dot_similarities_serial
+    driver = _driver("dot", parallel)
     driver(post.indptr, post.items, post.values, view.indptr, view.indices, view.data, out)
 
 
 def tfidf_rbf(basis: Documents, X: Documents, gamma: float, out: np.ndarray, parallel: bool):
     """Gaussian RBF of the tf-idf vectors."""
     post, view = basis.postings("tfidf"), X.view("tfidf")
-    driver = sparse_kernels.rbf_similarities if parallel else sparse_kernels.rbf_similarities_serial
+    driver = _driver("rbf", parallel)
     driver(
         post.indptr, post.items, post.values, post.sq_norms,
         view.indptr, view.indices, view.data, float(gamma), out,

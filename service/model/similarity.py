@@ -256,22 +256,28 @@ class SimilaritySpec:
         ]
         if isinstance(X, Documents):
             self.check_documents(True)
-            serial = X.shape[0] * basis.shape[0] * DOCUMENT_PAIR_WORK < PARALLEL_MIN_WORK
-            if serial:
-                self.kind.on_documents(basis, X, *args, out, False)
-            else:
-                with _PARALLEL_REGION:
-                    self.kind.on_documents(basis, X, *args, out, True)
-            return out
-        self.check_documents(False)
-        if self.needs_grid:
-            self.check_grid(grid_shape, X.shape[1])
-            args = [int(s) for s in grid_shape] + args
-        if self.work(X.shape[0], basis.shape[0], X.shape[1]) < PARALLEL_MIN_WORK:
-            self.kind.serial_driver(basis, X, *args, out)
+            work = X.shape[0] * basis.shape[0] * DOCUMENT_PAIR_WORK
+            kind = self.kind
+
+            def run(parallel: bool) -> None:
+                kind.on_documents(basis, X, *args, out, parallel)
+
+        else:
+            self.check_documents(False)
+            if self.needs_grid:
+                self.check_grid(grid_shape, X.shape[1])
+                args = [int(s) for s in grid_shape] + args
+            work = self.work(X.shape[0], basis.shape[0], X.shape[1])
+            drivers = (self.kind.serial_driver, self.kind.driver)
+
+            def run(parallel: bool) -> None:
+                drivers[parallel](basis, X, *args, out)
+
+        if work < PARALLEL_MIN_WORK:
+            run(False)
         else:
             with _PARALLEL_REGION:
-                self.kind.driver(basis, X, *args, out)
+                run(True)
         return out
 
 
