@@ -12,14 +12,10 @@ reports p50/p90 latency of POST /classify with one instance (the HTTP path end t
 from __future__ import annotations
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
+from _serving import latencies, running_server
 from sklearn.svm import SVC
 
 from service.model import InputNormalizer, Predictor
@@ -28,37 +24,10 @@ from training.evaluate import median_seconds
 
 
 def _http_latencies(model: Path, instance: list, requests: int) -> list[float]:
-    import httpx
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "MODEL_DIR": str(model), "PORT": str(port), "ACCESS_LOG": "false"}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "service.api"], env=env, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        with httpx.Client(base_url=url) as client:
-            for _ in range(600):
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
-            body = {"instances": [instance]}
-            for _ in range(20):
-                client.post("/classify", json=body)
-            latencies = []
-            for _ in range(requests):
-                started = time.perf_counter()
-                response = client.post("/classify", json=body)
-                latencies.append(time.perf_counter() - started)
-                response.raise_for_status()
-        return latencies
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with running_server(model) as client:
+        body = {"instances": [instance]}
+        client.post("/classify", json=body).raise_for_status()
+        return list(latencies(lambda: client.post("/classify", json=body), requests))
 
 
 def main() -> None:

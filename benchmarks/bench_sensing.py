@@ -44,10 +44,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -55,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+from _serving import latencies, running_server
 from scipy.special import gammaln
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import make_pipeline
@@ -72,7 +70,6 @@ from training.datasets import Dataset, DatasetError, load_dataset
 from training.evaluate import median_seconds
 from training.fit import FitConfig, fit_besvm, fit_vocabulary
 
-REPO = Path(__file__).resolve().parents[1]
 MEASURES = ("linear", "sensing0", "sensing1(n=150)", "sensing2(n_words=150)")
 BATCH1_DOCS = 200
 # Elements of one dense block (rows x basis x words): 16M float64 = 128 MB per buffer.
@@ -330,74 +327,15 @@ def bench_kernels(data: Dataset, n_basis: int, repeats: int, dense_docs: int) ->
 # -- part 2: /classify --------------------------------------------------------------------------
 
 
-def _latencies(run: Callable[[], object], count: int, warm_up: int = 20) -> np.ndarray:
-    for _ in range(warm_up):
-        run()
-    times = np.empty(count)
-    for i in range(count):
-        started = time.perf_counter()
-        run()
-        times[i] = time.perf_counter() - started
-    return times
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _http_latencies(model: Path, text: str, top_k: int, requests: int) -> np.ndarray:
-    import httpx
+    with running_server(model) as client:
+        body = {"texts": [text], "top_k": top_k}
+        client.post("/classify", json=body).raise_for_status()
 
-    port = _free_port()
-    env = {
-        **os.environ,
-        "MODEL_DIR": str(model),
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
-        "ACCESS_LOG": "false",
-        "LOG_LEVEL": "warning",
-    }
-    with tempfile.TemporaryFile(mode="w+") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "service.api"],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30.0) as client:
-                deadline = time.monotonic() + 180.0
-                while True:
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        raise SystemExit(
-                            "the server did not become ready "
-                            f"(exit code {server.returncode}); its output:\n{log.read()[-3000:]}"
-                        )
-                    try:
-                        if client.get("/readyz").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    time.sleep(0.1)
-                body = {"texts": [text], "top_k": top_k}
-                response = client.post("/classify", json=body)
-                response.raise_for_status()
+        def post() -> None:
+            client.post("/classify", json=body).raise_for_status()
 
-                def post() -> None:
-                    client.post("/classify", json=body).raise_for_status()
-
-                return _latencies(post, requests)
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+        return latencies(post, requests)
 
 
 def _short_quote(data: Dataset, predictor: Predictor) -> str:
@@ -437,10 +375,10 @@ def bench_classify(data: Dataset, model: Path | None, requests: int, skip_http: 
         )
         print(f"text ({known} known words): {text!r}, top_k 3")
         timings = {
-            "in-process Predictor.classify": _latencies(
+            "in-process Predictor.classify": latencies(
                 lambda: predictor.classify(texts=[text], top_k=3), requests
             ),
-            "sklearn tf-idf + LinearSVC .predict": _latencies(
+            "sklearn tf-idf + LinearSVC .predict": latencies(
                 lambda: sklearn_model.predict([text]), requests
             ),
         }

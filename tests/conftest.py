@@ -77,3 +77,19 @@ def text_model_dir(text_fit, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("artifacts") / "topics"
     text_fit.predictor.save(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def search_model_dir(digits_model_dir, tmp_path_factory) -> Path:
+    """A copy of the digits model with its default US-SVM search model (64 atoms, 10 non-zeros
+    per class) and a catalogue of the test split, built by the command line as ``make train``
+    does (read-only for tests)."""
+    import shutil
+
+    from training.cli import main
+
+    path = tmp_path_factory.mktemp("artifacts") / "digits-search"
+    shutil.copytree(digits_model_dir, path)
+    assert main(["dictionary", "--model", str(path), "--quiet"]) == 0
+    assert main(["index", "--model", str(path), "--quiet"]) == 0
+    return path

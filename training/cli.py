@@ -1,4 +1,5 @@
-"""Command line of the trainer: ``python -m training {fit,evaluate,report} --help``."""
+"""Command line of the trainer: ``python -m training COMMAND --help``, COMMAND one of fit,
+dictionary, index, evaluate, evaluate-search and report."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from service.model.expansion import (
     AUTO_NORMALIZATION_KERNELS,
     NORMALIZATIONS,
 )
+from service.model.search import UnionOfSubspacesModel, read_catalogue
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.transforms import TRANSFORMS
 from training.datasets import DIGITS, FORTUNES, DatasetError, load_dataset
 from training.diagnostics import format_ratio
+from training.dictionary import UnionOfSubspacesSVM
 from training.evaluate import evaluate
 from training.fit import FitConfig, fit_besvm
 from training.report import (
@@ -33,6 +36,21 @@ from training.report import (
     build_grid,
     run_report,
     write_report,
+)
+from training.retrieval import DEFAULT_SPARSITIES
+from training.search import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_SPARSITY,
+    DEFAULT_VARIANT,
+    VARIANTS,
+    build_catalogue,
+    catalogue_dir,
+    dataset_items,
+    estimator_for,
+    evaluate_search,
+    fit_search_model,
+    search_dir,
+    write_search_report,
 )
 
 _DEFAULTS = FitConfig()
@@ -162,6 +180,10 @@ def _build_parser() -> argparse.ArgumentParser:
     output.add_argument("--quiet", action="store_true", help="no progress output")
     fit.set_defaults(handler=_run_fit)
 
+    _add_dictionary_parser(commands)
+    _add_index_parser(commands)
+    _add_evaluate_search_parser(commands)
+
     ev = commands.add_parser(
         "evaluate",
         help="held-out accuracy of a model beside LinearSVC and SVC(RBF) baselines",
@@ -232,6 +254,166 @@ def _build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.set_defaults(handler=_run_report)
     return parser
+
+
+# Command-line flag -> UnionOfSubspacesSVM parameter, with the help text's description.
+_DICTIONARY_FLAGS = {
+    "atoms": ("n_atoms", int, "A, the dictionary's atoms"),
+    "alpha": ("alpha", float, "weight of ||Dz||^2/2; 0 is the fast case"),
+    "beta": ("beta", float, "weight of the codes' l1 / elastic-net penalty"),
+    "l1-ratio": ("l1_ratio", float, "r: 1 is l1, below 1 the elastic net (default: the variant's)"),
+    "lambda-z": ("lambda_z", float, "codes' learning rate numerator: lambda / (t + t0)"),
+    "lambda-d": ("lambda_d", float, "dictionary's learning rate numerator; 0 keeps D fixed"),
+    "t0-z": ("t0_z", float, "codes' learning rate offset"),
+    "t0-d": ("t0_d", float, "dictionary's learning rate offset"),
+    "bias-multiplier": ("bias_multiplier", float, "the bias's learning rate multiplier"),
+    "epochs": ("n_epochs", int, "passes over the training set"),
+    "block-size": ("block_size", int, "samples per block of code, then dictionary, steps"),
+}
+
+
+def _add_output_flags(parser: argparse.ArgumentParser, artifact: str) -> None:
+    output = parser.add_argument_group("output")
+    output.add_argument("--force", action="store_true", help=f"replace an existing {artifact}")
+    output.add_argument(
+        "--if-missing", action="store_true", help=f"do nothing if a valid {artifact} exists"
+    )
+    output.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _already_there(args: argparse.Namespace, out: Path, load, artifact: str) -> bool:
+    """Whether to stop because ``out`` exists: with --if-missing after checking it loads
+    (a broken artifact is an error, not "present"); without --force it is an error."""
+    if not out.exists():
+        return False
+    if args.if_missing:
+        load()
+        _status(args, f"{out} already holds a {artifact}: nothing to do")
+        return True
+    if not args.force:
+        raise DatasetError(f"{out} already exists: pass --force to replace it")
+    return False
+
+
+def _add_dictionary_parser(commands) -> None:
+    parser = commands.add_parser(
+        "dictionary",
+        help="learn a US-SVM dictionary and sparse class codes for a model's search",
+        description="Learn the Union-of-Subspaces SVM of a trained model (Algorithm 1 of the "
+        "US-SVM paper: SGD on a dictionary D and sparse codes z_k, w_k = D z_k) on the model's "
+        "features of its training split, prune every code to --sparsity non-zeros, and write it "
+        "to <model>/search. A catalogue built with an older dictionary is removed: run "
+        "'python -m training index' afterwards.",
+    )
+    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
+    _add_data_arguments(parser, default=None)
+    learn = parser.add_argument_group("US-SVM")
+    learn.add_argument(
+        "--variant",
+        choices=tuple(VARIANTS),
+        default=DEFAULT_VARIANT,
+        help="us-svm (l1 codes), us-svm-e (elastic net, r = 0.5), us-svm-n (non-negative "
+        "codes), us-svm-ne (both) (default: %(default)s)",
+    )
+    learn.add_argument(
+        "--feature-space",
+        choices=("auto", "inputs", "besvm"),
+        default="auto",
+        help="what the classifiers read: the model's normalised inputs, or its basis-expanded "
+        "(BE-SVM) features; auto: inputs, or besvm for text models (default: auto)",
+    )
+    learn.add_argument(
+        "--sparsity",
+        type=int,
+        default=DEFAULT_SPARSITY,
+        help="non-zeros kept in every class code (default: %(default)s)",
+    )
+    defaults = UnionOfSubspacesSVM().get_params()
+    for flag, (param, kind, text) in _DICTIONARY_FLAGS.items():
+        shown = "the variant's" if param == "l1_ratio" else f"{defaults[param]:g}"
+        learn.add_argument(
+            f"--{flag}", dest=param, type=kind, default=None, help=f"{text} (default: {shown})"
+        )
+    _add_output_flags(parser, "search model")
+    parser.set_defaults(handler=_run_dictionary)
+
+
+def _add_index_parser(commands) -> None:
+    parser = commands.add_parser(
+        "index",
+        help="build the search catalogue X' = D^T X of a model's search model",
+        description="Compute the features and D^T x of every catalogue item in chunks (bounded "
+        "memory, with a progress bar) and write them atom-major, float32 (A x N), with the "
+        "ids, to <model>/search/catalogue, which the service memory-maps. Items come from a "
+        "data set split (ids '<split>-<position>', labels kept for evaluation) or from a .npy "
+        "array file read through a memory map (catalogues larger than memory).",
+    )
+    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
+    _add_data_arguments(parser, default=None)
+    items = parser.add_argument_group("items")
+    items.add_argument(
+        "--split",
+        choices=("test", "train", "all"),
+        default="test",
+        help="data set split to index (default: test)",
+    )
+    items.add_argument(
+        "--items",
+        type=Path,
+        help="a .npy array of N instances in the model's input shape, read chunk by chunk "
+        "through a memory map (instead of --data)",
+    )
+    items.add_argument(
+        "--ids",
+        type=Path,
+        help="with --items: a .npy array or a text file (one per line) of N unique ids "
+        "(default: 0..N-1)",
+    )
+    items.add_argument(
+        "--chunk-size",
+        type=int,
+        default=DEFAULT_CHUNK_SIZE,
+        help="items computed at a time (default: %(default)s)",
+    )
+    items.add_argument(
+        "--negatives",
+        type=int,
+        default=1000,
+        help="size of the fixed random sample of items used as negatives when /search learns "
+        "a code from positives (default: %(default)s)",
+    )
+    _add_output_flags(parser, "catalogue")
+    parser.set_defaults(handler=_run_index)
+
+
+def _add_evaluate_search_parser(commands) -> None:
+    parser = commands.add_parser(
+        "evaluate-search",
+        help="mAP against sparsity of US-SVM variants and pruned l2/l1-SVMs, with a plot",
+        description="Train the four US-SVM variants, an l2-SVM and an l1-SVM on a model's "
+        "features of its training split; prune every class's code or weights to each sparsity; "
+        "rank the test split for every class; write README.md (table), map_sparsity.png and "
+        "results.json.",
+    )
+    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
+    _add_data_arguments(parser, default=None)
+    parser.add_argument(
+        "--feature-space",
+        choices=("auto", "inputs", "besvm"),
+        default="auto",
+        help="features the classifiers read (default: auto, as in 'dictionary')",
+    )
+    parser.add_argument(
+        "--sparsities",
+        default=",".join(str(s) for s in DEFAULT_SPARSITIES),
+        help="non-zeros per class, comma separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--atoms", type=int, help="dictionary size (default: the estimator's default)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=_run_evaluate_search)
 
 
 def _status(args: argparse.Namespace, message: str) -> None:
@@ -348,6 +530,142 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps(evaluation.to_dict(), indent=2) + "\n")
     return 0
+
+
+def _model_dataset(args: argparse.Namespace, predictor: Predictor):
+    recorded = predictor.metadata.get("training", {}).get("dataset")
+    if args.data is None and recorded is None:
+        raise DatasetError(f"{args.model} records no training data set: pass --data")
+    return _load_data(args, default_source=recorded)
+
+
+def _run_dictionary(args: argparse.Namespace) -> int:
+    predictor = Predictor.load(args.model)
+    out = search_dir(args.model)
+    if _already_there(
+        args, out, lambda: UnionOfSubspacesModel.load(out, args.model), "search model"
+    ):
+        return 0
+    dataset = _model_dataset(args, predictor)
+    estimator = estimator_for(
+        args.variant,
+        random_state=args.seed,
+        **{param: getattr(args, param) for param, _, _ in _DICTIONARY_FLAGS.values()},
+    )
+    _status(
+        args,
+        f"learning a {estimator.n_atoms}-atom dictionary ({args.variant}) on "
+        f"{len(dataset.y_train):,} training items ...",
+    )
+    fitted = fit_search_model(
+        predictor, dataset, estimator, feature_space=args.feature_space, sparsity=args.sparsity
+    )
+    model = fitted.model
+    model.save(out, args.model, overwrite=args.force)
+    t = fitted.summary["training"]
+    print(
+        "\n".join(
+            [
+                f"search model     {out}",
+                f"variant          {args.variant}",
+                f"feature space    {model.feature_space} ({model.n_features} features)",
+                f"dictionary       {model.n_atoms} atoms",
+                f"codes            {args.sparsity} non-zeros kept per class "
+                f"(mean {fitted.summary['mean_nonzeros']:.1f})",
+                f"test accuracy    {t['test_accuracy']:.2%} "
+                f"(unpruned {t['test_accuracy_unpruned']:.2%})",
+                f"test mAP         {t['test_map']:.4f} (unpruned {t['test_map_unpruned']:.4f})",
+                f"train time       {t['fit_seconds']:.2f} s",
+                "next             python -m training index --model " + shlex.quote(str(args.model)),
+            ]
+        )
+    )
+    return 0
+
+
+def _run_index(args: argparse.Namespace) -> int:
+    predictor = Predictor.load(args.model)
+    model = UnionOfSubspacesModel.load(search_dir(args.model), args.model)
+    out = catalogue_dir(args.model)
+    if _already_there(args, out, lambda: read_catalogue(out, search_dir(args.model)), "catalogue"):
+        return 0
+    labels = None
+    if args.items is not None:
+        if args.data is not None:
+            raise DatasetError("give --items or --data, not both")
+        items, ids = _read_items(args.items, args.ids)
+        source = {"items": str(args.items)}
+    else:
+        if args.ids is not None:
+            raise DatasetError("--ids goes with --items")
+        dataset = _model_dataset(args, predictor)
+        items, ids, labels = dataset_items(dataset, args.split)
+        source = {"dataset": dataset.source, "split": args.split}
+    _status(args, f"indexing {len(ids):,} items into {out} ...")
+    build_catalogue(
+        args.model,
+        predictor,
+        model,
+        items,
+        ids,
+        labels=labels,
+        chunk_size=args.chunk_size,
+        n_negatives=args.negatives,
+        seed=args.seed,
+        source=source,
+        progress=not args.quiet,
+        overwrite=args.force,
+    )
+    print(f"catalogue        {out}: {len(ids):,} items x {model.n_atoms} atoms (float32)")
+    return 0
+
+
+def _run_evaluate_search(args: argparse.Namespace) -> int:
+    predictor = Predictor.load(args.model)
+    dataset = _model_dataset(args, predictor)
+    try:
+        sparsities = [int(v) for v in _split(args.sparsities, ",")]
+    except ValueError:
+        raise ValueError(f"--sparsities must be integers, got {args.sparsities!r}") from None
+    _status(args, f"evaluating search on {dataset.name} ...")
+    evaluation = evaluate_search(
+        predictor,
+        dataset,
+        feature_space=args.feature_space,
+        sparsities=sparsities,
+        n_atoms=args.atoms,
+        progress=not args.quiet,
+    )
+    command = "python -m training evaluate-search " + " ".join(
+        shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv)[1:]
+    )
+    path = write_search_report(evaluation, args.out, command)
+    cells = {(r["method"], r["sparsity"]): r["map"] for r in evaluation["rows"]}
+    for method in dict.fromkeys(r["method"] for r in evaluation["rows"]):
+        line = "  ".join(f"{s}: {100 * cells[(method, s)]:6.2f}" for s in sparsities)
+        print(f"{method:10s} mAP% at nnz  {line}")
+    print(f"report           {path}")
+    return 0
+
+
+def _read_items(items_path: Path, ids_path: Path | None):
+    if items_path.suffix != ".npy" or not items_path.is_file():
+        raise DatasetError(f"{items_path}: --items must be an existing .npy file")
+    try:
+        items = np.load(items_path, mmap_mode="r", allow_pickle=False)
+    except ValueError as error:
+        raise DatasetError(f"{items_path}: cannot read: {error}") from None
+    if items.ndim < 2 or items.dtype.kind not in "iuf":
+        raise DatasetError(f"{items_path}: expected numbers, one row per item; got {items.shape}")
+    if ids_path is None:
+        return items, np.arange(len(items)).astype(str)
+    if ids_path.suffix == ".npy":
+        ids = np.load(ids_path, allow_pickle=False)
+    else:
+        ids = np.asarray(ids_path.read_text().splitlines())
+    if ids.shape != (len(items),):
+        raise DatasetError(f"{ids_path}: {ids.shape[0]} ids for {len(items)} items")
+    return items, ids.astype(str)
 
 
 def _split(text: str, separator: str) -> list[str]:

@@ -21,6 +21,11 @@ Large-margin classifiers on similarity measures.
 model's similarity measures, normalises the similarities and applies a one-vs-rest linear SVM.
 See **GET /v1/models** for the input shape and classes the served model expects.
 
+**POST /search** ranks a precomputed catalogue for a class, a sparse code over the model's
+Union-of-Subspaces dictionary, or a few examples of something new (a code learned on the fly),
+reading only the catalogue rows where the code is non-zero. **GET /v1/models/{name}/atoms/{a}**
+shows the items one atom stands for.
+
 Errors always have the body `{"error": {"type", "message", "details"?}}`.
 """
 

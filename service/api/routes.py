@@ -4,23 +4,32 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from service.api.schemas import (
+    AtomHits,
+    AtomResponse,
     ClassifyRequest,
     ClassifyResponse,
     ClassScore,
+    ClassWeight,
+    CodeOut,
     ErrorResponse,
     Health,
     InputInfo,
     ModelInfo,
     ModelList,
     Prediction,
+    SearchHit,
+    SearchInfo,
+    SearchRequest,
+    SearchResponse,
     VocabularyInfo,
 )
 from service.api.settings import Settings
 from service.api.state import ModelHolder
-from service.model import NotFoundError, Predictor
+from service.model import BatchTooLargeError, InvalidInputError, NotFoundError, Predictor
+from service.model.search import SearchIndex, SearchQuery
 
 router = APIRouter()
 
@@ -35,6 +44,10 @@ def _settings(request: Request) -> Settings:
 
 def _predictor(holder: Annotated[ModelHolder, Depends(_holder)]) -> Predictor:
     return holder.require()
+
+
+def _search(holder: Annotated[ModelHolder, Depends(_holder)]) -> SearchIndex:
+    return holder.require_search()
 
 
 _ERRORS = {
@@ -62,7 +75,22 @@ def readyz(holder: Annotated[ModelHolder, Depends(_holder)]) -> Health:
     return Health(status="ready", detail=f"model {predictor.name!r} loaded")
 
 
-def _model_info(predictor: Predictor) -> ModelInfo:
+def _search_info(search: SearchIndex | None) -> SearchInfo | None:
+    if search is None:
+        return None
+    model, meta = search.model, search.model.metadata
+    return SearchInfo(
+        feature_space=model.feature_space,
+        n_atoms=model.n_atoms,
+        n_features=model.n_features,
+        n_nonzero=meta.get("n_nonzero"),
+        catalogue_size=None if search.catalogue is None else search.catalogue.n_items,
+        estimator=meta.get("estimator", {}),
+        training=meta.get("training", {}),
+    )
+
+
+def _model_info(predictor: Predictor, search: SearchIndex | None) -> ModelInfo:
     meta = predictor.metadata
     return ModelInfo(
         name=predictor.name,
@@ -86,13 +114,14 @@ def _model_info(predictor: Predictor) -> ModelInfo:
         diagnostics=meta.get("diagnostics", {}),
         training=meta.get("training", {}),
         versions=meta.get("versions", {}),
+        search=_search_info(search),
     )
 
 
 @router.get("/v1/models", response_model=ModelList, tags=["models"], responses=_ERRORS)
-def list_models(predictor: Annotated[Predictor, Depends(_predictor)]) -> ModelList:
+def list_models(holder: Annotated[ModelHolder, Depends(_holder)]) -> ModelList:
     """Metadata of the served model: classes, input shape, similarities, basis size, created."""
-    return ModelList(models=[_model_info(predictor)])
+    return ModelList(models=[_model_info(holder.require(), holder.search)])
 
 
 @router.get(
@@ -103,7 +132,7 @@ def list_models(predictor: Annotated[Predictor, Depends(_predictor)]) -> ModelLi
 )
 def get_model(name: str, holder: Annotated[ModelHolder, Depends(_holder)]) -> ModelInfo:
     """Metadata of one model, by name."""
-    return _model_info(holder.require_named(name))
+    return _model_info(holder.require_named(name), holder.search)
 
 
 @router.get(
@@ -151,3 +180,89 @@ def classify(
             for answer in answers
         ],
     )
+
+
+_SEARCH_ERRORS = {
+    404: {"model": ErrorResponse, "description": "The model has no search model or catalogue."},
+    **_ERRORS,
+}
+
+
+@router.post("/search", response_model=SearchResponse, tags=["search"], responses=_SEARCH_ERRORS)
+def search(
+    body: SearchRequest,
+    index: Annotated[SearchIndex, Depends(_search)],
+    settings: Annotated[Settings, Depends(_settings)],
+) -> SearchResponse:
+    """Rank the catalogue for a class, a sparse code, or examples, reading only the rows of
+    X' = D^T X where the code is non-zero. Answers the top-k ids, best first, and the code."""
+    examples = len(body.positives or ()) + len(body.negatives or ())
+    if examples > settings.max_batch_size:
+        raise BatchTooLargeError(
+            f"{examples} positives and negatives; the limit is {settings.max_batch_size}"
+        )
+    query = SearchQuery(
+        class_label=None if body.class_ is None else str(body.class_),
+        code=None if body.code is None else (body.code.indices, body.code.values),
+        bias=body.bias,
+        positives=body.positives,
+        negatives=body.negatives,
+        top_k=body.top_k or settings.default_search_top_k,
+        sparsity=body.sparsity,
+        exclude=body.exclude,
+        exclude_positives=body.exclude_positives,
+        strongest_atoms=body.strongest_atoms,
+    )
+    result = index.run(query, max_top_k=settings.max_search_top_k)
+    code = result.code
+    learned = result.kind == "positives"
+    return SearchResponse(
+        model=index.predictor.name,
+        query=result.kind,
+        code=CodeOut(indices=code.atoms.tolist(), values=code.weights.tolist(), bias=code.bias),
+        sparsity=code.n_nonzero,
+        results=_hits(result.items),
+        strongest_atoms=[
+            AtomHits(atom=a.atom, weight=a.weight, items=_hits(a.items))
+            for a in result.strongest_atoms
+        ]
+        if body.strongest_atoms
+        else None,
+        n_positives=result.n_positives if learned else None,
+        n_negatives=result.n_negatives if learned else None,
+    )
+
+
+@router.get(
+    "/v1/models/{name}/atoms/{atom}",
+    response_model=AtomResponse,
+    tags=["search"],
+    responses={
+        404: {"model": ErrorResponse, "description": "No such model, atom or catalogue."},
+        **_ERRORS,
+    },
+)
+def get_atom(
+    name: str,
+    atom: int,
+    holder: Annotated[ModelHolder, Depends(_holder)],
+    settings: Annotated[Settings, Depends(_settings)],
+    top_k: Annotated[int | None, Query(ge=1, description="Items to return (default 10).")] = None,
+) -> AtomResponse:
+    """The catalogue items that score highest on one atom alone (attribute discovery), and the
+    classes whose codes use it."""
+    holder.require_named(name)
+    index = holder.require_search()
+    k = top_k or settings.default_search_top_k
+    if k > settings.max_search_top_k:
+        raise InvalidInputError(f"top_k must be at most {settings.max_search_top_k}, got {k}")
+    return AtomResponse(
+        model=name,
+        atom=atom,
+        results=_hits(index.atom_items(atom, k)),
+        classes=[ClassWeight(label=c, weight=w) for c, w in index.atom_classes(atom)],
+    )
+
+
+def _hits(items: list[tuple[str, float]]) -> list[SearchHit]:
+    return [SearchHit(id=i, score=s) for i, s in items]

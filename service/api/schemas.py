@@ -87,6 +87,18 @@ class InputInfo(BaseModel):
     )
 
 
+class SearchInfo(BaseModel):
+    feature_space: str = Field(
+        ..., description="What the codes' classifiers read: inputs (normalised) or besvm."
+    )
+    n_atoms: int = Field(..., description="A, the dictionary's atoms: code indices are 0..A-1.")
+    n_features: int = Field(..., description="d, the dictionary's rows.")
+    n_nonzero: int | None = Field(None, description="Non-zeros kept per class code.")
+    catalogue_size: int | None = Field(None, description="N, items in the catalogue (or none).")
+    estimator: dict[str, Any] = Field(default_factory=dict, description="Hyper-parameters.")
+    training: dict[str, Any] = Field(default_factory=dict, description="Training summary.")
+
+
 class ModelInfo(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
@@ -116,6 +128,9 @@ class ModelInfo(BaseModel):
     )
     training: dict[str, Any] = Field(default_factory=dict, description="Training summary.")
     versions: dict[str, str] = Field(default_factory=dict, description="Library versions.")
+    search: SearchInfo | None = Field(
+        None, description="The US-SVM search model and catalogue, when the model has one."
+    )
 
 
 class VocabularyInfo(BaseModel):
@@ -146,3 +161,125 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+Id = str | int
+
+
+class CodeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    indices: list[int] = Field(..., description="Atom indices, distinct, each in 0..A-1.")
+    values: list[float] = Field(..., description="The code's values at those atoms.")
+
+
+class SearchRequest(BaseModel):
+    """Rank the catalogue for a class, a sparse code, or examples of something new."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        json_schema_extra={
+            "examples": [
+                {"class": "7", "top_k": 5},
+                {"code": {"indices": [3, 17], "values": [0.8, -0.2]}, "bias": 0.0, "top_k": 5},
+                {"positives": ["test-3", "test-13"], "top_k": 5},
+                {"class": "7", "top_k": 5, "strongest_atoms": 2},
+            ]
+        },
+    )
+
+    class_: Id | None = Field(
+        None, alias="class", description="A class of the model: its learned code is the query."
+    )
+    code: CodeIn | None = Field(
+        None, description="A sparse code over the dictionary's atoms, as returned by /search."
+    )
+    bias: float = Field(0.0, description="With code: added to every score.")
+    positives: list[Id | list[Any] | dict[str, Any]] | None = Field(
+        None,
+        description="Examples of what to find: catalogue ids (strings or integers) or instances "
+        "in the model's input shape. A code is learned on the fly with the dictionary fixed "
+        "(an l1 linear SVM on D^T x) and returned with the results, to reuse as code.",
+    )
+    negatives: list[Id | list[Any] | dict[str, Any]] | None = Field(
+        None,
+        description="With positives: counter-examples, ids or instances (default: the "
+        "catalogue's fixed random sample of items, positives left out).",
+    )
+    top_k: int | None = Field(
+        None,
+        ge=1,
+        description="Items to return, best first (default 10; at most the server's "
+        "MAX_SEARCH_TOP_K).",
+    )
+    sparsity: int | None = Field(
+        None,
+        ge=1,
+        description="Keep only this many of the code's strongest non-zeros (default: the class "
+        "code or given code as is; learned codes keep the model's sparsity).",
+    )
+    exclude: list[Id] = Field(default_factory=list, description="Catalogue ids never returned.")
+    exclude_positives: bool = Field(
+        True, description="Leave out positives given as catalogue ids (default true)."
+    )
+    strongest_atoms: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Also report this many of the code's strongest atoms, each with the items "
+        "it ranks highest on its own: the modes of a class.",
+    )
+
+    @model_validator(mode="after")
+    def _one_query(self) -> SearchRequest:
+        given = [self.class_ is not None, self.code is not None, self.positives is not None]
+        if sum(given) != 1:
+            raise ValueError("send exactly one of class, code or positives")
+        if self.negatives is not None and self.positives is None:
+            raise ValueError("negatives go with positives")
+        return self
+
+
+class SearchHit(BaseModel):
+    id: str = Field(..., description="Catalogue id.")
+    score: float = Field(..., description="z . (D^T x) + b.")
+
+
+class CodeOut(BaseModel):
+    indices: list[int] = Field(..., description="Atoms, strongest (largest |value|) first.")
+    values: list[float]
+    bias: float
+
+
+class AtomHits(BaseModel):
+    atom: int
+    weight: float = Field(..., description="The code's value at this atom.")
+    items: list[SearchHit] = Field(
+        ..., description="Items ranked highest by this atom alone (lowest for negative weights)."
+    )
+
+
+class SearchResponse(BaseModel):
+    model: str
+    query: str = Field(..., description="class, code or positives.")
+    code: CodeOut = Field(..., description="The code that ranked the catalogue.")
+    sparsity: int = Field(..., description="Non-zeros of the code: rows of X' read.")
+    results: list[SearchHit] = Field(..., description="The top-k items, best first.")
+    strongest_atoms: list[AtomHits] | None = None
+    n_positives: int | None = Field(None, description="With positives: examples learned from.")
+    n_negatives: int | None = Field(None, description="With positives: counter-examples used.")
+
+
+class ClassWeight(BaseModel):
+    label: str
+    weight: float = Field(..., description="z_k at this atom.")
+
+
+class AtomResponse(BaseModel):
+    model: str
+    atom: int
+    results: list[SearchHit] = Field(..., description="Items scoring highest on this atom.")
+    classes: list[ClassWeight] = Field(
+        ..., description="Classes whose code uses this atom, by decreasing |weight|."
+    )

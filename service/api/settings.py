@@ -26,5 +26,9 @@ class Settings(BaseSettings):
         16 * 1024 * 1024, ge=1024, description="Largest request body; larger bodies get 413."
     )
     default_top_k: int = Field(3, ge=1, description="Classes returned per instance by default.")
+    default_search_top_k: int = Field(10, ge=1, description="Items /search returns by default.")
+    max_search_top_k: int = Field(
+        1000, ge=1, description="Most items one /search may ask for; more get 422."
+    )
     log_level: str = Field("info", description="uvicorn log level (LOG_LEVEL).")
     access_log: bool = Field(True, description="Log one line per request (ACCESS_LOG).")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
+from service.model.search import SearchIndex
 
 logger = logging.getLogger("service.api")
 
@@ -22,6 +23,7 @@ class ModelHolder:
     def __init__(self, model_dir: Path) -> None:
         self.model_dir = model_dir
         self.predictor: Predictor | None = None
+        self.search: SearchIndex | None = None
         self.problem: str | None = "the model has not been loaded yet"
 
     def load(self) -> None:
@@ -29,11 +31,16 @@ class ModelHolder:
         try:
             predictor = Predictor.load(self.model_dir)
             predictor.warm_up()
+            # A broken search artifact fails the whole load: serving /classify while /search
+            # silently vanished would hide the damage.
+            search = SearchIndex.load(self.model_dir, predictor)
+            if search is not None:
+                search.warm_up()
         except ArtifactError as error:
             self.problem = f"model not loaded: {error}"
             logger.error(self.problem)
             return
-        self.predictor, self.problem = predictor, None
+        self.predictor, self.search, self.problem = predictor, search, None
         logger.info(
             "loaded model %r from %s in %.2f s (%d classes, %s, %d basis items)",
             predictor.name,
@@ -43,12 +50,30 @@ class ModelHolder:
             " + ".join(predictor.similarity_names),
             predictor.n_basis,
         )
+        if search is not None:
+            catalogue = search.catalogue
+            logger.info(
+                "search: %d atoms over %s features, catalogue of %s items",
+                search.model.n_atoms,
+                search.model.feature_space,
+                "no" if catalogue is None else f"{catalogue.n_items:,}",
+            )
 
     def require(self) -> Predictor:
         """The loaded predictor; raises :class:`ModelNotReadyError` if there is none."""
         if self.predictor is None:
             raise ModelNotReadyError(self.problem or "no model loaded")
         return self.predictor
+
+    def require_search(self) -> SearchIndex:
+        """The loaded search index; raises NotFoundError if the model has none."""
+        predictor = self.require()
+        if self.search is None:
+            raise NotFoundError(
+                f"model {predictor.name!r} has no search model: build one with "
+                "python -m training dictionary, then python -m training index"
+            )
+        return self.search
 
     def require_named(self, name: str) -> Predictor:
         predictor = self.require()

@@ -21,6 +21,7 @@ import platform
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -47,6 +48,19 @@ class Artifact:
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class StreamedArray:
+    """An array too large to hold in memory: written straight into its file.
+
+    ``fill`` receives the file as a writable memory map of ``shape`` and ``dtype`` and fills it,
+    typically chunk by chunk, so memory stays bounded whatever the array's size.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fill: Callable[[np.ndarray], None]
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries that shape an artifact's numbers."""
     versions = {"python": platform.python_version()}
@@ -69,7 +83,7 @@ def _sha256(path: Path) -> str:
 def write_artifact(
     path: str | os.PathLike,
     manifest: dict[str, Any],
-    arrays: dict[str, np.ndarray],
+    arrays: dict[str, np.ndarray | StreamedArray],
     overwrite: bool = False,
 ) -> Path:
     """Write an artifact directory atomically.
@@ -81,7 +95,7 @@ def write_artifact(
     manifest : dict
         JSON-serialisable fields; ``schema_version``, ``format``, ``created``, ``versions`` and
         ``arrays`` are filled in here.
-    arrays : dict of str to ndarray
+    arrays : dict of str to ndarray or StreamedArray
         Names must be identifiers; object arrays are refused.
     overwrite : bool, default=False
         Replace an existing directory (only after the new one is complete).
@@ -102,18 +116,13 @@ def write_artifact(
         for name, array in arrays.items():
             if not _ARRAY_NAME.match(name):
                 raise ArtifactError(f"array name {name!r} must be letters, digits and _")
-            array = np.asarray(array, order="C")
-            if array.dtype.hasobject:
-                raise ArtifactError(
-                    f"array {name!r} holds Python objects; artifacts hold no pickles"
-                )
             file = staging / f"{name}.npy"
-            np.save(file, array, allow_pickle=False)
+            shape, dtype = _save_array(file, name, array)
             entries[name] = {
                 "file": file.name,
                 "sha256": _sha256(file),
-                "shape": list(array.shape),
-                "dtype": array.dtype.str,
+                "shape": list(shape),
+                "dtype": dtype.str,
             }
         full = {
             "schema_version": SCHEMA_VERSION,
@@ -138,10 +147,37 @@ def write_artifact(
     return path
 
 
+def _save_array(file: Path, name: str, array) -> tuple[tuple[int, ...], np.dtype]:
+    if isinstance(array, StreamedArray):
+        dtype = np.dtype(array.dtype)
+        if dtype.hasobject:
+            raise ArtifactError(f"array {name!r} holds Python objects; artifacts hold no pickles")
+        mapped = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=array.shape)
+        try:
+            array.fill(mapped)
+            mapped.flush()
+        finally:
+            del mapped
+        return tuple(array.shape), dtype
+    array = np.asarray(array, order="C")
+    if array.dtype.hasobject:
+        raise ArtifactError(f"array {name!r} holds Python objects; artifacts hold no pickles")
+    np.save(file, array, allow_pickle=False)
+    return array.shape, array.dtype
+
+
 def _fsync_tree(directory: Path) -> None:
     for file in directory.iterdir():
+        if not file.is_file():
+            continue
         with file.open("rb") as handle:
             os.fsync(handle.fileno())
+
+
+def manifest_digest(path: str | os.PathLike) -> str:
+    """sha256 of an artifact's manifest: it names every array by checksum, so it identifies the
+    whole artifact (artifacts derived from it record it to detect a replaced parent)."""
+    return _sha256(Path(path) / MANIFEST_NAME)
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:

@@ -274,6 +274,25 @@ class Predictor:
             return Documents(canonical_counts(X, self.input_spec.shape[0]), self.idf)
         return self.encode_texts(list(X))
 
+    def normalized_inputs(self, X) -> np.ndarray:
+        """Inputs as the basis sees them: transformed, centred and scaled (dense models only).
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, input_spec.n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, d)
+            ``d`` is the length of a transformed instance.
+        """
+        if self.is_documents:
+            raise InvalidInputError(
+                f"model {self.name!r} reads documents, which have no normalised dense form"
+            )
+        X = self.transform.apply(self._check_flat(X), self.input_spec)
+        return normalize_inputs(X, self.input_mean, self.input_scale)
+
     def features(self, X) -> np.ndarray:
         """Basis-expanded features of raw (untransformed, un-normalised) inputs.
 
@@ -293,9 +312,7 @@ class Predictor:
         if self.is_documents:
             X_hat, basis = X, self._basis_documents
         else:
-            X = self.transform.apply(X, self.input_spec)
-            X_hat = normalize_inputs(X, self.input_mean, self.input_scale)
-            basis = self.basis
+            X_hat, basis = self.normalized_inputs(X), self.basis
         return expand(
             X_hat,
             basis,

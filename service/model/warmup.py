@@ -7,6 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.search_kernels import PARALLEL_MIN_WORK, search_top_k
 from service.model.similarity import SIMILARITY_KINDS
 
 
@@ -37,7 +38,18 @@ def compile_kernels() -> list[str]:
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
         names.append(kind.name)
-    return names
+    return names + compile_search()
+
+
+def compile_search() -> list[str]:
+    """The /search kernel, serial (a small catalogue) and parallel (one row long enough)."""
+    atom, weight = np.zeros(1, dtype=np.int64), np.ones(1)
+    excluded = np.zeros(1, dtype=np.int64)
+    for n_items in (8, PARALLEL_MIN_WORK):
+        catalogue = np.zeros((2, n_items), dtype=np.float32)
+        search_top_k(catalogue, atom, weight, 0.0, 3)
+        search_top_k(catalogue, atom, weight, 0.0, 3, excluded)
+    return ["search"]
 
 
 if __name__ == "__main__":

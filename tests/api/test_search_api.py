@@ -1,0 +1,155 @@
+"""POST /search and GET /v1/models/{name}/atoms/{a}: a real server for the main paths, an
+in-process client for the error paths."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api import Settings, create_app
+from service.model import Predictor
+from service.model.search import SearchIndex, SearchQuery
+from tests.api.conftest import serving
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+@pytest.fixture(scope="module")
+def search_server(search_model_dir):
+    with serving(search_model_dir) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def index(search_model_dir) -> SearchIndex:
+    return SearchIndex.load(search_model_dir, Predictor.load(search_model_dir))
+
+
+@pytest.fixture(scope="module")
+def search_client(search_model_dir):
+    settings = Settings(_env_file=None, model_dir=search_model_dir, max_batch_size=50)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        yield client
+
+
+def test_class_search_through_the_server(search_server, index):
+    response = httpx.post(f"{search_server}/search", json={"class": "7", "top_k": 5})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = index.run(SearchQuery(class_label="7", top_k=5), 1000)
+    assert [hit["id"] for hit in body["results"]] == [i for i, _ in expected.items]
+    np.testing.assert_allclose([hit["score"] for hit in body["results"]],
+                               [s for _, s in expected.items])  # fmt: skip
+    assert body["query"] == "class"
+    assert body["sparsity"] == len(body["code"]["indices"]) == expected.code.n_nonzero
+    assert body["code"]["indices"] == expected.code.atoms.tolist()
+    assert body["strongest_atoms"] is None
+    assert body["n_positives"] is None
+
+
+def test_a_learned_code_can_be_sent_back_as_a_code(search_server):
+    learned = httpx.post(
+        f"{search_server}/search",
+        json={"positives": ["test-9", "test-13", "test-19"], "top_k": 10, "sparsity": 4},
+    ).json()
+    assert learned["query"] == "positives"
+    assert learned["n_positives"] == 3
+    assert 1 <= learned["sparsity"] <= 4
+    assert not {"test-9", "test-13", "test-19"} & {h["id"] for h in learned["results"]}
+    code = learned["code"]
+    again = httpx.post(
+        f"{search_server}/search",
+        json={
+            "code": {"indices": code["indices"], "values": code["values"]},
+            "bias": code["bias"],
+            "top_k": 10,
+            "exclude": ["test-9", "test-13", "test-19"],
+        },
+    ).json()
+    assert again["results"] == learned["results"]
+
+
+def test_strongest_atoms_and_the_atoms_endpoint(search_server, index):
+    body = httpx.post(
+        f"{search_server}/search", json={"class": 0, "top_k": 3, "strongest_atoms": 2}
+    ).json()
+    atoms = body["strongest_atoms"]
+    assert [a["atom"] for a in atoms] == body["code"]["indices"][:2]
+    first = atoms[0]
+    if first["weight"] > 0:
+        page = httpx.get(f"{search_server}/v1/models/digits/atoms/{first['atom']}?top_k=5")
+        assert page.status_code == 200
+        assert page.json()["results"] == first["items"]
+    page = httpx.get(f"{search_server}/v1/models/digits/atoms/3").json()
+    assert len(page["results"]) == 10
+    assert [c["label"] for c in page["classes"]] == [c for c, _ in index.atom_classes(3)]
+
+
+def test_model_info_describes_the_search_model(search_server, index):
+    info = httpx.get(f"{search_server}/v1/models/digits").json()["search"]
+    assert info["n_atoms"] == index.model.n_atoms
+    assert info["catalogue_size"] == 797
+    assert info["feature_space"] == "inputs"
+    assert info["n_nonzero"] == 10
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"class": "11"}, 422, "unknown class '11'"),
+        ({"class": "1", "code": {"indices": [1], "values": [1.0]}}, 422, "exactly one"),
+        ({}, 422, "exactly one"),
+        ({"code": {"indices": [64], "values": [1.0]}}, 422, "code index 64 is out of range"),
+        ({"code": {"indices": [1, 2], "values": [1.0]}}, 422, "one length"),
+        ({"positives": []}, 422, "positives is empty"),
+        ({"positives": ["nope"]}, 422, "unknown catalogue positive(s): 'nope'"),
+        ({"class": "1", "negatives": ["test-1"]}, 422, "negatives go with positives"),
+        ({"class": "1", "top_k": 0}, 422, "greater than or equal to 1"),
+        ({"class": "1", "top_k": 1001}, 422, "top_k must be between 1 and 1000"),
+        ({"class": "1", "exclude": ["x"]}, 422, "unknown catalogue id(s): 'x'"),
+        ({"class": "1", "sparsity": 0}, 422, "greater than or equal to 1"),
+        ({"class": "1", "colour": "red"}, 422, "Extra inputs are not permitted"),
+        ({"positives": [f"test-{i}" for i in range(51)]}, 413, "the limit is 50"),
+    ],
+)
+def test_bad_searches_get_a_clear_4xx(search_client, body, status, message):
+    response = search_client.post("/search", json=body)
+    assert response.status_code == status, response.text
+    assert message in response.text
+
+
+def test_atom_errors(search_client):
+    assert search_client.get("/v1/models/digits/atoms/64").status_code == 404
+    assert "no atom 64" in search_client.get("/v1/models/digits/atoms/64").text
+    assert search_client.get("/v1/models/other/atoms/1").status_code == 404
+    response = search_client.get("/v1/models/digits/atoms/1?top_k=5000")
+    assert response.status_code == 422
+    assert "at most 1000" in response.text
+
+
+def test_a_model_without_search_answers_404(client):
+    response = client.post("/search", json={"class": "1"})
+    assert response.status_code == 404
+    assert "python -m training dictionary" in response.json()["error"]["message"]
+    assert client.get("/v1/models/digits").json()["search"] is None
+
+
+def test_the_readme_search_example_answers_as_printed(search_server):
+    text = README.read_text()
+    match = re.search(r"curl -s localhost:8000/search .*?-d '(\{.*?\})'", text)
+    assert match, "README has no curl example of /search"
+    response = httpx.post(f"{search_server}/search", json=json.loads(match.group(1)))
+    assert response.status_code == 200
+    shown = re.search(r"The first answers.*?```json\s*(\{.*?\})\s*```", text, re.DOTALL)
+    assert shown, "README shows no answer of the /search example"
+    served, printed = response.json(), json.loads(shown.group(1))
+    assert served["code"]["indices"] == printed["code"]["indices"]
+    assert [h["id"] for h in served["results"]] == [h["id"] for h in printed["results"]]
+    for got, expected in zip(served["results"], printed["results"], strict=True):
+        assert got["score"] == pytest.approx(expected["score"], rel=1e-6)
