@@ -82,7 +82,7 @@ def main() -> None:
         print(f"model and {args.atoms}-atom search model trained in "
               f"{time.perf_counter() - started:.1f} s")  # fmt: skip
         items = _write_items(Path(work) / "items.npy", args.n, args.dim, args.seed)
-        ids = np.arange(args.n).astype(str)
+        ids = np.arange(args.n)
         build_catalogue(model_dir, predictor, fitted.model, items, ids, chunk_size=1 << 16)
         del items
 

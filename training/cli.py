@@ -658,14 +658,14 @@ def _read_items(items_path: Path, ids_path: Path | None):
     if items.ndim < 2 or items.dtype.kind not in "iuf":
         raise DatasetError(f"{items_path}: expected numbers, one row per item; got {items.shape}")
     if ids_path is None:
-        return items, np.arange(len(items)).astype(str)
+        return items, np.arange(len(items))
     if ids_path.suffix == ".npy":
         ids = np.load(ids_path, allow_pickle=False)
     else:
         ids = np.asarray(ids_path.read_text().splitlines())
     if ids.shape != (len(items),):
         raise DatasetError(f"{ids_path}: {ids.shape[0]} ids for {len(items)} items")
-    return items, ids.astype(str)
+    return items, ids
 
 
 def _split(text: str, separator: str) -> list[str]:

@@ -355,22 +355,23 @@ def write_catalogue(
         Size of the fixed random sample of negatives for learned codes.
     seed : int
     """
-    ids = np.asarray(ids).astype(str)
+    ids = _narrow_strings(ids)
     n_items = len(ids)
     if n_items == 0:
         raise InvalidInputError("the catalogue is empty")
-    unique, counts = np.unique(ids, return_counts=True)
-    if (counts > 1).any():
-        raise InvalidInputError(f"duplicate catalogue ids, e.g. {unique[counts > 1][0]!r}")
-    rng = np.random.default_rng(seed)
-    negatives = np.sort(rng.choice(n_items, size=min(n_negatives, n_items), replace=False))
+    sorted_ids = np.sort(ids)
+    repeated = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+    if repeated.size:
+        raise InvalidInputError(f"duplicate catalogue ids, e.g. {str(sorted_ids[repeated[0]])!r}")
+    del sorted_ids
+    negatives = _sample_positions(n_items, min(n_negatives, n_items), np.random.default_rng(seed))
     arrays: dict[str, Any] = {
         "projected": StreamedArray((model.n_atoms, n_items), np.dtype(np.float32), fill_projected),
         "ids": ids,
         "negatives": negatives.astype(np.int64),
     }
     if labels is not None:
-        arrays["labels"] = np.asarray(labels).astype(str)
+        arrays["labels"] = _narrow_strings(labels)
     manifest = {
         "model_type": CATALOGUE_TYPE,
         "n_items": n_items,
@@ -380,6 +381,29 @@ def write_catalogue(
         **(metadata or {}),
     }
     return write_artifact(path, manifest, arrays, overwrite=overwrite)
+
+
+def _narrow_strings(values) -> np.ndarray:
+    """As a Unicode array only as wide as its longest entry: ``np.arange(n).astype(str)`` is 21
+    characters (84 bytes) an item, the ids of a large catalogue would take more than its rows."""
+    values = np.asarray(values)
+    if values.size and values.dtype.kind in "iu":
+        width = max(len(str(values.min())), len(str(values.max())))
+        return values.astype(f"<U{width}")
+    if values.dtype.kind != "U":
+        values = values.astype(str)
+    width = int(np.char.str_len(values).max()) if values.size else 1
+    return values.astype(f"<U{max(width, 1)}", copy=False)
+
+
+def _sample_positions(n: int, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` distinct positions of ``0..n-1``, uniformly, in O(m) memory (Floyd's algorithm),
+    sorted."""
+    chosen: set[int] = set()
+    for j in range(n - m, n):
+        t = int(rng.integers(0, j + 1))
+        chosen.add(j if t in chosen else t)
+    return np.sort(np.fromiter(chosen, dtype=np.int64, count=m))
 
 
 def read_catalogue(path: str | os.PathLike, search_path: str | os.PathLike) -> Catalogue:

@@ -220,3 +220,38 @@ def test_sparse_code_from_dense_keeps_the_strongest():
     assert code.atoms.tolist() == [1, 4]
     assert code.weights.tolist() == [-3.0, 2.0]
     assert code.bias == 0.5
+
+
+def test_negatives_sample_is_distinct_seeded_and_uniform():
+    from service.model.search import _sample_positions
+
+    sample = _sample_positions(1000, 100, np.random.default_rng(3))
+    assert sample.tolist() == sorted(set(sample.tolist()))
+    assert len(sample) == 100
+    assert 0 <= sample.min() <= sample.max() < 1000
+    again = _sample_positions(1000, 100, np.random.default_rng(3))
+    np.testing.assert_array_equal(sample, again)
+    assert _sample_positions(5, 5, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]
+    # Uniform: every position is drawn about equally often over many seeds.
+    counts = np.zeros(20)
+    for seed in range(2000):
+        counts[_sample_positions(20, 5, np.random.default_rng(seed))] += 1
+    assert counts.min() > 0.8 * 500
+    assert counts.max() < 1.2 * 500
+
+
+def test_ids_are_stored_as_narrow_strings_and_must_be_unique(search_model_dir, tmp_path):
+    from service.model.search import _narrow_strings
+
+    assert _narrow_strings(np.arange(1000)).dtype == np.dtype("<U3")
+    assert _narrow_strings(np.array([-12, 5])).tolist() == ["-12", "5"]
+    assert _narrow_strings(np.array(["a", "bcd"], dtype="<U40")).dtype == np.dtype("<U3")
+    copy = tmp_path / "model"
+    shutil.copytree(search_model_dir, copy)
+    predictor = Predictor.load(copy)
+    model = UnionOfSubspacesModel.load(search_dir(copy), copy)
+    ids = np.array(["a", "b", "a"])
+    with pytest.raises(InvalidInputError, match=r"duplicate catalogue ids, e\.g\. 'a'"):
+        build_catalogue(copy, predictor, model, np.zeros((3, 64)), ids, progress=False,
+                        overwrite=True)  # fmt: skip
+    assert catalogue_dir(copy).exists()  # the old catalogue is untouched
