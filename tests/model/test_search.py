@@ -255,3 +255,14 @@ def test_ids_are_stored_as_narrow_strings_and_must_be_unique(search_model_dir, t
         build_catalogue(copy, predictor, model, np.zeros((3, 64)), ids, progress=False,
                         overwrite=True)  # fmt: skip
     assert catalogue_dir(copy).exists()  # the old catalogue is untouched
+
+
+def test_a_search_model_without_catalogue_refuses_searches(search_model_dir, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(search_model_dir, copy)
+    shutil.rmtree(catalogue_dir(copy))
+    index = SearchIndex.load(copy, Predictor.load(copy))
+    assert index.catalogue is None
+    assert index.model.class_code("3").n_nonzero == 10  # the codes are still there
+    with pytest.raises(NotFoundError, match="python -m training index"):
+        index.run(SearchQuery(class_label="3"), 1000)
