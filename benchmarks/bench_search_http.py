@@ -77,13 +77,13 @@ def main() -> None:
         )
         predictor = Predictor.load(model_dir)
         estimator = estimator_for(n_atoms=args.atoms, n_epochs=2, random_state=args.seed)
-        fitted = fit_search_model(predictor, data, estimator, sparsity=args.nnz)
-        fitted.model.save(search_dir(model_dir), model_dir)
+        search_model = fit_search_model(predictor, data, estimator, sparsity=args.nnz)
+        search_model.save(search_dir(model_dir), model_dir)
         print(f"model and {args.atoms}-atom search model trained in "
               f"{time.perf_counter() - started:.1f} s")  # fmt: skip
         items = _write_items(Path(work) / "items.npy", args.n, args.dim, args.seed)
         ids = np.arange(args.n)
-        build_catalogue(model_dir, predictor, fitted.model, items, ids, chunk_size=1 << 16)
+        build_catalogue(model_dir, predictor, search_model, items, ids, chunk_size=1 << 16)
         del items
 
         index = SearchIndex.load(model_dir, predictor)
@@ -114,7 +114,7 @@ def main() -> None:
                 latencies(lambda: post(body), args.requests),
             )
             _report(
-                f"HTTP POST /search: class {label!r} ({fitted.model.metadata['n_nonzero']} nnz)",
+                f"HTTP POST /search: class {label!r} ({search_model.metadata['n_nonzero']} nnz)",
                 latencies(lambda: post({"class": label, "top_k": args.top_k}), args.requests),
             )
             _report(

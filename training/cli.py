@@ -501,10 +501,7 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     predictor = Predictor.load(args.model)
-    recorded = predictor.metadata.get("training", {}).get("dataset")
-    if args.data is None and recorded is None:
-        raise DatasetError(f"{args.model} records no training data set: pass --data")
-    dataset = _load_data(args, default_source=recorded)
+    dataset = _model_dataset(args, predictor)
     text_model = predictor.vocabulary is not None
     if (dataset.input_spec.kind == "text") != text_model or (
         not text_model and dataset.input_spec.n_features != predictor.input_spec.n_features
@@ -557,12 +554,11 @@ def _run_dictionary(args: argparse.Namespace) -> int:
         f"learning a {estimator.n_atoms}-atom dictionary ({args.variant}) on "
         f"{len(dataset.y_train):,} training items ...",
     )
-    fitted = fit_search_model(
+    model = fit_search_model(
         predictor, dataset, estimator, feature_space=args.feature_space, sparsity=args.sparsity
     )
-    model = fitted.model
     model.save(out, args.model, overwrite=args.force)
-    t = fitted.summary["training"]
+    t = model.metadata["training"]
     print(
         "\n".join(
             [
@@ -571,7 +567,7 @@ def _run_dictionary(args: argparse.Namespace) -> int:
                 f"feature space    {model.feature_space} ({model.n_features} features)",
                 f"dictionary       {model.n_atoms} atoms",
                 f"codes            {args.sparsity} non-zeros kept per class "
-                f"(mean {fitted.summary['mean_nonzeros']:.1f})",
+                f"(mean {model.metadata['mean_nonzeros']:.1f})",
                 f"test accuracy    {t['test_accuracy']:.2%} "
                 f"(unpruned {t['test_accuracy_unpruned']:.2%})",
                 f"test mAP         {t['test_map']:.4f} (unpruned {t['test_map_unpruned']:.4f})",
@@ -636,9 +632,7 @@ def _run_evaluate_search(args: argparse.Namespace) -> int:
         n_atoms=args.atoms,
         progress=not args.quiet,
     )
-    command = "python -m training evaluate-search " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv)[1:]
-    )
+    command = _command_line(args)
     path = write_search_report(evaluation, args.out, command)
     cells = {(r["method"], r["sparsity"]): r["map"] for r in evaluation["rows"]}
     for method in dict.fromkeys(r["method"] for r in evaluation["rows"]):
@@ -666,6 +660,12 @@ def _read_items(items_path: Path, ids_path: Path | None):
     if ids.shape != (len(items),):
         raise DatasetError(f"{ids_path}: {ids.shape[0]} ids for {len(items)} items")
     return items, ids
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The command that is running, as a report records it."""
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    return "python -m training " + " ".join(shlex.quote(a) for a in argv)
 
 
 def _split(text: str, separator: str) -> list[str]:
@@ -700,9 +700,7 @@ def _run_report(args: argparse.Namespace) -> int:
         f"{dataset.name} ...",
     )
     report = run_report(dataset, grid, verbose=not args.quiet)
-    command = "python -m training report " + " ".join(
-        shlex.quote(a) for a in (sys.argv[1:] if args.argv is None else args.argv)[1:]
-    )
+    command = _command_line(args)
     markdown = write_report(report, args.out, command)
     best = report.best()
     print(f"report           {markdown}")

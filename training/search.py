@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,11 @@ from tqdm.auto import tqdm
 
 from service.model import InvalidInputError, Predictor
 from service.model.search import (
-    CATALOGUE_DIR,
     DEFAULT_NEGATIVES,
-    SEARCH_DIR,
     UnionOfSubspacesModel,
+    catalogue_dir,
     feature_space_for,
+    search_dir,
     search_features,
     write_catalogue,
 )
@@ -45,14 +44,6 @@ VARIANTS: dict[str, tuple[float, bool]] = {
 DEFAULT_VARIANT = "us-svm"
 DEFAULT_SPARSITY = 10
 DEFAULT_CHUNK_SIZE = 4096
-
-
-@dataclass
-class SearchFit:
-    """A learned search model with its summary (also recorded in its manifest)."""
-
-    model: UnionOfSubspacesModel
-    summary: dict[str, Any] = field(default_factory=dict)
 
 
 def estimator_for(variant: str = DEFAULT_VARIANT, **params) -> UnionOfSubspacesSVM:
@@ -78,9 +69,9 @@ def fit_search_model(
     estimator: UnionOfSubspacesSVM,
     feature_space: str = "auto",
     sparsity: int = DEFAULT_SPARSITY,
-) -> SearchFit:
+) -> UnionOfSubspacesModel:
     """Learn a dictionary and class codes on the model's features of the training split, prune
-    the codes, and measure them on the test split.
+    the codes, and measure them on the test split (the summary is the model's ``metadata``).
 
     Parameters
     ----------
@@ -105,20 +96,13 @@ def fit_search_model(
     fit_seconds = time.perf_counter() - started
     classes = tuple(str(c) for c in estimator.classes_)
     codes = prune_codes(estimator.codes_, sparsity)
-    model = UnionOfSubspacesModel(
-        feature_space=space,
-        dictionary=estimator.dictionary_,
-        codes=codes,
-        intercept=estimator.intercept_,
-        classes=classes,
-    )
     F_test = search_features(predictor, space, dataset.X_test)
     unpruned = estimator.class_scores(F_test)
-    pruned = model.decision_function(F_test)
+    pruned = estimator.class_scores(F_test, n_nonzero=sparsity)
     labels = np.asarray(classes)
     summary = {
-        "n_atoms": model.n_atoms,
-        "n_features": model.n_features,
+        "n_atoms": int(codes.shape[0]),
+        "n_features": int(F_train.shape[1]),
         "n_nonzero": int(sparsity),
         "mean_nonzeros": float((codes != 0).sum(axis=0).mean()),
         "estimator": {k: _plain(v) for k, v in estimator.get_params().items()},
@@ -134,20 +118,19 @@ def fit_search_model(
             "test_map_unpruned": mean_average_precision(unpruned, dataset.y_test, labels),
         },
     }
-    model = UnionOfSubspacesModel(**{**model.__dict__, "metadata": summary})
-    return SearchFit(model, summary)
+    model = UnionOfSubspacesModel(
+        feature_space=space,
+        dictionary=estimator.dictionary_,
+        codes=codes,
+        intercept=estimator.intercept_,
+        classes=classes,
+        metadata=summary,
+    )
+    return model
 
 
 def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
-
-
-def search_dir(model_dir: str | Path) -> Path:
-    return Path(model_dir) / SEARCH_DIR
-
-
-def catalogue_dir(model_dir: str | Path) -> Path:
-    return Path(model_dir) / SEARCH_DIR / CATALOGUE_DIR
 
 
 def build_catalogue(

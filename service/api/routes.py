@@ -28,7 +28,7 @@ from service.api.schemas import (
 )
 from service.api.settings import Settings
 from service.api.state import ModelHolder
-from service.model import BatchTooLargeError, InvalidInputError, NotFoundError, Predictor
+from service.model import InvalidInputError, NotFoundError, Predictor
 from service.model.search import SearchIndex, SearchQuery
 
 router = APIRouter()
@@ -196,11 +196,6 @@ def search(
 ) -> SearchResponse:
     """Rank the catalogue for a class, a sparse code, or examples, reading only the rows of
     X' = D^T X where the code is non-zero. Answers the top-k ids, best first, and the code."""
-    examples = len(body.positives or ()) + len(body.negatives or ())
-    if examples > settings.max_batch_size:
-        raise BatchTooLargeError(
-            f"{examples} positives and negatives; the limit is {settings.max_batch_size}"
-        )
     query = SearchQuery(
         class_label=None if body.class_ is None else str(body.class_),
         code=None if body.code is None else (body.code.indices, body.code.values),
@@ -213,7 +208,9 @@ def search(
         exclude_positives=body.exclude_positives,
         strongest_atoms=body.strongest_atoms,
     )
-    result = index.run(query, max_top_k=settings.max_search_top_k)
+    result = index.run(
+        query, max_top_k=settings.max_search_top_k, max_examples=settings.max_batch_size
+    )
     code = result.code
     learned = result.kind == "positives"
     return SearchResponse(

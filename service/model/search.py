@@ -39,6 +39,7 @@ from service.model.artifact import (
 from service.model.errors import (
     ArtifactError,
     ArtifactIntegrityError,
+    BatchTooLargeError,
     InvalidInputError,
     NotFoundError,
 )
@@ -56,6 +57,16 @@ ITEMS_PER_ATOM = 5
 # class weights: the weighted one is larger), C grows by this factor for at most this many steps.
 LEARN_C_FACTOR = 2.0
 LEARN_C_STEPS = 24
+
+
+def search_dir(model_dir: str | os.PathLike) -> Path:
+    """Where a model's search model lives."""
+    return Path(model_dir) / SEARCH_DIR
+
+
+def catalogue_dir(model_dir: str | os.PathLike) -> Path:
+    """Where a model's catalogue lives."""
+    return search_dir(model_dir) / CATALOGUE_DIR
 
 
 def feature_space_for(predictor: Predictor, requested: str = "auto") -> str:
@@ -204,11 +215,11 @@ class UnionOfSubspacesModel:
     def save(self, path: str | os.PathLike, model_path: str | os.PathLike, overwrite=False):
         """Write under a model's directory; a catalogue built with an older dictionary goes."""
         manifest = {
+            **self.metadata,
             "model_type": MODEL_TYPE,
             "feature_space": self.feature_space,
             "classes": list(self.classes),
             "model_manifest_sha256": manifest_digest(model_path),
-            **self.metadata,
         }
         arrays = {"dictionary": self.dictionary, "codes": self.codes, "intercept": self.intercept}
         return write_artifact(path, manifest, arrays, overwrite=overwrite)
@@ -224,7 +235,10 @@ class UnionOfSubspacesModel:
         missing = sorted({"dictionary", "codes", "intercept"} - artifact.arrays.keys())
         if missing:
             raise ArtifactIntegrityError(f"{path}: arrays missing from manifest: {missing}")
-        reserved = {"model_type", "feature_space", "classes", "schema_version", "format"}
+        reserved = {
+            "model_type", "feature_space", "classes", "model_manifest_sha256", "schema_version",
+            "format", "arrays", "created", "versions",
+        }  # fmt: skip
         try:
             return cls(
                 feature_space=str(m["feature_space"]),
@@ -553,16 +567,18 @@ class SearchIndex:
     @classmethod
     def load(cls, model_dir: str | os.PathLike, predictor: Predictor) -> SearchIndex | None:
         """The search index under ``model_dir``, or None if the model has none."""
-        search_dir = Path(model_dir) / SEARCH_DIR
-        if not search_dir.exists():
+        model_path, catalogue_path = search_dir(model_dir), catalogue_dir(model_dir)
+        if not model_path.exists():
             return None
-        model = UnionOfSubspacesModel.load(search_dir, model_dir)
-        catalogue_dir = search_dir / CATALOGUE_DIR
-        catalogue = read_catalogue(catalogue_dir, search_dir) if catalogue_dir.exists() else None
-        if catalogue is not None and catalogue.n_atoms != model.n_atoms:
-            raise ArtifactIntegrityError(
-                f"{catalogue_dir}: {catalogue.n_atoms} atoms, the dictionary has {model.n_atoms}"
-            )
+        model = UnionOfSubspacesModel.load(model_path, model_dir)
+        catalogue = None
+        if catalogue_path.exists():
+            catalogue = read_catalogue(catalogue_path, model_path)
+            if catalogue.n_atoms != model.n_atoms:
+                raise ArtifactIntegrityError(
+                    f"{catalogue_path}: {catalogue.n_atoms} atoms, the dictionary has "
+                    f"{model.n_atoms}"
+                )
         return cls(predictor, model, catalogue)
 
     def require_catalogue(self) -> Catalogue:
@@ -573,11 +589,23 @@ class SearchIndex:
             )
         return self.catalogue
 
-    def run(self, query: SearchQuery, max_top_k: int) -> SearchResult:
+    def run(
+        self, query: SearchQuery, max_top_k: int, max_examples: int | None = None
+    ) -> SearchResult:
         """Answer one query.
+
+        Parameters
+        ----------
+        query : SearchQuery
+        max_top_k : int
+            Most items a query may ask for.
+        max_examples : int, optional
+            Most positives and negatives together; more raise :class:`BatchTooLargeError`.
 
         Raises
         ------
+        BatchTooLargeError
+            More examples than ``max_examples``.
         InvalidInputError
             Unknown class or id, code indices out of range, top_k or sparsity out of bounds,
             empty positives, or not exactly one kind of query.
@@ -594,6 +622,11 @@ class SearchIndex:
             raise InvalidInputError(f"sparsity must be at least 1, got {query.sparsity}")
         if query.strongest_atoms < 0:
             raise InvalidInputError("strongest_atoms must be >= 0")
+        examples = len(query.positives or ()) + len(query.negatives or ())
+        if max_examples is not None and examples > max_examples:
+            raise BatchTooLargeError(
+                f"{examples} positives and negatives; the limit is {max_examples}"
+            )
         excluded = [catalogue.positions(list(query.exclude), "id")]
         n_positives = n_negatives = 0
         if query.class_label is not None:

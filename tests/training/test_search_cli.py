@@ -117,14 +117,14 @@ def test_search_on_a_text_model_reads_besvm_features(text_fit, text_dataset, tmp
     path = tmp_path / "topics"
     text_fit.predictor.save(path)
     predictor = Predictor.load(path)
-    fitted = fit_search_model(
+    model = fit_search_model(
         predictor, text_dataset, estimator_for(n_atoms=8, n_epochs=5, random_state=0), sparsity=3
     )
-    assert fitted.model.feature_space == "besvm"
-    assert fitted.model.n_features == predictor.coef.shape[1]
-    fitted.model.save(search_dir(path), path)
+    assert model.feature_space == "besvm"
+    assert model.n_features == predictor.coef.shape[1]
+    model.save(search_dir(path), path)
     items, ids, labels = dataset_items(text_dataset, "test")
-    build_catalogue(path, predictor, fitted.model, items, ids, labels, chunk_size=5,
+    build_catalogue(path, predictor, model, items, ids, labels, chunk_size=5,
                     progress=False)  # fmt: skip
     index = SearchIndex.load(path, predictor)
     label = predictor.classes[0]
