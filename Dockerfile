@@ -1,5 +1,8 @@
-# Service image: serves the artifact in $MODEL_DIR on port 8000.
+# Service image: serves the model repository $MODEL_REPOSITORY (one model: set MODEL_DIR and
+# MODEL_REPOSITORY=) on port 8000.
 # Build: docker build -t besvm .   (offline machines: --build-arg BASE_IMAGE=<local image>)
+# Dependencies come only from requirements/service.lock (exact, hash-checked pins: `make lock`);
+# the project itself is then installed without resolving or fetching anything.
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
@@ -8,20 +11,27 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     NUMBA_CACHE_DIR=/var/cache/besvm/numba \
-    MODEL_DIR=/models/current \
+    MODEL_REPOSITORY=/models \
     HOST=0.0.0.0 \
     PORT=8000
 
 WORKDIR /app
 
+# The locked dependencies first, in a layer of their own that source changes do not rebuild.
 # A CA bundle for pip behind a TLS-inspecting proxy can be put in the build context as
 # .build-ca.crt (it is optional: the glob matches nothing when it is absent).
-COPY pyproject.toml README.md .build-ca.cr[t] ./
+COPY requirements/build.lock requirements/service.lock .build-ca.cr[t] ./requirements/
+RUN if [ -f requirements/.build-ca.crt ]; then export PIP_CERT=/app/requirements/.build-ca.crt; fi \
+    && python -m pip install --no-cache-dir --require-hashes -r requirements/build.lock \
+    && python -m pip install --no-cache-dir --require-hashes -r requirements/service.lock \
+    && rm -f requirements/.build-ca.crt
+
+COPY pyproject.toml README.md ./
 COPY service ./service
 COPY training ./training
-RUN if [ -f .build-ca.crt ]; then export PIP_CERT=/app/.build-ca.crt; fi \
-    && python -m pip install --no-cache-dir . \
-    && rm -f .build-ca.crt \
+RUN python -m pip install --no-cache-dir --no-index --no-deps --no-build-isolation . \
+    && python -m pip check \
+    && rm -rf build ./*.egg-info \
     && groupadd --system --gid 10001 besvm \
     && useradd --system --uid 10001 --gid besvm --home-dir /app --shell /usr/sbin/nologin besvm \
     && mkdir -p /models /var/cache/besvm/numba \
