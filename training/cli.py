@@ -28,15 +28,13 @@ from training.dictionary import UnionOfSubspacesSVM
 from training.evaluate import evaluate
 from training.fit import FitConfig, fit_besvm
 from training.report import (
-    DEFAULT_BASIS_SIZES,
     DEFAULT_CONFIGURATIONS,
-    DEFAULT_NORMALIZATIONS,
-    DEFAULT_STRATEGIES,
     TEXT_CONFIGURATIONS,
     build_grid,
     run_report,
     write_report,
 )
+from training.report_data import DEFAULT_BASIS_SIZES, DEFAULT_NORMALIZATIONS, DEFAULT_STRATEGIES
 from training.retrieval import DEFAULT_SPARSITIES
 from training.search import (
     DEFAULT_CHUNK_SIZE,

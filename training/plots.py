@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.report import Report, configuration_label, diagnostics_by_measure
+from training.report_data import Report, configuration_label, diagnostics_by_measure
 
 try:
     import matplotlib

@@ -29,7 +29,7 @@ Accumulators are float64.
 import numba
 import numpy as np
 
-from service.model.kernels import _FASTMATH
+from service.model.threads import FASTMATH
 
 # Shifts scored together per tile of 4 basis items in :func:`_max_dots`.
 _SHIFT_TILE = 3
@@ -37,7 +37,7 @@ _SHIFT_TILE = 3
 _BASIS_BLOCK = 128
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _reach(h, h_l, size):
     """Largest rigid shift worth computing along an axis of ``size`` cells.
 
@@ -47,13 +47,13 @@ def _reach(h, h_l, size):
     return min(h, size - 1 + h_l)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _tiles_of(n, size):
     """Number of tiles of ``size`` that hold ``n`` things."""
     return (n + size - 1) // size
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rigid_pair(b, x, height, width, channels, h):
     r"""Rigid (translation invariant) similarity of one basis item and one input grid.
 
@@ -91,7 +91,7 @@ def rigid_pair(b, x, height, width, channels, h):
     return best
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _max_dots(basis, copies, spans, floor):
     r"""The largest dot product of each basis item with a row of ``copies``.
 
@@ -159,7 +159,7 @@ def _max_dots(basis, copies, spans, floor):
     return out
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _rigid_copies(x, height, width, channels, hy, hx):
     r"""Zero-padded shifted copies of one input, and the span of each tile that may be non-zero.
 
@@ -201,7 +201,7 @@ def _rigid_copies(x, height, width, channels, hy, hx):
     return copies, spans
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _rigid_scores(basis, x, height, width, channels, h):
     """``rigid_pair(basis[j], x, ...)`` for every basis item, as a new array.
 
@@ -214,7 +214,7 @@ def _rigid_scores(basis, x, height, width, channels, h):
     return _max_dots(basis, copies, spans, floor)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _write(scores, out_row):
     """Copy ``scores`` into ``out_row``, a row of the output, possibly strided.
 
@@ -225,13 +225,13 @@ def _write(scores, out_row):
         out_row[j] = scores[j]
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rigid_row(basis, x, height, width, channels, h, out_row):
     """Fill ``out_row[j] = rigid_pair(basis[j], x, height, width, channels, h)`` for one input."""
     _write(_rigid_scores(basis, x, height, width, channels, h), out_row)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def rigid_similarities(basis, X, height, width, channels, h, out):
     """Fill ``out[i, j] = rigid_pair(basis[j], X[i], height, width, channels, h)``, in parallel.
 
@@ -248,14 +248,14 @@ def rigid_similarities(basis, X, height, width, channels, h, out):
         rigid_row(basis, X[i], height, width, channels, h, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rigid_similarities_serial(basis, X, height, width, channels, h, out):
     """:func:`rigid_similarities` on the calling thread, for small batches."""
     for i in range(X.shape[0]):
         rigid_row(basis, X[i], height, width, channels, h, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _basis_blocks(basis, block):
     """Basis items side by side in blocks of ``block``, for vectorising over items.
 
@@ -274,7 +274,7 @@ def _basis_blocks(basis, block):
     return blocks
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _deformable_blocks(blocks, x, height, width, channels, h_r, h_l, n_basis):
     r"""Deformable similarity of one input and blocks of basis items, vectorised over the items.
 
@@ -375,7 +375,7 @@ def _deformable_blocks(blocks, x, height, width, channels, h_r, h_l, n_basis):
     return out
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def deformable_pair(b, x, height, width, channels, h_r, h_l):
     r"""Deformable similarity of one basis item and one input grid.
 
@@ -406,7 +406,7 @@ def deformable_pair(b, x, height, width, channels, h_r, h_l):
     return _deformable_blocks(blocks, x, height, width, channels, h_r, h_l, 1)[0]
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _extreme_copies(x, height, width, h_l, ry, rx):
     r"""Rigid copies of the box maxima and minima of a one-channel input, for :func:`_max_dots`.
 
@@ -460,7 +460,7 @@ def _extreme_copies(x, height, width, h_l, ry, rx):
     return copies, spans
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def deformable_basis(basis, channels, h_l):
     r"""The basis as :func:`deformable_row` takes it, prepared once per call of a driver.
 
@@ -481,7 +481,7 @@ def deformable_basis(basis, channels, h_l):
     return _basis_blocks(basis, max(min(n_basis, _BASIS_BLOCK), 1))
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def deformable_row(prepared, x, height, width, channels, h_r, h_l, out_row):
     """Fill ``out_row[j] = deformable_pair(basis[j], x, ...)`` for one input.
 
@@ -504,7 +504,7 @@ def deformable_row(prepared, x, height, width, channels, h_r, h_l, out_row):
     _write(scores, out_row)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def deformable_similarities(basis, X, height, width, channels, h_r, h_l, out):
     """Fill ``out[i, j] = deformable_pair(basis[j], X[i], ...)``, rows in parallel.
 
@@ -522,7 +522,7 @@ def deformable_similarities(basis, X, height, width, channels, h_r, h_l, out):
         deformable_row(prepared, X[i], height, width, channels, h_r, h_l, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def deformable_similarities_serial(basis, X, height, width, channels, h_r, h_l, out):
     """:func:`deformable_similarities` on the calling thread, for small batches."""
     prepared = deformable_basis(basis, channels, h_l)

@@ -15,12 +15,10 @@ entered from two threads at once).
 import numba
 import numpy as np
 
-# Let LLVM reorder the float64 sums so it can vectorise them (3-4x on the rbf driver here);
-# no flag that assumes finite values: inputs are validated, but a kernel must not rely on it.
-_FASTMATH = {"reassoc", "contract"}
+from service.model.threads import FASTMATH
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def linear_pair(b, x):
     r"""Inner product of one basis item and one input.
 
@@ -40,7 +38,7 @@ def linear_pair(b, x):
     return acc
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def squared_euclidean_pair(b, x):
     r"""Squared Euclidean distance of one basis item and one input.
 
@@ -61,7 +59,7 @@ def squared_euclidean_pair(b, x):
     return acc
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_pair(b, x, gamma):
     r"""Gaussian RBF similarity of one basis item and one input.
 
@@ -79,21 +77,21 @@ def rbf_pair(b, x, gamma):
     return np.exp(-gamma * squared_euclidean_pair(b, x))
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def linear_row(basis, x, out_row):
     """Fill ``out_row[j] = linear_pair(basis[j], x)`` for one input."""
     for j in range(basis.shape[0]):
         out_row[j] = linear_pair(basis[j], x)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_row(basis, x, gamma, out_row):
     """Fill ``out_row[j] = rbf_pair(basis[j], x, gamma)`` for one input."""
     for j in range(basis.shape[0]):
         out_row[j] = rbf_pair(basis[j], x, gamma)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def linear_similarities(basis, X, out):
     """Fill ``out[i, j] = linear_pair(basis[j], X[i])``, rows in parallel.
 
@@ -108,14 +106,14 @@ def linear_similarities(basis, X, out):
         linear_row(basis, X[i], out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def linear_similarities_serial(basis, X, out):
     """:func:`linear_similarities` on the calling thread, for small batches."""
     for i in range(X.shape[0]):
         linear_row(basis, X[i], out[i])
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_similarities(basis, X, gamma, out):
     """Fill ``out[i, j] = rbf_pair(basis[j], X[i], gamma)``, rows in parallel.
 
@@ -131,7 +129,7 @@ def rbf_similarities(basis, X, gamma, out):
         rbf_row(basis, X[i], gamma, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_similarities_serial(basis, X, gamma, out):
     """:func:`rbf_similarities` on the calling thread, for small batches."""
     for i in range(X.shape[0]):

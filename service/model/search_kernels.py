@@ -38,9 +38,11 @@ items against the heap's threshold with a vectorised count (:func:`feed_ascendin
 the selection alone (0.65 to 0.47 ms for 500,000 scores). Chunks of 1,024 to 16,384 items
 timed the same. Warm repeats of one code (its rows may stay in L3) timed the same as fresh codes.
 
-Serial or parallel is chosen by the work ``max(nnz, 1) * N`` against :data:`PARALLEL_MIN_WORK`,
-in :func:`search_top_k` only. Parallel calls are serialised with the similarity drivers' lock
-(numba's ``workqueue`` threading layer aborts when two threads enter parallel regions at once).
+Serial or parallel is chosen by the catalogue entries read, ``max(nnz, 1) * N``, against
+:data:`service.model.threads.SEARCH_PARALLEL_MIN_ENTRIES`, in :func:`search_top_k` only. Parallel
+calls are serialised with the similarity drivers' lock,
+:data:`service.model.threads.PARALLEL_REGION` (numba's ``workqueue`` threading layer aborts when
+two threads enter parallel regions at once).
 This module sets no threading layer, and it matters. Measured here with another process
 spinning on one of the 2 cores, at N = 1,000,000 and nnz = 5 / 10 / 20: with ``omp`` (what numba
 picked here) the parallel driver took 21 / 23 / 29 ms against 1.9 / 2.7 / 4.6 ms idle, while the
@@ -52,24 +54,17 @@ the weights gives an unspecified ranking.
 import numba
 import numpy as np
 
-from service.model.kernels import _FASTMATH
-from service.model.similarity import _PARALLEL_REGION
+from service.model import threads
+from service.model.threads import FASTMATH
 
 # Items per chunk: the float64 chunk buffer (32 KiB) stays in L1 while nnz row slices stream in.
 CHUNK_ITEMS = 4096
-
-# At or above this much work (max(nnz, 1) * N multiply-adds) a search runs in parallel, else on the
-# calling thread. Measured on 2 idle cores (omp layer), parallel over serial: 0.7-1.0x below 50k,
-# about 1.05x at 250k, 1.3-1.5x at 500k, 1.6-2x from 1M up. The threshold sits above break-even
-# because a parallel region is far slower when another process holds a core (see the module
-# docstring), where the serial driver only shares its own core.
-PARALLEL_MIN_WORK = 500_000
 
 # Items whose scores are tested against the heap's threshold at once, in one vectorised count.
 FEED_BLOCK = 64
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def accumulate_chunk(projected, atoms, weights, lo, hi, buf):
     r"""Unbiased scores of the items ``lo <= j < hi`` into ``buf[: hi - lo]``.
 
@@ -485,12 +480,12 @@ def search_top_k(
     if m == 0:
         return positions, scores
     bias = float(bias)
-    if max(atoms.shape[0], 1) * n < PARALLEL_MIN_WORK:
+    if max(atoms.shape[0], 1) * n < threads.SEARCH_PARALLEL_MIN_ENTRIES:
         search_top_k_serial(
             projected, atoms, weights, bias, excluded, CHUNK_ITEMS, positions, scores
         )
     else:
-        with _PARALLEL_REGION:
+        with threads.PARALLEL_REGION:
             search_top_k_parallel(
                 projected,
                 atoms,

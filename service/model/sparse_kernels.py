@@ -23,10 +23,10 @@ import math
 import numba
 import numpy as np
 
-from service.model.kernels import _FASTMATH
+from service.model.threads import FASTMATH
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def lgamma_overlap(b, x, lgamma_b1, lgamma_x1):
     r"""The contribution of one word both documents hold.
 
@@ -48,7 +48,7 @@ def lgamma_overlap(b, x, lgamma_b1, lgamma_x1):
     return math.lgamma(b + x + 1.0) - lgamma_b1 - lgamma_x1
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def add_lgamma_overlaps_row(
     post_indptr, post_items, post_values, post_lgamma1, x_indices, x_values, x_scale, out_row
 ):
@@ -75,7 +75,7 @@ def add_lgamma_overlaps_row(
             out_row[post_items[p]] += lgamma_overlap(post_values[p], x, post_lgamma1[p], lgamma_x1)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def sensing0_row(
     post_indptr,
     post_items,
@@ -120,7 +120,7 @@ def sensing0_row(
     )
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def sensing1_row(
     post_indptr, post_items, post_values, post_lgamma1, x_indices, x_values, n, out_row
 ):
@@ -158,7 +158,7 @@ def sensing1_row(
     )
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def dot_row(post_indptr, post_items, post_values, x_indices, x_values, out_row):
     r"""Inner products of one sparse input with every basis item.
 
@@ -179,7 +179,7 @@ def dot_row(post_indptr, post_items, post_values, x_indices, x_values, out_row):
             out_row[post_items[p]] += post_values[p] * x
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_row(
     post_indptr, post_items, post_values, basis_sq_norms, x_indices, x_values, gamma, out_row
 ):
@@ -209,7 +209,7 @@ def rbf_row(
 # -- drivers: out[i, :] for every row i of a CSR batch ------------------------------------------
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def sensing0_similarities(
     post_indptr, post_items, post_values, post_lgamma1, basis_totals, basis_lgamma_totals1,
     X_indptr, X_indices, X_values, vocabulary_size, out,
@@ -235,7 +235,7 @@ def sensing0_similarities(
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def sensing0_similarities_serial(
     post_indptr, post_items, post_values, post_lgamma1, basis_totals, basis_lgamma_totals1,
     X_indptr, X_indices, X_values, vocabulary_size, out,
@@ -250,7 +250,7 @@ def sensing0_similarities_serial(
         )  # fmt: skip
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def sensing1_similarities(
     post_indptr, post_items, post_values, post_lgamma1, X_indptr, X_indices, X_values, n, out
 ):
@@ -263,7 +263,7 @@ def sensing1_similarities(
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def sensing1_similarities_serial(
     post_indptr, post_items, post_values, post_lgamma1, X_indptr, X_indices, X_values, n, out
 ):
@@ -276,7 +276,7 @@ def sensing1_similarities_serial(
         )  # fmt: skip
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def dot_similarities(post_indptr, post_items, post_values, X_indptr, X_indices, X_values, out):
     """Fill ``out[i]`` with :func:`dot_row` of CSR row i, rows in parallel."""
     for i in numba.prange(X_indptr.shape[0] - 1):
@@ -287,7 +287,7 @@ def dot_similarities(post_indptr, post_items, post_values, X_indptr, X_indices, 
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def dot_similarities_serial(
     post_indptr, post_items, post_values, X_indptr, X_indices, X_values, out
 ):
@@ -300,7 +300,7 @@ def dot_similarities_serial(
         )  # fmt: skip
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_similarities(
     post_indptr, post_items, post_values, basis_sq_norms, X_indptr, X_indices, X_values, gamma,
     out,
@@ -314,7 +314,7 @@ def rbf_similarities(
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH)
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_similarities_serial(
     post_indptr, post_items, post_values, basis_sq_norms, X_indptr, X_indices, X_values, gamma,
     out,

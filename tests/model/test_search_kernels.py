@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from service.model import search_kernels
+from service.model import search_kernels, threads
 from service.model.search_kernels import (
     search_top_k,
     search_top_k_parallel,
@@ -37,7 +37,7 @@ def assert_matches(result, expected, tolerance=1e-12):
 def mode(request, monkeypatch):
     """Force search_top_k onto one driver, with small chunks."""
     threshold = 0 if request.param == "parallel" else 10**18
-    monkeypatch.setattr(search_kernels, "PARALLEL_MIN_WORK", threshold)
+    monkeypatch.setattr(threads, "SEARCH_PARALLEL_MIN_ENTRIES", threshold)
     monkeypatch.setattr(search_kernels, "CHUNK_ITEMS", SMALL_CHUNK)
     return request.param
 
@@ -169,7 +169,7 @@ def test_drivers_directly(n_groups):
 
 def test_default_dispatch_on_a_large_catalogue():
     # at the real constants: a catalogue over the threshold takes the parallel driver
-    n_items = search_kernels.PARALLEL_MIN_WORK // 4 + 3 * search_kernels.CHUNK_ITEMS + 5
+    n_items = threads.SEARCH_PARALLEL_MIN_ENTRIES // 4 + 3 * search_kernels.CHUNK_ITEMS + 5
     rng = np.random.default_rng(8)
     projected = rng.standard_normal((8, n_items), dtype=np.float32)
     atoms = np.array([7, 0, 3, 5], dtype=np.int64)

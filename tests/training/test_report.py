@@ -1,12 +1,15 @@
 """The evaluation report on a small grid: files, numbers that agree with each other, errors."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from training.cli import main
-from training.report import ReportGrid, build_grid, run_report
+from training.report import build_grid, run_report
+from training.report_data import ReportGrid
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +158,9 @@ def test_run_report_is_usable_as_a_library(digits):
     report = run_report(digits, grid, verbose=False)
     assert len(report.records) == 1
     assert report.best().n_basis == 10
+
+
+def test_plots_do_not_import_the_report_module():
+    # plots reads the report's data types from training.report_data: no import cycle with report.
+    code = "import sys, training.plots; assert 'training.report' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

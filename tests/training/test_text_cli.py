@@ -11,7 +11,8 @@ from service.model import Predictor
 from training.cli import main
 from training.datasets import FORTUNES_DIR, load_dataset
 from training.fit import FitConfig, fit_besvm
-from training.report import ReportGrid, parse_configuration, run_report
+from training.report import parse_configuration, run_report
+from training.report_data import ReportGrid
 
 
 @pytest.fixture

@@ -1,0 +1,171 @@
+"""Thread settings of the numba kernels and BLAS, in one place.
+
+Everything that decides how many threads a computation uses lives here: the lock that serialises
+numba's parallel regions, the fastmath flags the kernels are compiled with, the work thresholds
+below which a call stays on the calling thread, and the two helpers that change thread counts
+(:func:`limit_threads`, which always restores what it changed, and
+:func:`configure_worker_threads`, which only computes a count). Nothing else in the code base
+changes a thread count globally.
+
+numba's thread count (:func:`numba.set_num_threads`) is *per Python thread*: a thread that never
+set it uses :data:`numba.config.NUMBA_NUM_THREADS`. So set it in the thread that calls the
+kernels (a request handler's, say), not once at start-up. BLAS limits (threadpoolctl) are per
+process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import numba
+from threadpoolctl import threadpool_limits
+
+# numba's workqueue threading layer aborts the process when two threads enter parallel regions at
+# once; serving runs handlers on a thread pool, so every parallel driver call (similarity and
+# search) goes through this lock. The drivers already use every core, so serialising them costs
+# no throughput.
+PARALLEL_REGION = threading.Lock()
+
+# Let LLVM reorder the float64 sums so it can vectorise them (3-4x on the rbf driver here);
+# no flag that assumes finite values: inputs are validated, but a kernel must not rely on it.
+# numba takes a set (not a frozenset) and keeps the object: never mutate it.
+FASTMATH = {"reassoc", "contract"}
+
+# The similarity drivers (SimilaritySpec.compute): below this many multiply-adds
+# (n_samples * n_basis * n_features * the measure's cost factor) a call runs on the calling
+# thread: a parallel region costs tens of microseconds to start, and far more when another
+# process holds a core. rbf on 250 bases of 64 features: batches of up to 12 items run serially;
+# rigid(1) (cost 9): one item. Counted in arithmetic because these kernels are compute-bound.
+SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
+
+# The multiply-adds one document pair counts for in that choice: the row kernels' fixed cost per
+# basis item plus a few shared words, each costing a log-Gamma (about ten multiply-adds).
+DOCUMENT_PAIR_MULTIPLY_ADDS = 32
+
+# The /search kernel (search_top_k): at or above this many catalogue entries read
+# (max(nnz, 1) * N, float32 each) a search runs in parallel, else on the calling thread. Counted
+# in entries read, not arithmetic, because the search is bound by memory bandwidth (one
+# multiply-add per entry read), which is also why it differs from the similarity threshold.
+# Measured on 2 idle cores (omp layer), parallel over serial: 0.7-1.0x below 50k, about 1.05x at
+# 250k, 1.3-1.5x at 500k, 1.6-2x from 1M up. The threshold sits above break-even because a
+# parallel region is far slower when another process holds a core (see
+# service.model.search_kernels), where the serial driver only shares its own core.
+SEARCH_PARALLEL_MIN_ENTRIES = 500_000
+
+
+def _check_count(value: int | None, what: str) -> None:
+    if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+        raise ValueError(f"{what} must be a positive integer or None, got {value!r}")
+
+
+@contextmanager
+def limit_threads(
+    numba_threads: int | None = None, blas_threads: int | None = None
+) -> Iterator[None]:
+    """Use at most this many numba and BLAS threads inside the ``with`` block, then restore both.
+
+    Parameters
+    ----------
+    numba_threads : int or None
+        numba's thread count for the calling thread (:func:`numba.set_num_threads`), capped at
+        :data:`numba.config.NUMBA_NUM_THREADS` (the threads numba launched; it refuses more).
+        None leaves it as it is. The count before the block is restored on exit, exception or
+        not.
+    blas_threads : int or None
+        Threads of every BLAS library loaded in the process (threadpoolctl), restored on exit.
+        None leaves them as they are.
+
+    Raises
+    ------
+    ValueError
+        If a count is given and is not a positive integer (nothing is changed then).
+
+    Examples
+    --------
+    >>> with limit_threads(numba_threads=1, blas_threads=1):
+    ...     pass  # kernels here run on one thread
+    """
+    _check_count(numba_threads, "numba_threads")
+    _check_count(blas_threads, "blas_threads")
+    with ExitStack() as stack:
+        if blas_threads is not None:
+            stack.enter_context(threadpool_limits(limits=int(blas_threads), user_api="blas"))
+        if numba_threads is not None:
+            previous = numba.get_num_threads()
+            numba.set_num_threads(min(int(numba_threads), numba.config.NUMBA_NUM_THREADS))
+            stack.callback(numba.set_num_threads, previous)
+        yield
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask where the platform has one (a container's
+    cpuset, ``taskset``), else :func:`os.cpu_count`."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def configure_worker_threads(n_workers: int, cpu_count: int | None = None) -> int:
+    """numba threads for each of ``n_workers`` worker processes sharing the machine's CPUs.
+
+    Each worker gets an equal share, at least one: ``max(1, cpus // n_workers)``, so the workers'
+    parallel regions together do not oversubscribe the cores. Nothing is set here: a worker passes
+    the result to :func:`limit_threads` (which also caps it at
+    :data:`numba.config.NUMBA_NUM_THREADS`) around the calls that run kernels.
+
+    Parameters
+    ----------
+    n_workers : int
+        Worker processes, at least 1.
+    cpu_count : int or None
+        CPUs to share; None: :func:`available_cpus` (the affinity mask where there is one).
+
+    Returns
+    -------
+    int
+        Threads per worker, at least 1.
+
+    Raises
+    ------
+    ValueError
+        If ``n_workers`` or ``cpu_count`` is not a positive integer.
+    """
+    if n_workers is None:
+        raise ValueError("n_workers must be a positive integer, got None")
+    _check_count(n_workers, "n_workers")
+    _check_count(cpu_count, "cpu_count")
+    cpus = available_cpus() if cpu_count is None else int(cpu_count)
+    return max(1, cpus // int(n_workers))
+
+
+def worker_environment(n_workers: int, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment variables that size the thread pools of one of ``n_workers`` processes.
+
+    numba's thread count set at run time is per calling thread, and a server calls kernels from
+    many threads, so worker processes are sized where every thread sees it: their environment,
+    read when numba and BLAS start. Each gets :func:`configure_worker_threads`'s share for numba
+    and one BLAS thread; variables already set in ``environ`` (default: :data:`os.environ`) are
+    kept, so an operator's explicit choice wins.
+
+    Parameters
+    ----------
+    n_workers : int
+    environ : dict, optional
+
+    Returns
+    -------
+    dict of str to str
+        The variables to add to the workers' environment.
+    """
+    environ = os.environ if environ is None else environ
+    share = str(configure_worker_threads(n_workers))
+    wanted = {
+        "NUMBA_NUM_THREADS": share,
+        "OMP_NUM_THREADS": share,
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    return {name: value for name, value in wanted.items() if name not in environ}
