@@ -321,8 +321,7 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
 def predictor_parameters(predictor: Predictor) -> int:
     """Numbers a BE-SVM keeps to predict: its basis (non-zeros for documents), weights and
     normalisation."""
-    basis = predictor.basis.data if predictor.is_documents else predictor.basis
-    arrays = [basis, predictor.coef, predictor.intercept]
+    arrays = [predictor.coef, predictor.intercept]
     if predictor.feature_projection is not None:
         arrays.append(predictor.feature_projection)
-    return int(sum(a.size for a in arrays))
+    return predictor.inputs.n_basis_values + int(sum(a.size for a in arrays))

@@ -28,6 +28,7 @@ from service.model import (
     parse_specs,
 )
 from service.model.documents import DEFAULT_TOKEN_PATTERN, Vocabulary
+from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind
 from service.model.transforms import InputTransform, default_transform, parse_transform
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
@@ -175,19 +176,34 @@ def fit_besvm(
         raise ValueError("the training split needs at least two classes")
     timings = {}
     started = time.perf_counter()
-    vocabulary, input_spec = None, dataset.input_spec
+    # Fitting differs by input kind (a vocabulary, or the input normalisation); the model then
+    # holds the kind's strategy (service.model.input_kinds), built around the fitted basis.
     if dataset.input_spec.kind == "text":
         vocabulary = fit_vocabulary(dataset.X_train, config.min_df, config.stop_words)
-        input_spec = InputSpec("counts", (vocabulary.size,))
-        X_hat, input_mean, input_scale = vocabulary.encode(dataset.X_train), None, 1.0
+        X_hat = vocabulary.encode(dataset.X_train)
+
+        def model_inputs(expansion: BasisExpansion) -> InputKind:
+            return DocumentInputs(
+                InputSpec("counts", (vocabulary.size,)),
+                basis=expansion.basis_,
+                idf=expansion.idf_,
+                vocabulary=vocabulary,
+            )
+
     else:
         X_train = transform.apply(dataset.X_train, dataset.input_spec)
         normalizer = InputNormalizer().fit(X_train)
-        X_hat, input_mean, input_scale = (
-            normalizer.transform(X_train),
-            normalizer.mean_,
-            normalizer.scale_,
-        )
+        X_hat = normalizer.transform(X_train)
+
+        def model_inputs(expansion: BasisExpansion) -> InputKind:
+            return DenseInputs(
+                dataset.input_spec,
+                mean=normalizer.mean_,
+                scale=normalizer.scale_,
+                basis=expansion.basis_,
+                transform=transform,
+            )
+
     expansion = BasisExpansion(
         similarities=[str(s) for s in specs],
         n_basis_per_class=config.basis_per_class,
@@ -226,22 +242,16 @@ def fit_besvm(
     class_index = {c: i for i, c in enumerate(classes)}
     predictor = Predictor(
         name=name,
-        input_spec=input_spec,
+        inputs=model_inputs(expansion),
         classes=tuple(classes),
         specs=expansion.specs_,
         normalization=expansion.normalization_,
-        input_mean=input_mean,
-        input_scale=input_scale,
-        basis=expansion.basis_,
         basis_labels=np.array([class_index[str(c)] for c in expansion.basis_labels_]),
         feature_offset=expansion.offset_,
         feature_scale=expansion.scale_,
         coef=coef,
         intercept=intercept,
-        transform=transform,
         feature_projection=expansion.projection_,
-        idf=expansion.idf_,
-        vocabulary=vocabulary,
         metadata={
             "basis": {
                 "size": int(expansion.basis_.shape[0]),

@@ -14,6 +14,8 @@ so a crash never leaves half an artifact where a server would look for one.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -21,7 +23,8 @@ import platform
 import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
@@ -30,13 +33,21 @@ from typing import Any
 
 import numpy as np
 
-from service.model.errors import ArtifactError, ArtifactIntegrityError, ArtifactVersionError
+from service.model.errors import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    ArtifactVersionError,
+    ModelError,
+)
 
 SCHEMA_VERSION = 1
 FORMAT = "besvm-artifact"
 MANIFEST_NAME = "manifest.json"
 _ARRAY_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 _HASH_BLOCK = 1 << 20
+
+# Manifest keys of the format itself: never part of an artifact's metadata.
+FORMAT_KEYS = frozenset({"model_type", "schema_version", "format", "arrays"})
 
 
 @dataclass
@@ -135,16 +146,51 @@ def write_artifact(
         (staging / MANIFEST_NAME).write_text(json.dumps(full, indent=2) + "\n")
         _fsync_tree(staging)
         if path.exists():
-            retired = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            path.rename(retired)
-            staging.rename(path)
-            shutil.rmtree(retired, ignore_errors=True)
+            _replace_directory(staging, path)
         else:
             staging.rename(path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return path
+
+
+def _replace_directory(new: Path, old: Path) -> None:
+    """Put directory ``new`` at ``old``'s path, and remove the old one.
+
+    Where the kernel can (Linux's ``renameat2`` with ``RENAME_EXCHANGE``) the two are swapped in
+    one atomic step, so a reader (a server rescanning its repository) never finds the path
+    missing; elsewhere the old one is renamed away first, leaving it missing for an instant.
+    Readers that memory-mapped the old files keep them: they are unlinked, never rewritten.
+    """
+    if exchange_paths(new, old):
+        shutil.rmtree(new, ignore_errors=True)
+        return
+    retired = old.parent / f".{old.name}.old-{uuid.uuid4().hex[:8]}"
+    old.rename(retired)
+    new.rename(old)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def exchange_paths(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), ctypes.c_uint(_RENAME_EXCHANGE)
+    )
+    if result == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(error, os.strerror(error), str(b))
 
 
 def _save_array(file: Path, name: str, array) -> tuple[tuple[int, ...], np.dtype]:
@@ -240,6 +286,115 @@ def read_artifact(path: str | os.PathLike, mmap: frozenset[str] = frozenset()) -
     for name, entry in manifest["arrays"].items():
         arrays[name] = _load_array(path, name, entry, mmap_mode="r" if name in mmap else None)
     return Artifact(path=path, manifest=manifest, arrays=arrays)
+
+
+@dataclass
+class TypedArtifact(Artifact):
+    """A loaded artifact of a known model type (see :func:`read_typed_artifact`).
+
+    ``metadata`` is the manifest less the format's keys (:data:`FORMAT_KEYS`) and the keys the
+    reader reserved: what the model keeps and writes back as it is.
+    """
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def read_typed_artifact(
+    path: str | os.PathLike,
+    model_type: str,
+    required_arrays: Iterable[str] | Callable[[dict[str, Any]], Iterable[str]] = (),
+    reserved_keys: Iterable[str] = (),
+    *,
+    mmap: Collection[str] = frozenset(),
+) -> TypedArtifact:
+    """Load an artifact of one model type: the one reader of every artifact kind.
+
+    Checks, in order: the manifest (see :func:`read_manifest`), its ``model_type``, that it
+    names every required array, then every array against its manifest entry (checksum, shape,
+    dtype; see :func:`read_artifact`). Checks that belong to one kind (a parent's checksum, the
+    arrays' consistency) stay with the caller.
+
+    Parameters
+    ----------
+    path : path-like
+        The artifact directory.
+    model_type : str
+        The ``model_type`` the manifest must record.
+    required_arrays : iterable of str, or callable
+        Arrays the manifest must name; or a function of the manifest giving them, for kinds
+        whose arrays depend on the manifest (a model's input kind). Errors the function raises
+        reading the manifest (KeyError, TypeError, ValueError, ModelError) become
+        :class:`ArtifactIntegrityError`.
+    reserved_keys : iterable of str
+        Manifest keys the caller reads itself, left out of ``metadata`` (with
+        :data:`FORMAT_KEYS`).
+    mmap : collection of str, keyword-only
+        Arrays to memory-map read-only instead of reading into memory.
+
+    Returns
+    -------
+    TypedArtifact
+        ``manifest``, verified ``arrays`` (every array the manifest names, required or not)
+        and ``metadata``.
+
+    Raises
+    ------
+    ArtifactError
+        No artifact at ``path``, or one of another model type.
+    ArtifactIntegrityError
+        Malformed manifest, a required array missing, an array file missing, tampered with or
+        inconsistent with its entry. Messages name the file.
+    ArtifactVersionError
+        The artifact's schema is newer than this library's.
+
+    Examples
+    --------
+    >>> artifact = read_typed_artifact(  # doctest: +SKIP
+    ...     path, "catalogue", {"projected", "ids", "negatives"}, mmap={"projected"}
+    ... )
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST_NAME
+    manifest = read_manifest(path)
+    found = manifest.get("model_type")
+    if found != model_type:
+        raise ArtifactError(f"{manifest_path}: model_type {found!r} is not {model_type!r}")
+    if callable(required_arrays):
+        with manifest_fields(path):
+            required = set(required_arrays(manifest))
+    else:
+        required = set(required_arrays)
+    missing = sorted(required - manifest["arrays"].keys())
+    if missing:
+        raise ArtifactIntegrityError(f"{manifest_path}: arrays missing from manifest: {missing}")
+    arrays = {
+        name: _load_array(path, name, entry, mmap_mode="r" if name in mmap else None)
+        for name, entry in manifest["arrays"].items()
+    }
+    reserved = FORMAT_KEYS | frozenset(reserved_keys)
+    metadata = {k: v for k, v in manifest.items() if k not in reserved}
+    return TypedArtifact(path=path, manifest=manifest, arrays=arrays, metadata=metadata)
+
+
+@contextmanager
+def manifest_fields(path: str | os.PathLike) -> Iterator[None]:
+    """Read manifest fields inside this block: a missing or mistyped field (KeyError,
+    TypeError, ValueError, or a ModelError such as a bad spec) becomes an
+    :class:`ArtifactIntegrityError` naming the manifest; ArtifactErrors pass unchanged.
+
+    Examples
+    --------
+    >>> with manifest_fields(path):  # doctest: +SKIP
+    ...     classes = tuple(str(c) for c in manifest["classes"])
+    """
+    try:
+        yield
+    except ArtifactError:
+        raise
+    except (KeyError, TypeError, ValueError, ModelError) as error:
+        raise ArtifactIntegrityError(
+            f"{Path(path) / MANIFEST_NAME}: malformed manifest: {error!r}"
+        ) from None
 
 
 def _load_array(root: Path, name: str, entry: Any, mmap_mode: str | None) -> np.ndarray:

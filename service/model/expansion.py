@@ -34,7 +34,7 @@ from service.model.basis import BASIS_STRATEGIES, select_basis
 from service.model.documents import Documents, canonical_counts, smooth_idf
 from service.model.errors import InvalidInputError, SpecError
 from service.model.notation import bind_arguments, parse_call
-from service.model.similarity import SimilaritySpec, format_spec, parse_specs
+from service.model.similarity import BoundSimilarity, SimilaritySpec, format_spec, parse_specs
 
 SPECTRUM_FIXES = ("clip", "flip", "square")
 NORMALIZATIONS = ("besvm", "none", "zscore", *(f"nystroem({fix})" for fix in SPECTRUM_FIXES))
@@ -88,12 +88,41 @@ def parse_normalization(text: str) -> str:
     return name
 
 
+def bind_similarities(
+    specs: Sequence[SimilaritySpec],
+    n_features: int,
+    grid_shape: tuple[int, int, int] | None = None,
+    documents: bool = False,
+) -> tuple[BoundSimilarity, ...]:
+    """Every measure bound to the items it will compare (see :meth:`SimilaritySpec.bind`).
+
+    Parameters
+    ----------
+    specs : sequence of SimilaritySpec, length M
+    n_features : int
+        Length of an item (for documents: the vocabulary size).
+    grid_shape : (height, width, channels), optional
+        Layout of the items, for grid measures.
+    documents : bool, default=False
+        The items are :class:`Documents`.
+
+    Returns
+    -------
+    tuple of BoundSimilarity, length M
+
+    Raises
+    ------
+    SpecError
+        A measure does not apply to the items.
+    """
+    return tuple(spec.bind(n_features, grid_shape, documents) for spec in specs)
+
+
 def raw_similarities(
     X: np.ndarray | Documents,
     basis: np.ndarray | Documents,
-    specs: Sequence[SimilaritySpec],
+    measures: Sequence[BoundSimilarity],
     out: np.ndarray | None = None,
-    grid_shape: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
     """Empirical kernel maps of every measure, side by side.
 
@@ -101,10 +130,9 @@ def raw_similarities(
     ----------
     X : ndarray of shape (n_samples, n_features), float64, C-contiguous, or Documents
     basis : ndarray of shape (n_basis, n_features), float64, C-contiguous, or Documents
-    specs : sequence of SimilaritySpec, length M
+    measures : sequence of BoundSimilarity, length M
+        Bound to items like ``X`` and ``basis`` (see :func:`bind_similarities`).
     out : ndarray of shape (n_samples, M * n_basis), optional
-    grid_shape : (height, width, channels), optional
-        Layout of the items, for grid measures.
 
     Returns
     -------
@@ -113,22 +141,21 @@ def raw_similarities(
     """
     n_basis = basis.shape[0]
     if out is None:
-        out = np.empty((X.shape[0], len(specs) * n_basis), dtype=np.float64)
-    for m, spec in enumerate(specs):
-        spec.compute(basis, X, out[:, m * n_basis : (m + 1) * n_basis], grid_shape)
+        out = np.empty((X.shape[0], len(measures) * n_basis), dtype=np.float64)
+    for m, measure in enumerate(measures):
+        measure.compute(basis, X, out[:, m * n_basis : (m + 1) * n_basis])
     return out
 
 
 def expand(
     X: np.ndarray | Documents,
     basis: np.ndarray | Documents,
-    specs: Sequence[SimilaritySpec],
+    measures: Sequence[BoundSimilarity],
     offset: np.ndarray,
     scale: np.ndarray,
     out: np.ndarray | None = None,
     *,
     projection: np.ndarray | None = None,
-    grid_shape: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
     """Normalised basis-expanded features: the one feature function of training and serving.
 
@@ -137,19 +164,18 @@ def expand(
     X : ndarray of shape (n_samples, n_features), float64, C-contiguous, or Documents
         Inputs, already normalised (dense ones).
     basis : ndarray of shape (n_basis, n_features), or Documents
-    specs : sequence of SimilaritySpec, length M
+    measures : sequence of BoundSimilarity, length M
+        Bound to items like ``X`` and ``basis`` (see :func:`bind_similarities`).
     offset, scale : ndarray of shape (M * n_basis,)
     out : ndarray of shape (n_samples, M * n_basis), optional
     projection : ndarray of shape (M, n_basis, n_basis), optional
         Applied to each measure's block after the affine map (Nystroem).
-    grid_shape : (height, width, channels), optional
-        Layout of the items, for grid measures.
 
     Returns
     -------
     features : ndarray of shape (n_samples, M * n_basis)
     """
-    features = raw_similarities(X, basis, specs, out, grid_shape)
+    features = raw_similarities(X, basis, measures, out)
     features -= offset
     features /= scale
     if projection is not None:
@@ -307,8 +333,9 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         Sparse counts for document inputs.
     idf_ : ndarray of shape (n_features_in_,) or None
         Smooth inverse document frequencies of the training documents (documents only).
-    basis_documents_ : Documents or None
-        The basis as the document measures read it, with its cached postings.
+    basis_items_ : ndarray or Documents of shape (n_basis, n_features_in_)
+        The basis as the measures read it: ``basis_``, or for documents :class:`Documents`
+        with their cached postings.
     basis_labels_ : ndarray of shape (n_basis,) or None
         Class of each basis item, if ``y`` was given.
     basis_gram_ : ndarray of shape (M, n_basis, n_basis)
@@ -342,7 +369,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
 
     def _check_params(
         self, n_features: int, documents: bool
-    ) -> tuple[tuple[SimilaritySpec, ...], str]:
+    ) -> tuple[tuple[SimilaritySpec, ...], str, tuple[BoundSimilarity, ...]]:
         if self.basis_strategy not in BASIS_STRATEGIES:
             raise ValueError(
                 f"basis_strategy must be one of {BASIS_STRATEGIES}, got {self.basis_strategy!r}"
@@ -354,12 +381,10 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         try:
             specs = parse_specs(self.similarities)
             normalization = resolve_normalization(self.normalization, specs)
-            for spec in specs:
-                spec.check_documents(documents)
-                spec.check_grid(self._grid(), n_features)
+            measures = bind_similarities(specs, n_features, self._grid(), documents)
         except SpecError as error:
             raise ValueError(str(error)) from None
-        return specs, normalization
+        return specs, normalization, measures
 
     def _grid(self) -> tuple[int, int, int] | None:
         return None if self.grid_shape is None else tuple(int(s) for s in self.grid_shape)
@@ -397,16 +422,13 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
             X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C")
         else:
             X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C")
-        documents = sp.issparse(X)
-        specs, normalization = self._check_params(X.shape[1], documents)
-        grid = self._grid()
-        self.idf_ = None
-        if documents:
-            X = self._documents(X, reset=True)
+        documents = sp.issparse(X)  # sparse inputs are word counts
+        specs, normalization, measures = self._check_params(X.shape[1], documents)
+        X = self._items(X, reset=True)
 
         def class_similarities(rows: np.ndarray) -> np.ndarray:
-            items = X[rows] if documents else np.ascontiguousarray(X[rows])
-            raw = raw_similarities(items, items, specs, grid_shape=grid)
+            items = X[rows]  # a C-contiguous copy of dense rows, or Documents
+            raw = raw_similarities(items, items, measures)
             return raw.reshape(len(rows), len(specs), len(rows)).transpose(1, 0, 2)
 
         indices = select_basis(
@@ -420,20 +442,15 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.specs_ = specs
         self.normalization_ = normalization
         self.basis_indices_ = indices
-        if documents:
-            self.basis_documents_ = X[indices]
-            self.basis_ = self.basis_documents_.counts
-        else:
-            self.basis_documents_ = None
-            self.basis_ = np.ascontiguousarray(X[indices])
+        self.basis_items_ = X[indices]
+        self.basis_ = self.basis_items_.counts if documents else self.basis_items_
         self.basis_labels_ = None if y is None else np.asarray(y)[indices]
         # The statistics need the raw map of the whole training set: compute it once, normalise
         # it in place rather than expanding the training set a second time.
         n_basis = len(indices)
         raw = np.empty((X.shape[0], len(specs) * n_basis))
-        basis = self._basis()
         for rows in self._chunks(X.shape[0], desc="expanding training set"):
-            raw_similarities(X[rows], basis, specs, raw[rows], grid)
+            raw_similarities(X[rows], self.basis_items_, measures, raw[rows])
         self.basis_gram_ = raw[indices].reshape(n_basis, len(specs), n_basis).transpose(1, 0, 2)
         self.basis_gram_ = np.ascontiguousarray(self.basis_gram_)
         self.offset_, self.scale_, self.projection_ = normalization_statistics(
@@ -458,27 +475,33 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         """
         check_is_fitted(self)
         X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C", reset=False)
-        if sp.issparse(X) != (self.idf_ is not None):
-            kind = "word counts (sparse)" if self.idf_ is not None else "dense inputs"
+        documents = self.idf_ is not None
+        if sp.issparse(X) != documents:
+            kind = "word counts (sparse)" if documents else "dense inputs"
             raise ValueError(f"this expansion was fitted on {kind}")
-        if self.idf_ is not None:
-            X = self._documents(X, reset=False)
+        X = self._items(X, reset=False)
+        measures = bind_similarities(self.specs_, X.shape[1], self._grid(), documents)
         features = np.empty((X.shape[0], self._n_features_out))
-        basis = self._basis()
         for rows in self._chunks(X.shape[0], desc="expanding"):
             expand(
                 X[rows],
-                basis,
-                self.specs_,
+                self.basis_items_,
+                measures,
                 self.offset_,
                 self.scale_,
                 features[rows],
                 projection=self.projection_,
-                grid_shape=self._grid(),
             )
         return features
 
-    def _documents(self, X, reset: bool) -> Documents:
+    def _items(self, X, reset: bool) -> np.ndarray | Documents:
+        """Validated inputs as the measures read them: dense rows as they are; sparse rows are
+        word counts, read as :class:`Documents` with the training set's idf (learned in
+        ``idf_`` when ``reset``, None for dense inputs)."""
+        if not sp.issparse(X):
+            if reset:
+                self.idf_ = None
+            return X
         try:
             counts = canonical_counts(X)
         except InvalidInputError as error:
@@ -486,9 +509,6 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         if reset:
             self.idf_ = smooth_idf(counts)
         return Documents(counts, self.idf_)
-
-    def _basis(self) -> np.ndarray | Documents:
-        return self.basis_ if self.basis_documents_ is None else self.basis_documents_
 
     def _chunks(self, n_samples: int, desc: str):
         """Row slices of ``chunk_size``, with a progress bar if verbose (and on a terminal)."""

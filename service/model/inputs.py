@@ -10,6 +10,7 @@ data set before a vocabulary turns it into ``counts(W)``.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,23 +49,31 @@ class InputSpec:
             raise SpecError(
                 f"{self.kind} needs {expected_rank} positive dimension(s), got {tuple(self.shape)}"
             )
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        shape = tuple(int(s) for s in self.shape)
+        object.__setattr__(self, "shape", shape)
+        # Derived once (not fields: equality and the repr are the kind and shape alone); every
+        # client batch asks for them.
+        accepted = (shape, shape[:2]) if self.kind == "grid" and shape[2] == 1 else (shape,)
+        object.__setattr__(self, "_accepted_shapes", accepted)
+        object.__setattr__(self, "_n_features", math.prod(shape))
 
     @property
     def n_features(self) -> int:
         """Length of the flattened instance."""
-        return int(np.prod(self.shape))
+        return self._n_features
 
     @property
     def accepted_shapes(self) -> tuple[tuple[int, ...], ...]:
         """Instance shapes a client may send: the shape, or (H, W) for a one-channel grid."""
-        if self.kind == "grid" and self.shape[2] == 1:
-            return (self.shape, self.shape[:2])
-        return (self.shape,)
+        return self._accepted_shapes
 
     @property
     def is_documents(self) -> bool:
-        """Bag-of-words documents (counts or raw text), kept sparse."""
+        """Bag-of-words documents, raw (``text``) or counted (``counts(W)``), kept sparse.
+
+        What a data set or a similarity check asks before a model exists; a model's own inputs
+        are described by its input kind (:mod:`service.model.input_kinds`).
+        """
         return self.kind in ("counts", "text")
 
     def __str__(self) -> str:
@@ -133,9 +142,8 @@ class InputSpec:
             # The slow path: find the first bad instance and say what is wrong with it.
             raw = np.stack([self._check_instance(i, inst) for i, inst in enumerate(instances)])
         X = np.ascontiguousarray(raw.reshape(len(raw), -1), dtype=np.float64)
-        finite = np.isfinite(X).all(axis=1)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
+        if not np.isfinite(X).all():
+            bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
             raise InvalidInputError(f"instances[{bad}] contains NaN or infinity")
         return X
 

@@ -9,31 +9,15 @@ line, stored in the manifest and shown by the API. :func:`format_spec` gives the
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from service.model import documents, grid_kernels, kernels
+from service.model import documents, grid_kernels, kernels, threads
 from service.model.documents import Documents
 from service.model.errors import SpecError
 from service.model.notation import bind_arguments, parse_call
-
-# numba's workqueue threading layer aborts the process when two threads enter parallel regions at
-# once; serving runs handlers on a thread pool, so every driver call goes through this lock. The
-# drivers already use every core, so serialising them costs no throughput.
-_PARALLEL_REGION = threading.Lock()
-
-# Below this many multiply-adds (n_samples * n_basis * n_features * the measure's cost factor) a
-# call runs on the calling thread: a parallel region costs tens of microseconds to start, and far
-# more when another process holds a core. rbf on 250 bases of 64 features: batches of up to 12
-# items run serially; rigid(1) (cost 9): one item.
-PARALLEL_MIN_WORK = 200_000
-
-# Work of one document pair for that choice: the row kernels' fixed cost per basis item plus a
-# few shared words, each costing a log-Gamma (about ten multiply-adds).
-DOCUMENT_PAIR_WORK = 32
 
 
 @dataclass(frozen=True)
@@ -246,38 +230,131 @@ class SimilaritySpec:
         Raises
         ------
         SpecError
-            If a grid measure gets no grid shape, or one that does not fit the items.
+            If the measure does not apply to the items (documents or not), or a grid measure
+            gets no grid shape, or one that does not fit the items.
+
+        Notes
+        -----
+        Checks and resolves the measure on every call; callers that compute many times on the
+        same kind of items (the predictor) :meth:`bind` once and call
+        :meth:`BoundSimilarity.compute`.
+        """
+        bound = self.bind(X.shape[1], grid_shape, documents=isinstance(X, Documents))
+        return bound.compute(basis, X, out)
+
+    def bind(
+        self,
+        n_features: int,
+        grid_shape: tuple[int, int, int] | None = None,
+        documents: bool = False,
+    ) -> BoundSimilarity:
+        """This measure checked against the items it will compare, its driver resolved.
+
+        Parameters
+        ----------
+        n_features : int
+            Length of an item (for documents: the vocabulary size W).
+        grid_shape : (height, width, channels), optional
+            How the flat items are laid out (row-major); required by grid measures.
+        documents : bool, default=False
+            The items are bag-of-words :class:`Documents`, not dense arrays.
+
+        Returns
+        -------
+        BoundSimilarity
+
+        Raises
+        ------
+        SpecError
+            As :meth:`compute`.
+        """
+        self.check_documents(documents)
+        kind = self.kind
+        args = tuple(
+            int(value) if p.integer else value
+            for p, (_, value) in zip(kind.parameters, self.params, strict=True)
+        )
+        if documents:
+            return BoundSimilarity(
+                self,
+                args,
+                threads.DOCUMENT_PAIR_MULTIPLY_ADDS,
+                _DocumentDriver(kind.on_documents, parallel=False),
+                _DocumentDriver(kind.on_documents, parallel=True),
+            )
+        if self.needs_grid:
+            self.check_grid(grid_shape, n_features)
+            args = (*(int(s) for s in grid_shape), *args)
+        pair_work = self.work(1, 1, n_features)
+        return BoundSimilarity(self, args, pair_work, kind.serial_driver, kind.driver)
+
+
+@dataclass(frozen=True)
+class _DocumentDriver:
+    """A documents measure called like a dense driver: ``(basis, X, *params, out)``."""
+
+    measure: Callable[..., None]
+    parallel: bool
+
+    def __call__(self, basis: Documents, X: Documents, *args) -> None:
+        self.measure(basis, X, *args, self.parallel)
+
+
+@dataclass(frozen=True, eq=False)
+class BoundSimilarity:
+    """A measure bound once to the items it compares (see :meth:`SimilaritySpec.bind`).
+
+    Everything that does not depend on the call is settled here: the measure applies to the
+    items, the grid fits, the driver and its arguments are resolved. :meth:`compute` only picks
+    the serial or the parallel driver by the size of the call.
+
+    Parameters
+    ----------
+    spec : SimilaritySpec
+    args : tuple
+        The driver's arguments between ``basis, X`` and ``out``: the grid's height, width and
+        channels (grid measures), then the parameters (Python ints for integer ones).
+    pair_work : float
+        Multiply-adds of one (input, basis item) pair, the measure for choosing the serial
+        driver (see :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS`).
+    serial_driver, driver : callable
+        ``(basis, X, *args, out)``, on the calling thread and in a parallel region.
+    """
+
+    spec: SimilaritySpec
+    args: tuple
+    pair_work: float
+    serial_driver: Callable[..., None]
+    driver: Callable[..., None]
+
+    def compute(
+        self,
+        basis: np.ndarray | Documents,
+        X: np.ndarray | Documents,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Similarities of every input to every basis item, with no checks.
+
+        Parameters
+        ----------
+        basis : ndarray of shape (n_basis, n_features), float64, C-contiguous, or Documents
+        X : ndarray of shape (n_samples, n_features), float64, C-contiguous, or Documents
+            Items of the kind the measure was bound to (as ``basis``).
+        out : ndarray of shape (n_samples, n_basis), optional
+            Preallocated output, written in place.
+
+        Returns
+        -------
+        out : ndarray of shape (n_samples, n_basis)
         """
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
-        args = [
-            int(value) if p.integer else value
-            for p, (_, value) in zip(self.kind.parameters, self.params, strict=True)
-        ]
-        if isinstance(X, Documents):
-            self.check_documents(True)
-            work = X.shape[0] * basis.shape[0] * DOCUMENT_PAIR_WORK
-            kind = self.kind
-
-            def run(parallel: bool) -> None:
-                kind.on_documents(basis, X, *args, out, parallel)
-
+        work = X.shape[0] * basis.shape[0] * self.pair_work
+        if work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS:
+            self.serial_driver(basis, X, *self.args, out)
         else:
-            self.check_documents(False)
-            if self.needs_grid:
-                self.check_grid(grid_shape, X.shape[1])
-                args = [int(s) for s in grid_shape] + args
-            work = self.work(X.shape[0], basis.shape[0], X.shape[1])
-            drivers = (self.kind.serial_driver, self.kind.driver)
-
-            def run(parallel: bool) -> None:
-                drivers[parallel](basis, X, *args, out)
-
-        if work < PARALLEL_MIN_WORK:
-            run(False)
-        else:
-            with _PARALLEL_REGION:
-                run(True)
+            with threads.PARALLEL_REGION:
+                self.driver(basis, X, *self.args, out)
         return out
 
 

@@ -87,7 +87,8 @@ class InputTransform:
         return input_spec.n_features if shape is None else int(np.prod(shape))
 
     def apply(self, X: np.ndarray, input_spec: InputSpec) -> np.ndarray:
-        """Transform a validated batch.
+        """Transform a validated batch (checking the transform against ``input_spec`` first;
+        callers that transform many batches :meth:`bind` once).
 
         Parameters
         ----------
@@ -99,14 +100,61 @@ class InputTransform:
         -------
         ndarray of shape (n_samples, n_features(input_spec)), float64, C-contiguous
         """
-        if self.is_identity:
+        return self.bind(input_spec).apply(X)
+
+    def bind(self, input_spec: InputSpec) -> BoundTransform:
+        """This transform checked against ``input_spec`` once, its output layout resolved.
+
+        Raises
+        ------
+        SpecError
+            The transform does not apply to the inputs.
+        """
+        grid_shape = self.grid_shape(input_spec)
+        n_features = input_spec.n_features if grid_shape is None else int(np.prod(grid_shape))
+        return BoundTransform(self, input_spec, grid_shape, n_features)
+
+
+@dataclass(frozen=True)
+class BoundTransform:
+    """A transform bound to the inputs it reads (see :meth:`InputTransform.bind`): the checks
+    and the output layout are settled, :meth:`apply` only computes.
+
+    Parameters
+    ----------
+    transform : InputTransform
+    input_spec : InputSpec
+    grid_shape : (height, width, channels) or None
+        Layout of a transformed instance; None if flat.
+    n_features : int
+        Length of a transformed instance.
+    """
+
+    transform: InputTransform
+    input_spec: InputSpec
+    grid_shape: tuple[int, int, int] | None
+    n_features: int
+
+    def apply(self, X: np.ndarray) -> np.ndarray:
+        """Transform a validated batch.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, input_spec.n_features)
+            Flat raw instances, as :meth:`InputSpec.as_batch` returns them.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_features), float64, C-contiguous
+        """
+        if self.transform.is_identity:
             return X
         from skimage.feature import hog  # only HOG models pay for importing scikit-image
 
-        params = dict(self.params)
-        height, width, channels = input_spec.shape
+        params = dict(self.transform.params)
+        height, width, channels = self.input_spec.shape
         cell = params["cell_size"]
-        out = np.empty((X.shape[0], self.n_features(input_spec)))
+        out = np.empty((X.shape[0], self.n_features))
         images = X.reshape(-1, height, width, channels)
         for i, image in enumerate(images):
             cells = hog(

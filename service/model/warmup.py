@@ -7,8 +7,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.model.documents import Documents, canonical_counts, smooth_idf
-from service.model.search_kernels import PARALLEL_MIN_WORK, search_top_k
+from service.model.search_kernels import search_top_k
 from service.model.similarity import SIMILARITY_KINDS
+from service.model.threads import SEARCH_PARALLEL_MIN_ENTRIES
 
 
 def compile_kernels() -> list[str]:
@@ -45,7 +46,7 @@ def compile_search() -> list[str]:
     """The /search kernel, serial (a small catalogue) and parallel (one row long enough)."""
     atom, weight = np.zeros(1, dtype=np.int64), np.ones(1)
     excluded = np.zeros(1, dtype=np.int64)
-    for n_items in (8, PARALLEL_MIN_WORK):
+    for n_items in (8, SEARCH_PARALLEL_MIN_ENTRIES):
         catalogue = np.zeros((2, n_items), dtype=np.float32)
         search_top_k(catalogue, atom, weight, 0.0, 3)
         search_top_k(catalogue, atom, weight, 0.0, 3, excluded)

@@ -12,7 +12,12 @@ from service.model import (
     ArtifactVersionError,
     Predictor,
 )
-from service.model.artifact import SCHEMA_VERSION, read_artifact, write_artifact
+from service.model.artifact import (
+    SCHEMA_VERSION,
+    read_artifact,
+    read_typed_artifact,
+    write_artifact,
+)
 
 
 @pytest.fixture
@@ -145,3 +150,36 @@ def test_writing_never_clobbers_unless_asked(tmp_path):
 def test_scalar_arrays_keep_their_shape(tmp_path):
     path = write_artifact(tmp_path / "a", {}, {"s": np.asarray(2.5)})
     assert read_artifact(path).arrays["s"].shape == ()
+
+
+def test_the_typed_reader_checks_the_type_the_required_arrays_and_keeps_the_metadata(tmp_path):
+    manifest = {"model_type": "thing", "size": 3, "note": "kept"}
+    path = write_artifact(tmp_path / "a", manifest, {"x": np.arange(3), "y": np.ones(2)})
+    artifact = read_typed_artifact(path, "thing", {"x"}, {"size"}, mmap={"y"})
+    assert artifact.metadata.keys() == {"note", "created", "versions"}
+    assert isinstance(artifact.arrays["y"], np.memmap)
+    assert not isinstance(artifact.arrays["x"], np.memmap)
+    with pytest.raises(ArtifactError, match=r"manifest\.json: model_type 'thing' is not 'other'"):
+        read_typed_artifact(path, "other")
+    with pytest.raises(ArtifactIntegrityError, match=r"arrays missing from manifest: \['z'\]"):
+        read_typed_artifact(path, "thing", {"x", "z"})
+    with pytest.raises(ArtifactIntegrityError, match=r"missing from manifest: \['z'\]"):
+        read_typed_artifact(path, "thing", lambda m: {"z"} if m["size"] == 3 else set())
+    with pytest.raises(ArtifactIntegrityError, match=r"manifest\.json: malformed manifest"):
+        read_typed_artifact(path, "thing", lambda m: m["absent"])
+
+
+def test_an_artifact_of_another_model_type_is_refused(model_copy):
+    manifest = _manifest(model_copy)
+    manifest["model_type"] = "us-svm"
+    _write_manifest(model_copy, manifest)
+    with pytest.raises(ArtifactError, match="model_type 'us-svm' is not 'besvm'"):
+        Predictor.load(model_copy)
+
+
+def test_a_manifest_without_its_input_entry_is_malformed(model_copy):
+    manifest = _manifest(model_copy)
+    del manifest["input"]
+    _write_manifest(model_copy, manifest)
+    with pytest.raises(ArtifactIntegrityError, match="malformed manifest: KeyError"):
+        Predictor.load(model_copy)

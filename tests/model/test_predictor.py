@@ -10,27 +10,47 @@ from sklearn.svm import SVC, LinearSVC
 from service.model import (
     ArtifactIntegrityError,
     BasisExpansion,
-    BatchTooLargeError,
     InputNormalizer,
     InputSpec,
     InvalidInputError,
     Predictor,
     parse_specs,
 )
+from service.model.input_kinds import DenseInputs
 from service.model.transforms import InputTransform
 from training.datasets import Dataset
 from training.fit import FitConfig, fit_besvm
 
 
-def test_default_model_is_at_least_as_accurate_as_a_kernel_svm_on_digits(digits_fit, digits):
+def assert_labels_of_the_best_scores(labels, scores, classes, tolerance):
+    """Each label is its row's best class by ``scores`` (computed another way, and so known
+    only within ``tolerance``), or a class tied with the best within that: where the best is
+    ahead by more than ``2 * tolerance``, exactly the best."""
+    scores = np.asarray(scores)
+    chosen = scores[np.arange(len(scores)), [list(classes).index(label) for label in labels]]
+    assert (chosen >= scores.max(axis=1) - 2 * tolerance).all()
+
+
+def test_default_model_is_as_accurate_as_a_kernel_svm_and_beats_a_linear_one_on_digits(
+    digits_fit, digits
+):
     normalizer = InputNormalizer().fit(digits.X_train)
-    svc = SVC(kernel="rbf", gamma=1.0, C=1.0).fit(
-        normalizer.transform(digits.X_train), digits.y_train
-    )
-    svc_accuracy = (svc.predict(normalizer.transform(digits.X_test)) == digits.y_test).mean()
+    X_train, X_test = normalizer.transform(digits.X_train), normalizer.transform(digits.X_test)
+    svc = SVC(kernel="rbf", gamma=1.0, C=1.0).fit(X_train, digits.y_train)
+    linear = LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0)
+    linear.fit(X_train, digits.y_train)
+    svc_accuracy = (svc.predict(X_test) == digits.y_test).mean()
+    linear_accuracy = (linear.predict(X_test) == digits.y_test).mean()
     accuracy = (digits_fit.predictor.predict(digits.X_test) == digits.y_test).mean()
-    assert svc_accuracy == pytest.approx(0.966, abs=0.002)
-    assert accuracy >= svc_accuracy
+    # The baselines are real: on the normalised inputs, SVC(RBF) lands near 96.6 % and a linear
+    # SVM near 93.0 % of the 797 test digits (one digit is 0.125 points).
+    assert svc_accuracy == pytest.approx(0.966, abs=0.01)
+    assert linear_accuracy == pytest.approx(0.930, abs=0.01)
+    # BE-SVM (97.1 %, 4 digits ahead of the kernel SVM: within noise) matches the kernel SVM
+    # within a point (8 digits) and beats the linear SVM by more than two (17 digits): margins
+    # of 12 and 17 digits, not of a few.
+    assert accuracy >= svc_accuracy - 0.01
+    assert accuracy >= linear_accuracy + 0.02
 
 
 def test_scores_equal_a_scikit_learn_pipeline_of_the_same_steps(digits_fit, digits):
@@ -42,8 +62,9 @@ def test_scores_equal_a_scikit_learn_pipeline_of_the_same_steps(digits_fit, digi
     expected = pipeline.decision_function(digits.X_test)
     actual = digits_fit.predictor.decision_function(digits.X_test)
     np.testing.assert_allclose(actual, expected, rtol=1e-9, atol=1e-9)
-    np.testing.assert_array_equal(
-        digits_fit.predictor.predict(digits.X_test), pipeline.predict(digits.X_test)
+    tolerance = 1e-9 * (1.0 + np.abs(expected).max())
+    assert_labels_of_the_best_scores(
+        digits_fit.predictor.predict(digits.X_test), expected, pipeline.classes_, tolerance
     )
 
 
@@ -66,18 +87,29 @@ def test_two_classes_score_and_predict_like_linear_svc(digits):
         LinearSVC(dual="auto", max_iter=10_000, random_state=0),
     ).fit(binary.X_train, binary.y_train)
     scores = predictor.decision_function(binary.X_test)
-    np.testing.assert_allclose(scores[:, 1], pipeline.decision_function(binary.X_test), rtol=1e-9)
+    margin = pipeline.decision_function(binary.X_test)
+    np.testing.assert_allclose(scores[:, 1], margin, rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(scores[:, 0], -scores[:, 1])
-    np.testing.assert_array_equal(predictor.predict(binary.X_test), pipeline.predict(binary.X_test))
+    tolerance = 1e-9 * (1.0 + np.abs(margin).max())
+    assert_labels_of_the_best_scores(
+        predictor.predict(binary.X_test), np.column_stack([-margin, margin]), ("3", "8"), tolerance
+    )
 
 
 def test_top_k_is_sorted_best_first_and_clipped(digits_predictor, digits):
     scores = digits_predictor.decision_function(digits.X_test[:50])
     order, top = digits_predictor.top_k(scores, 3)
-    np.testing.assert_array_equal(order, np.argsort(-scores, axis=1)[:, :3])
-    np.testing.assert_array_equal(top, np.sort(scores, axis=1)[:, ::-1][:, :3])
-    order, _ = digits_predictor.top_k(scores, 100)
-    assert order.shape == (50, 10)
+    for row, row_order, row_top in zip(scores.tolist(), order, top, strict=True):
+        best = sorted(range(len(row)), key=lambda c: (-row[c], c))[:3]  # plain Python
+        assert row_order.tolist() == best
+        assert row_top.tolist() == [row[c] for c in best]
+    order, top = digits_predictor.top_k(scores, 100)
+    assert order.shape == top.shape == (50, 10)
+    assert sorted(order[0].tolist()) == list(range(10))
+    # Equal scores keep the classes' order.
+    order, top = digits_predictor.top_k(np.array([[0.5, 2.0, -1.0, 2.0, 0.5]]), 4)
+    assert order.tolist() == [[1, 3, 0, 4]]
+    assert top.tolist() == [[2.0, 2.0, 0.5, 0.5]]
     with pytest.raises(InvalidInputError):
         digits_predictor.top_k(scores, 0)
 
@@ -94,9 +126,20 @@ def test_classify_answers_labels_and_ranked_scores(digits_predictor, digits):
         assert ranked[0][1] == pytest.approx(row.max())
 
 
-def test_classify_refuses_a_batch_over_the_limit(digits_predictor, digits):
-    with pytest.raises(BatchTooLargeError, match="limit is 2"):
-        digits_predictor.classify(digits.X_test[:3].reshape(3, 8, 8), top_k=1, max_batch_size=2)
+def test_classify_refuses_empty_or_ambiguous_batches_and_leaves_limits_to_the_caller(
+    digits_predictor, digits
+):
+    with pytest.raises(InvalidInputError, match="the batch is empty"):
+        digits_predictor.classify([], top_k=1)
+    with pytest.raises(InvalidInputError, match="either instances or texts"):
+        digits_predictor.classify()
+    with pytest.raises(InvalidInputError, match="either instances or texts"):
+        digits_predictor.classify([digits.X_test[0].reshape(8, 8).tolist()], texts=["a seven"])
+    with pytest.raises(InvalidInputError, match="top_k must be at least 1"):
+        digits_predictor.classify([digits.X_test[0].reshape(8, 8).tolist()], top_k=0)
+    with pytest.raises(TypeError):  # batch size limits belong to the service's data plane
+        digits_predictor.classify(digits.X_test[:3].reshape(3, 8, 8), 1, 2)
+    assert len(digits_predictor.classify(digits.X_test[:300].reshape(300, 8, 8), 1)) == 300
 
 
 def test_flat_inputs_of_the_wrong_width_are_refused(digits_predictor):
@@ -115,25 +158,29 @@ def hog_nystroem_fit(digits):
     return fit_besvm(digits, config, name="hog")
 
 
-def test_transform_and_projection_score_like_the_steps_done_by_hand(hog_nystroem_fit, digits):
+def hog_cells(X):
+    """HOG cells of 8 x 8 images computed by scikit-image, as the hog(2, 6) transform should."""
     from skimage.feature import hog
 
-    def hog_cells(X):
-        return np.stack(
-            [
-                hog(
-                    image.reshape(8, 8),
-                    orientations=6,
-                    pixels_per_cell=(2, 2),
-                    cells_per_block=(1, 1),
-                    block_norm="L2-Hys",
-                    feature_vector=False,
-                ).ravel()
-                for image in X
-            ]
-        )
+    return np.stack(
+        [
+            hog(
+                image.reshape(8, 8),
+                orientations=6,
+                pixels_per_cell=(2, 2),
+                cells_per_block=(1, 1),
+                block_norm="L2-Hys",
+                feature_vector=False,
+            ).ravel()
+            for image in X
+        ]
+    )
 
-    pipeline = make_pipeline(
+
+@pytest.fixture(scope="module")
+def hog_pipeline(digits):
+    """The steps of ``hog_nystroem_fit`` done by hand: scikit-image HOG, then scikit-learn."""
+    return make_pipeline(
         InputNormalizer(),
         BasisExpansion(
             "rbf(gamma=1) + rigid(1)",
@@ -143,7 +190,12 @@ def test_transform_and_projection_score_like_the_steps_done_by_hand(hog_nystroem
         ),
         LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0),
     ).fit(hog_cells(digits.X_train), digits.y_train)
-    expected = pipeline.decision_function(hog_cells(digits.X_test[:50]))
+
+
+def test_transform_and_projection_score_like_the_steps_done_by_hand(
+    hog_nystroem_fit, hog_pipeline, digits
+):
+    expected = hog_pipeline.decision_function(hog_cells(digits.X_test[:50]))
     predictor = hog_nystroem_fit.predictor
     np.testing.assert_allclose(
         predictor.decision_function(digits.X_test[:50]), expected, rtol=1e-8, atol=1e-8
@@ -152,7 +204,9 @@ def test_transform_and_projection_score_like_the_steps_done_by_hand(hog_nystroem
     assert predictor.feature_projection.shape == (2, 40, 40)
 
 
-def test_transform_and_projection_survive_the_artifact(hog_nystroem_fit, digits, tmp_path):
+def test_transform_and_projection_survive_the_artifact(
+    hog_nystroem_fit, hog_pipeline, digits, tmp_path
+):
     hog_nystroem_fit.predictor.save(tmp_path / "m")
     manifest = (tmp_path / "m" / "manifest.json").read_text()
     assert '"transform": "hog(cell_size=2, orientations=6)"' in manifest
@@ -163,9 +217,17 @@ def test_transform_and_projection_survive_the_artifact(hog_nystroem_fit, digits,
         loaded.decision_function(digits.X_test[:20]),
         hog_nystroem_fit.predictor.decision_function(digits.X_test[:20]),
     )
-    # Clients send raw 8x8 images, as for any digits model.
-    answer = loaded.classify([digits.X_test[0].reshape(8, 8).tolist()], top_k=2)[0]
-    assert answer.label == answer.ranked[0][0]
+    # Clients send raw 8x8 images, as for any digits model, and are answered as the steps done
+    # by hand score them: the label and the two best classes with their scores.
+    answers = loaded.classify(digits.X_test[:20].reshape(20, 8, 8).tolist(), top_k=2)
+    expected = hog_pipeline.decision_function(hog_cells(digits.X_test[:20]))
+    classes = list(hog_pipeline.classes_)
+    tolerance = 1e-8 * (1.0 + np.abs(expected).max())
+    assert_labels_of_the_best_scores([a.label for a in answers], expected, classes, tolerance)
+    for answer, row in zip(answers, expected, strict=True):
+        ranked = [classes.index(label) for label, _ in answer.ranked]
+        np.testing.assert_allclose([s for _, s in answer.ranked], row[ranked], atol=tolerance)
+        assert (row[ranked] >= np.sort(row)[::-1][:2] - 2 * tolerance).all()
 
 
 def test_a_projection_with_the_wrong_normalization_is_inconsistent(hog_nystroem_fit):
@@ -176,10 +238,19 @@ def test_a_projection_with_the_wrong_normalization_is_inconsistent(hog_nystroem_
 
 
 def test_a_grid_measure_without_a_grid_is_inconsistent(digits_fit):
+    inputs = digits_fit.predictor.inputs
+    flat = DenseInputs(InputSpec("vector", (64,)), inputs.mean, inputs.scale, inputs.basis)
+    assert flat.transform == InputTransform("none")
     with pytest.raises(ArtifactIntegrityError, match="not a grid"):
-        dataclasses.replace(
-            digits_fit.predictor,
-            input_spec=InputSpec("vector", (64,)),
-            transform=InputTransform("none"),
-            specs=parse_specs("rigid(1)"),
-        )
+        dataclasses.replace(digits_fit.predictor, inputs=flat, specs=parse_specs("rigid(1)"))
+
+
+def test_the_input_kind_checks_its_own_arrays(digits_fit):
+    inputs = digits_fit.predictor.inputs
+    for wrong, message in (
+        (dict(mean=inputs.mean[:-1]), r"input_mean has shape \(63,\)"),
+        (dict(basis=inputs.basis[:, :-1]), "basis has shape"),
+        (dict(scale=0.0), "input_scale must be positive"),
+    ):
+        with pytest.raises(ArtifactIntegrityError, match=message):
+            dataclasses.replace(digits_fit.predictor, inputs=dataclasses.replace(inputs, **wrong))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import re
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -29,12 +34,48 @@ def test_features(index, digits) -> np.ndarray:
     return search_features(index.predictor, index.model.feature_space, digits.X_test)
 
 
-def _reference_top(projected64: np.ndarray, code: SparseCode, k: int, excluded=()):
-    scores = code.bias + code.weights @ projected64[code.atoms]
-    scores[list(excluded)] = -np.inf
-    order = np.lexsort((np.arange(len(scores)), -scores))[:k]
-    order = order[np.isfinite(scores[order])]
-    return order, scores[order]
+def _score_bound(code: SparseCode, projected: np.ndarray, relative: float) -> float:
+    """How far a score ``b + sum_r w_r x'_rj`` can be off, over the items, when each of its
+    terms is off by ``relative`` of itself: ``relative * max_j (|b| + sum_r |w_r x'_rj|)``.
+
+    ``projected`` is (A, N), float64. Relative errors: ``2**-23`` for the float32 catalogue
+    against float64 projections (float32 rounding, 2**-24, with room for the float64 sums);
+    ``(nnz + 1) * eps`` for the catalogue's own values summed in another order.
+    """
+    terms = np.abs(code.weights) @ np.abs(projected[code.atoms])
+    return relative * float(abs(code.bias) + terms.max())
+
+
+def _float64_order(code: SparseCode) -> float:
+    return (code.n_nonzero + 1) * np.finfo(np.float64).eps
+
+
+def assert_top_k(items, reference: np.ndarray, k: int, tolerance: float):
+    """``items`` (``test-<position>`` ids, scores) are the top k of ``reference`` (float64
+    scores of every catalogue position), up to ``tolerance`` on each returned score.
+
+    Scores off by up to ``tolerance`` may swap items whose reference scores are within
+    ``2 * tolerance``: in the order, and at the k-th place, where any item tied with the k-th
+    within that band may come. Where the reference's k-th and (k+1)-th scores are further apart,
+    the set of items is exactly the reference's top k.
+    """
+    reference = np.asarray(reference, dtype=np.float64)
+    candidates = np.arange(reference.size)
+    m = min(k, candidates.size)
+    positions = np.array([int(i.split("-")[1]) for i, _ in items], dtype=np.int64)
+    scores = np.array([s for _, s in items])
+    assert len(items) == m
+    assert len(set(positions.tolist())) == m
+    np.testing.assert_allclose(scores, reference[positions], rtol=0, atol=tolerance)
+    assert (np.diff(scores) <= 0).all()  # best first, by the scores returned
+    assert (np.diff(reference[positions]) <= 2 * tolerance).all()  # and by the reference
+    ranked = candidates[np.argsort(-reference[candidates], kind="stable")]
+    kth = reference[ranked[m - 1]]
+    left_out = np.setdiff1d(candidates, positions)
+    assert (reference[positions] >= kth - 2 * tolerance).all()
+    assert (reference[left_out] <= kth + 2 * tolerance).all()
+    if m == candidates.size or kth - reference[ranked[m]] > 2 * tolerance:
+        assert set(positions.tolist()) == set(ranked[:m].tolist())
 
 
 def test_catalogue_holds_d_transpose_x_of_the_test_split(index, digits, test_features):
@@ -51,14 +92,15 @@ def test_catalogue_holds_d_transpose_x_of_the_test_split(index, digits, test_fea
 
 def test_class_search_matches_numpy_ranking(index, test_features):
     query = SearchQuery(class_label="3", top_k=25)
-    result = index.run(query, max_top_k=1000)
+    result = index.run(query)
     k = index.model.classes.index("3")
     z, b = index.model.codes[:, k], index.model.intercept[k]
     assert result.code.n_nonzero == np.count_nonzero(z) <= 10
-    scores = test_features @ index.model.dictionary @ z + b
-    order = np.argsort(-scores, kind="stable")[:25]
-    assert [i for i, _ in result.items] == [f"test-{j}" for j in order]
-    np.testing.assert_allclose([s for _, s in result.items], scores[order], rtol=1e-5)
+    # The reference scores float64 features; the catalogue holds D^T x rounded to float32.
+    projected = (test_features @ index.model.dictionary).T
+    scores = z @ projected + b
+    tolerance = _score_bound(result.code, projected, 2.0**-23)
+    assert_top_k(result.items, scores, 25, tolerance)
     # The code lists its strongest atoms first.
     assert np.all(np.diff(np.abs(result.code.weights)) <= 0)
 
@@ -66,7 +108,7 @@ def test_class_search_matches_numpy_ranking(index, test_features):
 def test_class_search_finds_the_class(index, digits):
     precision = {}
     for label in index.model.classes:
-        result = index.run(SearchQuery(class_label=label, top_k=20), max_top_k=1000)
+        result = index.run(SearchQuery(class_label=label, top_k=20))
         positions = [int(i.split("-")[1]) for i, _ in result.items]
         precision[label] = (digits.y_test[positions] == label).mean()
     assert np.mean(list(precision.values())) >= 0.8, precision
@@ -75,27 +117,28 @@ def test_class_search_finds_the_class(index, digits):
 def test_code_query_matches_reference_and_prunes(index):
     projected64 = np.asarray(index.catalogue.projected, dtype=np.float64)
     query = SearchQuery(code=([4, 9, 2], [0.5, -2.0, 1.0]), bias=0.25, top_k=7)
-    result = index.run(query, max_top_k=1000)
+    result = index.run(query)
     assert result.code.atoms.tolist() == [9, 2, 4]
-    order, scores = _reference_top(projected64, result.code, 7)
-    assert [i for i, _ in result.items] == [f"test-{j}" for j in order]
-    np.testing.assert_allclose([s for _, s in result.items], scores, rtol=1e-6)
-    pruned = index.run(SearchQuery(code=([4, 9, 2], [0.5, -2.0, 1.0]), sparsity=1), 1000)
+    # The catalogue's own float32 values: only the order of the float64 sums differs.
+    scores = 0.25 + np.array([0.5, -2.0, 1.0]) @ projected64[[4, 9, 2]]
+    tolerance = _score_bound(result.code, projected64, _float64_order(result.code))
+    assert_top_k(result.items, scores, 7, tolerance)
+    pruned = index.run(SearchQuery(code=([4, 9, 2], [0.5, -2.0, 1.0]), sparsity=1))
     assert pruned.code.atoms.tolist() == [9]
     assert pruned.code.weights.tolist() == [-2.0]
 
 
 def test_exclusions_are_never_returned(index):
-    top = index.run(SearchQuery(class_label="5", top_k=10), 1000)
+    top = index.run(SearchQuery(class_label="5", top_k=10))
     excluded = [i for i, _ in top.items[:4]]
-    again = index.run(SearchQuery(class_label="5", top_k=10, exclude=excluded), 1000)
+    again = index.run(SearchQuery(class_label="5", top_k=10, exclude=excluded))
     assert not set(excluded) & {i for i, _ in again.items}
     assert [i for i, _ in again.items[:6]] == [i for i, _ in top.items[4:]]
 
 
 def test_learned_code_from_ids_finds_more_of_the_class(index, digits):
     sevens = [f"test-{j}" for j in np.flatnonzero(digits.y_test == "7")[:5]]
-    result = index.run(SearchQuery(positives=sevens, top_k=20), 1000)
+    result = index.run(SearchQuery(positives=sevens, top_k=20))
     assert result.kind == "positives"
     assert result.n_positives == 5
     assert result.n_negatives == len(digits.y_test) - 5  # the sample minus the positives
@@ -104,7 +147,7 @@ def test_learned_code_from_ids_finds_more_of_the_class(index, digits):
     assert not set(sevens) & set(ids)  # positives excluded by default
     positions = [int(i.split("-")[1]) for i in ids]
     assert (digits.y_test[positions] == "7").mean() >= 0.7
-    kept = index.run(SearchQuery(positives=sevens, top_k=20, exclude_positives=False), 1000)
+    kept = index.run(SearchQuery(positives=sevens, top_k=20, exclude_positives=False))
     assert set(sevens) & {i for i, _ in kept.items}
 
 
@@ -120,42 +163,102 @@ def test_instances_project_like_their_catalogue_rows(index, digits):
 
 
 def test_strongest_atoms_report_each_atoms_items(index):
-    result = index.run(SearchQuery(class_label="0", strongest_atoms=2), 1000)
-    assert [a.atom for a in result.strongest_atoms] == result.code.atoms[:2].tolist()
+    # A class whose two strongest atoms have opposite signs, so that both directions are checked.
+    codes = index.model.codes
+    strongest = np.take_along_axis(codes, np.argsort(-np.abs(codes), axis=0)[:2], axis=0)
+    k = int(np.flatnonzero((strongest > 0).any(axis=0) & (strongest < 0).any(axis=0))[0])
+    result = index.run(SearchQuery(class_label=index.model.classes[k], strongest_atoms=2))
+    z = codes[:, k]
+    atoms = [a.atom for a in result.strongest_atoms]
+    # The two atoms of largest |z| (any of equal ones), with their weights.
+    np.testing.assert_array_equal(np.abs(z[atoms]), np.sort(np.abs(z))[::-1][:2])
+    assert [a.weight for a in result.strongest_atoms] == z[atoms].tolist()
+    # Each atom's items: the catalogue ranked by that atom alone, highest first for a positive
+    # weight and lowest first for a negative one.
+    projected64 = np.asarray(index.catalogue.projected, dtype=np.float64)
     for report in result.strongest_atoms:
-        sign = 1.0 if report.weight >= 0 else -1.0
-        assert report.items == index.atom_items(report.atom, 5, sign=sign)
-    row = np.asarray(index.catalogue.projected[7], dtype=np.float64)
-    best = np.argsort(-row, kind="stable")[:4]
-    assert [i for i, _ in index.atom_items(7, 4)] == [f"test-{j}" for j in best]
+        alone = SparseCode(np.array([report.atom]), np.array([np.sign(z[report.atom])]), 0.0)
+        reference = np.sign(z[report.atom]) * projected64[report.atom]
+        tolerance = _score_bound(alone, projected64, _float64_order(alone))
+        assert_top_k(report.items, reference, 5, tolerance)
+    for sign in (1.0, -1.0):
+        alone = SparseCode(np.array([7]), np.array([sign]), 0.0)
+        tolerance = _score_bound(alone, projected64, _float64_order(alone))
+        assert_top_k(index.atom_items(7, 4, sign=sign), sign * projected64[7], 4, tolerance)
 
 
 @pytest.mark.parametrize(
     ("query", "message"),
     [
-        (SearchQuery(class_label="eleven"), "unknown class 'eleven'"),
-        (SearchQuery(code=([64], [1.0])), "code index 64 is out of range"),
-        (SearchQuery(code=([-1], [1.0])), "code index -1 is out of range"),
-        (SearchQuery(code=([1, 1], [1.0, 2.0])), "distinct"),
-        (SearchQuery(code=([1, 2], [1.0])), "one length"),
-        (SearchQuery(code=([], [])), "the code is empty"),
-        (SearchQuery(code=([1], [float("nan")])), "finite"),
-        (SearchQuery(positives=[]), "positives is empty"),
-        (SearchQuery(positives=["test-1"], negatives=[]), "negatives is empty"),
-        (SearchQuery(positives=["test-1", "nope"]), "unknown catalogue positive(s): 'nope'"),
-        (SearchQuery(positives=[[1.0, 2.0]]), "expected"),
-        (SearchQuery(class_label="1", exclude=["x-1"]), "unknown catalogue id(s): 'x-1'"),
-        (SearchQuery(class_label="1", exclude=["test-7960"]), "unknown catalogue id(s)"),
-        (SearchQuery(class_label="1", top_k=0), "top_k must be between 1 and 1000"),
-        (SearchQuery(class_label="1", top_k=1001), "top_k must be between 1 and 1000"),
-        (SearchQuery(class_label="1", sparsity=0), "sparsity must be at least 1"),
-        (SearchQuery(), "exactly one of class, code or positives"),
-        (SearchQuery(class_label="1", code=([1], [1.0])), "exactly one"),
+        ({"class_label": "eleven"}, "unknown class 'eleven'"),
+        ({"code": ([64], [1.0])}, "code index 64 is out of range"),
+        ({"code": ([-1], [1.0])}, "code index -1 is out of range"),
+        ({"code": ([1, 1], [1.0, 2.0])}, "distinct"),
+        ({"code": ([1, 2], [1.0])}, "one length"),
+        ({"code": ([], [])}, "the code is empty"),
+        ({"code": ([1], [float("nan")])}, "finite"),
+        ({"positives": ["test-1", "nope"]}, "unknown catalogue positive(s): 'nope'"),
+        ({"positives": [[1.0, 2.0]]}, "expected"),
+        ({"class_label": "1", "exclude": ["x-1"]}, "unknown catalogue id(s): 'x-1'"),
+        ({"class_label": "1", "exclude": ["test-7960"]}, "unknown catalogue id(s)"),
     ],
 )
 def test_bad_queries_say_what_is_wrong(index, query, message):
-    with pytest.raises(InvalidInputError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        index.run(query, max_top_k=1000)
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        index.run(SearchQuery(**query))
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({}, "send exactly one of class, code or positives"),
+        (
+            {"class_label": "1", "code": ([1], [1.0])},
+            "send exactly one of class, code or positives",
+        ),
+        ({"class_label": "1", "positives": ["test-1"]}, "send exactly one"),
+        ({"code": ([1], [1.0]), "positives": ["test-1"]}, "send exactly one"),
+        ({"negatives": ["test-1"]}, "send exactly one"),
+        ({"class_label": "1", "negatives": ["test-1"]}, "negatives go with positives"),
+        ({"code": ([1], [1.0]), "negatives": ["test-1"]}, "negatives go with positives"),
+        ({"positives": []}, "positives is empty"),
+        ({"positives": ["test-1"], "negatives": []}, "negatives is empty"),
+        ({"class_label": "1", "top_k": 0}, "top_k must be at least 1, got 0"),
+        ({"class_label": "1", "top_k": -5}, "top_k must be at least 1, got -5"),
+        ({"class_label": "1", "top_k": 2.5}, "top_k must be at least 1, got 2.5"),
+        ({"class_label": "1", "top_k": True}, "top_k must be at least 1, got True"),
+        ({"class_label": "1", "sparsity": 0}, "sparsity must be at least 1, got 0"),
+        ({"class_label": "1", "sparsity": "3"}, "sparsity must be at least 1, got '3'"),
+        ({"class_label": "1", "strongest_atoms": -1}, "strongest_atoms must be >= 0, got -1"),
+    ],
+)
+def test_a_query_checks_its_own_rules_when_made(query, message):
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        SearchQuery(**query)
+
+
+def test_valid_queries_are_made_and_replace_checks_again():
+    query = SearchQuery(positives=["test-1"], negatives=["test-2"], top_k=1, sparsity=1)
+    assert SearchQuery(class_label="1", strongest_atoms=0, top_k=np.int64(3)).top_k == 3
+    with pytest.raises(InvalidInputError, match="top_k must be at least 1"):
+        dataclasses.replace(query, top_k=0)
+
+
+def test_run_takes_no_serving_limits(index, digits):
+    assert list(inspect.signature(SearchIndex.run).parameters) == ["self", "query"]
+    # Limits on items and examples are the HTTP layer's: the library answers any valid query.
+    result = index.run(SearchQuery(class_label="1", top_k=10**6))
+    assert len(result.items) == len(digits.y_test)
+    positives = [f"test-{j}" for j in range(60)]
+    learned = index.run(SearchQuery(positives=positives, negatives=["test-60", "test-61"]))
+    assert (learned.n_positives, learned.n_negatives) == (60, 2)
+
+
+def test_the_same_items_as_positives_and_negatives_learn_a_code(index):
+    # l1_min_c has no start for them (it raised ValueError, an HTTP 500).
+    result = index.run(SearchQuery(positives=["test-1"], negatives=["test-1"], top_k=3))
+    assert result.kind == "positives"
+    assert len(result.items) == 3
 
 
 def test_atoms_out_of_range_are_not_found(index):
@@ -164,7 +267,7 @@ def test_atoms_out_of_range_are_not_found(index):
 
 
 def test_top_k_beyond_the_catalogue_returns_everything(index, digits):
-    result = index.run(SearchQuery(class_label="1", top_k=1000), max_top_k=1000)
+    result = index.run(SearchQuery(class_label="1", top_k=1000))
     assert len(result.items) == len(digits.y_test)
     assert len({i for i, _ in result.items}) == len(digits.y_test)
 
@@ -182,7 +285,13 @@ def test_chunked_memory_mapped_build_equals_one_chunk(search_model_dir, digits, 
                     overwrite=True)  # fmt: skip
     chunked = read_catalogue(catalogue_dir(copy), search_dir(copy))
     reference = read_catalogue(catalogue_dir(search_model_dir), search_dir(search_model_dir))
-    np.testing.assert_array_equal(chunked.projected, reference.projected)
+    # The same float64 products, which BLAS may sum in another order for chunks of another size,
+    # then rounded to float32: at most one float32 step apart (2**-23 relative), or the float64
+    # rounding itself near zero.
+    scale = float(np.abs(reference.projected).max())
+    np.testing.assert_allclose(
+        chunked.projected, reference.projected, rtol=2.0**-23, atol=1e-12 * scale
+    )
     assert chunked.labels is None
 
 
@@ -223,29 +332,29 @@ def test_sparse_code_from_dense_keeps_the_strongest():
 
 
 def test_negatives_sample_is_distinct_seeded_and_uniform():
-    from service.model.search import _sample_positions
+    from service.model.search.catalogue import sample_positions
 
-    sample = _sample_positions(1000, 100, np.random.default_rng(3))
+    sample = sample_positions(1000, 100, np.random.default_rng(3))
     assert sample.tolist() == sorted(set(sample.tolist()))
     assert len(sample) == 100
     assert 0 <= sample.min() <= sample.max() < 1000
-    again = _sample_positions(1000, 100, np.random.default_rng(3))
+    again = sample_positions(1000, 100, np.random.default_rng(3))
     np.testing.assert_array_equal(sample, again)
-    assert _sample_positions(5, 5, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]
+    assert sample_positions(5, 5, np.random.default_rng(0)).tolist() == [0, 1, 2, 3, 4]
     # Uniform: every position is drawn about equally often over many seeds.
     counts = np.zeros(20)
     for seed in range(2000):
-        counts[_sample_positions(20, 5, np.random.default_rng(seed))] += 1
+        counts[sample_positions(20, 5, np.random.default_rng(seed))] += 1
     assert counts.min() > 0.8 * 500
     assert counts.max() < 1.2 * 500
 
 
-def test_ids_are_stored_as_narrow_strings_and_must_be_unique(search_model_dir, tmp_path):
-    from service.model.search import _narrow_strings
+def test_ids_are_stored_asnarrow_strings_and_must_be_unique(search_model_dir, tmp_path):
+    from service.model.search.catalogue import narrow_strings
 
-    assert _narrow_strings(np.arange(1000)).dtype == np.dtype("<U3")
-    assert _narrow_strings(np.array([-12, 5])).tolist() == ["-12", "5"]
-    assert _narrow_strings(np.array(["a", "bcd"], dtype="<U40")).dtype == np.dtype("<U3")
+    assert narrow_strings(np.arange(1000)).dtype == np.dtype("<U3")
+    assert narrow_strings(np.array([-12, 5])).tolist() == ["-12", "5"]
+    assert narrow_strings(np.array(["a", "bcd"], dtype="<U40")).dtype == np.dtype("<U3")
     copy = tmp_path / "model"
     shutil.copytree(search_model_dir, copy)
     predictor = Predictor.load(copy)
@@ -265,4 +374,58 @@ def test_a_search_model_without_catalogue_refuses_searches(search_model_dir, tmp
     assert index.catalogue is None
     assert index.model.class_code("3").n_nonzero == 10  # the codes are still there
     with pytest.raises(NotFoundError, match="python -m training index"):
-        index.run(SearchQuery(class_label="3"), 1000)
+        index.run(SearchQuery(class_label="3"))
+
+
+_WARM_UP_SCRIPT = """
+import sys
+from service.model import Predictor
+from service.model.search import SearchIndex
+
+index = SearchIndex.load(sys.argv[1], Predictor.load(sys.argv[1]))
+assert "sklearn.svm" not in sys.modules, "loading already imported sklearn.svm"
+index.warm_up()
+assert "sklearn.svm" in sys.modules, "warm_up did not import sklearn.svm"
+"""
+
+
+def test_warm_up_imports_and_fits_what_a_query_by_positives_needs(search_model_dir):
+    # A fresh interpreter: this one has long imported scikit-learn's SVMs.
+    completed = subprocess.run(
+        [sys.executable, "-c", _WARM_UP_SCRIPT, str(search_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+
+
+def test_warm_up_learns_one_code_from_the_first_items(index, monkeypatch):
+    calls = []
+    learn_code = index.learn_code
+
+    def spy(positives, negatives, sparsity):
+        calls.append((positives, negatives, sparsity))
+        return learn_code(positives, negatives, sparsity)
+
+    monkeypatch.setattr(index, "learn_code", spy)
+    index.warm_up()
+    assert calls == [(["test-0", "test-1"], None, None)]
+
+
+@pytest.mark.parametrize("n_items", [1, 2])
+def test_warm_up_of_a_catalogue_smaller_than_its_positives(search_model_dir, digits, tmp_path,
+                                                           n_items):  # fmt: skip
+    copy = tmp_path / "model"
+    shutil.copytree(search_model_dir, copy)
+    predictor = Predictor.load(copy)
+    model = UnionOfSubspacesModel.load(search_dir(copy), copy)
+    ids = np.array([f"item-{j}" for j in range(n_items)])
+    build_catalogue(copy, predictor, model, digits.X_test[:n_items], ids, progress=False,
+                    overwrite=True)  # fmt: skip
+    index = SearchIndex.load(copy, predictor)
+    index.warm_up()  # every item is a positive: no default negatives are left
+    assert index.run(SearchQuery(class_label="3", top_k=5)).items[0][0] in ids
+    learned = index.run(SearchQuery(positives=["item-0"], negatives=[f"item-{n_items - 1}"]))
+    assert learned.n_positives == learned.n_negatives == 1

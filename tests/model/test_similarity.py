@@ -79,12 +79,12 @@ def test_spec_compute_dispatches_to_the_right_kernel():
 @pytest.mark.parametrize("n", [1, 3, 400])
 def test_small_and_large_batches_give_the_same_similarities(n):
     # Small batches run on the serial driver, large ones on the parallel driver.
-    from service.model.similarity import PARALLEL_MIN_WORK
+    from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 
     rng = np.random.default_rng(n)
     X, basis = rng.normal(size=(n, 64)), rng.normal(size=(20, 64))
     spec = parse_spec("rbf(0.1)")
-    assert (n * 20 * 64 >= PARALLEL_MIN_WORK) == (n == 400)
+    assert (n * 20 * 64 >= SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS) == (n == 400)
     np.testing.assert_allclose(spec.compute(basis, X), rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)
 
 
@@ -107,3 +107,27 @@ def test_work_estimates_count_every_shift():
     assert parse_spec("rbf").work(2, 3, 4) == 24
     assert parse_spec("rigid(1)").work(2, 3, 4) == 24 * 9
     assert parse_spec("deformable(1, 1)").work(1, 1, 1) == 25 + 9 * 9
+
+
+def test_a_bound_measure_is_checked_once_and_computes_like_the_spec():
+    rng = np.random.default_rng(2)
+    X, basis = rng.normal(size=(3, 12)), rng.normal(size=(4, 12))
+    for text, grid in [
+        ("rbf(0.5)", None),
+        ("rigid(1)", (3, 4, 1)),
+        ("deformable(1, 1)", (2, 2, 3)),
+    ]:
+        spec = parse_spec(text)
+        bound = spec.bind(12, grid)
+        assert bound.pair_work == spec.work(1, 1, 12)
+        np.testing.assert_array_equal(
+            bound.compute(basis, X), spec.compute(basis, X, grid_shape=grid)
+        )
+    with pytest.raises(SpecError, match="not a grid"):
+        parse_spec("rigid(1)").bind(12)
+    with pytest.raises(SpecError, match="does not hold 12 numbers"):
+        parse_spec("rigid(1)").bind(12, (3, 3, 1))
+    with pytest.raises(SpecError, match="are not documents"):
+        parse_spec("sensing0").bind(12)
+    with pytest.raises(SpecError, match="does not apply to bag-of-words"):
+        parse_spec("rigid(1)").bind(12, (3, 4, 1), documents=True)

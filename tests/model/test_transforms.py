@@ -95,3 +95,15 @@ def test_hog_cells_equal_scikit_image(channels, cell, orientations):
         np.testing.assert_allclose(cells[i], expected.ravel(), rtol=1e-12)
     # Each cell is normalised on its own: a bright copy of an image has the same cells.
     np.testing.assert_allclose(transform.apply(3 * X, spec), cells, atol=1e-5)
+
+
+def test_a_bound_transform_is_checked_once_and_applies_like_the_transform():
+    spec = InputSpec.parse("grid(8, 8, 1)")
+    X = np.random.default_rng(0).uniform(0, 16, size=(3, 64))
+    transform = parse_transform("hog(2, 6)")
+    bound = transform.bind(spec)
+    assert (bound.grid_shape, bound.n_features) == ((4, 4, 6), 96)
+    np.testing.assert_array_equal(bound.apply(X), transform.apply(X, spec))
+    assert parse_transform("pixels").bind(spec).apply(X) is X
+    with pytest.raises(SpecError, match="needs images"):
+        transform.bind(InputSpec.parse("vector(64)"))

@@ -128,7 +128,7 @@ def test_search_on_a_text_model_reads_besvm_features(text_fit, text_dataset, tmp
                     progress=False)  # fmt: skip
     index = SearchIndex.load(path, predictor)
     label = predictor.classes[0]
-    result = index.run(SearchQuery(class_label=label, top_k=5), 100)
+    result = index.run(SearchQuery(class_label=label, top_k=5))
     positions = [int(i.split("-")[1]) for i, _ in result.items]
     assert (labels[positions] == label).mean() >= 0.6
     with pytest.raises(ValueError, match="use the besvm feature space"):

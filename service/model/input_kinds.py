@@ -1,0 +1,632 @@
+"""Input kinds: how a model reads its inputs, one strategy per kind, chosen once.
+
+Everything on the way from a client's payload to the similarity measures depends on what an
+input is, and on nothing else:
+
+=====================  ==========================================  ===========================
+                       :class:`DenseInputs`                        :class:`DocumentInputs`
+=====================  ==========================================  ===========================
+input spec             ``vector(d)``, ``grid(H, W, C)``            ``counts(W)``
+client request         nested lists                                ``{"indices", "counts"}``
+                                                                   objects, or raw texts (with
+                                                                   a vocabulary)
+batch                  flat float64 array (n, n_features)          :class:`Documents`
+prepared for measures  transformed, centred and scaled array       the documents (with idf)
+basis                  array (B, d) of prepared items              word counts (B, W), read
+                                                                   through cached postings
+artifact arrays        ``input_mean``, ``input_scale``, ``basis``  ``basis_indptr``,
+                                                                   ``basis_indices``,
+                                                                   ``basis_counts``, ``idf``,
+                                                                   ``input_scale`` (always 1),
+                                                                   ``vocabulary`` (optional)
+manifest keys          ``input``, ``transform``                    ``input``, ``transform``
+                                                                   (always ``none``),
+                                                                   ``vocabulary`` (optional)
+=====================  ==========================================  ===========================
+
+A :class:`~service.model.predictor.Predictor` holds one :class:`InputKind`, chosen from its input
+spec by :func:`input_kind_for` when the model is fitted or loaded, and delegates to it: it never
+asks which kind it holds. Checks that depend only on the model (the transform applies to the
+inputs, the measures apply to the items, the grid fits) are made once, when the strategy is built
+and the measures are bound (:meth:`InputKind.bind`); per call, only the client's payload is
+checked.
+
+The two ways in: :meth:`InputKind.parse` / :meth:`InputKind.parse_texts` take client requests,
+:meth:`InputKind.batch` takes what a trainer holds (arrays, sparse counts, texts). Both give a
+*batch*, which :meth:`InputKind.prepare` turns into the items the measures compare with
+:attr:`InputKind.basis_items`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+
+from service.model.documents import Documents, Vocabulary, canonical_counts, counts_from_pairs
+from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
+from service.model.inputs import InputSpec
+from service.model.preprocessing import normalize_inputs
+from service.model.similarity import BoundSimilarity, SimilaritySpec
+from service.model.transforms import BoundTransform, InputTransform, parse_transform
+
+# The manifest keys the input kinds write and read (a model's metadata never holds them).
+MANIFEST_KEYS = frozenset({"input", "transform", "vocabulary"})
+
+_NO_TRANSFORM = InputTransform("none")
+
+
+class InputKind(ABC):
+    """What a model's inputs are, and everything that depends on it (see the module docstring).
+
+    Attributes
+    ----------
+    spec : InputSpec
+        What one client instance is.
+    has_normalized_form : bool
+        Whether :meth:`normalized` gives the inputs as dense normalised vectors (the feature
+        space a search model may read instead of the basis-expanded features).
+    """
+
+    spec: InputSpec
+    has_normalized_form: ClassVar[bool]
+    # Every array name the kind may own in an artifact (see :meth:`array_names`).
+    ARRAYS: ClassVar[frozenset[str]]
+
+    # -- what the inputs are -------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def transform(self) -> InputTransform:
+        """Applied to every instance before anything else (``none`` for documents)."""
+
+    @property
+    def vocabulary(self) -> Vocabulary | None:
+        """Turns raw text into inputs; None if the model reads no text."""
+        return None
+
+    @property
+    @abstractmethod
+    def n_features(self) -> int:
+        """Length of a prepared item (what the measures compare), ``d`` or ``W``."""
+
+    @property
+    @abstractmethod
+    def grid_shape(self) -> tuple[int, int, int] | None:
+        """Layout of a prepared item as (height, width, channels), or None if flat."""
+
+    @property
+    @abstractmethod
+    def basis_items(self) -> np.ndarray | Documents:
+        """The basis as the measures read it, shape (n_basis, n_features)."""
+
+    @property
+    @abstractmethod
+    def n_basis(self) -> int:
+        """Basis items, B."""
+
+    @property
+    @abstractmethod
+    def n_basis_values(self) -> int:
+        """Numbers the basis keeps: B * d for dense items, the non-zero counts of documents."""
+
+    # -- batches -------------------------------------------------------------------------
+
+    @abstractmethod
+    def parse(self, instances: Sequence[Any]) -> np.ndarray | Documents:
+        """A client's instances as a batch.
+
+        Raises
+        ------
+        InvalidInputError
+            Naming the first offending instance; also for an empty batch.
+        """
+
+    def parse_texts(self, texts: Sequence[str]) -> np.ndarray | Documents:
+        """A client's raw texts as a batch.
+
+        Raises
+        ------
+        InvalidInputError
+            The model reads no text, the batch is empty or an item is not a string.
+        """
+        raise InvalidInputError(f"this model reads {self.spec}, not text: send instances")
+
+    @abstractmethod
+    def batch(self, X) -> np.ndarray | Documents:
+        """What a trainer holds (see the subclasses) as a batch; a batch passes unchanged.
+
+        Raises
+        ------
+        InvalidInputError
+        """
+
+    @abstractmethod
+    def prepare(self, batch: np.ndarray | Documents) -> np.ndarray | Documents:
+        """A batch as the measures read it, shape (n_samples, n_features); no checks."""
+
+    def normalized(self, X) -> np.ndarray:
+        """The inputs as dense normalised vectors (see :attr:`has_normalized_form`).
+
+        Raises
+        ------
+        InvalidInputError
+            The kind has no such form.
+        """
+        raise InvalidInputError(
+            f"{self.spec} inputs have no normalised dense form: use the basis-expanded features"
+        )
+
+    def known_words(self, batch: np.ndarray | Documents) -> list[int] | None:
+        """Words of each instance the model knows, for kinds that count words; else None."""
+        return None
+
+    @abstractmethod
+    def warm_up_batch(self, n_rows: int) -> np.ndarray | Documents:
+        """A batch of ``n_rows`` typical instances, to run the prediction path on."""
+
+    # -- measures ------------------------------------------------------------------------
+
+    @abstractmethod
+    def bind(self, specs: Sequence[SimilaritySpec]) -> tuple[BoundSimilarity, ...]:
+        """The measures bound to this kind's prepared items (checked once).
+
+        Raises
+        ------
+        SpecError
+            A measure does not apply to these items.
+        """
+
+    # -- artifact form -------------------------------------------------------------------
+
+    @abstractmethod
+    def problems(self) -> list[str]:
+        """What is inconsistent in this kind's own arrays (empty if nothing)."""
+
+    @abstractmethod
+    def manifest(self) -> dict[str, Any]:
+        """This kind's manifest entries (keys of :data:`MANIFEST_KEYS`)."""
+
+    @abstractmethod
+    def arrays(self) -> dict[str, np.ndarray]:
+        """This kind's arrays, by their artifact names."""
+
+    @classmethod
+    @abstractmethod
+    def array_names(cls, manifest: dict[str, Any]) -> frozenset[str]:
+        """The arrays an artifact with this manifest must hold for this kind."""
+
+    @classmethod
+    @abstractmethod
+    def from_artifact(
+        cls,
+        spec: InputSpec,
+        manifest: dict[str, Any],
+        arrays: dict[str, np.ndarray],
+        path: str | os.PathLike,
+    ) -> InputKind:
+        """Build from an artifact's manifest and verified arrays.
+
+        Raises
+        ------
+        ArtifactIntegrityError
+            The arrays do not form valid inputs of this kind.
+        KeyError, TypeError, ModelError
+            A malformed manifest entry (the caller names the manifest).
+        """
+
+    def _input_entry(self) -> dict[str, Any]:
+        return {"input": {"kind": self.spec.kind, "shape": list(self.spec.shape)}}
+
+
+@dataclass(frozen=True, eq=False)
+class DenseInputs(InputKind):
+    """Vectors and grids: transformed, then centred and scaled (BE-SVM paper, section 3.1).
+
+    Parameters
+    ----------
+    spec : InputSpec
+        ``vector(d)`` or ``grid(H, W, C)``: what clients send.
+    mean : ndarray of shape (d,)
+        Training mean of the transformed inputs; ``d`` is the length of a transformed instance.
+    scale : float
+        Mean L2 norm of the centred transformed training inputs.
+    basis : ndarray of shape (B, d)
+        Basis items, transformed and normalised.
+    transform : InputTransform, default none
+        Applied to every instance first; see :mod:`service.model.transforms`.
+
+    Raises
+    ------
+    SpecError
+        The spec is not a vector or grid, or the transform does not apply to it.
+    """
+
+    spec: InputSpec
+    mean: np.ndarray
+    scale: float
+    basis: np.ndarray
+    transform: InputTransform = _NO_TRANSFORM
+    _bound: BoundTransform = field(init=False, repr=False)
+
+    has_normalized_form: ClassVar[bool] = True
+    ARRAYS: ClassVar[frozenset[str]] = frozenset({"input_mean", "input_scale", "basis"})
+
+    def __post_init__(self) -> None:
+        if self.spec.kind not in ("vector", "grid"):
+            raise SpecError(f"dense inputs are vectors or grids, not {self.spec}")
+        # One dtype and layout, so the compiled kernels see one signature.
+        object.__setattr__(self, "mean", np.ascontiguousarray(self.mean, dtype=np.float64))
+        object.__setattr__(self, "basis", np.ascontiguousarray(self.basis, dtype=np.float64))
+        object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "_bound", self.transform.bind(self.spec))
+
+    @property
+    def n_features(self) -> int:
+        return self._bound.n_features
+
+    @property
+    def grid_shape(self) -> tuple[int, int, int] | None:
+        return self._bound.grid_shape
+
+    @property
+    def basis_items(self) -> np.ndarray:
+        return self.basis
+
+    @property
+    def n_basis(self) -> int:
+        return int(self.basis.shape[0])
+
+    @property
+    def n_basis_values(self) -> int:
+        return int(self.basis.size)
+
+    def parse(self, instances: Sequence[Any]) -> np.ndarray:
+        """Nested lists (or an array), each instance in one of the spec's accepted shapes.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, spec.n_features), float64, C-contiguous
+            See :meth:`InputSpec.as_batch`.
+        """
+        return self.spec.as_batch(instances)
+
+    def batch(self, X) -> np.ndarray:
+        """Flat raw instances.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, spec.n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, spec.n_features), float64, C-contiguous
+        """
+        X = np.asarray(X)
+        d = self.spec.n_features
+        if X.ndim != 2 or X.shape[1] != d:
+            raise InvalidInputError(f"expected flat inputs of shape (n, {d}), got {X.shape}")
+        return np.ascontiguousarray(X, dtype=np.float64)
+
+    def prepare(self, batch: np.ndarray) -> np.ndarray:
+        """Transformed, centred and scaled: ndarray of shape (n_samples, d)."""
+        return normalize_inputs(self._bound.apply(batch), self.mean, self.scale)
+
+    def normalized(self, X) -> np.ndarray:
+        """:meth:`prepare` of :meth:`batch`: ndarray of shape (n_samples, d)."""
+        return self.prepare(self.batch(X))
+
+    def warm_up_batch(self, n_rows: int) -> np.ndarray:
+        return np.zeros((n_rows, self.spec.n_features))
+
+    def bind(self, specs: Sequence[SimilaritySpec]) -> tuple[BoundSimilarity, ...]:
+        return tuple(spec.bind(self.n_features, self.grid_shape) for spec in specs)
+
+    def problems(self) -> list[str]:
+        d, n_basis = self.n_features, self.n_basis
+        expected = {"input_mean": (self.mean, (d,)), "basis": (self.basis, (n_basis, d))}
+        problems = [
+            f"{name} has shape {array.shape}, expected {shape}"
+            for name, (array, shape) in expected.items()
+            if array.shape != shape
+        ]
+        if not (np.isfinite(self.scale) and self.scale > 0):
+            problems.append(f"input_scale must be positive, got {self.scale}")
+        if not problems:
+            problems += [
+                f"{name} holds NaN or infinity"
+                for name, (array, _) in expected.items()
+                if not np.isfinite(array).all()
+            ]
+        return problems
+
+    def manifest(self) -> dict[str, Any]:
+        return {**self._input_entry(), "transform": str(self.transform)}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "input_scale": np.asarray(self.scale, dtype=np.float64),
+            "input_mean": self.mean,
+            "basis": self.basis,
+        }
+
+    @classmethod
+    def array_names(cls, manifest: dict[str, Any]) -> frozenset[str]:
+        return cls.ARRAYS
+
+    @classmethod
+    def from_artifact(cls, spec, manifest, arrays, path) -> DenseInputs:
+        _refuse_foreign_arrays(cls, spec, arrays, path)
+        return cls(
+            spec=spec,
+            mean=arrays["input_mean"],
+            scale=float(arrays["input_scale"]),
+            basis=arrays["basis"],
+            transform=parse_transform(manifest.get("transform", "none")),
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class DocumentInputs(InputKind):
+    """Bag-of-words documents: sparse word counts, neither transformed nor normalised.
+
+    Parameters
+    ----------
+    spec : InputSpec
+        ``counts(W)``.
+    basis : sparse matrix of shape (B, W)
+        Word counts of the basis items (made canonical, see :func:`canonical_counts`).
+    idf : ndarray of shape (W,)
+        The training set's inverse document frequencies (the tf-idf view).
+    vocabulary : Vocabulary, optional
+        Turns raw text into counts, so clients may send text.
+
+    Raises
+    ------
+    SpecError
+        The spec is not ``counts(W)``.
+    ArtifactIntegrityError
+        The basis is not word counts.
+    """
+
+    spec: InputSpec
+    basis: sp.csr_matrix
+    idf: np.ndarray
+    vocabulary: Vocabulary | None = None
+    _basis_items: Documents = field(init=False, repr=False)
+
+    has_normalized_form: ClassVar[bool] = False
+    ARRAYS: ClassVar[frozenset[str]] = frozenset(
+        {"input_scale", "basis_indptr", "basis_indices", "basis_counts", "idf", "vocabulary"}
+    )
+    _REQUIRED: ClassVar[frozenset[str]] = ARRAYS - {"vocabulary"}
+
+    def __post_init__(self) -> None:
+        if self.spec.kind != "counts":
+            raise SpecError(
+                f"documents are counts(W) inputs, not {self.spec}"
+                + ("; text needs a vocabulary" if self.spec.kind == "text" else "")
+            )
+        try:
+            counts = canonical_counts(self.basis)
+        except (InvalidInputError, TypeError, ValueError) as error:
+            raise ArtifactIntegrityError(f"document basis: {error}") from None
+        idf = np.empty(0) if self.idf is None else self.idf
+        object.__setattr__(self, "basis", counts)
+        object.__setattr__(self, "idf", np.ascontiguousarray(idf, dtype=np.float64))
+        # The basis as the measures read it; its views' postings are built once and cached.
+        object.__setattr__(self, "_basis_items", Documents(counts, self.idf))
+
+    @property
+    def transform(self) -> InputTransform:
+        return _NO_TRANSFORM
+
+    @property
+    def n_features(self) -> int:
+        return self.spec.shape[0]
+
+    @property
+    def grid_shape(self) -> None:
+        return None
+
+    @property
+    def basis_items(self) -> Documents:
+        return self._basis_items
+
+    @property
+    def n_basis(self) -> int:
+        return int(self.basis.shape[0])
+
+    @property
+    def n_basis_values(self) -> int:
+        return int(self.basis.nnz)
+
+    def parse(self, instances: Sequence[Any]) -> Documents:
+        """``{"indices": [...], "counts": [...]}`` objects, one per document (see
+        :func:`counts_from_pairs`)."""
+        if len(instances) == 0:
+            raise InvalidInputError("the batch is empty: send at least one instance")
+        return Documents(counts_from_pairs(instances, self.n_features), self.idf)
+
+    def parse_texts(self, texts: Sequence[str]) -> Documents:
+        """Raw texts, counted over the vocabulary (unknown words dropped)."""
+        if self.vocabulary is None:
+            raise InvalidInputError("this model has no vocabulary: send word counts as instances")
+        if len(texts) == 0:
+            raise InvalidInputError("the batch is empty: send at least one text")
+        return Documents(self.vocabulary.encode(texts), self.idf)
+
+    def batch(self, X) -> Documents:
+        """:class:`Documents` as they are, a sparse count matrix of shape (n_samples, W), or
+        raw texts (with a vocabulary)."""
+        if isinstance(X, Documents):
+            return X
+        if sp.issparse(X):
+            return Documents(canonical_counts(X, self.n_features), self.idf)
+        return self.parse_texts(list(X))
+
+    def prepare(self, batch: Documents) -> Documents:
+        return batch
+
+    def known_words(self, batch: Documents) -> list[int]:
+        return batch.known_words().astype(int).tolist()
+
+    def warm_up_batch(self, n_rows: int) -> Documents:
+        one_word = sp.csr_matrix(
+            (np.ones(n_rows), np.zeros(n_rows, dtype=np.int64), np.arange(n_rows + 1)),
+            shape=(n_rows, self.n_features),
+        )
+        return Documents(canonical_counts(one_word), self.idf)
+
+    def bind(self, specs: Sequence[SimilaritySpec]) -> tuple[BoundSimilarity, ...]:
+        return tuple(spec.bind(self.n_features, documents=True) for spec in specs)
+
+    def problems(self) -> list[str]:
+        n_words = self.n_features
+        if self.basis.shape[1] != n_words:
+            return [f"basis has shape {self.basis.shape}, expected ({self.n_basis}, {n_words})"]
+        if self.idf.shape != (n_words,):
+            return [f"idf has shape {self.idf.shape}, expected {(n_words,)}"]
+        if self.vocabulary is not None and self.vocabulary.size != n_words:
+            return [f"the vocabulary holds {self.vocabulary.size} words, inputs {n_words}"]
+        if not np.isfinite(self.idf).all():
+            return ["idf holds NaN or infinity"]
+        return []
+
+    def manifest(self) -> dict[str, Any]:
+        entries = {**self._input_entry(), "transform": str(self.transform)}
+        if self.vocabulary is not None:
+            entries["vocabulary"] = {"size": self.vocabulary.size, **self.vocabulary.settings()}
+        return entries
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        arrays = {
+            # Documents are not scaled; every BE-SVM artifact records a scale all the same.
+            "input_scale": np.asarray(1.0),
+            "basis_indptr": self.basis.indptr,
+            "basis_indices": self.basis.indices,
+            "basis_counts": self.basis.data,
+            "idf": self.idf,
+        }
+        if self.vocabulary is not None:
+            arrays["vocabulary"] = np.asarray(self.vocabulary.terms, dtype=np.str_)
+        return arrays
+
+    @classmethod
+    def array_names(cls, manifest: dict[str, Any]) -> frozenset[str]:
+        return cls.ARRAYS if manifest.get("vocabulary") is not None else cls._REQUIRED
+
+    @classmethod
+    def from_artifact(cls, spec, manifest, arrays, path) -> DocumentInputs:
+        _refuse_foreign_arrays(cls, spec, arrays, path)
+        if parse_transform(manifest.get("transform", "none")) != _NO_TRANSFORM:
+            raise ArtifactIntegrityError(f"{path}: documents are neither transformed nor scaled")
+        if float(arrays["input_scale"]) != 1.0:
+            raise ArtifactIntegrityError(f"{path}: documents are not scaled: input_scale must be 1")
+        vocabulary = None
+        settings = manifest.get("vocabulary")
+        if settings is not None:
+            try:
+                vocabulary = Vocabulary(
+                    tuple(arrays["vocabulary"].tolist()),
+                    lowercase=bool(settings["lowercase"]),
+                    token_pattern=str(settings["token_pattern"]),
+                )
+            except (KeyError, TypeError, ValueError, re.error) as error:
+                raise ArtifactIntegrityError(f"{path}: bad vocabulary: {error!r}") from None
+        basis = _basis_counts(path, arrays, spec.shape[0])
+        return cls(spec=spec, basis=basis, idf=arrays["idf"], vocabulary=vocabulary)
+
+
+def _basis_counts(path, arrays: dict[str, np.ndarray], n_words: int) -> sp.csr_matrix:
+    """The basis of a documents model from its three CSR arrays, checked before use."""
+    indptr, indices, counts = (arrays[k] for k in ("basis_indptr", "basis_indices", "basis_counts"))
+    if (
+        indptr.ndim != 1
+        or indptr.shape[0] < 1
+        or indptr[0] != 0
+        or (np.diff(indptr) < 0).any()
+        or indptr[-1] != indices.shape[0]
+        or indices.ndim != 1
+        or indices.shape != counts.shape
+        or (indices.size and not 0 <= indices.min() <= indices.max() < n_words)
+    ):
+        raise ArtifactIntegrityError(f"{path}: basis_indptr/indices/counts are not a valid CSR")
+    return sp.csr_matrix((counts, indices, indptr), shape=(indptr.shape[0] - 1, n_words))
+
+
+_ALL_ARRAYS = DenseInputs.ARRAYS | DocumentInputs.ARRAYS
+
+
+def _refuse_foreign_arrays(cls: type[InputKind], spec: InputSpec, arrays, path) -> None:
+    foreign = sorted((arrays.keys() & _ALL_ARRAYS) - cls.ARRAYS)
+    if foreign:
+        raise ArtifactIntegrityError(f"{path}: {spec} inputs have no {', '.join(foreign)}")
+
+
+_KINDS: dict[str, type[InputKind]] = {
+    "vector": DenseInputs,
+    "grid": DenseInputs,
+    "counts": DocumentInputs,
+}
+
+
+def input_kind_for(spec: InputSpec) -> type[InputKind]:
+    """The strategy class of a model's input spec.
+
+    Raises
+    ------
+    SpecError
+        No model reads such inputs (``text``: a vocabulary turns it into ``counts(W)``).
+    """
+    try:
+        return _KINDS[spec.kind]
+    except KeyError:
+        raise SpecError(
+            f"a model reads vector, grid or counts(W) inputs, not {spec}"
+            + ("; text needs a vocabulary" if spec.kind == "text" else "")
+        ) from None
+
+
+def input_spec_of(manifest: dict[str, Any]) -> InputSpec:
+    """The input spec a manifest records.
+
+    Raises
+    ------
+    KeyError, TypeError, SpecError
+        A malformed ``input`` entry.
+    """
+    return InputSpec(manifest["input"]["kind"], tuple(manifest["input"]["shape"]))
+
+
+def input_arrays(manifest: dict[str, Any]) -> frozenset[str]:
+    """The arrays of its input kind an artifact with this manifest must hold.
+
+    Raises
+    ------
+    KeyError, TypeError, ModelError
+        A malformed ``input`` entry.
+    """
+    return input_kind_for(input_spec_of(manifest)).array_names(manifest)
+
+
+def read_inputs(
+    manifest: dict[str, Any], arrays: dict[str, np.ndarray], path: str | os.PathLike
+) -> InputKind:
+    """The input kind of an artifact, from its manifest and verified arrays.
+
+    Raises
+    ------
+    ArtifactIntegrityError
+        The arrays do not form valid inputs of the kind.
+    KeyError, TypeError, ModelError
+        A malformed manifest entry (see :func:`service.model.artifact.manifest_fields`).
+    """
+    spec = input_spec_of(manifest)
+    return input_kind_for(spec).from_artifact(spec, manifest, arrays, path)

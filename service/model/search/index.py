@@ -1,0 +1,361 @@
+"""Queries over a search model and its catalogue: by class, by a client's code, or by a code
+learned on the fly from positive (and optionally negative) examples.
+
+The rules that belong to a query itself (one kind of query, counts at least 1, non-empty example
+lists) are checked once, when a :class:`SearchQuery` is made; :meth:`SearchIndex.run` checks what
+needs the model and the catalogue (classes, ids, atoms, instance shapes). Serving limits (how
+many items or examples a client may ask for) are the HTTP layer's.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.model.errors import ArtifactIntegrityError, InvalidInputError, NotFoundError
+from service.model.predictor import Predictor
+from service.model.search.catalogue import Catalogue, read_catalogue
+from service.model.search.codes import SparseCode, sparse_svm_code
+from service.model.search.layout import catalogue_dir, search_dir
+from service.model.search.model import UnionOfSubspacesModel, search_features
+
+ITEMS_PER_ATOM = 5
+WARM_UP_POSITIVES = 2
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    """One search: exactly one of a class, a code, or positive examples.
+
+    Parameters
+    ----------
+    class_label : str, optional
+    code : tuple of (indices, values), optional
+        Indices of shape (nnz,) and values of shape (nnz,); checked against the model by
+        :meth:`SearchIndex.check_code`.
+    bias : float
+        With ``code``.
+    positives, negatives : sequence, optional
+        Catalogue ids (strings or integers) or instances in the model's input shape; neither may
+        be empty. Negatives go with positives and default to the catalogue's fixed random sample.
+    top_k : int
+        At least 1; the catalogue may hold fewer.
+    sparsity : int, optional
+        Prune the code to this many non-zeros (the strongest kept), at least 1.
+    exclude : sequence of ids
+    exclude_positives : bool
+        Leave out positives given as ids.
+    strongest_atoms : int
+        Report this many of the code's strongest atoms, each with its best items (>= 0).
+
+    Raises
+    ------
+    InvalidInputError
+        Not exactly one of ``class_label``, ``code`` and ``positives``; ``negatives`` without
+        ``positives``; empty ``positives`` or ``negatives``; ``top_k`` or ``sparsity`` below 1;
+        ``strongest_atoms`` below 0.
+    """
+
+    class_label: str | None = None
+    code: tuple[Sequence[int], Sequence[float]] | None = None
+    bias: float = 0.0
+    positives: Sequence[Any] | None = None
+    negatives: Sequence[Any] | None = None
+    top_k: int = 10
+    sparsity: int | None = None
+    exclude: Sequence[Any] = ()
+    exclude_positives: bool = True
+    strongest_atoms: int = 0
+
+    def __post_init__(self) -> None:
+        given = [q is not None for q in (self.class_label, self.code, self.positives)]
+        if sum(given) != 1:
+            raise InvalidInputError("send exactly one of class, code or positives")
+        if self.negatives is not None and self.positives is None:
+            raise InvalidInputError("negatives go with positives")
+        if self.positives is not None and len(self.positives) == 0:
+            raise InvalidInputError("positives is empty: give at least one id or instance")
+        if self.negatives is not None and len(self.negatives) == 0:
+            raise InvalidInputError("negatives is empty: leave it out to use the default sample")
+        if not _is_integer(self.top_k) or self.top_k < 1:
+            raise InvalidInputError(f"top_k must be at least 1, got {self.top_k!r}")
+        if self.sparsity is not None and (not _is_integer(self.sparsity) or self.sparsity < 1):
+            raise InvalidInputError(f"sparsity must be at least 1, got {self.sparsity!r}")
+        if not _is_integer(self.strongest_atoms) or self.strongest_atoms < 0:
+            raise InvalidInputError(f"strongest_atoms must be >= 0, got {self.strongest_atoms!r}")
+
+
+@dataclass(frozen=True)
+class AtomReport:
+    """One of a code's strongest atoms.
+
+    Parameters
+    ----------
+    atom : int
+    weight : float
+        Its weight in the code.
+    items : list of (id, score), length <= ITEMS_PER_ATOM
+        The items the atom alone ranks highest (lowest for a negative weight), best first.
+    """
+
+    atom: int
+    weight: float
+    items: list[tuple[str, float]]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The answer to a :class:`SearchQuery`.
+
+    Parameters
+    ----------
+    kind : {"class", "code", "positives"}
+    code : SparseCode
+        The code that ranked the items, pruned to the query's sparsity.
+    items : list of (id, score), length <= top_k
+        Best first.
+    strongest_atoms : list of AtomReport, length <= strongest_atoms
+    n_positives, n_negatives : int
+        Examples a learned code was fitted on (0 for the other kinds).
+    """
+
+    kind: str
+    code: SparseCode
+    items: list[tuple[str, float]]
+    strongest_atoms: list[AtomReport]
+    n_positives: int = 0
+    n_negatives: int = 0
+
+
+class SearchIndex:
+    """A search model with its catalogue, answering :class:`SearchQuery`.
+
+    Parameters
+    ----------
+    predictor : Predictor
+        Computes the features of inputs given as examples.
+    model : UnionOfSubspacesModel
+    catalogue : Catalogue or None
+        Without one, only the model's codes are known: searches are refused.
+    """
+
+    def __init__(
+        self, predictor: Predictor, model: UnionOfSubspacesModel, catalogue: Catalogue | None
+    ):
+        self.predictor = predictor
+        self.model = model
+        self.catalogue = catalogue
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike, predictor: Predictor) -> SearchIndex | None:
+        """The search index under ``model_dir``, or None if the model has none."""
+        model_path, catalogue_path = search_dir(model_dir), catalogue_dir(model_dir)
+        if not model_path.exists():
+            return None
+        model = UnionOfSubspacesModel.load(model_path, model_dir)
+        catalogue = None
+        if catalogue_path.exists():
+            catalogue = read_catalogue(catalogue_path, model_path)
+            if catalogue.n_atoms != model.n_atoms:
+                raise ArtifactIntegrityError(
+                    f"{catalogue_path}: {catalogue.n_atoms} atoms, the dictionary has "
+                    f"{model.n_atoms}"
+                )
+        return cls(predictor, model, catalogue)
+
+    def require_catalogue(self) -> Catalogue:
+        if self.catalogue is None:
+            raise NotFoundError(
+                f"model {self.predictor.name!r} has no catalogue to search: build one with "
+                "python -m training index"
+            )
+        return self.catalogue
+
+    def run(self, query: SearchQuery) -> SearchResult:
+        """Answer one query (its own rules were checked when it was made).
+
+        Parameters
+        ----------
+        query : SearchQuery
+
+        Returns
+        -------
+        SearchResult
+
+        Raises
+        ------
+        InvalidInputError
+            Unknown class or id, code indices out of range or repeated, non-finite code values,
+            or instances not in the model's input shape.
+        NotFoundError
+            No catalogue.
+        """
+        catalogue = self.require_catalogue()
+        excluded = [catalogue.positions(list(query.exclude), "id")]
+        n_positives = n_negatives = 0
+        if query.class_label is not None:
+            kind, code = "class", self.model.class_code(str(query.class_label))
+        elif query.code is not None:
+            kind, code = "code", self.check_code(*query.code, bias=query.bias)
+        else:
+            kind = "positives"
+            code, positive_positions, n_positives, n_negatives = self.learn_code(
+                query.positives, query.negatives, query.sparsity
+            )
+            if query.exclude_positives:
+                excluded.append(positive_positions)
+        code = code.pruned(query.sparsity)
+        excluded_positions = np.unique(np.concatenate(excluded)).astype(np.int64)
+        positions, scores = catalogue.top(code, query.top_k, excluded_positions)
+        return SearchResult(
+            kind=kind,
+            code=code,
+            items=self._named(positions, scores),
+            strongest_atoms=self.strongest_atoms(code, query.strongest_atoms),
+            n_positives=n_positives,
+            n_negatives=n_negatives,
+        )
+
+    def check_code(self, indices, values, bias: float = 0.0) -> SparseCode:
+        """A client's code: indices in range and distinct, values finite, same lengths."""
+        try:
+            atoms = np.asarray(indices, dtype=np.int64)
+            weights = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidInputError("code indices must be integers and values numbers") from None
+        if atoms.ndim != 1 or atoms.shape != weights.shape:
+            raise InvalidInputError(
+                f"code indices and values must be flat lists of one length, got "
+                f"{atoms.shape} and {weights.shape}"
+            )
+        if atoms.size == 0:
+            raise InvalidInputError("the code is empty: give at least one index and value")
+        n_atoms = self.model.n_atoms
+        bad = atoms[(atoms < 0) | (atoms >= n_atoms)]
+        if bad.size:
+            raise InvalidInputError(
+                f"code index {int(bad[0])} is out of range: atoms are 0..{n_atoms - 1}"
+            )
+        if np.unique(atoms).size != atoms.size:
+            raise InvalidInputError("code indices must be distinct")
+        if not np.isfinite(weights).all() or not np.isfinite(bias):
+            raise InvalidInputError("code values and bias must be finite numbers")
+        dense = np.zeros(n_atoms)
+        dense[atoms] = weights
+        return SparseCode.from_dense(dense, bias)
+
+    def learn_code(self, positives, negatives, sparsity: int | None):
+        """Learn a code with D fixed, on precomputed rows (section "on-the-fly classes"): see
+        :func:`sparse_svm_code`.
+
+        Parameters
+        ----------
+        positives : sequence, non-empty
+            Catalogue ids (str or int) or instances in the model's input shape.
+        negatives : sequence or None
+            The same kinds; None for the catalogue's fixed sample less the positives.
+        sparsity : int or None
+            Most non-zeros of the code; None for the model's ``n_nonzero``.
+
+        Returns
+        -------
+        code : SparseCode
+        positive_positions : ndarray of shape (n_positive_ids,), int64
+            Catalogue positions of positives given as ids.
+        n_positives, n_negatives : int
+        """
+        catalogue = self.require_catalogue()
+        if len(positives) == 0:  # a SearchQuery never holds one; direct callers may
+            raise InvalidInputError("positives is empty: give at least one id or instance")
+        positive_rows, positive_positions = self._example_rows(positives, "positive")
+        if negatives is None:
+            negative_rows = catalogue.negative_rows(positive_positions)
+        elif len(negatives) == 0:
+            raise InvalidInputError("negatives is empty: leave it out to use the default sample")
+        else:
+            negative_rows, _ = self._example_rows(negatives, "negative")
+        if len(negative_rows) == 0:
+            raise InvalidInputError("no negatives left: every sampled item is a positive")
+        X = np.vstack([positive_rows, negative_rows])
+        y = np.r_[np.ones(len(positive_rows)), -np.ones(len(negative_rows))]
+        n_nonzero = sparsity or self.model.metadata.get("n_nonzero") or self.model.n_atoms
+        code = sparse_svm_code(X, y, n_nonzero)
+        return code, positive_positions, len(positive_rows), len(negative_rows)
+
+    def _example_rows(self, examples: Sequence[Any], what: str):
+        """Projected rows of examples: ids (str or int) from the catalogue, instances through
+        the model's features and D^T.
+
+        Returns
+        -------
+        rows : ndarray of shape (len(examples), A)
+            The ids' rows first, then the instances'.
+        positions : ndarray of shape (n_ids,), int64
+            Catalogue positions of the ids.
+        """
+        catalogue = self.require_catalogue()
+        ids = [e for e in examples if isinstance(e, str | int) and not isinstance(e, bool)]
+        instances = [
+            e for e in examples if not (isinstance(e, str | int) and not isinstance(e, bool))
+        ]
+        positions = catalogue.positions(ids, what) if ids else np.zeros(0, dtype=np.int64)
+        rows = [catalogue.rows(positions)]
+        if instances:
+            X = self.predictor.validate(instances)
+            features = search_features(self.predictor, self.model.feature_space, X)
+            rows.append(self.model.project(features))
+        return np.vstack(rows), positions
+
+    def strongest_atoms(self, code: SparseCode, n: int) -> list[AtomReport]:
+        """The code's ``n`` strongest atoms, each with the items it ranks highest (modality
+        discovery: which modes of a class the atoms stand for)."""
+        reports = []
+        for atom, weight in zip(code.atoms[:n].tolist(), code.weights[:n].tolist(), strict=True):
+            items = self.atom_items(atom, ITEMS_PER_ATOM, sign=1.0 if weight >= 0 else -1.0)
+            reports.append(AtomReport(atom, weight, items))
+        return reports
+
+    def atom_items(self, atom: int, top_k: int, sign: float = 1.0) -> list[tuple[str, float]]:
+        """The items scoring highest on one atom alone (attribute discovery)."""
+        catalogue = self.require_catalogue()
+        if not 0 <= atom < self.model.n_atoms:
+            raise NotFoundError(f"no atom {atom}: atoms are 0..{self.model.n_atoms - 1}")
+        code = SparseCode(np.array([atom], dtype=np.int64), np.array([sign]), 0.0)
+        return self._named(*catalogue.top(code, top_k))
+
+    def atom_classes(self, atom: int) -> list[tuple[str, float]]:
+        """Classes whose code uses ``atom``, by decreasing ``|z|``."""
+        row = self.model.codes[atom]
+        order = np.argsort(-np.abs(row), kind="stable")
+        return [(self.model.classes[k], float(row[k])) for k in order if row[k] != 0.0]
+
+    def _named(self, positions: np.ndarray, scores: np.ndarray) -> list[tuple[str, float]]:
+        ids = self.require_catalogue().ids[positions]
+        return list(zip(ids.tolist(), scores.tolist(), strict=True))
+
+    def warm_up(self) -> None:
+        """Make the first query of every kind as fast as the next: compile and page in the
+        scoring path (serial and parallel) with the first class, and learn one code from the
+        first catalogue items as positives, which imports scikit-learn and fits its first
+        LinearSVCs (a first query by positives otherwise pays for both)."""
+        if self.catalogue is None:
+            return
+        code = self.model.class_code(self.model.classes[0])
+        self.catalogue.top(code, 10)
+        if code.n_nonzero:
+            self.catalogue.top(code.pruned(1), 10)
+        positions = np.arange(min(WARM_UP_POSITIVES, self.catalogue.n_items), dtype=np.int64)
+        ids = self.catalogue.ids[positions].tolist()
+        # In a catalogue no larger than that, the default sample may have no negatives left:
+        # the same items then stand on both sides, which sparse_svm_code accepts.
+        negatives = None if len(self.catalogue.negative_rows(positions)) else ids
+        self.learn_code(ids, negatives, None)

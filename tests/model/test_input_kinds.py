@@ -1,0 +1,101 @@
+"""Input kinds: the strategy chosen once from the input spec, and what each kind does with client
+requests, trainer batches and its own artifact arrays."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from service.model import ArtifactIntegrityError, InputSpec, InvalidInputError, Predictor, SpecError
+from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
+from service.model.input_kinds import DenseInputs, DocumentInputs, input_kind_for
+
+
+def test_the_kind_is_chosen_from_the_input_spec(digits_predictor, text_fit):
+    assert input_kind_for(InputSpec("vector", (3,))) is DenseInputs
+    assert input_kind_for(InputSpec("grid", (2, 2, 1))) is DenseInputs
+    assert input_kind_for(InputSpec("counts", (5,))) is DocumentInputs
+    with pytest.raises(SpecError, match="text needs a vocabulary"):
+        input_kind_for(InputSpec("text", ()))
+    assert isinstance(digits_predictor.inputs, DenseInputs)
+    assert isinstance(text_fit.predictor.inputs, DocumentInputs)
+
+
+def test_dense_inputs_parse_prepare_and_warm_up(digits_predictor, digits):
+    inputs = digits_predictor.inputs
+    batch = inputs.parse(digits.X_test[:2].reshape(2, 8, 8).tolist())
+    np.testing.assert_array_equal(batch, digits.X_test[:2])
+    np.testing.assert_allclose(
+        inputs.prepare(batch), (digits.X_test[:2] - inputs.mean) / inputs.scale, rtol=1e-15
+    )
+    np.testing.assert_array_equal(inputs.normalized(digits.X_test[:2]), inputs.prepare(batch))
+    assert inputs.known_words(batch) is None
+    assert inputs.warm_up_batch(3).shape == (3, 64)
+    assert inputs.has_normalized_form
+    assert inputs.vocabulary is None
+    assert inputs.n_basis_values == inputs.basis.size
+    with pytest.raises(InvalidInputError, match=r"reads grid\(8, 8, 1\), not text: send instances"):
+        inputs.parse_texts(["a seven"])
+    with pytest.raises(InvalidInputError, match=r"\(n, 64\)"):
+        inputs.batch(np.zeros((2, 8, 8)))
+
+
+def test_documents_read_pairs_and_texts_alike(text_fit):
+    inputs = text_fit.predictor.inputs
+    by_text = inputs.parse_texts(["Rocket moon rocket.", ""])
+    first = by_text.counts[0]
+    by_pairs = inputs.parse(
+        [
+            {"indices": first.indices.tolist(), "counts": first.data.tolist()},
+            {"indices": [], "counts": []},
+        ]
+    )
+    assert (by_text.counts != by_pairs.counts).nnz == 0
+    assert inputs.known_words(by_text) == [3, 0]
+    assert inputs.prepare(by_text) is by_text
+    assert inputs.batch(by_text) is by_text
+    warm = inputs.warm_up_batch(4)
+    assert warm.shape == (4, inputs.n_features)
+    assert inputs.known_words(warm) == [1, 1, 1, 1]
+    assert not inputs.has_normalized_form
+    assert inputs.n_basis_values == inputs.basis.nnz
+    with pytest.raises(InvalidInputError, match="no normalised dense form"):
+        inputs.normalized(by_text)
+    with pytest.raises(InvalidInputError, match="has no vocabulary"):
+        dataclasses.replace(inputs, vocabulary=None).parse_texts(["rocket"])
+    with pytest.raises(InvalidInputError, match="the batch is empty"):
+        inputs.parse([])
+
+
+def test_each_kind_writes_the_arrays_and_keys_it_reads(digits_predictor, text_fit):
+    dense, documents = digits_predictor.inputs, text_fit.predictor.inputs
+    assert dense.arrays().keys() == DenseInputs.array_names(dense.manifest())
+    assert documents.arrays().keys() == DocumentInputs.array_names(documents.manifest())
+    assert dense.manifest() == {
+        "input": {"kind": "grid", "shape": [8, 8, 1]},
+        "transform": "pixels",
+    }
+    assert documents.manifest()["transform"] == "none"
+    assert documents.manifest()["vocabulary"]["size"] == documents.n_features
+    plain = dataclasses.replace(documents, vocabulary=None)
+    assert "vocabulary" not in plain.arrays()
+    assert "vocabulary" not in plain.manifest()
+
+
+def test_arrays_of_the_other_kind_are_refused(text_model_dir, tmp_path):
+    artifact = read_artifact(text_model_dir)
+    manifest = {
+        k: v for k, v in artifact.manifest.items() if k not in FORMAT_KEYS | {"created", "versions"}
+    }
+    manifest["model_type"] = artifact.manifest["model_type"]
+    path = write_artifact(tmp_path / "m", manifest, {**artifact.arrays, "input_mean": np.zeros(2)})
+    with pytest.raises(ArtifactIntegrityError, match="inputs have no input_mean"):
+        Predictor.load(path)
+
+
+def test_a_document_basis_of_another_vocabulary_is_inconsistent(text_fit):
+    predictor = text_fit.predictor
+    inputs = predictor.inputs
+    narrower = InputSpec("counts", (inputs.n_features - 1,))
+    with pytest.raises(ArtifactIntegrityError, match="basis has shape"):
+        dataclasses.replace(predictor, inputs=dataclasses.replace(inputs, spec=narrower))
