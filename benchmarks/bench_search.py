@@ -29,13 +29,14 @@ import time
 
 import numba
 import numpy as np
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_info
 
-from service.model.search_kernels import PARALLEL_MIN_WORK, search_top_k
+from service.model.search_kernels import search_top_k
+from service.model.threads import FASTMATH, SEARCH_PARALLEL_MIN_ENTRIES, limit_threads
 from training.evaluate import median_seconds
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
 def _block_sum(block):
     """Sum of a 1-D float32 array with a float64 accumulator (vectorised)."""
     acc = 0.0
@@ -151,7 +152,7 @@ def main() -> None:
     print(
         f"cores {os.cpu_count()}, numba {numba.__version__} threads {numba.get_num_threads()} "
         f"(layer chosen at first parallel call), BLAS threads: {blas or 'none'}; "
-        f"search goes parallel at nnz * n >= {PARALLEL_MIN_WORK:,}"
+        f"search goes parallel at nnz * n >= {SEARCH_PARALLEL_MIN_ENTRIES:,}"
     )
     print(f"FAISS: {faiss_note if index is not None else 'skipped (' + faiss_note + ')'}")
 
@@ -162,7 +163,7 @@ def main() -> None:
         weights = rng.standard_normal(nnz)
         codes.append((nnz, atoms, weights, (D[:, atoms] @ weights).astype(np.float32)))
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    with limit_threads(blas_threads=1):
         for nnz, atoms, weights, _ in codes:
             positions, _ = search_top_k(projected, atoms, weights, 0.0, k)
             expected = reference_top_k(projected, atoms, weights, k)

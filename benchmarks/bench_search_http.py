@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,64 @@ def _report(name: str, seconds: np.ndarray) -> float:
     return median
 
 
+@dataclass
+class SearchFixture:
+    """A served-ready model directory with a search model and catalogue, and one code query."""
+
+    model_dir: Path
+    predictor: Predictor
+    search_model: object
+    index: SearchIndex
+    code_query: SearchQuery
+    body: dict  # the same query as a POST /search body
+
+    def run_in_process(self):
+        """The query through :meth:`SearchIndex.run`, as the server runs it."""
+        return self.index.run(self.code_query)
+
+
+def build_search_fixture(
+    work: Path,
+    n: int = 1_000_000,
+    atoms: int = 256,
+    dim: int = 128,
+    nnz: int = 10,
+    top_k: int = 100,
+    seed: int = 0,
+) -> SearchFixture:
+    """Train the synthetic model and its search model in ``work``, write a catalogue of ``n``
+    items (about 1 GB at the defaults) and draw a code query with ``nnz`` non-zeros."""
+    model_dir = work / "model"
+    data = _synthetic(2000, 500, dim, seed)
+    started = time.perf_counter()
+    fit_besvm(data, FitConfig(similarities="linear"), name="synthetic").predictor.save(model_dir)
+    predictor = Predictor.load(model_dir)
+    estimator = estimator_for(n_atoms=atoms, n_epochs=2, random_state=seed)
+    search_model = fit_search_model(predictor, data, estimator, sparsity=nnz)
+    search_model.save(search_dir(model_dir), model_dir)
+    print(f"model and {atoms}-atom search model trained in {time.perf_counter() - started:.1f} s")
+    items = _write_items(work / "items.npy", n, dim, seed)
+    build_catalogue(model_dir, predictor, search_model, items, np.arange(n), chunk_size=1 << 16)
+    del items
+
+    index = SearchIndex.load(model_dir, predictor)
+    rng = np.random.default_rng(seed + 2)
+    code_atoms = rng.choice(atoms, size=nnz, replace=False)
+    values = rng.normal(size=nnz)
+    code_query = SearchQuery(code=(code_atoms.tolist(), values.tolist()), top_k=top_k)
+    body = {"code": {"indices": code_atoms.tolist(), "values": values.tolist()}, "top_k": top_k}
+    print(f"catalogue: {n:,} items x {atoms} atoms "
+          f"({4 * n * atoms / 1e9:.2f} GB float32, memory-mapped)")  # fmt: skip
+    return SearchFixture(model_dir, predictor, search_model, index, code_query, body)
+
+
+def check_http_matches(fixture: SearchFixture, client) -> None:
+    """The server's top-k ids for the fixture's query are the in-process ones."""
+    expected = fixture.index.run(fixture.code_query).items
+    answer = client.post("/search", json=fixture.body).json()["results"]
+    assert [h["id"] for h in answer] == [i for i, _ in expected], "HTTP differs"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1_000_000, help="catalogue items")
@@ -69,41 +128,16 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(dir=args.dir) as work:
-        model_dir = Path(work) / "model"
-        data = _synthetic(2000, 500, args.dim, args.seed)
-        started = time.perf_counter()
-        fit_besvm(data, FitConfig(similarities="linear"), name="synthetic").predictor.save(
-            model_dir
+        fixture = build_search_fixture(
+            Path(work), args.n, args.atoms, args.dim, args.nnz, args.top_k, args.seed
         )
-        predictor = Predictor.load(model_dir)
-        estimator = estimator_for(n_atoms=args.atoms, n_epochs=2, random_state=args.seed)
-        search_model = fit_search_model(predictor, data, estimator, sparsity=args.nnz)
-        search_model.save(search_dir(model_dir), model_dir)
-        print(f"model and {args.atoms}-atom search model trained in "
-              f"{time.perf_counter() - started:.1f} s")  # fmt: skip
-        items = _write_items(Path(work) / "items.npy", args.n, args.dim, args.seed)
-        ids = np.arange(args.n)
-        build_catalogue(model_dir, predictor, search_model, items, ids, chunk_size=1 << 16)
-        del items
-
-        index = SearchIndex.load(model_dir, predictor)
-        rng = np.random.default_rng(args.seed + 2)
-        atoms = rng.choice(args.atoms, size=args.nnz, replace=False)
-        values = rng.normal(size=args.nnz)
-        code_query = SearchQuery(code=(atoms.tolist(), values.tolist()), top_k=args.top_k)
-        in_process = latencies(lambda: index.run(code_query, 1000), args.requests)
-        body = {
-            "code": {"indices": atoms.tolist(), "values": values.tolist()},
-            "top_k": args.top_k,
-        }
-        label = predictor.classes[0]
+        index, code_query, body = fixture.index, fixture.code_query, fixture.body
+        in_process = latencies(lambda: index.run(code_query), args.requests)
+        label = fixture.predictor.classes[0]
         positives = {"positives": [str(i) for i in range(5)], "top_k": args.top_k}
-        print(f"catalogue: {args.n:,} items x {args.atoms} atoms "
-              f"({4 * args.n * args.atoms / 1e9:.2f} GB float32, memory-mapped)\n")  # fmt: skip
-        with running_server(model_dir) as client:
-            expected = index.run(code_query, 1000).items
-            answer = client.post("/search", json=body).json()["results"]
-            assert [h["id"] for h in answer] == [i for i, _ in expected], "HTTP differs"
+        print()
+        with running_server(fixture.model_dir) as client:
+            check_http_matches(fixture, client)
 
             def post(json_body) -> None:
                 client.post("/search", json=json_body).raise_for_status()
@@ -113,8 +147,9 @@ def main() -> None:
                 f"HTTP POST /search: code, {args.nnz} nnz, top {args.top_k}",
                 latencies(lambda: post(body), args.requests),
             )
+            n_nonzero = fixture.search_model.metadata["n_nonzero"]
             _report(
-                f"HTTP POST /search: class {label!r} ({search_model.metadata['n_nonzero']} nnz)",
+                f"HTTP POST /search: class {label!r} ({n_nonzero} nnz)",
                 latencies(lambda: post({"class": label, "top_k": args.top_k}), args.requests),
             )
             _report(

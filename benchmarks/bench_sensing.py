@@ -60,11 +60,10 @@ from sklearn.svm import LinearSVC
 
 from service.model import Predictor
 from service.model.documents import Documents, canonical_counts, smooth_idf
-from service.model.similarity import (
-    DOCUMENT_PAIR_WORK,
-    PARALLEL_MIN_WORK,
-    SimilaritySpec,
-    parse_spec,
+from service.model.similarity import SimilaritySpec, parse_spec
+from service.model.threads import (
+    DOCUMENT_PAIR_MULTIPLY_ADDS,
+    SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
 )
 from training.datasets import Dataset, DatasetError, load_dataset
 from training.evaluate import median_seconds
@@ -81,7 +80,8 @@ DENSE_BLOCK_ELEMENTS = 16_000_000
 
 def _driver(n_rows: int, n_basis: int) -> str:
     """The driver ``SimilaritySpec.compute`` picks for documents (same rule)."""
-    return "serial" if n_rows * n_basis * DOCUMENT_PAIR_WORK < PARALLEL_MIN_WORK else "parallel"
+    work = n_rows * n_basis * DOCUMENT_PAIR_MULTIPLY_ADDS
+    return "serial" if work < SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS else "parallel"
 
 
 def _compute(spec: SimilaritySpec, serial: bool) -> Callable[..., np.ndarray]:

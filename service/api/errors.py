@@ -24,8 +24,24 @@ from service.model.errors import (
 
 logger = logging.getLogger("service.api")
 
+
+class AdminDisabledError(ModelError):
+    """A repository route was called but no ADMIN_TOKEN is configured."""
+
+
+class UnauthorizedError(ModelError):
+    """A repository route was called without the right bearer token."""
+
+
+class LoadRefusedError(ArtifactError):
+    """A model version on disk was refused on request; the old version keeps serving."""
+
+
 # Most specific first: the first matching class decides the status.
 _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
+    (UnauthorizedError, 401, "unauthorized"),
+    (AdminDisabledError, 403, "forbidden"),
+    (LoadRefusedError, 409, "load_refused"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (InvalidInputError, 422, "invalid_input"),
     (SpecError, 422, "invalid_input"),
@@ -33,6 +49,7 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (ModelNotReadyError, 503, "not_ready"),
     (ArtifactError, 503, "not_ready"),
 )
+_HEADERS = {503: {"Retry-After": "5"}, 401: {"WWW-Authenticate": "Bearer"}}
 _HTTP_TYPES = {
     400: "bad_request",
     404: "not_found",
@@ -47,7 +64,7 @@ def error_response(status: int, type_: str, message: str, details=None) -> JSONR
     body = {"type": type_, "message": message}
     if details is not None:
         body["details"] = details
-    headers = {"Retry-After": "5"} if status == 503 else None
+    headers = _HEADERS.get(status)
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 

@@ -22,10 +22,18 @@ class RequestSizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = error_response(413, "request_too_large", self._too_large())
-            await response(scope, receive, send)
+        declared = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value
+                break
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                response = error_response(413, "request_too_large", self._too_large())
+                await response(scope, receive, send)
+                return
+            # The server reads exactly Content-Length bytes: nothing more to count.
+            await self.app(scope, receive, send)
             return
         received = 0
 

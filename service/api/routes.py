@@ -1,138 +1,338 @@
-"""HTTP routes. Thin on purpose: validate the envelope, call the model, shape the answer."""
+"""HTTP routes. Thin on purpose: read the request, ask the data plane, shape the answer.
+
+Every route is ``async`` and has no dependencies, so a request never waits for the thread pool
+unless its work does (the data plane decides). Answers are serialised once, straight to bytes
+(FastAPI's response-model validation is skipped: the data are built here from typed results;
+the schemas document them).
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
 
+from service.api.dataplane import DataPlane
+from service.api.registry import ModelSnapshot
+from service.api.responses import ModelName, json_answer
 from service.api.schemas import (
-    AtomHits,
     AtomResponse,
     ClassifyRequest,
     ClassifyResponse,
-    ClassScore,
-    ClassWeight,
-    CodeOut,
     ErrorResponse,
     Health,
-    InputInfo,
     ModelInfo,
     ModelList,
-    Prediction,
-    SearchHit,
-    SearchInfo,
     SearchRequest,
     SearchResponse,
     VocabularyInfo,
 )
-from service.api.settings import Settings
-from service.api.state import ModelHolder
-from service.model import InvalidInputError, NotFoundError, Predictor
-from service.model.search import SearchIndex, SearchQuery
+from service.model import ModelNotReadyError
+from service.model.predictor import Answer
+from service.model.search import SearchResult
 
 router = APIRouter()
 
-
-def _holder(request: Request) -> ModelHolder:
-    return request.app.state.models
-
-
-def _settings(request: Request) -> Settings:
-    return request.app.state.settings
-
-
-def _predictor(holder: Annotated[ModelHolder, Depends(_holder)]) -> Predictor:
-    return holder.require()
-
-
-def _search(holder: Annotated[ModelHolder, Depends(_holder)]) -> SearchIndex:
-    return holder.require_search()
-
-
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "No model of that name."},
     413: {"model": ErrorResponse, "description": "Batch or body over the configured limit."},
     422: {"model": ErrorResponse, "description": "Malformed request; the message says why."},
-    503: {"model": ErrorResponse, "description": "No model loaded (yet)."},
+    503: {"model": ErrorResponse, "description": "The model is not loaded (yet); says why."},
+}
+_SEARCH_ERRORS = {
+    **_ERRORS,
+    404: {
+        "model": ErrorResponse,
+        "description": "No model of that name, or it has no search model or catalogue.",
+    },
 }
 
 
+def _plane(request: Request) -> DataPlane:
+    return request.app.state.dataplane
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def _read(request: Request, schema: type[Body]) -> Body:
+    """The request body, parsed and validated by pydantic in one pass over the bytes.
+
+    The hot routes read their bodies here instead of through a FastAPI body parameter: the same
+    validation, without the generic parameter machinery (about 10 µs of a one-digit request).
+    Errors take the one path of every malformed request (422, located by field).
+    """
+    try:
+        return schema.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise RequestValidationError(error.errors(include_url=False)) from None
+
+
+def _documented_body(schema: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI for a body read by :func:`_read` (the app factory adds the schemas of
+    :data:`BODY_SCHEMAS` to the components)."""
+    reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
+    return {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}
+    }
+
+
+BODY_SCHEMAS: tuple[type[BaseModel], ...] = (ClassifyRequest, SearchRequest)
+
+
 @router.get("/healthz", response_model=Health, tags=["operations"])
-def healthz() -> Health:
+async def healthz() -> Response:
     """Liveness: the process answers."""
-    return Health(status="ok")
+    return json_answer({"status": "ok", "detail": None})
 
 
 @router.get(
     "/readyz",
     response_model=Health,
     tags=["operations"],
-    responses={503: {"model": ErrorResponse, "description": "No model loaded."}},
+    responses={503: {"model": ErrorResponse, "description": "The default model is not ready."}},
 )
-def readyz(holder: Annotated[ModelHolder, Depends(_holder)]) -> Health:
-    """Readiness: a model is loaded and warmed up."""
-    predictor = holder.require()
-    return Health(status="ready", detail=f"model {predictor.name!r} loaded")
+async def readyz(request: Request) -> Response:
+    """Readiness: the models are loaded and warmed up, the default one included."""
+    ready, detail = _plane(request).registry.readiness()
+    if not ready:
+        raise ModelNotReadyError(detail)
+    return json_answer({"status": "ready", "detail": detail})
 
 
-def _search_info(search: SearchIndex | None) -> SearchInfo | None:
+# -- classification ----------------------------------------------------------------------------
+
+
+def _classify_payload(snapshot: ModelSnapshot, answers: list[Answer]) -> dict[str, Any]:
+    predictions = []
+    for answer in answers:
+        prediction = {
+            "label": answer.label,
+            "top_k": [{"label": c, "score": s} for c, s in answer.ranked],
+        }
+        if answer.known_words is not None:
+            prediction["known_words"] = answer.known_words
+        predictions.append(prediction)
+    return {"model": snapshot.name, "model_version": snapshot.version, "predictions": predictions}
+
+
+async def _classify(request: Request, name: str | None) -> Response:
+    body = await _read(request, ClassifyRequest)
+    snapshot, answers = await _plane(request).classify(name, body.instances, body.texts, body.top_k)
+    return json_answer(_classify_payload(snapshot, answers), snapshot)
+
+
+_CLASSIFY_DOC = dict(
+    tags=["predictions"],
+    responses={200: {"model": ClassifyResponse}, **_ERRORS},
+    response_class=Response,
+    openapi_extra=_documented_body(ClassifyRequest),
+)
+
+
+@router.post("/classify", **_CLASSIFY_DOC)
+async def classify(request: Request) -> Response:
+    """Classify a batch with the default model: per instance the predicted label and the top-k
+    classes with scores.
+
+    Send ``instances`` in the model's input shape, or ``texts`` to a bag-of-words model."""
+    return await _classify(request, None)
+
+
+@router.post("/v1/models/{name}/classify", **_CLASSIFY_DOC)
+async def classify_with(request: Request, name: ModelName) -> Response:
+    """Classify a batch with the model ``name``; as POST /classify."""
+    return await _classify(request, name)
+
+
+# -- search ------------------------------------------------------------------------------------
+
+
+def _hits(items: list[tuple[str, float]]) -> list[dict[str, Any]]:
+    return [{"id": i, "score": s} for i, s in items]
+
+
+def _search_payload(
+    snapshot: ModelSnapshot, result: SearchResult, strongest: bool
+) -> dict[str, Any]:
+    code, learned = result.code, result.kind == "positives"
+    return {
+        "model": snapshot.name,
+        "model_version": snapshot.version,
+        "query": result.kind,
+        "code": {
+            "indices": code.atoms.tolist(),
+            "values": code.weights.tolist(),
+            "bias": code.bias,
+        },
+        "sparsity": code.n_nonzero,
+        "results": _hits(result.items),
+        "strongest_atoms": [
+            {"atom": a.atom, "weight": a.weight, "items": _hits(a.items)}
+            for a in result.strongest_atoms
+        ]
+        if strongest
+        else None,
+        "n_positives": result.n_positives if learned else None,
+        "n_negatives": result.n_negatives if learned else None,
+    }
+
+
+async def _search(request: Request, name: str | None) -> Response:
+    body = await _read(request, SearchRequest)
+    query = {
+        "class_label": None if body.class_ is None else str(body.class_),
+        "code": None if body.code is None else (body.code.indices, body.code.values),
+        "bias": body.bias,
+        "positives": body.positives,
+        "negatives": body.negatives,
+        "top_k": body.top_k,
+        "sparsity": body.sparsity,
+        "exclude": body.exclude,
+        "exclude_positives": body.exclude_positives,
+        "strongest_atoms": body.strongest_atoms,
+    }
+    snapshot, result = await _plane(request).search(name, query)
+    return json_answer(_search_payload(snapshot, result, bool(body.strongest_atoms)), snapshot)
+
+
+_SEARCH_DOC = dict(
+    tags=["search"],
+    responses={200: {"model": SearchResponse}, **_SEARCH_ERRORS},
+    response_class=Response,
+    openapi_extra=_documented_body(SearchRequest),
+)
+
+
+@router.post("/search", **_SEARCH_DOC)
+async def search(request: Request) -> Response:
+    """Rank the default model's catalogue for a class, a sparse code, or examples, reading only
+    the rows of X' = D^T X where the code is non-zero. Answers the top-k ids, best first, and
+    the code."""
+    return await _search(request, None)
+
+
+@router.post("/v1/models/{name}/search", **_SEARCH_DOC)
+async def search_with(request: Request, name: ModelName) -> Response:
+    """Search the catalogue of the model ``name``; as POST /search."""
+    return await _search(request, name)
+
+
+@router.get(
+    "/v1/models/{name}/atoms/{atom}",
+    tags=["search"],
+    responses={
+        200: {"model": AtomResponse},
+        **_SEARCH_ERRORS,
+        404: {"model": ErrorResponse, "description": "No such model, atom or catalogue."},
+    },
+    response_class=Response,
+)
+async def get_atom(
+    request: Request,
+    name: ModelName,
+    atom: int,
+    top_k: Annotated[int | None, Query(ge=1, description="Items to return (default 10).")] = None,
+) -> Response:
+    """The catalogue items that score highest on one atom alone (attribute discovery), and the
+    classes whose codes use it."""
+    snapshot, items, classes = await _plane(request).atom(name, atom, top_k)
+    payload = {
+        "model": snapshot.name,
+        "model_version": snapshot.version,
+        "atom": atom,
+        "results": _hits(items),
+        "classes": [{"label": c, "weight": w} for c, w in classes],
+    }
+    return json_answer(payload, snapshot)
+
+
+# -- models ------------------------------------------------------------------------------------
+
+
+def _search_info(snapshot: ModelSnapshot) -> dict[str, Any] | None:
+    search = snapshot.search
     if search is None:
         return None
     model, meta = search.model, search.model.metadata
-    return SearchInfo(
-        feature_space=model.feature_space,
-        n_atoms=model.n_atoms,
-        n_features=model.n_features,
-        n_nonzero=meta.get("n_nonzero"),
-        catalogue_size=None if search.catalogue is None else search.catalogue.n_items,
-        estimator=meta.get("estimator", {}),
-        training=meta.get("training", {}),
-    )
+    return {
+        "feature_space": model.feature_space,
+        "n_atoms": model.n_atoms,
+        "n_features": model.n_features,
+        "n_nonzero": meta.get("n_nonzero"),
+        "catalogue_size": None if search.catalogue is None else search.catalogue.n_items,
+        "estimator": meta.get("estimator", {}),
+        "training": meta.get("training", {}),
+    }
 
 
-def _model_info(predictor: Predictor, search: SearchIndex | None) -> ModelInfo:
+def _model_info(snapshot: ModelSnapshot) -> dict[str, Any]:
+    predictor = snapshot.predictor
     meta = predictor.metadata
-    return ModelInfo(
-        name=predictor.name,
-        model_type="besvm",
-        created=meta.get("created"),
-        input=InputInfo(
-            kind=predictor.input_spec.kind,
-            shape=list(predictor.input_spec.shape),
-            spec=str(predictor.input_spec),
-            accepts_texts=predictor.vocabulary is not None,
-        ),
-        classes=list(predictor.classes),
-        similarities=predictor.similarity_names,
-        vocabulary=None
-        if predictor.vocabulary is None
-        else {"size": predictor.vocabulary.size, **predictor.vocabulary.settings()},
-        transform=str(predictor.transform),
-        normalization=predictor.normalization,
-        basis_size=predictor.n_basis,
-        n_features=int(predictor.coef.shape[1]),
-        diagnostics=meta.get("diagnostics", {}),
-        training=meta.get("training", {}),
-        versions=meta.get("versions", {}),
-        search=_search_info(search),
-    )
+    vocabulary = predictor.vocabulary
+    return {
+        "model_type": "besvm",
+        "created": meta.get("created"),
+        "input": {
+            "kind": predictor.input_spec.kind,
+            "shape": list(predictor.input_spec.shape),
+            "spec": str(predictor.input_spec),
+            "accepts_texts": vocabulary is not None,
+        },
+        "classes": list(predictor.classes),
+        "transform": str(predictor.transform),
+        "similarities": predictor.similarity_names,
+        "vocabulary": None
+        if vocabulary is None
+        else {"size": vocabulary.size, **vocabulary.settings()},
+        "normalization": predictor.normalization,
+        "basis_size": predictor.n_basis,
+        "n_features": int(predictor.coef.shape[1]),
+        "diagnostics": meta.get("diagnostics", {}),
+        "training": meta.get("training", {}),
+        "versions": meta.get("versions", {}),
+        "search": _search_info(snapshot),
+        "search_problem": snapshot.search_problem,
+    }
 
 
-@router.get("/v1/models", response_model=ModelList, tags=["models"], responses=_ERRORS)
-def list_models(holder: Annotated[ModelHolder, Depends(_holder)]) -> ModelList:
-    """Metadata of the served model: classes, input shape, similarities, basis size, created."""
-    return ModelList(models=[_model_info(holder.require(), holder.search)])
+def _describe(plane: DataPlane, name: str) -> dict[str, Any]:
+    entry = plane.registry.entries[name]
+    status = entry.describe()
+    snapshot = entry.snapshot
+    return status if snapshot is None else {**status, **_model_info(snapshot)}
+
+
+@router.get(
+    "/v1/models",
+    response_model=ModelList,
+    tags=["models"],
+    responses={503: {"model": ErrorResponse, "description": "Models are still loading."}},
+)
+async def list_models(request: Request) -> Response:
+    """Every model of the repository with its state (loading, ready, failed with the reason,
+    unloaded) and version; for ready models their metadata: classes, input shape,
+    similarities, basis size, created."""
+    plane = _plane(request)
+    return json_answer({"models": [_describe(plane, name) for name in plane.registry.names()]})
 
 
 @router.get(
     "/v1/models/{name}",
     response_model=ModelInfo,
     tags=["models"],
-    responses={404: {"model": ErrorResponse, "description": "No such model."}, **_ERRORS},
+    responses=_ERRORS,
 )
-def get_model(name: str, holder: Annotated[ModelHolder, Depends(_holder)]) -> ModelInfo:
-    """Metadata of one model, by name."""
-    return _model_info(holder.require_named(name), holder.search)
+async def get_model(request: Request, name: ModelName) -> Response:
+    """Metadata of one model, by name (503 while it is not ready, with the reason)."""
+    plane = _plane(request)
+    snapshot = plane.snapshot(name)
+    return json_answer(
+        {**plane.registry.entries[name].describe(), **_model_info(snapshot)}, snapshot
+    )
 
 
 @router.get(
@@ -140,126 +340,12 @@ def get_model(name: str, holder: Annotated[ModelHolder, Depends(_holder)]) -> Mo
     response_model=VocabularyInfo,
     tags=["models"],
     responses={
+        **_ERRORS,
         404: {"model": ErrorResponse, "description": "No such model, or it has no vocabulary."},
-        **_ERRORS,
     },
 )
-def get_vocabulary(name: str, holder: Annotated[ModelHolder, Depends(_holder)]) -> VocabularyInfo:
+async def get_vocabulary(request: Request, name: ModelName) -> Response:
     """The words of a text model, in index order: what sparse ``counts`` instances index."""
-    vocabulary = holder.require_named(name).vocabulary
-    if vocabulary is None:
-        raise NotFoundError(f"model {name!r} reads no text: it has no vocabulary")
-    return VocabularyInfo(
-        size=vocabulary.size, terms=list(vocabulary.terms), **vocabulary.settings()
-    )
-
-
-@router.post("/classify", response_model=ClassifyResponse, tags=["predictions"], responses=_ERRORS)
-def classify(
-    body: ClassifyRequest,
-    predictor: Annotated[Predictor, Depends(_predictor)],
-    settings: Annotated[Settings, Depends(_settings)],
-) -> ClassifyResponse:
-    """Classify a batch: per instance the predicted label and the top-k classes with scores.
-
-    Send ``instances`` in the model's input shape, or ``texts`` to a bag-of-words model."""
-    answers = predictor.classify(
-        body.instances,
-        body.top_k or settings.default_top_k,
-        settings.max_batch_size,
-        texts=body.texts,
-    )
-    return ClassifyResponse(
-        model=predictor.name,
-        predictions=[
-            Prediction(
-                label=answer.label,
-                top_k=[ClassScore(label=c, score=s) for c, s in answer.ranked],
-                known_words=answer.known_words,
-            )
-            for answer in answers
-        ],
-    )
-
-
-_SEARCH_ERRORS = {
-    404: {"model": ErrorResponse, "description": "The model has no search model or catalogue."},
-    **_ERRORS,
-}
-
-
-@router.post("/search", response_model=SearchResponse, tags=["search"], responses=_SEARCH_ERRORS)
-def search(
-    body: SearchRequest,
-    index: Annotated[SearchIndex, Depends(_search)],
-    settings: Annotated[Settings, Depends(_settings)],
-) -> SearchResponse:
-    """Rank the catalogue for a class, a sparse code, or examples, reading only the rows of
-    X' = D^T X where the code is non-zero. Answers the top-k ids, best first, and the code."""
-    query = SearchQuery(
-        class_label=None if body.class_ is None else str(body.class_),
-        code=None if body.code is None else (body.code.indices, body.code.values),
-        bias=body.bias,
-        positives=body.positives,
-        negatives=body.negatives,
-        top_k=body.top_k or settings.default_search_top_k,
-        sparsity=body.sparsity,
-        exclude=body.exclude,
-        exclude_positives=body.exclude_positives,
-        strongest_atoms=body.strongest_atoms,
-    )
-    result = index.run(
-        query, max_top_k=settings.max_search_top_k, max_examples=settings.max_batch_size
-    )
-    code = result.code
-    learned = result.kind == "positives"
-    return SearchResponse(
-        model=index.predictor.name,
-        query=result.kind,
-        code=CodeOut(indices=code.atoms.tolist(), values=code.weights.tolist(), bias=code.bias),
-        sparsity=code.n_nonzero,
-        results=_hits(result.items),
-        strongest_atoms=[
-            AtomHits(atom=a.atom, weight=a.weight, items=_hits(a.items))
-            for a in result.strongest_atoms
-        ]
-        if body.strongest_atoms
-        else None,
-        n_positives=result.n_positives if learned else None,
-        n_negatives=result.n_negatives if learned else None,
-    )
-
-
-@router.get(
-    "/v1/models/{name}/atoms/{atom}",
-    response_model=AtomResponse,
-    tags=["search"],
-    responses={
-        404: {"model": ErrorResponse, "description": "No such model, atom or catalogue."},
-        **_ERRORS,
-    },
-)
-def get_atom(
-    name: str,
-    atom: int,
-    holder: Annotated[ModelHolder, Depends(_holder)],
-    settings: Annotated[Settings, Depends(_settings)],
-    top_k: Annotated[int | None, Query(ge=1, description="Items to return (default 10).")] = None,
-) -> AtomResponse:
-    """The catalogue items that score highest on one atom alone (attribute discovery), and the
-    classes whose codes use it."""
-    holder.require_named(name)
-    index = holder.require_search()
-    k = top_k or settings.default_search_top_k
-    if k > settings.max_search_top_k:
-        raise InvalidInputError(f"top_k must be at most {settings.max_search_top_k}, got {k}")
-    return AtomResponse(
-        model=name,
-        atom=atom,
-        results=_hits(index.atom_items(atom, k)),
-        classes=[ClassWeight(label=c, weight=w) for c, w in index.atom_classes(atom)],
-    )
-
-
-def _hits(items: list[tuple[str, float]]) -> list[SearchHit]:
-    return [SearchHit(id=i, score=s) for i, s in items]
+    snapshot, vocabulary = _plane(request).vocabulary(name)
+    payload = {"size": vocabulary.size, **vocabulary.settings(), "terms": list(vocabulary.terms)}
+    return json_answer(payload, snapshot)

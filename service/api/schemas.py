@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 # Item 1,009 of scikit-learn's digits (held out from the default model's training split): a 7.
 _DIGIT_SEVEN = [
@@ -51,12 +51,6 @@ class ClassifyRequest(BaseModel):
         None, ge=1, description="Classes to return per instance, best first (default: 3)."
     )
 
-    @model_validator(mode="after")
-    def _one_batch(self) -> ClassifyRequest:
-        if (self.instances is None) == (self.texts is None):
-            raise ValueError("send either instances or texts (exactly one of them)")
-        return self
-
 
 class ClassScore(BaseModel):
     label: str = Field(..., description="Class label.")
@@ -73,8 +67,14 @@ class Prediction(BaseModel):
     )
 
 
+VERSION_DESCRIPTION = (
+    "The version that answered: the sha256 of its manifest (also in the X-Model-Version header)."
+)
+
+
 class ClassifyResponse(BaseModel):
     model: str = Field(..., description="Name of the model that answered.")
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
     predictions: list[Prediction] = Field(..., description="One per instance, in order.")
 
 
@@ -99,10 +99,30 @@ class SearchInfo(BaseModel):
     training: dict[str, Any] = Field(default_factory=dict, description="Training summary.")
 
 
-class ModelInfo(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
+class ModelStatus(BaseModel):
+    """A model of the repository and its state, loaded or not."""
 
     name: str
+    state: str = Field(
+        ...,
+        description="loading (its first version), ready (serving a version), failed (no version "
+        "could be loaded: reason says why) or unloaded.",
+    )
+    version: str | None = Field(
+        None, description="The version served: the sha256 of its manifest (none if not ready)."
+    )
+    reason: str | None = Field(
+        None,
+        description="Why the model is not ready; for a ready model, why its newest version on "
+        "disk was refused (the old version keeps serving).",
+    )
+
+
+class ModelInfo(ModelStatus):
+    """A ready model: its state and what it serves."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
     model_type: str
     created: str | None = Field(None, description="When the artifact was written (UTC).")
     input: InputInfo
@@ -131,6 +151,11 @@ class ModelInfo(BaseModel):
     search: SearchInfo | None = Field(
         None, description="The US-SVM search model and catalogue, when the model has one."
     )
+    search_problem: str | None = Field(
+        None,
+        description="Why the model's search model or catalogue could not be loaded: /search "
+        "answers 503 with this reason while /classify keeps serving.",
+    )
 
 
 class VocabularyInfo(BaseModel):
@@ -143,7 +168,24 @@ class VocabularyInfo(BaseModel):
 
 
 class ModelList(BaseModel):
-    models: list[ModelInfo]
+    models: list[ModelInfo | ModelStatus] = Field(
+        ..., description="Every model of the repository, by name; details for ready ones."
+    )
+
+
+class RepositoryIndexRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ready: bool = Field(False, description="List only the models that are ready.")
+
+
+class RepositoryModel(BaseModel):
+    """A model of the repository (Open Inference Protocol repository extension)."""
+
+    name: str
+    version: str | None = None
+    state: str = Field(..., description="loading, ready, failed or unloaded.")
+    reason: str = Field("", description="Why the model is not ready (empty when it is).")
 
 
 class Health(BaseModel):
@@ -231,15 +273,6 @@ class SearchRequest(BaseModel):
         "it ranks highest on its own: the modes of a class.",
     )
 
-    @model_validator(mode="after")
-    def _one_query(self) -> SearchRequest:
-        given = [self.class_ is not None, self.code is not None, self.positives is not None]
-        if sum(given) != 1:
-            raise ValueError("send exactly one of class, code or positives")
-        if self.negatives is not None and self.positives is None:
-            raise ValueError("negatives go with positives")
-        return self
-
 
 class SearchHit(BaseModel):
     id: str = Field(..., description="Catalogue id.")
@@ -262,6 +295,7 @@ class AtomHits(BaseModel):
 
 class SearchResponse(BaseModel):
     model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
     query: str = Field(..., description="class, code or positives.")
     code: CodeOut = Field(..., description="The code that ranked the catalogue.")
     sparsity: int = Field(..., description="Non-zeros of the code: rows of X' read.")
@@ -278,6 +312,7 @@ class ClassWeight(BaseModel):
 
 class AtomResponse(BaseModel):
     model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
     atom: int
     results: list[SearchHit] = Field(..., description="Items scoring highest on this atom.")
     classes: list[ClassWeight] = Field(

@@ -48,16 +48,26 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(model_dir: Path):
-    """``python -m service.api`` in its own process on a free localhost port; yields its URL."""
+def serving(model_dir: Path | None = None, **settings: str):
+    """``python -m service.api`` in its own process on a free localhost port; yields its URL.
+
+    ``settings`` are more environment variables, e.g. ``MODEL_REPOSITORY``."""
+    with server_process(model_dir, **settings) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(model_dir: Path | None = None, **settings: str):
+    """As :func:`serving`, yielding ``(url, process)``."""
     port = _free_port()
     env = {
-        **os.environ,
-        "MODEL_DIR": str(model_dir),
+        **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
         "HOST": "127.0.0.1",
         "PORT": str(port),
         "MAX_BATCH_SIZE": "50",
         "ACCESS_LOG": "false",
+        **({} if model_dir is None else {"MODEL_DIR": str(model_dir)}),
+        **settings,
     }
     process = subprocess.Popen(
         [sys.executable, "-m", "service.api"],
@@ -81,7 +91,7 @@ def serving(model_dir: Path):
             if time.monotonic() > deadline:
                 pytest.fail("server did not become ready within 60 s")
             time.sleep(0.1)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         try:

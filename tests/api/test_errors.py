@@ -27,8 +27,8 @@ def _error(response, status):
         ({"instances": [[[None] * 8] * 8]}, "null or mixed values"),
         ({"instances": [[[0.0] * 8] * 7 + [[0.0] * 7]]}, "instances[0] is ragged"),
         ({"instances": [[[0.0] * 8] * 7 + [[0.0] * 3 + [[1]] + [0.0] * 4]]}, "is ragged"),
-        ({"instances": "seven"}, "instances: Input should be a valid list"),
-        ({}, "send either instances or texts (exactly one of them)"),
+        ({"instances": "seven"}, "instances: Input should be a valid array"),
+        ({}, "send either instances or texts"),
         ({"instances": [SEVEN], "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
         ({"instances": [SEVEN], "top_k": "many"}, "top_k: Input should be a valid integer"),
         ({"instances": [SEVEN], "extra": 1}, "extra: Extra inputs are not permitted"),
@@ -55,7 +55,7 @@ def test_bad_classify_bodies_get_422_with_a_message(client, body, message):
             "contains NaN or infinity",
         ),
         (b'{"instances": [', "body: not valid JSON"),
-        (b"", "body: Field required"),
+        (b"", "body: not valid JSON"),
     ],
 )
 def test_non_finite_and_malformed_json_get_422(client, raw, message):
@@ -100,7 +100,11 @@ def test_without_a_model_the_service_is_alive_but_not_ready(tmp_path):
             _error(client.post("/classify", json={"instances": [SEVEN]}), 503)["type"]
             == "not_ready"
         )
-        assert client.get("/v1/models").status_code == 503
+        (listed,) = client.get("/v1/models").json()["models"]
+        assert listed["state"] == "failed"
+        assert listed["version"] is None
+        assert "no model artifact" in listed["reason"]
+        assert _error(client.get("/v1/models/missing"), 503)["type"] == "not_ready"
 
 
 def test_a_tampered_model_is_not_served(digits_model_dir, tmp_path):

@@ -42,7 +42,7 @@ def test_class_search_through_the_server(search_server, index):
     response = httpx.post(f"{search_server}/search", json={"class": "7", "top_k": 5})
     assert response.status_code == 200, response.text
     body = response.json()
-    expected = index.run(SearchQuery(class_label="7", top_k=5), 1000)
+    expected = index.run(SearchQuery(class_label="7", top_k=5))
     assert [hit["id"] for hit in body["results"]] == [i for i, _ in expected.items]
     np.testing.assert_allclose([hit["score"] for hit in body["results"]],
                                [s for _, s in expected.items])  # fmt: skip
@@ -75,20 +75,56 @@ def test_a_learned_code_can_be_sent_back_as_a_code(search_server):
     assert again["results"] == learned["results"]
 
 
+def assert_ranked_by(hits, reference: np.ndarray, k: int):
+    """``hits`` are the top k catalogue items (``test-<position>`` ids) by ``reference``, best
+    first, with its scores. A score on one atom is that atom's float32 value (times the sign):
+    exact in float64, so a few ulps of tolerance; items tied within it may come in any order."""
+    tolerance = 4 * np.finfo(np.float64).eps * float(np.abs(reference).max())
+    positions = np.array([int(hit["id"].split("-")[1]) for hit in hits])
+    assert len(hits) == k == len(set(positions.tolist()))
+    scores = [hit["score"] for hit in hits]
+    np.testing.assert_allclose(scores, reference[positions], rtol=0, atol=tolerance)
+    assert (np.diff(reference[positions]) <= 2 * tolerance).all()
+    kth = np.sort(reference)[::-1][k - 1]
+    assert (reference[positions] >= kth - 2 * tolerance).all()
+    assert (np.delete(reference, positions) <= kth + 2 * tolerance).all()
+
+
 def test_strongest_atoms_and_the_atoms_endpoint(search_server, index):
+    # A class whose two strongest atoms have opposite signs: items are ranked highest first for
+    # a positive weight, lowest first for a negative one.
+    codes = index.model.codes
+    strongest = np.take_along_axis(codes, np.argsort(-np.abs(codes), axis=0)[:2], axis=0)
+    k = int(np.flatnonzero((strongest > 0).any(axis=0) & (strongest < 0).any(axis=0))[0])
+    label, z = index.model.classes[k], codes[:, k]
     body = httpx.post(
-        f"{search_server}/search", json={"class": 0, "top_k": 3, "strongest_atoms": 2}
+        f"{search_server}/search", json={"class": label, "top_k": 3, "strongest_atoms": 2}
     ).json()
     atoms = body["strongest_atoms"]
     assert [a["atom"] for a in atoms] == body["code"]["indices"][:2]
-    first = atoms[0]
-    if first["weight"] > 0:
-        page = httpx.get(f"{search_server}/v1/models/digits/atoms/{first['atom']}?top_k=5")
-        assert page.status_code == 200
-        assert page.json()["results"] == first["items"]
-    page = httpx.get(f"{search_server}/v1/models/digits/atoms/3").json()
-    assert len(page["results"]) == 10
-    assert [c["label"] for c in page["classes"]] == [c for c, _ in index.atom_classes(3)]
+    # Against the model's code and the catalogue, ranked with numpy.
+    chosen = [a["atom"] for a in atoms]
+    np.testing.assert_array_equal(np.abs(z[chosen]), np.sort(np.abs(z))[::-1][:2])
+    assert [a["weight"] for a in atoms] == z[chosen].tolist()
+    projected = np.asarray(index.catalogue.projected, dtype=np.float64)
+    for atom in atoms:
+        assert_ranked_by(atom["items"], np.sign(atom["weight"]) * projected[atom["atom"]], 5)
+    positive = next(a for a in atoms if a["weight"] > 0)
+    page = httpx.get(f"{search_server}/v1/models/digits/atoms/{positive['atom']}?top_k=5")
+    assert page.status_code == 200
+    assert page.json()["results"] == positive["items"]
+    # The atom that most classes use: its 10 best items, and those classes by decreasing |z|.
+    atom = int(np.argmax((codes != 0).sum(axis=1)))
+    page = httpx.get(f"{search_server}/v1/models/digits/atoms/{atom}").json()
+    assert_ranked_by(page["results"], projected[atom], 10)
+    users = np.flatnonzero(codes[atom])
+    assert len(users) >= 2
+    classes = page["classes"]
+    assert sorted(c["label"] for c in classes) == sorted(index.model.classes[j] for j in users)
+    assert [c["weight"] for c in classes] == [
+        codes[atom, index.model.classes.index(c["label"])] for c in classes
+    ]
+    assert (np.diff([abs(c["weight"]) for c in classes]) <= 0).all()
 
 
 def test_model_info_describes_the_search_model(search_server, index):
@@ -111,7 +147,7 @@ def test_model_info_describes_the_search_model(search_server, index):
         ({"positives": ["nope"]}, 422, "unknown catalogue positive(s): 'nope'"),
         ({"class": "1", "negatives": ["test-1"]}, 422, "negatives go with positives"),
         ({"class": "1", "top_k": 0}, 422, "greater than or equal to 1"),
-        ({"class": "1", "top_k": 1001}, 422, "top_k must be between 1 and 1000"),
+        ({"class": "1", "top_k": 1001}, 422, "top_k must be at most 1000"),
         ({"class": "1", "exclude": ["x"]}, 422, "unknown catalogue id(s): 'x'"),
         ({"class": "1", "sparsity": 0}, 422, "greater than or equal to 1"),
         ({"class": "1", "colour": "red"}, 422, "Extra inputs are not permitted"),

@@ -57,8 +57,11 @@ def test_model_info_describes_the_vocabulary(text_live_server, text_fit):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"texts": ["a"], "instances": [{"indices": [], "counts": []}]}, "exactly one"),
-        ({"top_k": 2}, "exactly one"),
+        (
+            {"texts": ["a"], "instances": [{"indices": [], "counts": []}]},
+            "either instances or texts",
+        ),
+        ({"top_k": 2}, "either instances or texts"),
         ({"texts": []}, "the batch is empty"),
         ({"texts": ["fine", 7]}, "string"),
         ({"instances": [{"indices": [10**6], "counts": [1]}]}, "word index 1000000"),

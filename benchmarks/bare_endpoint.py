@@ -1,0 +1,123 @@
+"""The floor of benchmarks/bench_http.py: FastAPI with nothing behind the routes.
+
+POST /classify takes the service's request for 8 x 8 images (``{"instances": [[8 rows of 8
+floats]], "top_k": 3}``, validated by pydantic) and, from an ``async def`` route (no thread
+pool, no model), answers a fixed answer of the service's shape and size: ``{"model": "digits",
+"model_version": 64 hex digits, "predictions": [{"label": "7", "top_k": [3 label/score
+pairs]}]}``. What is left is uvicorn, FastAPI, pydantic and JSON. POST /search does the same
+for a code query (top_k ids and scores back). GET /readyz answers once the server is up.
+
+Served like the service: ``HOST=127.0.0.1 PORT=8001 python benchmarks/bare_endpoint.py``, read
+from HOST, PORT, WORKERS (uvicorn worker processes, default 1), LOG_LEVEL (default warning) and
+ACCESS_LOG (default false).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    instances: list[list[list[float]]] = Field(..., min_length=1)
+    top_k: int = Field(3, ge=1)
+
+
+class ClassScore(BaseModel):
+    label: str
+    score: float
+
+
+class Prediction(BaseModel):
+    label: str
+    top_k: list[ClassScore]
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    model_version: str
+    predictions: list[Prediction]
+
+
+class Code(BaseModel):
+    indices: list[int]
+    values: list[float]
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: Code
+    top_k: int = Field(10, ge=1, le=1000)
+
+
+class SearchHit(BaseModel):
+    id: str
+    score: float
+
+
+class SearchResponse(BaseModel):
+    model: str
+    query: str
+    code: Code
+    sparsity: int
+    results: list[SearchHit]
+
+
+class Health(BaseModel):
+    status: str
+
+
+# Full-precision scores and a checksum-long version, as the service answers: the same bytes.
+_RANKED = [("7", 0.6809618931138395), ("9", -0.7396256310298658), ("3", -0.9068777660610603)]
+_VERSION = "0" * 64
+_HITS = [(str(i), 10.0 - i / 100) for i in range(1000)]
+
+app = FastAPI(title="bare endpoint (benchmark floor)")
+
+
+@app.get("/readyz", response_model=Health)
+async def readyz() -> Health:
+    return Health(status="ready")
+
+
+@app.post("/classify", response_model=ClassifyResponse)
+async def classify(body: ClassifyRequest) -> ClassifyResponse:
+    ranked = [ClassScore(label=label, score=score) for label, score in _RANKED[: body.top_k]]
+    predictions = [Prediction(label=ranked[0].label, top_k=ranked) for _ in body.instances]
+    return ClassifyResponse(model="digits", model_version=_VERSION, predictions=predictions)
+
+
+@app.post("/search", response_model=SearchResponse)
+async def search(body: SearchRequest) -> SearchResponse:
+    hits = [SearchHit(id=item, score=score) for item, score in _HITS[: body.top_k]]
+    return SearchResponse(
+        model="synthetic",
+        query="code",
+        code=body.code,
+        sparsity=len(body.code.indices),
+        results=hits,
+    )
+
+
+def main() -> None:
+    level = os.environ.get("LOG_LEVEL", "warning")
+    uvicorn.run(
+        "bare_endpoint:app",
+        app_dir=str(Path(__file__).resolve().parent),
+        host=os.environ.get("HOST", "127.0.0.1"),
+        port=int(os.environ.get("PORT", "8001")),
+        workers=int(os.environ.get("WORKERS", "1")),
+        log_level=level,
+        access_log=os.environ.get("ACCESS_LOG", "false").lower() in ("1", "true", "yes", "on"),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The Open Inference Protocol's repository extension: list, load and unload models.
+
+Allowed only with ``Authorization: Bearer <ADMIN_TOKEN>``; with no token configured the routes
+answer 403 and say how to enable them. With several worker processes each request reaches one
+of them: to update every worker, use RELOAD_INTERVAL_S (each worker polls) or SIGHUP.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import Response
+
+from service.api.errors import AdminDisabledError, LoadRefusedError, UnauthorizedError
+from service.api.registry import ModelRegistry, ModelState
+from service.api.responses import ModelName, json_answer
+from service.api.schemas import ErrorResponse, RepositoryIndexRequest, RepositoryModel
+
+router = APIRouter(prefix="/v2/repository", tags=["repository"])
+
+_ADMIN_ERRORS = {
+    401: {"model": ErrorResponse, "description": "Missing or wrong bearer token."},
+    403: {"model": ErrorResponse, "description": "Repository routes are disabled (no token)."},
+}
+
+
+def _authorize(request: Request, authorization: str | None) -> ModelRegistry:
+    token = request.app.state.settings.admin_token
+    if token is None:
+        raise AdminDisabledError(
+            "the repository routes are disabled: set ADMIN_TOKEN and send it as "
+            "'Authorization: Bearer <token>'"
+        )
+    scheme, _, given = (authorization or "").partition(" ")
+    expected = token.get_secret_value().encode()
+    # Compared in constant time, and always compared, so timing tells nothing of the token.
+    matches = hmac.compare_digest(given.strip().encode(), expected)
+    if scheme.lower() != "bearer" or not matches:
+        raise UnauthorizedError("send the admin token as 'Authorization: Bearer <token>'")
+    return request.app.state.dataplane.registry
+
+
+Authorization = Annotated[str | None, Header(description="Bearer <ADMIN_TOKEN>")]
+
+
+@router.post(
+    "/index",
+    response_model=list[RepositoryModel],
+    responses=_ADMIN_ERRORS,
+)
+async def repository_index(
+    request: Request,
+    authorization: Authorization = None,
+    body: RepositoryIndexRequest | None = None,
+) -> Response:
+    """Rescan the repository (new models are loaded, changed ones replaced, removed ones
+    retired), then list every model with its state."""
+    registry = _authorize(request, authorization)
+    entries = await registry.sync()
+    only_ready = body is not None and body.ready
+    listed = [
+        {**e.describe(), "state": str(e.state), "reason": e.reason or ""}
+        for e in sorted(entries, key=lambda e: e.name)
+        if not only_ready or e.state == ModelState.READY
+    ]
+    return json_answer(listed)  # type: ignore[arg-type]
+
+
+@router.post(
+    "/models/{name}/load",
+    responses={
+        **_ADMIN_ERRORS,
+        404: {"model": ErrorResponse, "description": "No such model in the repository."},
+        409: {
+            "model": ErrorResponse,
+            "description": "The version on disk was refused; the old one (if any) keeps serving.",
+        },
+    },
+)
+async def load_model(request: Request, name: ModelName, authorization: Authorization = None):
+    """Load (or reload) the version of model ``name`` on disk, warm it up and swap it in.
+    Answers once it serves, or 409 with the reason if it was refused."""
+    registry = _authorize(request, authorization)
+    entry = await registry.load(name)
+    if entry.reason is not None:
+        raise LoadRefusedError(entry.reason)
+    return json_answer({}, entry.snapshot)
+
+
+@router.post(
+    "/models/{name}/unload",
+    responses={
+        **_ADMIN_ERRORS,
+        404: {"model": ErrorResponse, "description": "No such model."},
+    },
+)
+async def unload_model(request: Request, name: ModelName, authorization: Authorization = None):
+    """Stop serving model ``name`` (until it is loaded again on request)."""
+    registry = _authorize(request, authorization)
+    await registry.unload(name)
+    return json_answer({})
