@@ -71,12 +71,18 @@ async def _read(request: Request, schema: type[Body]) -> Body:
         raise RequestValidationError(error.errors(include_url=False)) from None
 
 
-def _documented_body(schema: type[BaseModel]) -> dict[str, Any]:
-    """OpenAPI for a body read by :func:`_read` (the app factory adds the schemas of
-    :data:`BODY_SCHEMAS` to the components)."""
-    reference = {"$ref": f"#/components/schemas/{schema.__name__}"}
+def _documented(
+    body: type[BaseModel], answer: type[BaseModel], tag: str, errors: dict
+) -> dict[str, Any]:
+    """Route options documenting a body read by :func:`_read` (the app factory adds the
+    schemas of :data:`BODY_SCHEMAS` to the components) and its answer."""
+    reference = {"$ref": f"#/components/schemas/{body.__name__}"}
+    request_body = {"required": True, "content": {"application/json": {"schema": reference}}}
     return {
-        "requestBody": {"required": True, "content": {"application/json": {"schema": reference}}}
+        "tags": [tag],
+        "responses": {200: {"model": answer}, **errors},
+        "response_class": Response,
+        "openapi_extra": {"requestBody": request_body},
     }
 
 
@@ -125,12 +131,7 @@ async def _classify(request: Request, name: str | None) -> Response:
     return json_answer(_classify_payload(snapshot, answers), snapshot)
 
 
-_CLASSIFY_DOC = dict(
-    tags=["predictions"],
-    responses={200: {"model": ClassifyResponse}, **_ERRORS},
-    response_class=Response,
-    openapi_extra=_documented_body(ClassifyRequest),
-)
+_CLASSIFY_DOC = _documented(ClassifyRequest, ClassifyResponse, "predictions", _ERRORS)
 
 
 @router.post("/classify", **_CLASSIFY_DOC)
@@ -199,12 +200,7 @@ async def _search(request: Request, name: str | None) -> Response:
     return json_answer(_search_payload(snapshot, result, bool(body.strongest_atoms)), snapshot)
 
 
-_SEARCH_DOC = dict(
-    tags=["search"],
-    responses={200: {"model": SearchResponse}, **_SEARCH_ERRORS},
-    response_class=Response,
-    openapi_extra=_documented_body(SearchRequest),
-)
+_SEARCH_DOC = _documented(SearchRequest, SearchResponse, "search", _SEARCH_ERRORS)
 
 
 @router.post("/search", **_SEARCH_DOC)

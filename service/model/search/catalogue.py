@@ -23,10 +23,10 @@ import numpy as np
 from service.model.artifact import (
     StreamedArray,
     manifest_digest,
-    read_artifact,
+    read_typed_artifact,
     write_artifact,
 )
-from service.model.errors import ArtifactError, ArtifactIntegrityError, InvalidInputError
+from service.model.errors import ArtifactIntegrityError, InvalidInputError
 from service.model.search.codes import SparseCode
 from service.model.search.layout import check_parent
 from service.model.search.model import UnionOfSubspacesModel
@@ -260,19 +260,17 @@ def read_catalogue(path: str | os.PathLike, search_path: str | os.PathLike) -> C
     ArtifactIntegrityError
         Built for another search model, arrays missing or inconsistent.
     """
-    artifact = read_artifact(path, mmap=frozenset({"projected"}))
-    m, arrays = artifact.manifest, artifact.arrays
-    if m.get("model_type") != CATALOGUE_TYPE:
-        raise ArtifactError(f"{path}: model_type {m.get('model_type')!r} is not a catalogue")
-    check_parent(path, m, "search_manifest_sha256", manifest_digest(search_path), search_path)
-    missing = sorted({"projected", "ids", "negatives"} - arrays.keys())
-    if missing:
-        raise ArtifactIntegrityError(f"{path}: arrays missing from manifest: {missing}")
-    reserved = {"model_type", "schema_version", "format", "arrays"}
+    artifact = read_typed_artifact(
+        path, CATALOGUE_TYPE, {"projected", "ids", "negatives"}, mmap={"projected"}
+    )
+    arrays = artifact.arrays
+    check_parent(
+        path, artifact.manifest, "search_manifest_sha256", manifest_digest(search_path), search_path
+    )
     return Catalogue(
         projected=arrays["projected"],
         ids=arrays["ids"],
         negatives=arrays["negatives"].astype(np.int64),
         labels=arrays.get("labels"),
-        metadata={k: v for k, v in m.items() if k not in reserved},
+        metadata=artifact.metadata,
     )

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from service.model.artifact import manifest_digest, read_artifact, write_artifact
-from service.model.errors import ArtifactError, ArtifactIntegrityError, InvalidInputError
+from service.model.artifact import manifest_digest, read_typed_artifact, write_artifact
+from service.model.errors import ArtifactIntegrityError, InvalidInputError
 from service.model.predictor import Predictor
 from service.model.search.codes import SparseCode
 from service.model.search.layout import check_parent
@@ -154,23 +154,19 @@ class UnionOfSubspacesModel:
     @classmethod
     def load(cls, path: str | os.PathLike, model_path: str | os.PathLike) -> UnionOfSubspacesModel:
         """Load and verify; the model it was trained for must be the one at ``model_path``."""
-        artifact = read_artifact(path)
+        artifact = read_typed_artifact(
+            path,
+            MODEL_TYPE,
+            {"dictionary", "codes", "intercept"},
+            {"feature_space", "classes", "model_manifest_sha256", "created", "versions"},
+        )
         m = artifact.manifest
-        if m.get("model_type") != MODEL_TYPE:
-            raise ArtifactError(f"{path}: model_type {m.get('model_type')!r} is not {MODEL_TYPE!r}")
         check_parent(path, m, "model_manifest_sha256", manifest_digest(model_path), model_path)
-        missing = sorted({"dictionary", "codes", "intercept"} - artifact.arrays.keys())
-        if missing:
-            raise ArtifactIntegrityError(f"{path}: arrays missing from manifest: {missing}")
-        reserved = {
-            "model_type", "feature_space", "classes", "model_manifest_sha256", "schema_version",
-            "format", "arrays", "created", "versions",
-        }  # fmt: skip
         try:
             return cls(
                 feature_space=str(m["feature_space"]),
                 classes=tuple(str(c) for c in m["classes"]),
-                metadata={k: v for k, v in m.items() if k not in reserved},
+                metadata=artifact.metadata,
                 **{k: artifact.arrays[k] for k in ("dictionary", "codes", "intercept")},
             )
         except (KeyError, TypeError) as error:
