@@ -1,15 +1,21 @@
 """``python -m service.api``: serve the model repository (or MODEL_DIR) with uvicorn.
 
-With ``WORKERS`` > 1, uvicorn starts that many processes on one listening socket; each builds
-the app from the environment and loads the repository itself (memory-mapped catalogues share
-their pages between them).
+With ``WORKERS`` > 1, uvicorn's supervisor starts that many processes on one listening socket;
+each builds the app from the environment and loads the repository itself (memory-mapped
+catalogues share their pages between them). SIGHUP to the supervisor is passed on to every
+worker, which rescans its repository (uvicorn's own answer to SIGHUP, restarting the workers,
+would start them with no old version to fall back on if the new one is broken).
 """
+
+from __future__ import annotations
 
 import copy
 import os
+import signal
 
 import uvicorn
 from uvicorn.config import LOGGING_CONFIG
+from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
 from service.api.settings import Settings
@@ -27,6 +33,16 @@ def _logging_config(level: str) -> dict:
     return config
 
 
+class RescanningSupervisor(Multiprocess):
+    """uvicorn's worker supervisor, passing SIGHUP on to the workers instead of restarting
+    them."""
+
+    def handle_hup(self) -> None:
+        for process in self.processes:
+            if process.pid is not None:
+                os.kill(process.pid, signal.SIGHUP)
+
+
 def main() -> None:
     settings = Settings()
     options = dict(
@@ -38,13 +54,18 @@ def main() -> None:
         # Keep-alive connections outlive a short pause of a client's (uvicorn's default is 5 s).
         timeout_keep_alive=30,
     )
-    if settings.workers > 1:
-        # Worker processes import the factory by name and read the same environment, which
-        # sizes their thread pools so that together they do not oversubscribe the cores.
-        os.environ.update(worker_environment(settings.workers))
-        uvicorn.run("service.api.app:create_app", factory=True, workers=settings.workers, **options)
-    else:
+    # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if settings.workers == 1:
         uvicorn.run(create_app(settings), **options)
+        return
+    # Worker processes import the factory by name and read the same environment, which sizes
+    # their thread pools so that together they do not oversubscribe the cores.
+    os.environ.update(worker_environment(settings.workers))
+    config = uvicorn.Config(
+        "service.api.app:create_app", factory=True, workers=settings.workers, **options
+    )
+    RescanningSupervisor(config, sockets=[config.bind_socket()]).run()
 
 
 if __name__ == "__main__":

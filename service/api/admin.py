@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from service.api.errors import AdminDisabledError, LoadRefusedError, UnauthorizedError
 from service.api.registry import ModelRegistry, ModelState
-from service.api.responses import ModelName, json_answer
+from service.api.responses import ModelName, json_answer, read_body
 from service.api.schemas import ErrorResponse, RepositoryIndexRequest, RepositoryModel
 
 router = APIRouter(prefix="/v2/repository", tags=["repository"])
@@ -49,23 +49,33 @@ Authorization = Annotated[str | None, Header(description="Bearer <ADMIN_TOKEN>")
     "/index",
     response_model=list[RepositoryModel],
     responses=_ADMIN_ERRORS,
+    openapi_extra={
+        "requestBody": {
+            "required": False,
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/RepositoryIndexRequest"}
+                }
+            },
+        }
+    },
 )
-async def repository_index(
-    request: Request,
-    authorization: Authorization = None,
-    body: RepositoryIndexRequest | None = None,
-) -> Response:
+async def repository_index(request: Request, authorization: Authorization = None) -> Response:
     """Rescan the repository (new models are loaded, changed ones replaced, removed ones
-    retired), then list every model with its state."""
+    retired), then list every model with its state; ``{"ready": true}`` lists only the ready
+    ones."""
     registry = _authorize(request, authorization)
+    # The body is optional, and read only once the token has been checked.
+    only_ready = (
+        bool(await request.body()) and (await read_body(request, RepositoryIndexRequest)).ready
+    )
     entries = await registry.sync()
-    only_ready = body is not None and body.ready
     listed = [
-        {**e.describe(), "state": str(e.state), "reason": e.reason or ""}
-        for e in sorted(entries, key=lambda e: e.name)
-        if not only_ready or e.state == ModelState.READY
+        {**entry.describe(), "reason": entry.reason or ""}
+        for entry in entries
+        if not only_ready or entry.state == ModelState.READY
     ]
-    return json_answer(listed)  # type: ignore[arg-type]
+    return json_answer(listed)
 
 
 @router.post(

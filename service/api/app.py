@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from pydantic import BaseModel
-from threadpoolctl import threadpool_limits
 
 import service
 from service.api import admin, routes
@@ -20,6 +19,7 @@ from service.api.errors import install_error_handlers
 from service.api.limits import RequestSizeLimitMiddleware
 from service.api.registry import ModelRegistry, Repository
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
+from service.model.threads import limit_threads
 
 logger = logging.getLogger("service.api")
 
@@ -65,16 +65,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         registry = ModelRegistry(repository_of(settings), settings.default_model)
-        app.state.dataplane = DataPlane(registry, settings)
+        plane = app.state.dataplane = DataPlane(registry, settings)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (used for
         # the small final matrix product) stays single-threaded instead of fighting them.
-        with threadpool_limits(limits=1, user_api="blas"), _reload_triggers(registry, settings):
+        with limit_threads(blas_threads=1):
             await registry.sync()
             # What is loaded now lives as long as the process: keep it out of the collector's
             # full passes, which would otherwise walk the libraries' objects (a large heap)
             # again and again under the requests' small allocations.
+            gc.collect()
             gc.freeze()
-            yield
+            async with Rescans(registry, settings.reload_interval_s):
+                yield
+            plane.close()
 
     app = FastAPI(
         title="BE-SVM model service",
@@ -115,50 +118,51 @@ def _openapi_with(app: FastAPI, schemas: tuple[type[BaseModel], ...]):
     return openapi
 
 
-@contextlib.contextmanager
-def _reload_triggers(registry: ModelRegistry, settings: Settings):
-    """SIGHUP and, if RELOAD_INTERVAL_S is set, polling: both rescan the repository."""
-    loop = asyncio.get_running_loop()
-    tasks: set[asyncio.Task] = set()
+class Rescans:
+    """Rescans of the repository on SIGHUP and, if ``interval_s`` > 0, every ``interval_s``
+    seconds: one at a time, requests arriving during a rescan coalesced into the next one.
 
-    def rescan(why: str) -> None:
-        logger.info("rescanning the %s (%s)", registry.repository.describe(), why)
-        task = loop.create_task(registry.sync())
-        tasks.add(task)
-        task.add_done_callback(_finished(tasks))
+    An async context manager: the SIGHUP handler (where the process's main thread runs the
+    loop) and the background task live as long as the ``async with``.
+    """
 
-    hangup = False
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-        # Only the main thread of a process may handle signals (not, e.g., a test client's).
-        loop.add_signal_handler(signal.SIGHUP, rescan, "SIGHUP")
-        hangup = True
-    poller = None
-    if settings.reload_interval_s > 0:
-        poller = loop.create_task(_poll(registry, settings.reload_interval_s))
-    try:
-        yield
-    finally:
-        if hangup:
-            loop.remove_signal_handler(signal.SIGHUP)
-        if poller is not None:
-            poller.cancel()
-        for task in tasks:
-            task.cancel()
+    def __init__(self, registry: ModelRegistry, interval_s: float) -> None:
+        self.registry = registry
+        self.interval_s = interval_s
+        self._wanted = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._hangup = False
 
+    def request(self, why: str) -> None:
+        logger.info("rescan of the %s requested (%s)", self.registry.repository.describe(), why)
+        self._wanted.set()
 
-async def _poll(registry: ModelRegistry, interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await registry.sync()
-        except Exception:  # a bad scan must not end polling
-            logger.exception("rescanning the %s failed", registry.repository.describe())
+    async def __aenter__(self) -> Rescans:
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            # Only a process's main thread may handle signals (not, e.g., a test client's).
+            loop.add_signal_handler(signal.SIGHUP, self.request, "SIGHUP")
+            self._hangup = True
+        self._task = loop.create_task(self._run())
+        return self
 
+    async def __aexit__(self, *exc_info) -> None:
+        if self._hangup:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
-def _finished(tasks: set[asyncio.Task]):
-    def done(task: asyncio.Task) -> None:
-        tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("rescan failed: %r", task.exception())
-
-    return done
+    async def _run(self) -> None:
+        while True:
+            try:
+                timeout = self.interval_s if self.interval_s > 0 else None
+                await asyncio.wait_for(self._wanted.wait(), timeout)
+            except TimeoutError:
+                pass
+            self._wanted.clear()
+            try:
+                await self.registry.sync()
+            except Exception:  # a failed rescan must not end the rescans
+                logger.exception("rescanning the %s failed", self.registry.repository.describe())

@@ -1,22 +1,32 @@
 """The data plane: between the HTTP routes and the model runtimes.
 
-It owns what serving adds to a model: which model answers (the registry's snapshot), whether it
-is ready, the serving limits and defaults (batch size, top_k, examples), and where the work runs.
-The model library (:mod:`service.model`) validates what a request means; the data plane only
-enforces what this server allows.
+It owns what serving adds to a model: which model answers (the registry's snapshot), whether the
+service is ready, the serving limits and defaults (batch size, top_k, examples), and where the
+work runs. The model library (:mod:`service.model`) validates what a request means; the data
+plane only enforces what this server allows.
 
-**Where work runs.** A request whose model time is estimated below ``INLINE_BUDGET_MS`` runs on
-the event loop: a thread-pool hop costs more than a one-digit prediction (tens of microseconds),
-and an answer computed inline needs no context switch. Anything longer runs on a worker thread,
-so that no request holds the loop for long: large batches, searches of large catalogues, codes
-learned from examples (always). The estimate is the cost per item measured on this snapshot's
-own earlier requests; the first request of each kind runs on a thread.
+**Where work runs** (:meth:`DataPlane.placement`, the one place that decides):
+
+- on the event loop, when the work stays on the calling thread (serial kernels only: no wait for
+  the parallel-region lock) and its time, estimated from the same snapshot's earlier successful
+  requests, is below ``INLINE_BUDGET_MS``: a thread-pool round trip costs more than a one-digit
+  prediction;
+- on the compute thread, one dedicated thread, when the work runs parallel kernels: those take
+  one process-wide lock anyway, and calling them from one thread keeps one warm OpenMP team
+  (a new calling thread starts a new team);
+- on the thread pool otherwise: long serial work, and codes learned from examples (scikit-learn).
+
+The first request of each kind leaves the loop, since its cost is not known yet.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import time
+import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
@@ -24,13 +34,22 @@ from starlette.concurrency import run_in_threadpool
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
+from service.model.documents import Vocabulary
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
 T = TypeVar("T")
 
 # Weight of the newest measurement in a snapshot's running cost estimate.
-_COST_SMOOTHING = 0.2
+COST_SMOOTHING = 0.2
+
+
+class Placement(enum.Enum):
+    """Where a request's model work runs."""
+
+    INLINE = "inline"
+    COMPUTE_THREAD = "compute thread"
+    THREAD_POOL = "thread pool"
 
 
 class DataPlane:
@@ -49,9 +68,46 @@ class DataPlane:
         self.default_search_top_k = settings.default_search_top_k
         self.max_search_top_k = settings.max_search_top_k
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
+        # Seconds per unit of work by kind, per snapshot: a new version learns its own.
+        self._costs: weakref.WeakKeyDictionary[ModelSnapshot, dict[str, float]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._compute: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        """Stop the compute thread (after the work it has)."""
+        if self._compute is not None:
+            self._compute.shutdown(wait=True)
+            self._compute = None
+
+    # -- models --------------------------------------------------------------------------------
 
     def snapshot(self, name: str | None) -> ModelSnapshot:
+        """The snapshot of model ``name`` (None: the default model) a request uses."""
         return self.registry.snapshot(name)
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the service is ready, and why (not)."""
+        return self.registry.readiness()
+
+    def models(self) -> list[tuple[dict[str, Any], ModelSnapshot | None]]:
+        """Every model's status (name, state, version, reason) and its snapshot, by name."""
+        return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
+
+    def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
+        """One ready model's status and snapshot."""
+        snapshot = self.registry.snapshot(name)
+        return self.registry.entries[name].describe(), snapshot
+
+    def vocabulary(self, name: str) -> tuple[ModelSnapshot, Vocabulary]:
+        """A text model's vocabulary; NotFoundError for models that read no text."""
+        snapshot = self.registry.snapshot(name)
+        vocabulary = snapshot.predictor.vocabulary
+        if vocabulary is None:
+            raise NotFoundError(f"model {name!r} reads no text: it has no vocabulary")
+        return snapshot, vocabulary
+
+    # -- requests ------------------------------------------------------------------------------
 
     async def classify(
         self,
@@ -70,25 +126,29 @@ class DataPlane:
             snapshot,
             "classify",
             max(size, 1),
+            predictor.runs_serially(max(size, 1)),
             lambda: predictor.classify(instances, k, texts=texts),
         )
         return snapshot, answers
 
     async def search(
-        self, name: str | None, query: dict[str, Any]
+        self, name: str | None, query: SearchQuery
     ) -> tuple[ModelSnapshot, SearchResult]:
-        """Answer a search with model ``name``; ``query`` holds :class:`SearchQuery`'s fields,
-        ``top_k`` None for the default."""
+        """Answer a search with model ``name`` (None: the default model)."""
         snapshot = self.registry.snapshot(name)
         index = snapshot.require_search()
-        top_k = query.get("top_k") or self.default_search_top_k
-        self._check_top_k(top_k)
-        examples = len(query.get("positives") or ()) + len(query.get("negatives") or ())
+        self._check_top_k(query.top_k)
+        examples = len(query.positives or ()) + len(query.negatives or ())
         self._check_batch(examples, "positives and negatives")
-        search_query = SearchQuery(**{**query, "top_k": top_k})
-        # Learning a code fits a few small SVMs: never on the loop.
-        kind = "search" if search_query.positives is None else None
-        result = await self._run(snapshot, kind, 1, lambda: index.run(search_query))
+        # Learning a code fits small SVMs: never on the loop, and no cost estimate to keep.
+        kind = "search" if query.positives is None else None
+        result = await self._run(
+            snapshot,
+            kind,
+            1 + query.strongest_atoms,
+            index.runs_serially(query),
+            lambda: index.run(query),
+        )
         return snapshot, result
 
     async def atom(
@@ -99,15 +159,9 @@ class DataPlane:
         index = snapshot.require_search()
         k = top_k or self.default_search_top_k
         self._check_top_k(k)
-        items = await self._run(snapshot, "search", 1, lambda: index.atom_items(atom, k))
+        serially = index.runs_serially(SearchQuery(code=([atom], [1.0]), top_k=k))
+        items = await self._run(snapshot, "atom", 1, serially, lambda: index.atom_items(atom, k))
         return snapshot, items, index.atom_classes(atom)
-
-    def vocabulary(self, name: str):
-        snapshot = self.registry.snapshot(name)
-        vocabulary = snapshot.predictor.vocabulary
-        if vocabulary is None:
-            raise NotFoundError(f"model {name!r} reads no text: it has no vocabulary")
-        return snapshot, vocabulary
 
     def _check_batch(self, size: int, what: str) -> None:
         if size > self.max_batch_size:
@@ -121,40 +175,71 @@ class DataPlane:
                 f"top_k must be at most {self.max_search_top_k} (MAX_SEARCH_TOP_K), got {top_k}"
             )
 
-    async def _run(
-        self, snapshot: ModelSnapshot, kind: str | None, units: int, work: Callable[[], T]
-    ) -> T:
-        """Run ``work`` inline or on a thread (see the module's docstring), and learn its cost.
+    # -- scheduling ----------------------------------------------------------------------------
 
-        ``kind`` names the cost estimate to use and update (None: always on a thread).
+    def placement(
+        self, snapshot: ModelSnapshot, kind: str | None, units: int, serially: bool
+    ) -> Placement:
+        """Where ``units`` of work of ``kind`` on ``snapshot`` run (see the module docstring).
+
+        Parameters
+        ----------
+        snapshot : ModelSnapshot
+        kind : str or None
+            The cost estimate that applies ("classify", "search", "atom"); None: no estimate,
+            never inline.
+        units : int
+            Instances of a batch, or searches of one query.
+        serially : bool
+            Whether the work stays on the calling thread (serial kernels only).
         """
-        costs = snapshot.costs
-        per_unit = costs.get(kind) if kind is not None else None
+        if not serially:
+            return Placement.COMPUTE_THREAD
+        per_unit = None if kind is None else self.estimate(snapshot, kind)
         if per_unit is not None and per_unit * units <= self.inline_budget_s:
+            return Placement.INLINE
+        return Placement.THREAD_POOL
+
+    def estimate(self, snapshot: ModelSnapshot, kind: str) -> float | None:
+        """Seconds per unit of ``kind`` on ``snapshot`` learned so far (None: none yet)."""
+        return self._costs.get(snapshot, {}).get(kind)
+
+    def observe(self, snapshot: ModelSnapshot, kind: str, seconds_per_unit: float) -> None:
+        """Fold one successful request's time into ``snapshot``'s estimate for ``kind``."""
+        costs = self._costs.setdefault(snapshot, {})
+        previous = costs.get(kind)
+        costs[kind] = (
+            seconds_per_unit
+            if previous is None
+            else (1 - COST_SMOOTHING) * previous + COST_SMOOTHING * seconds_per_unit
+        )
+
+    async def _run(
+        self,
+        snapshot: ModelSnapshot,
+        kind: str | None,
+        units: int,
+        serially: bool,
+        work: Callable[[], T],
+    ) -> T:
+        """Run ``work`` where :meth:`placement` says, and learn its cost when it succeeds."""
+        place = self.placement(snapshot, kind, units, serially)
+        seconds: list[float] = []
+
+        def timed() -> T:
             started = time.perf_counter()
             result = work()
-            _observe(costs, kind, (time.perf_counter() - started) / units)
+            seconds.append(time.perf_counter() - started)
             return result
-        timed: list[float] = []
 
-        def timed_work() -> T:
-            started = time.perf_counter()
-            try:
-                return work()
-            finally:
-                timed.append(time.perf_counter() - started)
-
-        try:
-            return await run_in_threadpool(timed_work)
-        finally:
-            if kind is not None and timed:
-                _observe(costs, kind, timed[0] / units)
-
-
-def _observe(costs: dict[str, float], kind: str, seconds_per_unit: float) -> None:
-    previous = costs.get(kind)
-    costs[kind] = (
-        seconds_per_unit
-        if previous is None
-        else (1 - _COST_SMOOTHING) * previous + _COST_SMOOTHING * seconds_per_unit
-    )
+        if place is Placement.INLINE:
+            result = timed()
+        elif place is Placement.COMPUTE_THREAD:
+            if self._compute is None:
+                self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+            result = await asyncio.get_running_loop().run_in_executor(self._compute, timed)
+        else:
+            result = await run_in_threadpool(timed)
+        if kind is not None:
+            self.observe(snapshot, kind, seconds[0] / units)
+        return result

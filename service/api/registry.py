@@ -7,7 +7,8 @@ A new version is loaded and warmed on a worker thread while the old one keeps se
 in place with one reference assignment on the event loop. A version that fails to load is
 refused: the old one keeps serving and the entry records why.
 
-All state changes happen on the event loop's thread; only the loading itself runs elsewhere.
+All state changes happen on the event loop's thread, each model's under its own lock; only the
+loading itself runs elsewhere.
 """
 
 from __future__ import annotations
@@ -15,41 +16,59 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from service.model import (
-    ArtifactError,
-    ModelNotReadyError,
-    NotFoundError,
-    Predictor,
-)
+from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
 from service.model.artifact import manifest_digest, read_manifest
 from service.model.search import SearchIndex, catalogue_dir, search_dir
 
 logger = logging.getLogger("service.api")
 
+# Tries to load a version that keeps changing underneath (a writer still at work), and the pause
+# between them.
+LOAD_ATTEMPTS = 3
+LOAD_RETRY_PAUSE_S = 0.2
+# A model missing from a scan is looked for once more after this pause before it is retired, so
+# that a replacement by two renames (where the kernel cannot exchange them) never retires it.
+MISSING_RECHECK_S = 0.05
+
 
 class ModelState(enum.StrEnum):
+    """A model's state as served: ``loading`` (its first version), ``ready`` (serving a
+    version), ``failed`` (no version could be loaded) or ``unloaded``."""
+
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
     UNLOADED = "unloaded"
 
 
-def fingerprint(path: Path) -> tuple[str | None, ...]:
-    """Checksums of the manifests of a model, its search model and its catalogue (None where
-    absent): any new version of any of them changes it."""
-    digests = []
-    for directory in (path, search_dir(path), catalogue_dir(path)):
+def _level_paths(path: Path) -> tuple[Path, Path, Path]:
+    return path, search_dir(path), catalogue_dir(path)
+
+
+def fingerprint(path: Path) -> tuple:
+    """What identifies the model, search model and catalogue at ``path`` as they are on disk:
+    their manifests' checksums, and every file's size, modification time and inode. Any new
+    version, and any file still being copied or changed in place, changes it."""
+    levels = []
+    for directory in _level_paths(path):
         try:
-            digests.append(manifest_digest(directory))
+            digest = manifest_digest(directory)
+            files = tuple(
+                (entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+                for entry in sorted(os.scandir(directory), key=lambda e: e.name)
+                if entry.is_file() and (stat := entry.stat())
+            )
         except OSError:
-            digests.append(None)
-    return tuple(digests)
+            levels.append(None)
+            continue
+        levels.append((digest, files))
+    return tuple(levels)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +81,9 @@ class ModelSnapshot:
     path : Path
     version : str
         sha256 of the model's manifest, which names every array by checksum.
+    search_version : str or None
+        sha256 of the catalogue's manifest (else of the search model's), which records the
+        checksums of the levels it derives from: it identifies what answers /search.
     fingerprint : tuple
         See :func:`fingerprint`; a different one on disk means a new version to load.
     predictor : Predictor
@@ -70,18 +92,18 @@ class ModelSnapshot:
         Why the model's search artifacts could not be loaded: /search says so while /classify
         keeps serving.
     loaded_at : float
-        ``time.time()`` of the swap.
+        ``time.time()`` when it was loaded.
     """
 
     name: str
     path: Path
     version: str
-    fingerprint: tuple[str | None, ...]
+    search_version: str | None
+    fingerprint: tuple
     predictor: Predictor
     search: SearchIndex | None
     search_problem: str | None
     loaded_at: float
-    costs: dict[str, float] = field(default_factory=dict)
 
     def require_search(self) -> SearchIndex:
         """The search index; raises NotFoundError or ModelNotReadyError naming the fix."""
@@ -96,29 +118,57 @@ class ModelSnapshot:
             "python -m training dictionary, then python -m training index"
         )
 
+    @property
+    def search_levels(self) -> int:
+        """0: no search model; 1: a search model; 2: a search model and its catalogue."""
+        if self.search is None:
+            return 0
+        return 1 if self.search.catalogue is None else 2
 
-class ModelChangedWhileLoading(ArtifactError):
+
+class ModelChangedWhileLoadingError(ArtifactError):
     """The artifact was replaced while it was being read: try again."""
 
 
-def load_snapshot(name: str, path: Path, *, keep_broken_search: bool) -> ModelSnapshot:
+def load_snapshot(
+    name: str, path: Path, previous: ModelSnapshot | None = None, force: bool = False
+) -> ModelSnapshot:
     """Load, verify and warm up one version of a model (blocking: run it on a thread).
 
     Parameters
     ----------
     name : str
     path : Path
-    keep_broken_search : bool
-        Serve the classifier even if the search artifacts are broken (the first version of a
-        model); otherwise a broken search refuses the whole version, so that a new version
-        never takes away a working /search.
+    previous : ModelSnapshot, optional
+        The version served now. Without one, a model whose search artifacts are broken still
+        serves /classify. With one, a new version is refused if its search artifacts are
+        broken or missing where the served one has them (a retrained model whose search model
+        and catalogue are not rebuilt yet), so that an update never takes /search away.
+    force : bool
+        Accept a version with fewer search levels than ``previous`` (an explicit load).
 
     Raises
     ------
+    ModelChangedWhileLoadingError
+        The files changed while they were read.
     ArtifactError
-        The model (or, without ``keep_broken_search``, its search) cannot be loaded.
+        The version cannot be loaded, or is refused.
     """
     before = fingerprint(path)
+    try:
+        snapshot = _load(name, path, before, previous, force)
+    except ArtifactError as error:
+        if fingerprint(path) != before:
+            raise ModelChangedWhileLoadingError(f"{path} changed while loading it") from error
+        raise
+    if fingerprint(path) != before:
+        raise ModelChangedWhileLoadingError(f"{path} changed while loading it")
+    return snapshot
+
+
+def _load(
+    name: str, path: Path, before: tuple, previous: ModelSnapshot | None, force: bool
+) -> ModelSnapshot:
     predictor = Predictor.load(path)
     predictor.warm_up()
     search, search_problem = None, None
@@ -127,21 +177,28 @@ def load_snapshot(name: str, path: Path, *, keep_broken_search: bool) -> ModelSn
         if search is not None:
             search.warm_up()
     except ArtifactError as error:
-        if not keep_broken_search:
+        if previous is not None:
             raise
         search_problem = str(error)
-    if fingerprint(path) != before:
-        raise ModelChangedWhileLoading(f"{path} was replaced while loading it")
-    return ModelSnapshot(
+    model, search_level, catalogue_level = before
+    snapshot = ModelSnapshot(
         name=name,
         path=path,
-        version=before[0] or "",
+        version=model[0] if model else "",
+        search_version=(catalogue_level or search_level or (None,))[0],
         fingerprint=before,
         predictor=predictor,
         search=search,
         search_problem=search_problem,
         loaded_at=time.time(),
     )
+    if previous is not None and not force and snapshot.search_levels < previous.search_levels:
+        missing = "search model" if snapshot.search_levels == 0 else "catalogue"
+        raise ArtifactError(
+            f"the new version at {path} has no {missing}, the served one has: build it "
+            "(python -m training dictionary / index), or load the version explicitly"
+        )
+    return snapshot
 
 
 @dataclass(eq=False)
@@ -157,11 +214,12 @@ class ModelEntry:
     state: ModelState = ModelState.LOADING
     snapshot: ModelSnapshot | None = None
     reason: str | None = None
-    attempted: tuple[str | None, ...] | None = None  # the fingerprint last tried
+    attempted: tuple | None = None  # the fingerprint last tried, loaded or refused
     held_unloaded: bool = False  # unloaded on request: repository scans leave it so
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def not_ready_message(self) -> str:
+        """Why requests to this model cannot be answered (it has no snapshot)."""
         if self.state == ModelState.FAILED:
             return f"model {self.name!r} failed to load: {self.reason}"
         if self.state == ModelState.UNLOADED:
@@ -169,6 +227,7 @@ class ModelEntry:
         return f"model {self.name!r} is loading"
 
     def describe(self) -> dict[str, Any]:
+        """Name, state, version served (or None) and reason (or None)."""
         return {
             "name": self.name,
             "state": str(self.state),
@@ -185,17 +244,21 @@ class Repository:
     root : Path
         The repository, or the model directory when ``single`` is true.
     single : bool
-        ``root`` is one model (MODEL_DIR): its name is its manifest's ``name``.
+        ``root`` is one model (MODEL_DIR), named by its manifest's ``name`` when the server
+        first looks (else by its directory).
     """
 
     def __init__(self, root: Path, single: bool = False) -> None:
         self.root = Path(root)
         self.single = single
+        self._single_name: str | None = None
 
     def scan(self) -> dict[str, Path]:
         """The models there now, by name."""
         if self.single:
-            return {self._single_name(): self.root}
+            if self._single_name is None:
+                self._single_name = self._manifest_name() or self.root.name
+            return {self._single_name: self.root}
         if not self.root.is_dir():
             return {}
         return {
@@ -205,16 +268,18 @@ class Repository:
             if child.is_dir() and not child.name.startswith(".")
         }
 
+    def _manifest_name(self) -> str | None:
+        try:
+            return str(read_manifest(self.root).get("name") or "") or None
+        except ArtifactError:
+            return None
+
     def path_of(self, name: str) -> Path | None:
+        """The directory of model ``name``, if the repository has it now."""
         return self.scan().get(name)
 
-    def _single_name(self) -> str:
-        try:
-            return str(read_manifest(self.root).get("name") or self.root.name)
-        except ArtifactError:
-            return self.root.name
-
     def describe(self) -> str:
+        """In words, for messages: "repository <path>" or "model <path>"."""
         return f"model {self.root}" if self.single else f"repository {self.root}"
 
 
@@ -225,8 +290,7 @@ class ModelRegistry:
     ----------
     repository : Repository
     default_model : str, optional
-        Answers the routes without a model name; default: the only model, else the first by
-        name that is ready.
+        Answers the routes without a model name; default: the only model.
     """
 
     def __init__(self, repository: Repository, default_model: str | None = None) -> None:
@@ -236,7 +300,7 @@ class ModelRegistry:
         self._sync_lock = asyncio.Lock()
         self.synced = False
 
-    # -- the request path: plain attribute reads, no awaiting ------------------------------
+    # -- the request path: plain attribute reads, no awaiting ----------------------------------
 
     def snapshot(self, name: str | None = None) -> ModelSnapshot:
         """The snapshot a request uses: of model ``name``, or of the default model.
@@ -244,11 +308,11 @@ class ModelRegistry:
         Raises
         ------
         NotFoundError
-            No model of that name.
+            No model of that name (or no default model).
         ModelNotReadyError
             The model has no loaded version (loading, failed or unloaded), with the reason.
         """
-        entry = self.entries.get(name) if name is not None else self._default_entry()
+        entry = self.entries.get(name if name is not None else self._default_name())
         if entry is None:
             raise NotFoundError(self._unknown(name))
         snapshot = entry.snapshot
@@ -256,53 +320,70 @@ class ModelRegistry:
             raise ModelNotReadyError(entry.not_ready_message())
         return snapshot
 
-    def _default_entry(self) -> ModelEntry | None:
+    def _default_name(self) -> str | None:
         if self.default_model is not None:
-            return self.entries.get(self.default_model)
+            return self.default_model
         if len(self.entries) == 1:
-            return next(iter(self.entries.values()))
-        ready = [e for name, e in sorted(self.entries.items()) if e.snapshot is not None]
-        return ready[0] if ready else None
+            return next(iter(self.entries))
+        return None
 
     def _unknown(self, name: str | None) -> str:
         known = ", ".join(map(repr, sorted(self.entries))) or "none"
-        if name is None:
-            if self.default_model is not None:
-                return (
-                    f"the default model {self.default_model!r} is not in the "
-                    f"{self.repository.describe()}; models: {known}"
-                )
-            return f"no model is loaded from the {self.repository.describe()}"
-        return f"no model named {name!r}; models: {known}"
+        if name is not None:
+            return f"no model named {name!r}; models: {known}"
+        if self.default_model is not None:
+            return (
+                f"the default model {self.default_model!r} is not in the "
+                f"{self.repository.describe()}; models: {known}"
+            )
+        if not self.entries:
+            return f"no model in the {self.repository.describe()}"
+        return (
+            f"the {self.repository.describe()} holds several models ({known}): name one "
+            "(/v1/models/{name}/...), or set DEFAULT_MODEL"
+        )
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready when the first scan is done and the default model has a snapshot."""
+        """Ready when the first scan is done and the default model (if there is one; else any
+        model) has a snapshot."""
         if not self.synced:
             return False, "models are loading"
+        ready = sum(e.snapshot is not None for e in self.entries.values())
+        summary = f"{ready} of {len(self.entries)} models ready"
+        if self._default_name() is None and len(self.entries) > 1:
+            return (ready > 0, summary) if ready else (False, f"no model is ready: {summary}")
         try:
             snapshot = self.snapshot()
         except (NotFoundError, ModelNotReadyError) as error:
             return False, str(error)
-        ready = sum(e.snapshot is not None for e in self.entries.values())
-        return True, f"model {snapshot.name!r} loaded ({ready} of {len(self.entries)} ready)"
+        return True, f"model {snapshot.name!r} loaded ({summary})"
 
-    # -- changes: run on the event loop, loading on a thread -------------------------------
+    def entries_by_name(self) -> list[ModelEntry]:
+        """Every entry, sorted by name."""
+        return [self.entries[name] for name in sorted(self.entries)]
+
+    # -- changes: run on the event loop, loading on a thread ---------------------------------
 
     async def sync(self) -> list[ModelEntry]:
         """Bring the registry in line with the repository: load new and changed models,
         retire removed ones. Models unloaded on request stay unloaded."""
         async with self._sync_lock:
             found = await asyncio.to_thread(self.repository.scan)
-            for name in sorted(self.entries.keys() - found.keys()):
-                if not self.repository.single:
-                    self._retire(name, "removed from the repository")
+            missing = self.entries.keys() - found.keys()
+            if missing:
+                await asyncio.sleep(MISSING_RECHECK_S)
+                found = await asyncio.to_thread(self.repository.scan)
+                missing = self.entries.keys() - found.keys()
+            for name in sorted(missing):
+                entry = self.entries[name]
+                async with entry.lock:
+                    if self.entries.get(name) is entry:
+                        self._retire(entry, "removed from the repository")
+                        del self.entries[name]
             for name, path in found.items():
-                entry = self.entries.get(name)
-                if entry is not None and entry.held_unloaded:
-                    continue
                 await self.load(name, path=path, force=False)
             self.synced = True
-            return list(self.entries.values())
+            return self.entries_by_name()
 
     async def load(self, name: str, path: Path | None = None, force: bool = True) -> ModelEntry:
         """Load model ``name``'s version on disk and swap it in; the old one keeps serving if
@@ -314,7 +395,9 @@ class ModelRegistry:
         path : Path, optional
             Default: looked up in the repository.
         force : bool
-            Load even when the version on disk is the one served (or was already refused).
+            An explicit load: also when the version on disk is the one served (or was already
+            refused), also of a model unloaded on request, and also of a version without the
+            search model or catalogue the served one has.
 
         Raises
         ------
@@ -329,37 +412,51 @@ class ModelRegistry:
         if entry is None:
             entry = self.entries[name] = ModelEntry(name, path)
         async with entry.lock:
-            entry.held_unloaded = False
+            if self.entries.get(name) is not entry:  # retired while this load waited
+                raise NotFoundError(f"model {name!r} was removed from the repository")
+            if not force and entry.held_unloaded:
+                return entry
             on_disk = await asyncio.to_thread(fingerprint, path)
             if not force and on_disk == entry.attempted:
                 return entry
+            entry.held_unloaded = False
             if entry.snapshot is None:
                 entry.state = ModelState.LOADING
             started = time.perf_counter()
-            for attempt in range(3):
-                try:
-                    snapshot = await asyncio.to_thread(
-                        load_snapshot, name, path, keep_broken_search=entry.snapshot is None
-                    )
-                    break
-                except ModelChangedWhileLoading:
-                    if attempt == 2:
-                        self._refuse(entry, on_disk, f"{path} kept changing while loading it")
-                        return entry
-                except ArtifactError as error:
-                    self._refuse(entry, on_disk, str(error))
-                    return entry
-                except Exception as error:  # one model's bug must not take down the others
-                    logger.exception("model %r: loading %s failed", name, path)
-                    self._refuse(entry, on_disk, f"loading failed: {error!r}")
-                    return entry
+            snapshot = await self._load_with_retries(entry, path, on_disk, force)
+            if snapshot is None:
+                return entry
             previous = entry.snapshot
             entry.path, entry.snapshot, entry.attempted = path, snapshot, snapshot.fingerprint
             entry.state, entry.reason = ModelState.READY, None
             _log_loaded(snapshot, previous, time.perf_counter() - started)
             return entry
 
-    def _refuse(self, entry: ModelEntry, attempted, reason: str) -> None:
+    async def _load_with_retries(
+        self, entry: ModelEntry, path: Path, on_disk: tuple, force: bool
+    ) -> ModelSnapshot | None:
+        """The new snapshot, or None after recording why it was refused."""
+        for attempt in range(LOAD_ATTEMPTS):
+            try:
+                return await asyncio.to_thread(
+                    load_snapshot, entry.name, path, entry.snapshot, force
+                )
+            except ModelChangedWhileLoadingError:
+                if attempt + 1 < LOAD_ATTEMPTS:
+                    await asyncio.sleep(LOAD_RETRY_PAUSE_S)
+                    on_disk = await asyncio.to_thread(fingerprint, path)
+                    continue
+                # Not recorded as attempted: the next scan tries again.
+                self._refuse(entry, None, f"{path} kept changing while loading it")
+            except ArtifactError as error:
+                self._refuse(entry, on_disk, str(error))
+            except Exception as error:  # one model's bug must not take down the others
+                logger.exception("model %r: loading %s failed", entry.name, path)
+                self._refuse(entry, on_disk, f"loading failed: {error!r}")
+            return None
+        return None
+
+    def _refuse(self, entry: ModelEntry, attempted: tuple | None, reason: str) -> None:
         entry.attempted = attempted
         if entry.snapshot is None:
             entry.state, entry.reason = ModelState.FAILED, reason
@@ -379,18 +476,15 @@ class ModelRegistry:
         if entry is None:
             raise NotFoundError(self._unknown(name))
         async with entry.lock:
-            self._retire(name, "unloaded on request", keep_entry=True)
+            self._retire(entry, "unloaded on request")
             entry.held_unloaded = True
         return entry
 
-    def _retire(self, name: str, why: str, keep_entry: bool = False) -> None:
-        entry = self.entries[name] if keep_entry else self.entries.pop(name)
+    @staticmethod
+    def _retire(entry: ModelEntry, why: str) -> None:
         entry.snapshot, entry.state, entry.reason = None, ModelState.UNLOADED, why
         entry.attempted = None
-        logger.info("model %r %s", name, why)
-
-    def names(self) -> Iterable[str]:
-        return sorted(self.entries)
+        logger.info("model %r %s", entry.name, why)
 
 
 def _log_loaded(snapshot: ModelSnapshot, previous: ModelSnapshot | None, seconds: float) -> None:
@@ -410,8 +504,9 @@ def _log_loaded(snapshot: ModelSnapshot, previous: ModelSnapshot | None, seconds
     if snapshot.search is not None:
         catalogue = snapshot.search.catalogue
         logger.info(
-            "model %r search: %d atoms over %s features, catalogue of %s items",
+            "model %r search version %s: %d atoms over %s features, catalogue of %s items",
             snapshot.name,
+            (snapshot.search_version or "")[:12],
             snapshot.search.model.n_atoms,
             snapshot.search.model.feature_space,
             "no" if catalogue is None else f"{catalogue.n_items:,}",

@@ -296,6 +296,12 @@ class AtomHits(BaseModel):
 class SearchResponse(BaseModel):
     model: str
     model_version: str = Field(..., description=VERSION_DESCRIPTION)
+    search_version: str | None = Field(
+        None,
+        description="The search model and catalogue that answered: the sha256 of the "
+        "catalogue's manifest, which records the checksums of the search model and model it "
+        "was built from.",
+    )
     query: str = Field(..., description="class, code or positives.")
     code: CodeOut = Field(..., description="The code that ranked the catalogue.")
     sparsity: int = Field(..., description="Non-zeros of the code: rows of X' read.")

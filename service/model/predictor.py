@@ -278,6 +278,13 @@ class Predictor:
         scores += self.intercept
         return scores
 
+    def runs_serially(self, n_samples: int) -> bool:
+        """Whether scoring ``n_samples`` inputs stays on the calling thread: every measure runs
+        its serial driver (no parallel region, so no wait for
+        :data:`service.model.threads.PARALLEL_REGION`)."""
+        n_basis = self.n_basis
+        return all(measure.runs_serially(n_samples, n_basis) for measure in self._measures)
+
     def predict(self, X) -> np.ndarray:
         """Predicted class labels, shape (n_samples,)."""
         return np.asarray(self.classes)[self.decision_function(X).argmax(axis=1)]

@@ -408,6 +408,13 @@ def search_top_k_parallel(
         out_scores[i] = bias + out_scores[i]
 
 
+def search_runs_serially(n_nonzero: int, n_items: int) -> bool:
+    """Whether :func:`search_top_k` of a code with ``n_nonzero`` atoms over ``n_items`` items
+    runs on the calling thread (else in a parallel region, under
+    :data:`service.model.threads.PARALLEL_REGION`)."""
+    return max(n_nonzero, 1) * n_items < threads.SEARCH_PARALLEL_MIN_ENTRIES
+
+
 def search_top_k(
     projected, atoms, weights, bias, k, excluded=None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -480,7 +487,7 @@ def search_top_k(
     if m == 0:
         return positions, scores
     bias = float(bias)
-    if max(atoms.shape[0], 1) * n < threads.SEARCH_PARALLEL_MIN_ENTRIES:
+    if search_runs_serially(atoms.shape[0], n):
         search_top_k_serial(
             projected, atoms, weights, bias, excluded, CHUNK_ITEMS, positions, scores
         )

@@ -327,6 +327,13 @@ class BoundSimilarity:
     serial_driver: Callable[..., None]
     driver: Callable[..., None]
 
+    def runs_serially(self, n_samples: int, n_basis: int) -> bool:
+        """Whether :meth:`compute` of ``n_samples`` inputs against ``n_basis`` items runs on the
+        calling thread (else in a parallel region, under
+        :data:`service.model.threads.PARALLEL_REGION`)."""
+        work = n_samples * n_basis * self.pair_work
+        return work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
+
     def compute(
         self,
         basis: np.ndarray | Documents,
@@ -349,8 +356,7 @@ class BoundSimilarity:
         """
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
-        work = X.shape[0] * basis.shape[0] * self.pair_work
-        if work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS:
+        if self.runs_serially(X.shape[0], basis.shape[0]):
             self.serial_driver(basis, X, *self.args, out)
         else:
             with threads.PARALLEL_REGION:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import typing
 from pathlib import Path
 
 import httpx
@@ -52,13 +55,27 @@ def serving(model_dir: Path | None = None, **settings: str):
     """``python -m service.api`` in its own process on a free localhost port; yields its URL.
 
     ``settings`` are more environment variables, e.g. ``MODEL_REPOSITORY``."""
-    with server_process(model_dir, **settings) as (url, _):
-        yield url
+    with server_process(model_dir, **settings) as server:
+        yield server.url
+
+
+@dataclasses.dataclass
+class RunningServer:
+    """A server process started by :func:`server_process`, and its log so far."""
+
+    url: str
+    process: subprocess.Popen
+    log_file: typing.IO[str]
+
+    def log(self) -> str:
+        self.log_file.flush()
+        self.log_file.seek(0)
+        return self.log_file.read()
 
 
 @contextlib.contextmanager
 def server_process(model_dir: Path | None = None, **settings: str):
-    """As :func:`serving`, yielding ``(url, process)``."""
+    """As :func:`serving`, yielding a :class:`RunningServer`."""
     port = _free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
@@ -69,35 +86,38 @@ def server_process(model_dir: Path | None = None, **settings: str):
         **({} if model_dir is None else {"MODEL_DIR": str(model_dir)}),
         **settings,
     }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.api"],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"server exited early:\n{process.stdout.read()}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("server did not become ready within 60 s")
-            time.sleep(0.1)
-        yield url, process
-    finally:
-        process.terminate()
+    # The log goes to a file, not a pipe nobody reads: a chatty server must never block on it.
+    with tempfile.TemporaryFile(mode="w+") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.api"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            while True:
+                if process.poll() is not None:
+                    log.seek(0)
+                    pytest.fail(f"server exited early:\n{log.read()}")
+                try:
+                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail("server did not become ready within 60 s")
+                time.sleep(0.1)
+            yield RunningServer(url, process, log)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,12 @@ worker processes."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -14,9 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import Settings, create_app
+from service.model import Predictor
 from service.model.artifact import manifest_digest
 from service.model.search import catalogue_dir
-from tests.api.conftest import server_process, serving
+from tests.api.conftest import server_process
 
 TOKEN = "repository-token"
 
@@ -86,10 +90,56 @@ def test_the_default_model_is_the_setting_or_the_only_one(repository, tmp_path, 
     with _client(repository, default_model="nope") as client:
         assert "the default model 'nope'" in _error(client.get("/readyz"), 503)["message"]
         assert _error(client.post("/classify", json={"instances": image}), 404)
+    with _client(repository) as client:  # several models, none named the default
+        assert "ready" in client.get("/readyz").json()["detail"]
+        assert (
+            "set DEFAULT_MODEL"
+            in _error(client.post("/classify", json={"instances": image}), 404)["message"]
+        )
     only = tmp_path / "only"
     shutil.copytree(repository / "digits", only / "digits")
     with _client(only) as client:
         assert client.post("/classify", json={"instances": image}).json()["model"] == "digits"
+
+
+def test_a_model_copied_in_place_loads_once_its_files_are_complete(tmp_path, digits_model_dir):
+    repository = tmp_path / "repository"
+    (repository / "digits").mkdir(parents=True)
+    files = sorted(p.name for p in digits_model_dir.iterdir())
+    late = "coef.npy"
+    for name in files:
+        if name != late:  # a copy still under way: the manifest is there, one array is not
+            shutil.copy2(digits_model_dir / name, repository / "digits" / name)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with _client(repository, admin_token=TOKEN) as client:
+        (listed,) = client.post("/v2/repository/index", headers=auth).json()
+        assert listed["state"] == "failed"
+        assert late in listed["reason"]
+        shutil.copy2(digits_model_dir / late, repository / "digits" / late)
+        (listed,) = client.post("/v2/repository/index", headers=auth).json()
+        assert listed["state"] == "ready"
+        assert listed["version"] == manifest_digest(digits_model_dir)
+
+
+def test_an_update_never_takes_search_away_unless_loaded_explicitly(tmp_path, search_model_dir):
+    repository = tmp_path / "repository"
+    shutil.copytree(search_model_dir, repository / "digits")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with _client(repository, admin_token=TOKEN) as client:
+        served = client.post("/search", json={"class": "7", "top_k": 3})
+        assert served.json()["search_version"] == manifest_digest(
+            catalogue_dir(repository / "digits")
+        )
+        # The model retrained (its search model retired with it) but not yet re-indexed.
+        Predictor.load(search_model_dir).save(repository / "digits", overwrite=True)
+        (listed,) = client.post("/v2/repository/index", headers=auth).json()
+        assert listed["state"] == "ready"
+        assert listed["version"] == served.json()["model_version"]
+        assert "has no search model" in listed["reason"]
+        assert client.post("/search", json={"class": "7", "top_k": 3}).json() == served.json()
+        # An explicit load takes it all the same.
+        assert client.post("/v2/repository/models/digits/load", headers=auth).status_code == 200
+        assert _error(client.post("/search", json={"class": "7"}), 404)
 
 
 @pytest.mark.parametrize("route", ["index", "models/digits/load", "models/digits/unload"])
@@ -149,47 +199,84 @@ def test_a_broken_catalogue_leaves_classify_serving(tmp_path, search_model_dir, 
         assert "ids.npy" in info["search_problem"]
 
 
+def _new_version(predictor, path, revision: int) -> str:
+    metadata = {**predictor.metadata, "revision": revision}
+    dataclasses.replace(predictor, metadata=metadata).save(path, overwrite=True)
+    return manifest_digest(path)
+
+
+def _worker_pids(supervisor: int) -> list[int]:
+    """Processes started by ``supervisor`` through multiprocessing (uvicorn's workers)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == supervisor and "spawn_main" in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
+def _answers_with(url: str, image, version: str, timeout: float = 60.0) -> None:
+    """Wait until 20 requests in a row, each on a new connection, answer with ``version``."""
+    deadline = time.monotonic() + timeout
+    in_a_row = 0
+    while in_a_row < 20:
+        answer = httpx.post(f"{url}/classify", json={"instances": image})
+        assert answer.status_code == 200, answer.text
+        in_a_row = in_a_row + 1 if answer.headers["x-model-version"] == version else 0
+        if time.monotonic() > deadline:
+            pytest.fail(f"the server did not answer with version {version[:12]}")
+
+
 @pytest.mark.slow
 def test_sighup_reloads_a_replaced_model(tmp_path, digits_fit, digits):
-    import dataclasses
-
     path = tmp_path / "digits"
-    digits_fit.predictor.save(path)
-    first = manifest_digest(path)
+    first = _new_version(digits_fit.predictor, path, 0)
     image = digits.X_test[:1].reshape(1, 8, 8).tolist()
-    with server_process(path) as (url, process):
-        assert (
-            httpx.post(f"{url}/classify", json={"instances": image}).json()["model_version"]
-            == first
-        )
-        predictor = dataclasses.replace(
-            digits_fit.predictor, metadata={**digits_fit.predictor.metadata, "revision": 1}
-        )
-        predictor.save(path, overwrite=True)
-        second = manifest_digest(path)
-        process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            answer = httpx.post(f"{url}/classify", json={"instances": image})
-            assert answer.status_code == 200
-            if answer.headers["x-model-version"] == second:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("SIGHUP did not load the new version")
+    with server_process(path) as server:
+        answer = httpx.post(f"{server.url}/classify", json={"instances": image})
+        assert answer.json()["model_version"] == first
+        second = _new_version(digits_fit.predictor, path, 1)
+        server.process.send_signal(signal.SIGHUP)
+        _answers_with(server.url, image, second)
 
 
 @pytest.mark.slow
-def test_worker_processes_serve_the_repository(repository, digits, digits_predictor):
+def test_worker_processes_serve_the_repository_and_reload_on_sighup(
+    tmp_path, digits_model_dir, text_model_dir, digits, digits_fit, digits_predictor
+):
     images = digits.X_test[:3]
-    with serving(MODEL_REPOSITORY=str(repository), DEFAULT_MODEL="digits", WORKERS="2") as url:
-        expected = digits_predictor.decision_function(images)
-        for _ in range(20):  # new connections: both workers answer some of them
+    served = tmp_path / "served"
+    shutil.copytree(digits_model_dir, served / "digits")
+    shutil.copytree(text_model_dir, served / "topics")
+    expected = digits_predictor.decision_function(images)
+    settings = {"MODEL_REPOSITORY": str(served), "DEFAULT_MODEL": "digits", "WORKERS": "2"}
+    with server_process(**settings) as server:
+        workers = _worker_pids(server.process.pid)
+        assert len(workers) == 2
+        for _ in range(10):
             body = httpx.post(
-                f"{url}/classify", json={"instances": images.reshape(3, 8, 8).tolist(), "top_k": 10}
+                f"{server.url}/classify",
+                json={"instances": images.reshape(3, 8, 8).tolist(), "top_k": 10},
             ).json()
             for prediction, row in zip(body["predictions"], expected, strict=True):
                 scores = {e["label"]: e["score"] for e in prediction["top_k"]}
-                served = np.array([scores[c] for c in digits_predictor.classes])
-                np.testing.assert_allclose(served, row, rtol=1e-12, atol=1e-12)
-            assert body["model_version"] == manifest_digest(repository / "digits")
+                served_scores = np.array([scores[c] for c in digits_predictor.classes])
+                np.testing.assert_allclose(served_scores, row, rtol=1e-12, atol=1e-12)
+            assert body["model_version"] == manifest_digest(served / "digits")
+
+        # SIGHUP to the supervisor reaches every worker: each one loads the new version itself
+        # (uvicorn alone would restart them), and none of them is restarted.
+        newer = _new_version(digits_fit.predictor, served / "digits", 1)
+        server.process.send_signal(signal.SIGHUP)
+        _answers_with(server.url, images[:1].reshape(1, 8, 8).tolist(), newer)
+        deadline = time.monotonic() + 30
+        while server.log().count(f"with version {newer[:12]}") < 2:
+            if time.monotonic() > deadline:
+                pytest.fail(f"not every worker loaded the new version:\n{server.log()}")
+            time.sleep(0.1)
+        assert sorted(_worker_pids(server.process.pid)) == sorted(workers)

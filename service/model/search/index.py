@@ -23,6 +23,7 @@ from service.model.search.catalogue import Catalogue, read_catalogue
 from service.model.search.codes import SparseCode, sparse_svm_code
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, search_features
+from service.model.search_kernels import search_runs_serially
 
 ITEMS_PER_ATOM = 5
 WARM_UP_POSITIVES = 2
@@ -179,6 +180,14 @@ class SearchIndex:
                 "python -m training index"
             )
         return self.catalogue
+
+    def runs_serially(self, query: SearchQuery) -> bool:
+        """Whether :meth:`run` of ``query`` stays on the calling thread: no parallel region
+        (at most A non-zeros over the catalogue, one atom per strongest atom) and no code to
+        learn. False without a catalogue: such a query fails anyway."""
+        if self.catalogue is None or query.positives is not None:
+            return False
+        return search_runs_serially(self.model.n_atoms, self.catalogue.n_items)
 
     def run(self, query: SearchQuery) -> SearchResult:
         """Answer one query (its own rules were checked when it was made).
