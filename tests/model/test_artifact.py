@@ -14,6 +14,7 @@ from service.model import (
 )
 from service.model.artifact import (
     SCHEMA_VERSION,
+    exchange_paths,
     read_artifact,
     read_typed_artifact,
     write_artifact,
@@ -183,3 +184,29 @@ def test_a_manifest_without_its_input_entry_is_malformed(model_copy):
     _write_manifest(model_copy, manifest)
     with pytest.raises(ArtifactIntegrityError, match="malformed manifest: KeyError"):
         Predictor.load(model_copy)
+
+
+def test_replacing_an_artifact_keeps_readers_memory_maps_and_leaves_no_debris(tmp_path):
+    from service.model.artifact import read_artifact, write_artifact
+
+    path = tmp_path / "model"
+    old = np.arange(1000, dtype=np.float32)
+    write_artifact(path, {"model_type": "test"}, {"values": old})
+    mapped = read_artifact(path, mmap=frozenset({"values"})).arrays["values"]
+    new = -np.arange(1000, dtype=np.float32)
+    write_artifact(path, {"model_type": "test"}, {"values": new}, overwrite=True)
+    # The reader's map still holds the old version: the file was unlinked, not rewritten.
+    np.testing.assert_array_equal(mapped, old)
+    np.testing.assert_array_equal(read_artifact(path).arrays["values"], new)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_exchange_paths_swaps_two_directories_atomically(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "from-a").touch()
+    (tmp_path / "b" / "from-b").touch()
+    if not exchange_paths(tmp_path / "a", tmp_path / "b"):
+        pytest.skip("this kernel cannot exchange two paths atomically")
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["from-b"]
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["from-a"]
