@@ -289,12 +289,7 @@ def _describe(status: dict[str, Any], snapshot: ModelSnapshot | None) -> dict[st
     return status if snapshot is None else {**status, **_model_info(snapshot)}
 
 
-@router.get(
-    "/v1/models",
-    response_model=ModelList,
-    tags=["models"],
-    responses={503: {"model": ErrorResponse, "description": "Models are still loading."}},
-)
+@router.get("/v1/models", response_model=ModelList, tags=["models"])
 async def list_models(request: Request) -> Response:
     """Every model of the repository with its state (loading, ready, failed with the reason,
     unloaded) and version; for ready models their metadata: classes, input shape,
