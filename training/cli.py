@@ -462,7 +462,15 @@ def _run_fit(args: argparse.Namespace) -> int:
     predict_seconds = time.perf_counter() - started
     predictor.metadata["training"]["test_accuracy"] = test_accuracy
     predictor.metadata["training"]["n_test"] = len(dataset.y_test)
+    retired_search = search_dir(out).exists()
     predictor.save(out, overwrite=args.force)
+    if retired_search:
+        print(
+            f"note: the search model and catalogue of the old {out} were built on it and went "
+            f"with it: rebuild them (python -m training dictionary --model {out}, then "
+            "python -m training index) before a server takes the new version",
+            file=sys.stderr,
+        )
     timings = result.timings
     print(
         "\n".join(

@@ -35,12 +35,34 @@ def _logging_config(level: str) -> dict:
 
 class RescanningSupervisor(Multiprocess):
     """uvicorn's worker supervisor, passing SIGHUP on to the workers instead of restarting
-    them."""
+    them.
+
+    A worker still starting gets it once it has started (its handler is installed at the end of
+    its start-up, and a SIGHUP before that would end it): it may have read the repository before
+    the change that the SIGHUP announces.
+    """
+
+    def __init__(self, config: uvicorn.Config, sockets: list) -> None:
+        super().__init__(config, sockets)
+        self.hangups_due: list = []
 
     def handle_hup(self) -> None:
-        for process in self.processes:
-            if process.pid is not None:
+        self.hangups_due = list(self.processes)
+        self._deliver_hangups()
+
+    def keep_subprocess_alive(self) -> None:
+        super().keep_subprocess_alive()
+        self._deliver_hangups()
+
+    def _deliver_hangups(self) -> None:
+        # Workers replaced since (they died) read the repository afresh as they start.
+        due = [process for process in self.hangups_due if process in self.processes]
+        self.hangups_due = []
+        for process in due:
+            if process.pid is not None and process.is_ready(timeout=1):
                 os.kill(process.pid, signal.SIGHUP)
+            else:
+                self.hangups_due.append(process)
 
 
 def main() -> None:

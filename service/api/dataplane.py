@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 # Weight of the newest measurement in a snapshot's running cost estimate.
 COST_SMOOTHING = 0.2
+# Most atoms one search reports with their items (each costs a pass over the catalogue).
+MAX_STRONGEST_ATOMS = 100
 
 
 class Placement(enum.Enum):
@@ -121,7 +123,8 @@ class DataPlane:
         batch = instances if instances is not None else texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
-        predictor, k = snapshot.predictor, top_k or self.default_top_k
+        predictor = snapshot.predictor
+        k = self.default_top_k if top_k is None else top_k
         answers = await self._run(
             snapshot,
             "classify",
@@ -138,6 +141,11 @@ class DataPlane:
         snapshot = self.registry.snapshot(name)
         index = snapshot.require_search()
         self._check_top_k(query.top_k)
+        if query.strongest_atoms > MAX_STRONGEST_ATOMS:
+            raise InvalidInputError(
+                f"strongest_atoms must be at most {MAX_STRONGEST_ATOMS}, "
+                f"got {query.strongest_atoms}"
+            )
         examples = len(query.positives or ()) + len(query.negatives or ())
         self._check_batch(examples, "positives and negatives")
         # Learning a code fits small SVMs: never on the loop, and no cost estimate to keep.
@@ -157,7 +165,7 @@ class DataPlane:
         """The items one atom of model ``name`` ranks highest, and the classes using it."""
         snapshot = self.registry.snapshot(name)
         index = snapshot.require_search()
-        k = top_k or self.default_search_top_k
+        k = self.default_search_top_k if top_k is None else top_k
         self._check_top_k(k)
         serially = index.runs_serially(SearchQuery(code=([atom], [1.0]), top_k=k))
         items = await self._run(snapshot, "atom", 1, serially, lambda: index.atom_items(atom, k))

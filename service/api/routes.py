@@ -180,7 +180,7 @@ async def _search(request: Request, name: str | None) -> Response:
         bias=body.bias,
         positives=body.positives,
         negatives=body.negatives,
-        top_k=body.top_k or plane.default_search_top_k,
+        top_k=plane.default_search_top_k if body.top_k is None else body.top_k,
         sparsity=body.sparsity,
         exclude=body.exclude,
         exclude_positives=body.exclude_positives,

@@ -1,4 +1,10 @@
-"""Request and response bodies of the HTTP API."""
+"""Request and response bodies of the HTTP API.
+
+The schemas check types and shapes of the JSON. Rules on values are checked in one place each:
+what a request means by the model library (e.g. ``top_k`` at least 1, exactly one kind of
+query), what this server allows by the data plane (e.g. ``MAX_SEARCH_TOP_K``); the schemas only
+document them (``minimum``, ``maximum``) for clients.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +54,9 @@ class ClassifyRequest(BaseModel):
         "the same answer, the model's answer to no evidence. Send this or instances.",
     )
     top_k: int | None = Field(
-        None, ge=1, description="Classes to return per instance, best first (default: 3)."
+        None,
+        json_schema_extra={"minimum": 1},
+        description="Classes to return per instance, best first (default: 3).",
     )
 
 
@@ -251,13 +259,13 @@ class SearchRequest(BaseModel):
     )
     top_k: int | None = Field(
         None,
-        ge=1,
+        json_schema_extra={"minimum": 1},
         description="Items to return, best first (default 10; at most the server's "
         "MAX_SEARCH_TOP_K).",
     )
     sparsity: int | None = Field(
         None,
-        ge=1,
+        json_schema_extra={"minimum": 1},
         description="Keep only this many of the code's strongest non-zeros (default: the class "
         "code or given code as is; learned codes keep the model's sparsity).",
     )
@@ -267,8 +275,7 @@ class SearchRequest(BaseModel):
     )
     strongest_atoms: int = Field(
         0,
-        ge=0,
-        le=100,
+        json_schema_extra={"minimum": 0, "maximum": 100},
         description="Also report this many of the code's strongest atoms, each with the items "
         "it ranks highest on its own: the modes of a class.",
     )

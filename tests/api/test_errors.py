@@ -29,7 +29,7 @@ def _error(response, status):
         ({"instances": [[[0.0] * 8] * 7 + [[0.0] * 3 + [[1]] + [0.0] * 4]]}, "is ragged"),
         ({"instances": "seven"}, "instances: Input should be a valid array"),
         ({}, "send either instances or texts"),
-        ({"instances": [SEVEN], "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
+        ({"instances": [SEVEN], "top_k": 0}, "top_k must be at least 1, got 0"),
         ({"instances": [SEVEN], "top_k": "many"}, "top_k: Input should be a valid integer"),
         ({"instances": [SEVEN], "extra": 1}, "extra: Extra inputs are not permitted"),
     ],

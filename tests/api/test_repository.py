@@ -220,8 +220,9 @@ def _worker_pids(supervisor: int) -> list[int]:
     return pids
 
 
-def _answers_with(url: str, image, version: str, timeout: float = 60.0) -> None:
+def _answers_with(server, image, version: str, timeout: float = 60.0) -> None:
     """Wait until 20 requests in a row, each on a new connection, answer with ``version``."""
+    url = server.url
     deadline = time.monotonic() + timeout
     in_a_row = 0
     while in_a_row < 20:
@@ -229,7 +230,7 @@ def _answers_with(url: str, image, version: str, timeout: float = 60.0) -> None:
         assert answer.status_code == 200, answer.text
         in_a_row = in_a_row + 1 if answer.headers["x-model-version"] == version else 0
         if time.monotonic() > deadline:
-            pytest.fail(f"the server did not answer with version {version[:12]}")
+            pytest.fail(f"no answer with version {version[:12]}; the log:\n{server.log()}")
 
 
 @pytest.mark.slow
@@ -242,7 +243,7 @@ def test_sighup_reloads_a_replaced_model(tmp_path, digits_fit, digits):
         assert answer.json()["model_version"] == first
         second = _new_version(digits_fit.predictor, path, 1)
         server.process.send_signal(signal.SIGHUP)
-        _answers_with(server.url, image, second)
+        _answers_with(server, image, second)
 
 
 @pytest.mark.slow
@@ -273,7 +274,7 @@ def test_worker_processes_serve_the_repository_and_reload_on_sighup(
         # (uvicorn alone would restart them), and none of them is restarted.
         newer = _new_version(digits_fit.predictor, served / "digits", 1)
         server.process.send_signal(signal.SIGHUP)
-        _answers_with(server.url, images[:1].reshape(1, 8, 8).tolist(), newer)
+        _answers_with(server, images[:1].reshape(1, 8, 8).tolist(), newer)
         deadline = time.monotonic() + 30
         while server.log().count(f"with version {newer[:12]}") < 2:
             if time.monotonic() > deadline:

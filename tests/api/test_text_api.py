@@ -68,7 +68,7 @@ def test_model_info_describes_the_vocabulary(text_live_server, text_fit):
         ({"instances": [{"indices": [0], "counts": [-1]}]}, "non-negative whole number"),
         ({"instances": [{"indices": [0, 1], "counts": [1]}]}, "2 indices but 1 counts"),
         ({"instances": [[0, 1, 2]]}, "exactly the keys indices and counts"),
-        ({"texts": ["ok"], "top_k": 0}, "greater than or equal to 1"),
+        ({"texts": ["ok"], "top_k": 0}, "top_k must be at least 1"),
     ],
 )
 def test_malformed_text_requests_get_a_422_saying_why(text_live_server, body, message):

@@ -133,3 +133,15 @@ def test_search_on_a_text_model_reads_besvm_features(text_fit, text_dataset, tmp
     assert (labels[positions] == label).mean() >= 0.6
     with pytest.raises(ValueError, match="use the besvm feature space"):
         fit_search_model(predictor, text_dataset, estimator_for(), feature_space="inputs")
+
+
+def test_refitting_a_model_says_its_search_model_went_with_it(search_model_dir, tmp_path, capsys):
+    import shutil
+
+    from training.cli import main
+
+    path = tmp_path / "digits"
+    shutil.copytree(search_model_dir, path)
+    assert main(["fit", "--data", "digits", "--out", str(path), "--force", "--quiet"]) == 0
+    assert not (path / "search").exists()
+    assert "rebuild them (python -m training dictionary" in capsys.readouterr().err
