@@ -4,6 +4,18 @@
 # Dependencies come only from requirements/service.lock (exact, hash-checked pins: `make lock`);
 # the project itself is then installed without resolving or fetching anything.
 ARG BASE_IMAGE=python:3.11-slim
+
+# The locked dependencies are installed in a stage of their own, into a virtual environment that
+# the image copies: the optional .build-ca.crt (a CA bundle for pip behind a TLS-inspecting proxy;
+# the glob matches nothing when it is absent) stays in this stage and in no layer of the image.
+FROM ${BASE_IMAGE} AS deps
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY requirements/build.lock requirements/service.lock .build-ca.cr[t] /tmp/requirements/
+RUN if [ -f /tmp/requirements/.build-ca.crt ]; then export PIP_CERT=/tmp/requirements/.build-ca.crt; fi \
+    && python -m venv /opt/besvm \
+    && /opt/besvm/bin/python -m pip install --no-cache-dir --require-hashes -r /tmp/requirements/build.lock \
+    && /opt/besvm/bin/python -m pip install --no-cache-dir --require-hashes -r /tmp/requirements/service.lock
+
 FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -12,19 +24,15 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     NUMBA_CACHE_DIR=/var/cache/besvm/numba \
     MODEL_REPOSITORY=/models \
+    PATH=/opt/besvm/bin:$PATH \
     HOST=0.0.0.0 \
     PORT=8000
 
 WORKDIR /app
 
 # The locked dependencies first, in a layer of their own that source changes do not rebuild.
-# A CA bundle for pip behind a TLS-inspecting proxy can be put in the build context as
-# .build-ca.crt (it is optional: the glob matches nothing when it is absent).
-COPY requirements/build.lock requirements/service.lock .build-ca.cr[t] ./requirements/
-RUN if [ -f requirements/.build-ca.crt ]; then export PIP_CERT=/app/requirements/.build-ca.crt; fi \
-    && python -m pip install --no-cache-dir --require-hashes -r requirements/build.lock \
-    && python -m pip install --no-cache-dir --require-hashes -r requirements/service.lock \
-    && rm -f requirements/.build-ca.crt
+COPY --from=deps /opt/besvm /opt/besvm
+COPY requirements/build.lock requirements/service.lock ./requirements/
 
 COPY pyproject.toml README.md ./
 COPY service ./service

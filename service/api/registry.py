@@ -463,7 +463,8 @@ class ModelRegistry:
             logger.error("model %r failed to load: %s", entry.name, reason)
         else:
             entry.reason = f"a new version was refused: {reason}"
-            logger.error(
+            # A warning: the model keeps serving, and a half-written update is a normal sight.
+            logger.warning(
                 "model %r: %s; still serving version %s",
                 entry.name,
                 entry.reason,
