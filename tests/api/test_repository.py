@@ -259,6 +259,8 @@ def test_worker_processes_serve_the_repository_and_reload_on_sighup(
     with server_process(**settings) as server:
         workers = _worker_pids(server.process.pid)
         assert len(workers) == 2
+        # Ready means one worker answered; the update below is meant for two started workers.
+        _wait_for_log(server, "Application startup complete.", 2)
         for _ in range(10):
             body = httpx.post(
                 f"{server.url}/classify",
@@ -275,9 +277,13 @@ def test_worker_processes_serve_the_repository_and_reload_on_sighup(
         newer = _new_version(digits_fit.predictor, served / "digits", 1)
         server.process.send_signal(signal.SIGHUP)
         _answers_with(server, images[:1].reshape(1, 8, 8).tolist(), newer)
-        deadline = time.monotonic() + 30
-        while server.log().count(f"with version {newer[:12]}") < 2:
-            if time.monotonic() > deadline:
-                pytest.fail(f"not every worker loaded the new version:\n{server.log()}")
-            time.sleep(0.1)
+        _wait_for_log(server, f"with version {newer[:12]}", 2)
         assert sorted(_worker_pids(server.process.pid)) == sorted(workers)
+
+
+def _wait_for_log(server, text: str, times: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while server.log().count(text) < times:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{text!r} not {times} times in the log:\n{server.log()}")
+        time.sleep(0.1)
