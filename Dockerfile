@@ -1,7 +1,7 @@
 # Service image: serves the model repository $MODEL_REPOSITORY (one model: set MODEL_DIR and
 # MODEL_REPOSITORY=) on port 8000.
 # Build: docker build -t besvm .   (offline machines: --build-arg BASE_IMAGE=<local image>)
-# Dependencies come only from requirements/service.lock (exact, hash-checked pins: `make lock`);
+# Dependencies come only from requirements-service.lock (exact, hash-checked pins: `make lock`);
 # the project itself is then installed without resolving or fetching anything.
 ARG BASE_IMAGE=python:3.11-slim
 
@@ -10,11 +10,11 @@ ARG BASE_IMAGE=python:3.11-slim
 # the glob matches nothing when it is absent) stays in this stage and in no layer of the image.
 FROM ${BASE_IMAGE} AS deps
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY requirements/build.lock requirements/service.lock .build-ca.cr[t] /tmp/requirements/
+COPY requirements-build.lock requirements-service.lock .build-ca.cr[t] /tmp/requirements/
 RUN if [ -f /tmp/requirements/.build-ca.crt ]; then export PIP_CERT=/tmp/requirements/.build-ca.crt; fi \
     && python -m venv /opt/besvm \
-    && /opt/besvm/bin/python -m pip install --no-cache-dir --require-hashes -r /tmp/requirements/build.lock \
-    && /opt/besvm/bin/python -m pip install --no-cache-dir --require-hashes -r /tmp/requirements/service.lock
+    && /opt/besvm/bin/python -m pip install --no-cache-dir --require-hashes -r /tmp/requirements/requirements-build.lock \
+    && /opt/besvm/bin/python -m pip install --no-cache-dir --require-hashes -r /tmp/requirements/requirements-service.lock
 
 FROM ${BASE_IMAGE}
 
@@ -32,7 +32,7 @@ WORKDIR /app
 
 # The locked dependencies first, in a layer of their own that source changes do not rebuild.
 COPY --from=deps /opt/besvm /opt/besvm
-COPY requirements/build.lock requirements/service.lock ./requirements/
+COPY requirements-build.lock requirements-service.lock ./
 
 COPY pyproject.toml README.md ./
 COPY service ./service

@@ -14,11 +14,10 @@ FORTUNES_CONFIGURATIONS := sensing0; sensing1(n=150); sensing1(n=150) [C=3]; sen
 
 # Pinned dependencies, made by `make lock`: setup, CI and the Dockerfile install these lock files,
 # never the ranges of pyproject.toml, so that two installs are the same.
-LOCK_DIR := requirements
-DEV_LOCK := $(LOCK_DIR)/dev.lock
-SERVICE_LOCK := $(LOCK_DIR)/service.lock
-BENCH_LOCK := $(LOCK_DIR)/bench.lock
-BUILD_LOCK := $(LOCK_DIR)/build.lock
+DEV_LOCK := requirements-dev.lock
+SERVICE_LOCK := requirements-service.lock
+BENCH_LOCK := requirements-bench.lock
+BUILD_LOCK := requirements-build.lock
 # `make lock` runs this uv from a scratch venv of its own, never from .venv. The locks are universal
 # (environment markers) from LOCK_PYTHON up to requires-python's bound, with every file's hash.
 UV_VERSION ?= 0.13.9
@@ -55,13 +54,13 @@ $(VENV)/.installed: $(BUILD_LOCK) $(DEV_LOCK) pyproject.toml
 	$(BIN)/python -m pip check || { echo "pip check failed: if pyproject.toml changed, run make lock" >&2; exit 1; }
 	touch $@
 
-setup: $(VENV)/.installed  ## create .venv and install the project with its dev tools (requirements/dev.lock)
+setup: $(VENV)/.installed  ## create .venv and install the project with its dev tools (requirements-dev.lock)
 
 $(UV):
 	$(PYTHON) -m venv $(LOCK_VENV)
 	$(LOCK_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION)
 
-lock: $(UV)  ## re-pin requirements/*.lock to pyproject.toml (UPGRADE=1: newest versions)
+lock: $(UV)  ## re-pin requirements-*.lock to pyproject.toml (UPGRADE=1: newest versions)
 	$(call lock,$(DEV_LOCK),make setup and CI: the service with the dev and report extras.,pyproject.toml --extra dev --extra report)
 	$(call lock,$(SERVICE_LOCK),The service image (Dockerfile): runtime dependencies only; the same pins as dev.lock.,pyproject.toml -c $(DEV_LOCK))
 	$(call lock,$(BENCH_LOCK),make bench-search: the runtime and the bench extra (faiss-cpu); the same pins as dev.lock.,pyproject.toml --extra bench -c $(DEV_LOCK))
