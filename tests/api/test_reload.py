@@ -2,7 +2,8 @@
 
 Concurrent clients classify while one model is replaced ten times (by the trainer's atomic
 writer, picked up by polling) and another is added and removed. No request may fail, and every
-answer must equal, row for row, the in-process answer of one version: never a mix.
+answer must equal, row for row, the in-process answer of one version: never a mix. The same for
+searches while whole versions (model, search model and catalogue) are swapped in.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import httpx
 import numpy as np
 import pytest
 
+from service.model import Predictor
 from service.model.artifact import exchange_paths, manifest_digest
+from service.model.search import SearchIndex, SearchQuery, catalogue_dir
 from tests.api.conftest import serving
+from training.cli import main
 from training.fit import FitConfig, fit_besvm
 
 pytestmark = pytest.mark.slow
@@ -181,3 +185,74 @@ def test_a_broken_version_is_refused_while_the_old_one_keeps_serving(tmp_path, d
         assert loaded.headers["x-model-version"] == newer != good
         assert _models(url)["digits"]["reason"] is None
         assert httpx.post(f"{url}/classify", json=one).headers["x-model-version"] == newer
+
+
+@pytest.fixture(scope="module")
+def search_versions(tmp_path_factory, search_model_dir, other_digits_version):
+    """Two complete versions of a model with its search model and catalogue, ready to swap in."""
+    root = tmp_path_factory.mktemp("versions")
+    shutil.copytree(search_model_dir, root / "a")
+    other_digits_version.save(root / "b")
+    assert main(["dictionary", "--model", str(root / "b"), "--quiet"]) == 0
+    assert main(["index", "--model", str(root / "b"), "--quiet"]) == 0
+    return [root / "a", root / "b"]
+
+
+def test_search_answers_come_from_one_version_while_versions_swap(tmp_path, search_versions):
+    query = SearchQuery(class_label="7", top_k=5)
+    expected = {}
+    for path in search_versions:
+        index = SearchIndex.load(path, Predictor.load(path))
+        versions = (manifest_digest(path), manifest_digest(catalogue_dir(path)))
+        expected[versions] = index.run(query).items
+    assert len(expected) == 2
+    repository = tmp_path / "repository"
+    shutil.copytree(search_versions[0], repository / "digits")
+
+    answers, failures = [], []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                response = http.post(f"{url}/search", json={"class": "7", "top_k": 5})
+                if response.status_code != 200:
+                    failures.append(f"{response.status_code} {response.text[:200]}")
+                    continue
+                answers.append(response.json())
+
+    with serving(MODEL_REPOSITORY=str(repository), RELOAD_INTERVAL_S="0.1") as url:
+        threads = [threading.Thread(target=client) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        try:
+            for swap in range(1, 7):
+                time.sleep(0.3)
+                source = search_versions[swap % 2]
+                staging = repository / ".digits.staging"
+                shutil.copytree(source, staging)
+                if not exchange_paths(staging, repository / "digits"):
+                    pytest.skip("this kernel cannot exchange two directories atomically")
+                shutil.rmtree(staging)
+                version = manifest_digest(source)
+                _wait_for(
+                    lambda v=version: _models(url)["digits"]["version"] == v,
+                    f"swap {swap} to be served",
+                )
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+
+    assert failures == []
+    seen = set()
+    for answer in answers:
+        versions = (answer["model_version"], answer["search_version"])
+        assert versions in expected, f"an answer from an unknown pair of versions: {versions}"
+        seen.add(versions)
+        items = [(hit["id"], hit["score"]) for hit in answer["results"]]
+        assert [i for i, _ in items] == [i for i, _ in expected[versions]]
+        np.testing.assert_allclose(
+            [s for _, s in items], [s for _, s in expected[versions]], rtol=1e-6
+        )
+    assert seen == set(expected)
