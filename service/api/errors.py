@@ -49,6 +49,8 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (ModelNotReadyError, 503, "not_ready"),
     (ArtifactError, 503, "not_ready"),
 )
+# Problems listed in a 422's details (all of them are counted).
+MAX_ERROR_DETAILS = 20
 _HEADERS = {503: {"Retry-After": "5"}, 401: {"WWW-Authenticate": "Bearer"}}
 _HTTP_TYPES = {
     400: "bad_request",
@@ -103,12 +105,20 @@ async def _validation_error(request: Request, error: RequestValidationError) -> 
     message = "; ".join(f"{d['location']}: {d['problem']}" for d in details[:5])
     if len(details) > 5:
         message += f"; and {len(details) - 5} more"
+    if len(details) > MAX_ERROR_DETAILS:
+        # An answer stays small whatever the request: a huge body has as many problems.
+        details = [
+            *details[:MAX_ERROR_DETAILS],
+            {"location": "body", "problem": f"and {len(details) - MAX_ERROR_DETAILS} more"},
+        ]
     return error_response(422, "invalid_request", message or "invalid request", details)
 
 
 async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
     type_ = _HTTP_TYPES.get(error.status_code, "http_error")
-    return error_response(error.status_code, type_, str(error.detail))
+    response = error_response(error.status_code, type_, str(error.detail))
+    response.headers.update(error.headers or {})  # e.g. Allow, on 405
+    return response
 
 
 async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:

@@ -24,6 +24,7 @@ from typing import Any
 
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
 from service.model.artifact import manifest_digest, read_manifest
+from service.model.errors import brief
 from service.model.search import SearchIndex, catalogue_dir, search_dir
 
 logger = logging.getLogger("service.api")
@@ -330,7 +331,7 @@ class ModelRegistry:
     def _unknown(self, name: str | None) -> str:
         known = ", ".join(map(repr, sorted(self.entries))) or "none"
         if name is not None:
-            return f"no model named {name!r}; models: {known}"
+            return f"no model named {brief(name)}; models: {known}"
         if self.default_model is not None:
             return (
                 f"the default model {self.default_model!r} is not in the "
@@ -407,7 +408,9 @@ class ModelRegistry:
         if path is None:
             path = await asyncio.to_thread(self.repository.path_of, name)
             if path is None:
-                raise NotFoundError(f"no model named {name!r} in the {self.repository.describe()}")
+                raise NotFoundError(
+                    f"no model named {brief(name)} in the {self.repository.describe()}"
+                )
         entry = self.entries.get(name)
         if entry is None:
             entry = self.entries[name] = ModelEntry(name, path)

@@ -37,4 +37,6 @@ async def read_body(request: Request, schema: type[Body]) -> Body:
     try:
         return schema.model_validate_json(await request.body())
     except ValidationError as error:
-        raise RequestValidationError(error.errors(include_url=False)) from None
+        # Without the offending inputs: a message names a field, it does not echo its value.
+        problems = error.errors(include_url=False, include_input=False, include_context=False)
+        raise RequestValidationError(problems) from None

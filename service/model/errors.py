@@ -39,3 +39,12 @@ class NotFoundError(ModelError, LookupError):
 
 class SpecError(ModelError, ValueError):
     """A text specification (of a similarity measure or an input kind) cannot be parsed."""
+
+
+def brief(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: error messages name what was wrong
+    without echoing a huge input back whole."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}...{text[-8:]} ({len(text):,} characters)"

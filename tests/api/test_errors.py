@@ -161,3 +161,24 @@ def test_openapi_documents_examples_and_error_responses(client):
     assert {"413", "422", "503"} <= classify["responses"].keys()
     schema = spec["components"]["schemas"]["ClassifyRequest"]
     assert schema["examples"][0]["instances"]
+
+
+def test_answers_stay_small_whatever_the_request(client):
+    huge = "x" * 1_000_000
+    for response in (
+        client.post("/classify", json={"instances": [None] * 5000}),
+        client.post("/classify", json={"texts": [1] * 5000}),
+        client.post("/classify", json={"texts": [huge]}),
+        client.get(f"/v1/models/{'m' * 50_000}"),
+    ):
+        assert 400 <= response.status_code < 500
+        assert len(response.content) < 10_000, response.status_code
+    details = client.post("/classify", json={"texts": [1] * 5000}).json()["error"]
+    assert len(details["details"]) == 21
+    assert details["details"][-1]["problem"].startswith("and ")
+
+
+def test_method_not_allowed_says_which_are(client):
+    response = client.request("TRACE", "/healthz")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET"

@@ -191,3 +191,16 @@ def test_the_readme_search_example_answers_as_printed(search_server):
     assert [h["id"] for h in served["results"]] == [h["id"] for h in printed["results"]]
     for got, expected in zip(served["results"], printed["results"], strict=True):
         assert got["score"] == pytest.approx(expected["score"], rel=1e-6)
+
+
+@pytest.mark.parametrize("field", ["exclude", "positives"])
+def test_an_id_longer_than_every_catalogue_id_costs_nothing_and_is_not_echoed(search_client, field):
+    long_id = "test-1" + "0" * 10_000_000  # 10 MB: widening the catalogue's ids would take GBs
+    body = {"class": "7", "exclude": [long_id]} if field == "exclude" else {"positives": [long_id]}
+    response = search_client.post("/search", json=body)
+    assert response.status_code == 422
+    assert "unknown catalogue" in response.json()["error"]["message"]
+    assert len(response.content) < 1_000
+    unknown_class = search_client.post("/search", json={"class": "7" * 1_000_000})
+    assert unknown_class.status_code == 422
+    assert len(unknown_class.content) < 1_000

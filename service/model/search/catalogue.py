@@ -26,7 +26,7 @@ from service.model.artifact import (
     read_typed_artifact,
     write_artifact,
 )
-from service.model.errors import ArtifactIntegrityError, InvalidInputError
+from service.model.errors import ArtifactIntegrityError, InvalidInputError, brief
 from service.model.search.codes import SparseCode
 from service.model.search.layout import check_parent
 from service.model.search.model import UnionOfSubspacesModel
@@ -89,19 +89,24 @@ class Catalogue:
 
     def positions(self, ids: Sequence[str], what: str = "id") -> np.ndarray:
         """Catalogue positions of ``ids``, shape (n,); unknown ids raise InvalidInputError."""
-        # As wide as the query needs: casting to the ids' width would cut longer ids to a match.
-        wanted = np.asarray([str(i) for i in ids], dtype=str)
-        if wanted.size == 0:
+        texts = [str(i) for i in ids]
+        if not texts:
             return np.zeros(0, dtype=np.int64)
+        # An id longer than every catalogue id matches none: it is never cast (which would cut
+        # it to a false match) nor searched (which would widen every catalogue id to its length,
+        # gigabytes for one long id).
+        width = self._sorted_ids.dtype.itemsize // np.dtype("U1").itemsize
+        fits = np.fromiter((len(t) <= width for t in texts), dtype=bool, count=len(texts))
+        wanted = np.asarray([t if f else "" for t, f in zip(texts, fits, strict=True)])
+        wanted = wanted.astype(self._sorted_ids.dtype)
         at = np.searchsorted(self._sorted_ids, wanted)
         at_clipped = np.minimum(at, self.n_items - 1)
-        found = (at < self.n_items) & (self._sorted_ids[at_clipped] == wanted)
+        found = fits & (at < self.n_items) & (self._sorted_ids[at_clipped] == wanted)
         if not found.all():
-            unknown = [str(i) for i in np.asarray(ids, dtype=object)[~found][:5]]
-            more = "" if (~found).sum() <= 5 else f" (and {(~found).sum() - 5} more)"
-            raise InvalidInputError(
-                f"unknown catalogue {what}(s): {', '.join(map(repr, unknown))}{more}"
-            )
+            missing = np.flatnonzero(~found)
+            unknown = ", ".join(brief(texts[i]) for i in missing[:5])
+            more = "" if missing.size <= 5 else f" (and {missing.size - 5} more)"
+            raise InvalidInputError(f"unknown catalogue {what}(s): {unknown}{more}")
         return self._id_order[at_clipped].astype(np.int64)
 
     def rows(self, positions: np.ndarray) -> np.ndarray:

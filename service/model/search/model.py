@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from service.model.artifact import manifest_digest, read_typed_artifact, write_artifact
-from service.model.errors import ArtifactIntegrityError, InvalidInputError
+from service.model.errors import ArtifactIntegrityError, InvalidInputError, brief
 from service.model.predictor import Predictor
 from service.model.search.codes import SparseCode
 from service.model.search.layout import check_parent
@@ -136,7 +136,9 @@ class UnionOfSubspacesModel:
             k = self.classes.index(label)
         except ValueError:
             shown = ", ".join(self.classes[:20]) + (", ..." if len(self.classes) > 20 else "")
-            raise InvalidInputError(f"unknown class {label!r}; the classes are: {shown}") from None
+            raise InvalidInputError(
+                f"unknown class {brief(label)}; the classes are: {shown}"
+            ) from None
         return SparseCode.from_dense(self.codes[:, k], self.intercept[k])
 
     def save(self, path: str | os.PathLike, model_path: str | os.PathLike, overwrite=False):
