@@ -143,6 +143,12 @@ def test_model_info_describes_the_search_model(search_server, index):
         ({}, 422, "exactly one"),
         ({"code": {"indices": [64], "values": [1.0]}}, 422, "code index 64 is out of range"),
         ({"code": {"indices": [1, 2], "values": [1.0]}}, 422, "one length"),
+        # Finite, but the scores would overflow to infinity, which JSON cannot carry.
+        (
+            {"code": {"indices": [1], "values": [1.7e308]}, "bias": 1.7e308},
+            422,
+            "at most 1e+100 in magnitude",
+        ),
         ({"positives": []}, 422, "positives is empty"),
         ({"positives": ["nope"]}, 422, "unknown catalogue positive(s): 'nope'"),
         ({"class": "1", "negatives": ["test-1"]}, 422, "negatives go with positives"),

@@ -25,6 +25,9 @@ from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, search_features
 from service.model.search_kernels import search_runs_serially
 
+# Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
+# at most A terms, no score can overflow to infinity (which JSON cannot carry).
+MAX_CODE_MAGNITUDE = 1e100
 ITEMS_PER_ATOM = 5
 WARM_UP_POSITIVES = 2
 
@@ -258,6 +261,10 @@ class SearchIndex:
             raise InvalidInputError("code indices must be distinct")
         if not np.isfinite(weights).all() or not np.isfinite(bias):
             raise InvalidInputError("code values and bias must be finite numbers")
+        if np.abs(weights).max() > MAX_CODE_MAGNITUDE or abs(bias) > MAX_CODE_MAGNITUDE:
+            raise InvalidInputError(
+                f"code values and bias must be at most {MAX_CODE_MAGNITUDE:g} in magnitude"
+            )
         dense = np.zeros(n_atoms)
         dense[atoms] = weights
         return SparseCode.from_dense(dense, bias)
