@@ -92,8 +92,6 @@ class ModelSnapshot:
     search_problem : str or None
         Why the model's search artifacts could not be loaded: /search says so while /classify
         keeps serving.
-    loaded_at : float
-        ``time.time()`` when it was loaded.
     """
 
     name: str
@@ -104,7 +102,6 @@ class ModelSnapshot:
     predictor: Predictor
     search: SearchIndex | None
     search_problem: str | None
-    loaded_at: float
 
     def require_search(self) -> SearchIndex:
         """The search index; raises NotFoundError or ModelNotReadyError naming the fix."""
@@ -191,7 +188,6 @@ def _load(
         predictor=predictor,
         search=search,
         search_problem=search_problem,
-        loaded_at=time.time(),
     )
     if previous is not None and not force and snapshot.search_levels < previous.search_levels:
         missing = "search model" if snapshot.search_levels == 0 else "catalogue"
