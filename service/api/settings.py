@@ -31,7 +31,8 @@ class Settings(BaseSettings):
     default_model: str | None = Field(
         None,
         description="The model that POST /classify and POST /search answer for (DEFAULT_MODEL); "
-        "default: the only model, or with several the first by name.",
+        "default: the only model; with several and none named, those routes answer 404 and "
+        "ask for a model name.",
     )
     host: str = Field("127.0.0.1", description="Interface to listen on (HOST).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port (PORT).")
