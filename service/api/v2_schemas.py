@@ -7,9 +7,9 @@ says what was wrong in a 400.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.api.schemas import VERSION_DESCRIPTION
 
@@ -26,12 +26,22 @@ _DIGIT_SEVEN_FLAT = [
 ]
 
 
+def _json_integer(value: Any) -> Any:
+    if isinstance(value, (str, bool)):
+        raise ValueError("must be an integer")
+    return value
+
+
+# A JSON integer: 3 or 3.0 (both integers to JSON Schema), never "3" or true.
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
 class InferParameters(BaseModel):
     """Request parameters. Others (e.g. tritonclient's ``binary_data_output``) are ignored."""
 
     model_config = ConfigDict(extra="allow")
 
-    top_k: StrictInt | None = Field(
+    top_k: JsonInt | None = Field(
         None,
         ge=1,
         description="Adds the outputs top_k_labels and top_k_scores, shape [n, min(top_k, K)]: "
@@ -43,7 +53,9 @@ class RequestInput(BaseModel):
     """One input tensor."""
 
     name: str = Field(..., description="The input's name, as the model metadata lists it.")
-    shape: list[StrictInt] = Field(..., description="[n, ...]: n instances.")
+    shape: list[Annotated[JsonInt, Field(ge=0)]] = Field(
+        ..., description="[n, ...]: n instances."
+    )
     datatype: str = Field(..., description="FP64 or FP32 (any numeric type), or BYTES for texts.")
     parameters: dict[str, Any] | None = Field(
         None,

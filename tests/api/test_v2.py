@@ -246,6 +246,9 @@ def test_json_nested_and_flat_data_answer_alike(url, digits, digits_predictor):
     )
     integers["inputs"][0]["shape"] = [2, 8, 8, 1]
     assert _output(_infer(url, "digits", integers).json(), "scores") == scores
+    # 2.0 is an integer to JSON (Schema): top_k 2.
+    ranked = _infer(url, "digits", {**nested, "parameters": {"top_k": 2.0}}).json()
+    assert _output(ranked, "top_k_labels")["shape"] == [2, 2]
 
 
 def test_json_bytes_texts_for_the_text_model(url, text_fit):
@@ -295,181 +298,54 @@ def test_text_model_tritonclient_bytes(client, text_fit):
 IMAGE = [0.0] * 64
 
 
+def _image(inputs: dict | None = None, **request) -> dict:
+    """An image request to the digits model, its one tensor and the request changed."""
+    tensor = {"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
+    return {"inputs": [{**tensor, **(inputs or {})}], **request}
+
+
+def _text(**tensor) -> dict:
+    return {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"], **tensor}]
+    }
+
+
 @pytest.mark.parametrize(
     ("model", "body", "message"),
     [
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "BYTES", "data": IMAGE}
-                ]
-            },
-            "datatype 'BYTES'",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "BOOL", "data": IMAGE}
-                ]
-            },
-            "FP64 or FP32",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE[:63]}
-                ]
-            },
-            "63 values; shape [1, 8, 8, 1] takes 64",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [2, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
-                ]
-            },
-            "64 values; shape [2, 8, 8, 1] takes 128",
-        ),
-        (
-            "digits",
-            {"inputs": [{"name": "input", "shape": [1, 4, 16], "datatype": "FP64", "data": IMAGE}]},
-            "has shape [1, 4, 16]",
-        ),
-        (
-            "digits",
-            {"inputs": [{"name": "input", "shape": [], "datatype": "FP64", "data": IMAGE}]},
-            "has shape []",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [-1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
-                ]
-            },
-            "has shape [-1, 8, 8, 1]",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": ["a"] * 64}
-                ]
-            },
-            "only numbers",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [1, 8, 8, 1],
-                        "datatype": "FP64",
-                        "data": [[1, 2], [3]],
-                    }
-                ]
-            },
-            "ragged",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [1, 8, 8, 1],
-                        "datatype": "INT32",
-                        "data": [0.5] * 64,
-                    }
-                ]
-            },
-            "whole numbers",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [1, 8, 8, 1],
-                        "datatype": "FP32",
-                        "data": [1e39] * 64,
-                    }
-                ]
-            },
-            "out of the range of FP32",
-        ),
-        (
-            "digits",
-            {"inputs": [{"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64"}]},
-            "has no data",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "image", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
-                ]
-            },
-            "unknown input 'image'",
-        ),
+        ("digits", _image({"datatype": "BYTES"}), "datatype 'BYTES'"),
+        ("digits", _image({"datatype": "BOOL"}), "FP64 or FP32"),
+        ("digits", _image({"data": IMAGE[:63]}), "63 values; shape [1, 8, 8, 1] takes 64"),
+        ("digits", _image({"shape": [2, 8, 8, 1]}), "64 values; shape [2, 8, 8, 1] takes 128"),
+        ("digits", _image({"shape": [1, 4, 16]}), "has shape [1, 4, 16]"),
+        ("digits", _image({"shape": [1, 64]}), "expected [-1, 8, 8, 1] or [-1, 8, 8]"),
+        ("digits", _image({"shape": []}), "has shape []"),
+        ("digits", _image({"shape": [-1, 8, 8, 1]}), "shape[0]: Input should be greater than"),
+        ("digits", _image({"shape": ["1", 8, 8, 1]}), "shape[0]: Value error, must be an integer"),
+        ("digits", _image({"data": ["a"] * 64}), "only numbers"),
+        ("digits", _image({"data": [[1, 2], [3]]}), "ragged"),
+        ("digits", _image({"datatype": "INT32", "data": [0.5] * 64}), "whole numbers"),
+        ("digits", _image({"datatype": "UINT8", "data": [256] * 64}), "out of the range of UINT8"),
+        ("digits", _image({"datatype": "FP32", "data": [1e39] * 64}), "out of the range of FP32"),
+        ("digits", _image({"data": None}), "has no data"),
+        ("digits", _image({"name": "image"}), "unknown input 'image'"),
         ("digits", {"inputs": []}, "one input"),
+        ("digits", _image({"shape": [0, 8, 8, 1], "data": []}), "the batch is empty"),
+        ("digits", _image(outputs=[{"name": "probabilities"}]), "unknown output 'probabilities'"),
         (
             "digits",
-            {"inputs": [{"name": "input", "shape": [0, 8, 8, 1], "datatype": "FP64", "data": []}]},
-            "the batch is empty",
+            _image(outputs=[{"name": "label", "parameters": {"classification": 3}}]),
+            "classification extension is not supported",
         ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
-                ],
-                "outputs": [{"name": "probabilities"}],
-            },
-            "unknown output 'probabilities'",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
-                ],
-                "parameters": {"top_k": "3"},
-            },
-            "parameters.top_k",
-        ),
-        (
-            "digits",
-            {
-                "inputs": [
-                    {"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}
-                ],
-                "parameters": {"top_k": 0},
-            },
-            "parameters.top_k",
-        ),
+        ("digits", _image(parameters={"top_k": "3"}), "parameters.top_k: Value error"),
+        ("digits", _image(parameters={"top_k": True}), "parameters.top_k: Value error"),
+        ("digits", _image(parameters={"top_k": 2.5}), "parameters.top_k"),
+        ("digits", _image(parameters={"top_k": 0}), "parameters.top_k"),
         ("digits", {"input": []}, "inputs: Field required"),
-        (
-            "topics",
-            {"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1.0]}]},
-            "reads texts: BYTES",
-        ),
-        (
-            "topics",
-            {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a"]}]},
-            "1 texts; shape [2] takes 2",
-        ),
-        (
-            "topics",
-            {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [7]}]},
-            "only strings",
-        ),
+        ("topics", _text(datatype="FP32", data=[1.0]), "reads texts: BYTES"),
+        ("topics", _text(shape=[2]), "1 texts; shape [2] takes 2"),
+        ("topics", _text(shape=[1, 2]), "expected [-1] or [-1, 1]"),
+        ("topics", _text(data=[7]), "only strings"),
     ],
 )
 def test_bad_requests_get_a_400_saying_why(url, model, body, message):
@@ -477,11 +353,7 @@ def test_bad_requests_get_a_400_saying_why(url, model, body, message):
 
 
 def test_a_batch_over_the_limit_is_a_413(url):
-    body = {
-        "inputs": [
-            {"name": "input", "shape": [51, 8, 8, 1], "datatype": "FP64", "data": IMAGE * 51}
-        ]
-    }
+    body = _image({"shape": [51, 8, 8, 1], "data": IMAGE * 51})
     assert "limit is 50" in _protocol_error(_infer(url, "digits", body), 413)
 
 
@@ -503,6 +375,10 @@ def test_unknown_and_not_ready_models(url):
     assert "failed to load" in not_ready
     assert "failed to load" in _protocol_error(httpx.get(f"{url}/v2/models/notes/ready"), 503)
     assert "failed to load" in _protocol_error(httpx.get(f"{url}/v2/models/notes"), 503)
+    version = httpx.get(f"{url}/v2/models/digits").json()["versions"][0]
+    pinned = httpx.post(f"{url}/v2/models/digits/versions/{version}/infer", json=ok)
+    assert pinned.status_code == 200, pinned.text
+    assert pinned.json()["model_version"] == version
     stale = httpx.post(f"{url}/v2/models/digits/versions/{'0' * 64}/infer", json=ok)
     assert "serves version" in _protocol_error(stale, 404)
     # Unknown routes and methods under the protocol's prefix answer in its shape too.
@@ -533,3 +409,29 @@ def test_the_openapi_document_describes_the_protocol(url):
     )
     assert set(infer["responses"]) >= {"200", "400", "404", "413", "503"}
     assert "InferRequest" in document["components"]["schemas"]
+
+
+def test_a_body_over_the_limit_is_a_413_in_the_protocols_shape(make_client):
+    client = make_client(max_request_bytes=2048)
+    body = {"inputs": [{"name": "input", "shape": [1, 8, 8, 1], "datatype": "FP64", "data": IMAGE}]}
+    padded = {**body, "id": "x" * 4000}
+    assert "larger than the limit" in _protocol_error(
+        client.post("/v2/models/digits/infer", json=padded), 413
+    )
+    # The same limit on our own routes keeps their shape.
+    own = client.post("/classify", json={"instances": [IMAGE], "texts": ["x" * 4000]})
+    assert own.status_code == 413
+    assert own.json()["error"]["type"] == "request_too_large"
+
+
+def test_a_server_that_is_not_ready_says_so(digits_model_dir):
+    from fastapi.testclient import TestClient
+
+    from service.api import Settings, create_app
+
+    # Before its lifespan has run, the app has no model loaded.
+    app = create_app(Settings(_env_file=None, model_dir=digits_model_dir))
+    client = TestClient(app, raise_server_exceptions=False)
+    assert client.get("/v2/health/live").json() == {"live": True}
+    _protocol_error(client.get("/v2/health/ready"), 503)
+    assert client.get("/v2/health/ready").headers["retry-after"]
