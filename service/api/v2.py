@@ -156,6 +156,8 @@ async def _read_infer_request(request: Request) -> tuple[InferRequest, bytes]:
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     body, binary = await _read_infer_request(request)
     plane = _plane(request)
+    # Decoded for the version served now; should another be swapped in before classify takes
+    # its snapshot, that version validates the batch as it does any (and names itself).
     inputs, outputs = decode_request(body, binary, plane.snapshot(name, version).predictor)
     top_k = body.parameters.top_k if body.parameters is not None else None
     snapshot, answers = await plane.classify(

@@ -53,9 +53,7 @@ class RequestInput(BaseModel):
     """One input tensor."""
 
     name: str = Field(..., description="The input's name, as the model metadata lists it.")
-    shape: list[Annotated[JsonInt, Field(ge=0)]] = Field(
-        ..., description="[n, ...]: n instances."
-    )
+    shape: list[Annotated[JsonInt, Field(ge=0)]] = Field(..., description="[n, ...]: n instances.")
     datatype: str = Field(..., description="FP64 or FP32 (any numeric type), or BYTES for texts.")
     parameters: dict[str, Any] | None = Field(
         None,
