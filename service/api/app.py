@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 import service
-from service.api import admin, routes
+from service.api import admin, routes, v2
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
 from service.api.limits import RequestSizeLimitMiddleware
@@ -41,7 +41,14 @@ computed it (the sha256 of its manifest), in its body and in the `X-Model-Versio
 New versions are swapped in without downtime (`/v2/repository/...`, SIGHUP or
 RELOAD_INTERVAL_S).
 
-Errors always have the body `{"error": {"type", "message", "details"?}}`.
+The **Open Inference Protocol** (KServe V2 REST, as KServe, MLServer and Triton speak it) is
+served beside: `GET /v2`, `/v2/health/live|ready`, `GET /v2/models/{name}[/ready]` and
+`POST /v2/models/{name}/infer` (input `input`, numeric `[n, ...]`, or `text`, BYTES `[n]`;
+outputs `label`, `scores`, `top_k_labels`, `top_k_scores`).
+
+Errors have the body `{"error": {"type", "message", "details"?}}`, except on the protocol's
+routes (`/v2`, `/v2/health/...`, `/v2/models/...`), where they take the protocol's
+`{"error": "message"}` and a malformed request is a 400.
 """
 
 
@@ -88,12 +95,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     # Until the lifespan has run: a registry with nothing loaded, so every route answers 503.
     app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings)
-    app.openapi = _openapi_with(app, routes.BODY_SCHEMAS)
+    app.openapi = _openapi_with(app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS)
     install_error_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=settings.max_request_bytes)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
-    for router in (routes.router, admin.router):
+    for router in (routes.router, v2.router, admin.router):
         app.router.routes.extend(router.routes)
     return app
 

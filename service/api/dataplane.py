@@ -35,6 +35,7 @@ from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
 from service.model.documents import Vocabulary
+from service.model.errors import brief
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
@@ -84,9 +85,21 @@ class DataPlane:
 
     # -- models --------------------------------------------------------------------------------
 
-    def snapshot(self, name: str | None) -> ModelSnapshot:
-        """The snapshot of model ``name`` (None: the default model) a request uses."""
-        return self.registry.snapshot(name)
+    def snapshot(self, name: str | None, version: str | None = None) -> ModelSnapshot:
+        """The snapshot of model ``name`` (None: the default model) a request uses.
+
+        Parameters
+        ----------
+        name : str or None
+        version : str, optional
+            The version the request names: NotFoundError unless it is the one served.
+        """
+        snapshot = self.registry.snapshot(name)
+        if version is not None and version != snapshot.version:
+            raise NotFoundError(
+                f"model {snapshot.name!r} serves version {snapshot.version}, not {brief(version)}"
+            )
+        return snapshot
 
     def readiness(self) -> tuple[bool, str]:
         """Whether the service is ready, and why (not)."""
@@ -117,9 +130,11 @@ class DataPlane:
         instances: Sequence[Any] | None,
         texts: Sequence[str] | None,
         top_k: int | None,
+        version: str | None = None,
     ) -> tuple[ModelSnapshot, list[Answer]]:
-        """Classify a batch with model ``name`` (None: the default model)."""
-        snapshot = self.registry.snapshot(name)
+        """Classify a batch with model ``name`` (None: the default model), ``version`` if
+        given (see :meth:`snapshot`)."""
+        snapshot = self.snapshot(name, version)
         batch = instances if instances is not None else texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")

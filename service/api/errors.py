@@ -1,6 +1,12 @@
 """The one place where errors become HTTP responses.
 
-Every error body has the same shape: ``{"error": {"type", "message", "details"?}}``.
+The body's shape depends on the route family, chosen here by the request's path:
+
+- the Open Inference Protocol's routes (``/v2``, ``/v2/health/...``, ``/v2/models/...``) answer
+  the protocol's ``{"error": "message"}``, with 400 for every malformed request (the protocol's
+  status for a bad request, where the other routes answer 422);
+- every other route, ``/v2/repository/...`` included (our admin routes, with their token
+  errors), answers ``{"error": {"type", "message", "details"?}}``.
 """
 
 from __future__ import annotations
@@ -61,12 +67,31 @@ _HTTP_TYPES = {
 }
 
 
-def error_response(status: int, type_: str, message: str, details=None) -> JSONResponse:
-    """A JSON error response in the service's one error shape."""
+# Statuses the protocol routes answer instead: a malformed request is a 400 there.
+_PROTOCOL_STATUS = {422: 400}
+_PROTOCOL_PREFIX = "/v2/"
+_NOT_PROTOCOL_PREFIX = "/v2/repository/"
+
+
+def is_protocol_route(path: str) -> bool:
+    """Whether ``path`` belongs to the Open Inference Protocol's routes (their error shape)."""
+    if path == "/v2":
+        return True
+    return path.startswith(_PROTOCOL_PREFIX) and not path.startswith(_NOT_PROTOCOL_PREFIX)
+
+
+def error_response(
+    status: int, type_: str, message: str, details=None, *, path: str = ""
+) -> JSONResponse:
+    """A JSON error response in the shape of the route family of ``path`` (see the module
+    docstring)."""
+    headers = _HEADERS.get(status)
+    if is_protocol_route(path):
+        status = _PROTOCOL_STATUS.get(status, status)
+        return JSONResponse({"error": message}, status_code=status, headers=headers)
     body = {"type": type_, "message": message}
     if details is not None:
         body["details"] = details
-    headers = _HEADERS.get(status)
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
@@ -82,7 +107,7 @@ async def _domain_error(request: Request, error: ModelError) -> JSONResponse:
     status, type_ = status_of(error)
     if status == 500:
         logger.error("%s %s failed: %s", request.method, request.url.path, error)
-    return error_response(status, type_, str(error))
+    return error_response(status, type_, str(error), path=request.url.path)
 
 
 def _location(loc: tuple) -> str:
@@ -111,19 +136,23 @@ async def _validation_error(request: Request, error: RequestValidationError) -> 
             *details[:MAX_ERROR_DETAILS],
             {"location": "body", "problem": f"and {len(details) - MAX_ERROR_DETAILS} more"},
         ]
-    return error_response(422, "invalid_request", message or "invalid request", details)
+    return error_response(
+        422, "invalid_request", message or "invalid request", details, path=request.url.path
+    )
 
 
 async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
     type_ = _HTTP_TYPES.get(error.status_code, "http_error")
-    response = error_response(error.status_code, type_, str(error.detail))
+    response = error_response(error.status_code, type_, str(error.detail), path=request.url.path)
     response.headers.update(error.headers or {})  # e.g. Allow, on 405
     return response
 
 
 async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal_error", "internal error; the server log has details")
+    return error_response(
+        500, "internal_error", "internal error; the server log has details", path=request.url.path
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -29,7 +29,9 @@ class RequestSizeLimitMiddleware:
                 break
         if declared is not None and declared.isdigit():
             if int(declared) > self.max_bytes:
-                response = error_response(413, "request_too_large", self._too_large())
+                response = error_response(
+                    413, "request_too_large", self._too_large(), path=scope["path"]
+                )
                 await response(scope, receive, send)
                 return
             # The server reads exactly Content-Length bytes: nothing more to count.
