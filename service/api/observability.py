@@ -1,7 +1,7 @@
 """Request ids, the access log, request metrics and the log format.
 
 **Request ids.** A client's ``X-Request-ID`` is kept when it is 1 to 128 characters of
-``A-Z a-z 0-9 . _ : -``; any other value is replaced by a fresh id (uuid4, 32 hex digits), never
+``A-Z a-z 0-9 . _ : -``; any other value is replaced by a fresh id (32 random hex digits), never
 echoed (a header is no place for a client's arbitrary bytes, and a request must not fail over
 its tracing header). The id is in the ``X-Request-ID`` header of every answer, errors included,
 and in every log line written while the request is served (a context variable, read by
@@ -21,9 +21,9 @@ from __future__ import annotations
 import contextvars
 import datetime
 import logging
+import os
 import re
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +102,7 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
             if REQUEST_ID_PATTERN.fullmatch(value):
                 return value.decode("ascii")
             break
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()
 
 
 def route_of(scope: Scope, routes: list) -> str:

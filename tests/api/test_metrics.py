@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.model.artifact import manifest_digest
-from tests.api.conftest import server_process
+from tests.api.conftest import server_process, worker_pids
 
 TOKEN = "metrics-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -214,17 +214,6 @@ def test_metrics_count_the_requests_sent(tmp_path, digits, digits_fit, search_mo
         assert Scrape.of(url).value("besvm_model_version_info", model="other") == 0
 
 
-def _worker_pids(supervisor_pid: int) -> set[int]:
-    """The supervisor's worker processes (multiprocessing's resource tracker excluded)."""
-    children = Path(f"/proc/{supervisor_pid}/task/{supervisor_pid}/children").read_text()
-    pids = set()
-    for pid in map(int, children.split()):
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"spawn_main" in command:
-            pids.add(pid)
-    return pids
-
-
 def _multiprocess_dir(worker_pid: int) -> Path:
     variables = Path(f"/proc/{worker_pid}/environ").read_bytes().split(b"\0")
     (value,) = [v for v in variables if v.startswith(b"PROMETHEUS_MULTIPROC_DIR=")]
@@ -238,7 +227,7 @@ def test_metrics_of_several_workers_are_summed(digits, digits_model_dir):
         url = server.url
         # Let both workers finish starting, so that the requests are spread over both.
         workers = _wait_for(
-            lambda: len(pids := _worker_pids(server.process.pid)) == 2 and pids, "two workers"
+            lambda: len(pids := set(worker_pids(server.process.pid))) == 2 and pids, "two workers"
         )
         directory = _multiprocess_dir(next(iter(workers)))
         assert directory.is_dir()
@@ -268,7 +257,7 @@ def test_metrics_of_several_workers_are_summed(digits, digits_model_dir):
             lambda: not (directory / f"gauge_livesum_{victim}.db").exists(),
             "the supervisor to mark the dead worker's gauges",
         )
-        _wait_for(lambda: len(_worker_pids(server.process.pid)) == 2, "a replacement worker")
+        _wait_for(lambda: len(worker_pids(server.process.pid)) == 2, "a replacement worker")
         _wait_for(lambda: httpx.get(f"{url}/readyz", timeout=5).status_code == 200, "readiness")
         scrape = Scrape.of(url)
         assert scrape.value("besvm_http_requests_total", **labels) == n_requests
