@@ -85,7 +85,8 @@ def main() -> None:
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        with multiprocess_directory(1):  # only checks one the user set
+            uvicorn.run(create_app(settings), **options)
         return
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
