@@ -5,32 +5,26 @@ each builds the app from the environment and loads the repository itself (memory
 catalogues share their pages between them). SIGHUP to the supervisor is passed on to every
 worker, which rescans its repository (uvicorn's own answer to SIGHUP, restarting the workers,
 would start them with no old version to fall back on if the new one is broken).
+
+Logs are configured here, for uvicorn and the service alike (LOG_LEVEL, LOG_FORMAT); the
+service writes the access log itself (ACCESS_LOG), so uvicorn's is off. Several workers share
+their metrics through prometheus-client's multi-process directory (PROMETHEUS_MULTIPROC_DIR:
+the one given, else a private one for this run): see :mod:`service.api.metrics`.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 
 import uvicorn
-from uvicorn.config import LOGGING_CONFIG
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
+from service.api.metrics import forget_worker, multiprocess_directory
+from service.api.observability import logging_config
 from service.api.settings import Settings
 from service.model.threads import worker_environment
-
-
-def _logging_config(level: str) -> dict:
-    """uvicorn's logging, with the service's own logger on uvicorn's console handler."""
-    config = copy.deepcopy(LOGGING_CONFIG)
-    config["loggers"]["service"] = {
-        "handlers": ["default"],
-        "level": level.upper(),
-        "propagate": False,
-    }
-    return config
 
 
 class RescanningSupervisor(Multiprocess):
@@ -42,9 +36,11 @@ class RescanningSupervisor(Multiprocess):
     the change that the SIGHUP announces.
     """
 
-    def __init__(self, config: uvicorn.Config, sockets: list) -> None:
+    def __init__(self, config: uvicorn.Config, sockets: list, metrics_dir: str | None) -> None:
         super().__init__(config, sockets)
         self.hangups_due: list = []
+        self.metrics_dir = metrics_dir
+        self._worker_pids: set[int] = set()
 
     def handle_hup(self) -> None:
         self.hangups_due = list(self.processes)
@@ -53,6 +49,16 @@ class RescanningSupervisor(Multiprocess):
     def keep_subprocess_alive(self) -> None:
         super().keep_subprocess_alive()
         self._deliver_hangups()
+        self._forget_exited_workers()
+
+    def _forget_exited_workers(self) -> None:
+        """Mark the metrics of workers that have exited (and been replaced) dead: live gauges
+        (requests in flight, versions served) then count live workers only."""
+        pids = {process.pid for process in self.processes if process.pid is not None}
+        if self.metrics_dir is not None:
+            for pid in self._worker_pids - pids:
+                forget_worker(pid, self.metrics_dir)
+        self._worker_pids = pids
 
     def _deliver_hangups(self) -> None:
         # Workers replaced since (they died) read the repository afresh as they start.
@@ -71,23 +77,25 @@ def main() -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        log_config=_logging_config(settings.log_level),
-        access_log=settings.access_log,
+        log_config=logging_config(settings.log_level, settings.log_format),
+        access_log=False,  # the service's own access lines carry the request id and duration
         # Keep-alive connections outlive a short pause of a client's (uvicorn's default is 5 s).
         timeout_keep_alive=30,
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        with multiprocess_directory(1):  # only checks one the user set
+            uvicorn.run(create_app(settings), **options)
         return
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
-    config = uvicorn.Config(
-        "service.api.app:create_app", factory=True, workers=settings.workers, **options
-    )
-    RescanningSupervisor(config, sockets=[config.bind_socket()]).run()
+    with multiprocess_directory(settings.workers) as metrics_dir:
+        config = uvicorn.Config(
+            "service.api.app:create_app", factory=True, workers=settings.workers, **options
+        )
+        RescanningSupervisor(config, [config.bind_socket()], metrics_dir).run()
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 import service
-from service.api import admin, routes, v2
+from service.api import admin, observability, routes, v2
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
 from service.api.limits import RequestSizeLimitMiddleware
+from service.api.metrics import PrometheusMetrics
 from service.api.registry import ModelRegistry, Repository
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.threads import limit_threads
@@ -68,11 +69,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         Defaults to reading the environment.
     """
     settings = settings or Settings()
+    # One set of metrics per app (and per process: in multi-process mode they are its files).
+    metrics = PrometheusMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        registry = ModelRegistry(repository_of(settings), settings.default_model)
-        plane = app.state.dataplane = DataPlane(registry, settings)
+        registry = ModelRegistry(repository_of(settings), settings.default_model, metrics)
+        plane = app.state.dataplane = DataPlane(registry, settings, metrics)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (used for
         # the small final matrix product) stays single-threaded instead of fighting them.
         with limit_threads(blas_threads=1):
@@ -93,15 +96,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.metrics = metrics
     # Until the lifespan has run: a registry with nothing loaded, so every route answers 503.
-    app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings)
+    app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings, metrics)
     app.openapi = _openapi_with(app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS)
     install_error_handlers(app)
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=settings.max_request_bytes)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
-    for router in (routes.router, v2.router, admin.router):
+    for router in (routes.router, v2.router, admin.router, observability.router):
         app.router.routes.extend(router.routes)
+    observability.install(app, metrics, settings.access_log)
     return app
 
 

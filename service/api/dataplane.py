@@ -22,6 +22,7 @@ The first request of each kind leaves the loop, since its cost is not known yet.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import time
 import weakref
@@ -31,6 +32,8 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from service.api.metrics import Metrics
+from service.api.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
@@ -62,10 +65,15 @@ class DataPlane:
     ----------
     registry : ModelRegistry
     settings : Settings
+    metrics : Metrics, optional
+        Told of batch sizes and of the catalogue rows searches read.
     """
 
-    def __init__(self, registry: ModelRegistry, settings: Settings) -> None:
+    def __init__(
+        self, registry: ModelRegistry, settings: Settings, metrics: Metrics | None = None
+    ) -> None:
         self.registry = registry
+        self.metrics = metrics or Metrics()
         self.max_batch_size = settings.max_batch_size
         self.default_top_k = settings.default_top_k
         self.default_search_top_k = settings.default_search_top_k
@@ -86,7 +94,8 @@ class DataPlane:
     # -- models --------------------------------------------------------------------------------
 
     def snapshot(self, name: str | None, version: str | None = None) -> ModelSnapshot:
-        """The snapshot of model ``name`` (None: the default model) a request uses.
+        """The snapshot of model ``name`` (None: the default model) a request uses; the
+        request's metrics are labelled with its model from now on.
 
         Parameters
         ----------
@@ -95,6 +104,7 @@ class DataPlane:
             The version the request names: NotFoundError unless it is the one served.
         """
         snapshot = self.registry.snapshot(name)
+        answered_by(snapshot.name)
         if version is not None and version != snapshot.version:
             raise NotFoundError(
                 f"model {snapshot.name!r} serves version {snapshot.version}, not {brief(version)}"
@@ -111,12 +121,12 @@ class DataPlane:
 
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
         """One ready model's status and snapshot."""
-        snapshot = self.registry.snapshot(name)
+        snapshot = self.snapshot(name)
         return self.registry.entries[name].describe(), snapshot
 
     def vocabulary(self, name: str) -> tuple[ModelSnapshot, Vocabulary]:
         """A text model's vocabulary; NotFoundError for models that read no text."""
-        snapshot = self.registry.snapshot(name)
+        snapshot = self.snapshot(name)
         vocabulary = snapshot.predictor.vocabulary
         if vocabulary is None:
             raise NotFoundError(f"model {name!r} reads no text: it has no vocabulary")
@@ -147,13 +157,14 @@ class DataPlane:
             predictor.runs_serially(max(size, 1)),
             lambda: predictor.classify(instances, k, texts=texts),
         )
+        self.metrics.batch(snapshot.name, size)
         return snapshot, answers
 
     async def search(
         self, name: str | None, query: SearchQuery
     ) -> tuple[ModelSnapshot, SearchResult]:
         """Answer a search with model ``name`` (None: the default model)."""
-        snapshot = self.registry.snapshot(name)
+        snapshot = self.snapshot(name)
         index = snapshot.require_search()
         self._check_top_k(query.top_k)
         if query.strongest_atoms > MAX_STRONGEST_ATOMS:
@@ -172,18 +183,21 @@ class DataPlane:
             index.runs_serially(query),
             lambda: index.run(query),
         )
+        # The ranking reads one catalogue row per atom of the code, each strongest atom one more.
+        self.metrics.search_rows(snapshot.name, result.code.n_nonzero + len(result.strongest_atoms))
         return snapshot, result
 
     async def atom(
         self, name: str, atom: int, top_k: int | None
     ) -> tuple[ModelSnapshot, list[tuple[str, float]], list[tuple[str, float]]]:
         """The items one atom of model ``name`` ranks highest, and the classes using it."""
-        snapshot = self.registry.snapshot(name)
+        snapshot = self.snapshot(name)
         index = snapshot.require_search()
         k = self.default_search_top_k if top_k is None else top_k
         self._check_top_k(k)
         serially = index.runs_serially(SearchQuery(code=([atom], [1.0]), top_k=k))
         items = await self._run(snapshot, "atom", 1, serially, lambda: index.atom_items(atom, k))
+        self.metrics.search_rows(snapshot.name, 1)
         return snapshot, items, index.atom_classes(atom)
 
     def _check_batch(self, size: int, what: str) -> None:
@@ -260,7 +274,11 @@ class DataPlane:
         elif place is Placement.COMPUTE_THREAD:
             if self._compute is None:
                 self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-            result = await asyncio.get_running_loop().run_in_executor(self._compute, timed)
+            # With the request's context, as the other placements: its log lines keep its id.
+            context = contextvars.copy_context()
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._compute, context.run, timed
+            )
         else:
             result = await run_in_threadpool(timed)
         if kind is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from service.api.metrics import Metrics
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
 from service.model.artifact import manifest_digest, read_manifest
 from service.model.errors import brief
@@ -288,11 +289,19 @@ class ModelRegistry:
     repository : Repository
     default_model : str, optional
         Answers the routes without a model name; default: the only model.
+    metrics : Metrics, optional
+        Told of loads (their time and the version served), failed loads and retirements.
     """
 
-    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
+    def __init__(
+        self,
+        repository: Repository,
+        default_model: str | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.repository = repository
         self.default_model = default_model
+        self.metrics = metrics or Metrics()
         self.entries: dict[str, ModelEntry] = {}
         self._sync_lock = asyncio.Lock()
         self.synced = False
@@ -428,7 +437,11 @@ class ModelRegistry:
             previous = entry.snapshot
             entry.path, entry.snapshot, entry.attempted = path, snapshot, snapshot.fingerprint
             entry.state, entry.reason = ModelState.READY, None
-            _log_loaded(snapshot, previous, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            _log_loaded(snapshot, previous, seconds)
+            self.metrics.model_loaded(
+                name, snapshot.version, None if previous is None else previous.version, seconds
+            )
             return entry
 
     async def _load_with_retries(
@@ -457,6 +470,7 @@ class ModelRegistry:
 
     def _refuse(self, entry: ModelEntry, attempted: tuple | None, reason: str) -> None:
         entry.attempted = attempted
+        self.metrics.model_load_failed(entry.name)
         if entry.snapshot is None:
             entry.state, entry.reason = ModelState.FAILED, reason
             logger.error("model %r failed to load: %s", entry.name, reason)
@@ -480,8 +494,9 @@ class ModelRegistry:
             entry.held_unloaded = True
         return entry
 
-    @staticmethod
-    def _retire(entry: ModelEntry, why: str) -> None:
+    def _retire(self, entry: ModelEntry, why: str) -> None:
+        if entry.snapshot is not None:
+            self.metrics.model_retired(entry.name, entry.snapshot.version)
         entry.snapshot, entry.state, entry.reason = None, ModelState.UNLOADED, why
         entry.attempted = None
         logger.info("model %r %s", entry.name, why)

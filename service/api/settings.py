@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -69,8 +70,19 @@ class Settings(BaseSettings):
         description="Poll the repository for new, changed and removed models every this many "
         "seconds (RELOAD_INTERVAL_S; 0: only on SIGHUP or the repository routes).",
     )
-    log_level: str = Field("info", description="uvicorn log level (LOG_LEVEL).")
-    access_log: bool = Field(True, description="Log one line per request (ACCESS_LOG).")
+    log_level: str = Field(
+        "info", description="Level of the server's and the service's logs (LOG_LEVEL)."
+    )
+    access_log: bool = Field(
+        True,
+        description="Log one line per request (ACCESS_LOG), health probes and scrapes at "
+        "debug level.",
+    )
+    log_format: Literal["json", "text"] = Field(
+        "json",
+        description="Log lines as JSON objects, one a line, or as text (LOG_FORMAT); both "
+        "carry the request id.",
+    )
 
     @field_validator("model_repository", "model_dir", "default_model", "admin_token", mode="before")
     @classmethod

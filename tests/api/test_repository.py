@@ -5,11 +5,9 @@ worker processes."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,7 +18,7 @@ from service.api import Settings, create_app
 from service.model import Predictor
 from service.model.artifact import manifest_digest
 from service.model.search import catalogue_dir
-from tests.api.conftest import server_process
+from tests.api.conftest import server_process, worker_pids
 
 TOKEN = "repository-token"
 
@@ -205,21 +203,6 @@ def _new_version(predictor, path, revision: int) -> str:
     return manifest_digest(path)
 
 
-def _worker_pids(supervisor: int) -> list[int]:
-    """Processes started by ``supervisor`` through multiprocessing (uvicorn's workers)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == supervisor and "spawn_main" in cmdline:
-            pids.append(int(pid))
-    return pids
-
-
 def _answers_with(server, image, version: str, timeout: float = 60.0) -> None:
     """Wait until 20 requests in a row, each on a new connection, answer with ``version``."""
     url = server.url
@@ -257,7 +240,7 @@ def test_worker_processes_serve_the_repository_and_reload_on_sighup(
     expected = digits_predictor.decision_function(images)
     settings = {"MODEL_REPOSITORY": str(served), "DEFAULT_MODEL": "digits", "WORKERS": "2"}
     with server_process(**settings) as server:
-        workers = _worker_pids(server.process.pid)
+        workers = worker_pids(server.process.pid)
         assert len(workers) == 2
         # Ready means one worker answered; the update below is meant for two started workers.
         _wait_for_log(server, "Application startup complete.", 2)
@@ -278,7 +261,7 @@ def test_worker_processes_serve_the_repository_and_reload_on_sighup(
         server.process.send_signal(signal.SIGHUP)
         _answers_with(server, images[:1].reshape(1, 8, 8).tolist(), newer)
         _wait_for_log(server, f"with version {newer[:12]}", 2)
-        assert sorted(_worker_pids(server.process.pid)) == sorted(workers)
+        assert sorted(worker_pids(server.process.pid)) == sorted(workers)
 
 
 def _wait_for_log(server, text: str, times: int, timeout: float = 30.0) -> None:

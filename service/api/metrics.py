@@ -1,0 +1,247 @@
+"""Prometheus metrics of one app: built by the app factory, never at import time, each app in
+its own :class:`~prometheus_client.CollectorRegistry` (several apps in one process never
+collide).
+
+**Several worker processes** (prometheus-client's multi-process mode): when
+``PROMETHEUS_MULTIPROC_DIR`` is set, every process writes its values to files there and
+``GET /metrics``, answered by any one worker, reads and aggregates all of them
+(:class:`~prometheus_client.multiprocess.MultiProcessCollector`). ``python -m service.api`` with
+``WORKERS`` > 1 makes a private directory for one run (:func:`multiprocess_directory`), and its
+supervisor marks a worker's files dead when the worker exits (:func:`forget_worker`), so that
+live gauges count live workers only. Counters and histograms of a worker that has exited keep
+counting: what it served stays served.
+
+Label values are bounded: routes by their template (``/v1/models/{name}/classify``, all unknown
+paths as one ``unmatched``), models by the names of the repository's models (a request naming no
+existing model is labelled ``""``), statuses by the HTTP codes the service answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+logger = logging.getLogger("service.api")
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PREFIX = "besvm"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# From a one-digit /classify (about 50 us in process) to a search learning a code (seconds).
+LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# Instances per request: powers of two up to the default MAX_BATCH_SIZE (1000).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """What the service reports, as calls: this base reports nothing (a data plane or registry
+    built without metrics, e.g. in a unit test); :class:`PrometheusMetrics` records them."""
+
+    def request_started(self) -> None:
+        """A request came in (requests in flight)."""
+
+    def request_finished(
+        self, method: str, route: str, model: str, status: int, seconds: float
+    ) -> None:
+        """A request was answered with ``status`` in ``seconds``."""
+
+    def batch(self, model: str, size: int) -> None:
+        """Model ``model`` classified ``size`` instances in one request."""
+
+    def search_rows(self, model: str, rows: int) -> None:
+        """A search of model ``model`` read ``rows`` catalogue rows (one per atom used)."""
+
+    def model_loaded(self, model: str, version: str, previous: str | None, seconds: float) -> None:
+        """Model ``model`` now serves ``version`` (instead of ``previous``), loaded in
+        ``seconds``."""
+
+    def model_load_failed(self, model: str) -> None:
+        """A version of model ``model`` could not be loaded (or was refused)."""
+
+    def model_retired(self, model: str, version: str | None) -> None:
+        """Model ``model`` no longer serves ``version`` (unloaded or removed)."""
+
+
+class PrometheusMetrics(Metrics):
+    """The service's metrics in a registry of their own (see the module docstring).
+
+    Parameters
+    ----------
+    multiprocess_dir : str, optional
+        prometheus-client's multi-process directory, where every process writes its values
+        (prometheus-client chose its value files when it was imported, from the same
+        ``PROMETHEUS_MULTIPROC_DIR``); None for a single process. Default: from the environment.
+    """
+
+    def __init__(self, multiprocess_dir: str | None = None) -> None:
+        if multiprocess_dir is None:
+            multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
+        self.multiprocess_dir = multiprocess_dir
+        self.registry = CollectorRegistry(auto_describe=True)
+        request_labels = ("method", "route", "model", "status")
+        common = {"namespace": PREFIX, "registry": self.registry}
+        self.requests = Counter(
+            "http_requests",
+            "HTTP requests answered, by method, route template, model and status.",
+            request_labels,
+            **common,
+        )
+        self.latency = Histogram(
+            "http_request_duration_seconds",
+            "Time from a request's arrival to the end of its answer, by method, route "
+            "template, model and status.",
+            request_labels,
+            buckets=LATENCY_BUCKETS_S,
+            **common,
+        )
+        self.in_flight = Gauge(
+            "http_requests_in_flight",
+            "Requests being answered now (summed over live worker processes).",
+            multiprocess_mode="livesum",
+            **common,
+        )
+        self.batch_size = Histogram(
+            "classify_batch_size",
+            "Instances per classification request, by model.",
+            ("model",),
+            buckets=BATCH_BUCKETS,
+            **common,
+        )
+        self.rows_read = Counter(
+            "search_rows_read",
+            "Catalogue rows (one per atom, each over all items) read by searches, by model.",
+            ("model",),
+            **common,
+        )
+        self.load_time = Histogram(
+            "model_load_duration_seconds",
+            "Time to load and warm up a model version that was then served, by model.",
+            ("model",),
+            buckets=LOAD_BUCKETS_S,
+            **common,
+        )
+        self.load_failures = Counter(
+            "model_load_failures",
+            "Model versions that failed to load or were refused, by model.",
+            ("model",),
+            **common,
+        )
+        # 1 while a live worker serves the version; 0 once none does (a multi-process value
+        # cannot be removed, so a replaced version reads 0 in both modes alike).
+        self.version_info = Gauge(
+            "model_version_info",
+            "1 for the version (sha256 of its manifest) a model serves, 0 for versions it "
+            "served before.",
+            ("model", "version"),
+            multiprocess_mode="livemax",
+            **common,
+        )
+        # Children by label values: .labels() costs a few microseconds a request otherwise.
+        self._request_children: dict[tuple[str, str, str, str], tuple] = {}
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def request_started(self) -> None:
+        self.in_flight.inc()
+
+    def request_finished(
+        self, method: str, route: str, model: str, status: int, seconds: float
+    ) -> None:
+        self.in_flight.dec()
+        key = (method, route, model, str(status))
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(*key),
+                self.latency.labels(*key),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def batch(self, model: str, size: int) -> None:
+        self.batch_size.labels(model).observe(size)
+
+    def search_rows(self, model: str, rows: int) -> None:
+        self.rows_read.labels(model).inc(rows)
+
+    # -- models --------------------------------------------------------------------------------
+
+    def model_loaded(self, model: str, version: str, previous: str | None, seconds: float) -> None:
+        self.load_time.labels(model).observe(seconds)
+        if previous is not None and previous != version:
+            self.version_info.labels(model, previous).set(0)
+        self.version_info.labels(model, version).set(1)
+
+    def model_load_failed(self, model: str) -> None:
+        self.load_failures.labels(model).inc()
+
+    def model_retired(self, model: str, version: str | None) -> None:
+        if version is not None:
+            self.version_info.labels(model, version).set(0)
+
+    # -- exposition ----------------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The metrics in Prometheus's text format: of every worker process in multi-process
+        mode, else of this app."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)
+        return generate_latest(merged)
+
+
+@contextlib.contextmanager
+def multiprocess_directory(workers: int) -> Iterator[str | None]:
+    """The multi-process directory of a server run, exported in ``PROMETHEUS_MULTIPROC_DIR`` to
+    the worker processes started inside the ``with``.
+
+    One the user set is used as it is (and left in place); otherwise, with ``workers`` > 1, a
+    fresh private one is made and removed at the end. A single worker without one needs none.
+    """
+    given = os.environ.get(MULTIPROCESS_ENV)
+    if given:
+        leftovers = [name for name in os.listdir(given) if name.endswith(".db")]
+        if leftovers:
+            logger.warning(
+                "%s=%s holds %d files of an earlier run: their counts are included; empty it "
+                "before starting to count this run alone",
+                MULTIPROCESS_ENV,
+                given,
+                len(leftovers),
+            )
+        yield given
+        return
+    if workers <= 1:
+        yield None
+        return
+    path = tempfile.mkdtemp(prefix="besvm-metrics-")
+    os.environ[MULTIPROCESS_ENV] = path
+    try:
+        yield path
+    finally:
+        os.environ.pop(MULTIPROCESS_ENV, None)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def forget_worker(pid: int, multiprocess_dir: str) -> None:
+    """Drop the live gauges of a worker process that has exited (its counters stay)."""
+    mark_process_dead(pid, multiprocess_dir)

@@ -1,0 +1,288 @@
+"""Request ids, the access log, request metrics and the log format.
+
+**Request ids.** A client's ``X-Request-ID`` is kept when it is 1 to 128 characters of
+``A-Z a-z 0-9 . _ : -``; any other value is replaced by a fresh id (32 random hex digits), never
+echoed (a header is no place for a client's arbitrary bytes, and a request must not fail over
+its tracing header). The id is in the ``X-Request-ID`` header of every answer, errors included,
+and in every log line written while the request is served (a context variable, read by
+:class:`RequestIdFilter`), the access line included.
+
+**Where.** :func:`install` puts :class:`RequestObservability` around the whole app, outside
+Starlette's error middleware, so that the 500 of an unhandled error and its log line carry the
+id as well.
+
+**Logs.** One JSON object per line (``LOG_FORMAT=json``, :class:`JsonFormatter`) or plain text,
+at ``LOG_LEVEL``; the service writes the access log itself (``ACCESS_LOG``; uvicorn's is off),
+health probes and scrapes at debug level.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.metrics import CONTENT_TYPE, Metrics
+
+REQUEST_ID_HEADER = "x-request-id"
+REQUEST_ID_PATTERN = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+UNMATCHED_ROUTE = "unmatched"
+# Answers to orchestrators and scrapers, every few seconds: logged at debug, not info.
+QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
+# Longest path an access line quotes.
+MAX_LOGGED_PATH = 1024
+ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "client")
+
+access_logger = logging.getLogger("service.api.access")
+
+router = APIRouter()
+
+
+@router.get(
+    "/metrics",
+    tags=["operations"],
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The metrics in Prometheus's text format (of every worker process).",
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics: requests, latency, batch sizes, search rows read, model loads and
+    versions (docs/observability.md lists them)."""
+    # Off the loop: with several workers this reads every worker's files.
+    body = await run_in_threadpool(request.app.state.metrics.exposition)
+    return Response(body, media_type=CONTENT_TYPE)
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What the log lines and metrics of one request share: its id, and the model that
+    answered it (set by the data plane once it has the model's snapshot)."""
+
+    request_id: str
+    model: str = ""
+
+
+_current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
+    "besvm_request", default=None
+)
+
+
+def current_request() -> RequestContext | None:
+    """The request being served in this context (None outside requests)."""
+    return _current.get()
+
+
+def answered_by(model: str) -> None:
+    """Record that model ``model`` answers the current request (its metrics' model label)."""
+    context = _current.get()
+    if context is not None:
+        context.model = model
+
+
+def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
+    """The client's X-Request-ID if valid, else a fresh one (see the module docstring)."""
+    for name, value in headers:
+        if name == b"x-request-id":
+            if REQUEST_ID_PATTERN.fullmatch(value):
+                return value.decode("ascii")
+            break
+    return os.urandom(16).hex()
+
+
+def route_of(scope: Scope, routes: list) -> str:
+    """The template of the route that matched (or would have matched, for a request answered
+    before routing, e.g. a 413), else :data:`UNMATCHED_ROUTE`: bounded label values."""
+    route = scope.get("route")
+    if route is None:
+        partial = None
+        for candidate in routes:
+            match, _ = candidate.matches(scope)
+            if match is Match.FULL:
+                route = candidate
+                break
+            if match is Match.PARTIAL and partial is None:
+                partial = candidate
+        route = route or partial
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else UNMATCHED_ROUTE
+
+
+class RequestObservability:
+    """ASGI middleware: request id, request metrics and the access log of every HTTP request.
+
+    Parameters
+    ----------
+    app : ASGIApp
+        The app's middleware stack, routing included.
+    routes : list
+        The app's routes, to name the route of requests answered before routing.
+    metrics : Metrics
+    access_log : bool
+        Write one access line per request.
+    """
+
+    def __init__(self, app: ASGIApp, routes: list, metrics: Metrics, access_log: bool) -> None:
+        self.app = app
+        self.routes = routes
+        self.metrics = metrics
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = request_id_of(scope["headers"])
+        context = RequestContext(request_id)
+        token = _current.set(context)
+        id_header = (b"x-request-id", request_id.encode("ascii"))
+        status = 500  # unless an answer starts: the server answers 500 to an app that raised
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), id_header]
+            await send(message)
+
+        self.metrics.request_started()
+        failed = False
+        try:
+            await self.app(scope, receive, send_with_id)
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            seconds = time.perf_counter() - started
+            route = route_of(scope, self.routes)
+            self.metrics.request_finished(scope["method"], route, context.model, status, seconds)
+            if self.access_log:
+                _log_access(scope, status, seconds)
+            # After an error the server logs it once this returns, in this request's task: its
+            # line keeps the id.
+            if not failed:
+                _current.reset(token)
+
+
+def _log_access(scope: Scope, status: int, seconds: float) -> None:
+    path = scope["path"]
+    level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
+    if not access_logger.isEnabledFor(level):
+        return
+    client = scope.get("client")
+    fields = {
+        "method": scope["method"],
+        "path": path[:MAX_LOGGED_PATH],
+        "status": status,
+        "duration_ms": round(seconds * 1000.0, 3),
+        "client": None if client is None else f"{client[0]}:{client[1]}",
+    }
+    access_logger.log(
+        level,
+        '%s "%s %s" %d %.3f ms',
+        fields["client"],
+        fields["method"],
+        fields["path"],
+        status,
+        fields["duration_ms"],
+        extra=fields,
+    )
+
+
+def install(app: FastAPI, metrics: Metrics, access_log: bool) -> None:
+    """Wrap ``app``'s whole middleware stack in :class:`RequestObservability`: outside
+    Starlette's error middleware, whose 500 answers would otherwise miss the id header and
+    their log lines the id."""
+    build_stack = app.build_middleware_stack
+
+    def build_middleware_stack() -> ASGIApp:
+        return RequestObservability(build_stack(), app.router.routes, metrics, access_log)
+
+    app.build_middleware_stack = build_middleware_stack  # type: ignore[method-assign]
+
+
+# -- log format ------------------------------------------------------------------------------
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` (None outside requests) to every record a handler writes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = _current.get()
+        record.request_id = None if context is None else context.request_id
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
+    ``request_id``; access lines add ``method``, ``path``, ``status``, ``duration_ms`` and
+    ``client``; errors add ``exception`` (the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", None),
+        }
+        for field in ACCESS_FIELDS:
+            if field in record.__dict__:
+                line[field] = record.__dict__[field]
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        return orjson.dumps(line, default=str).decode()
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+def logging_config(level: str, log_format: str) -> dict[str, Any]:
+    """``logging.config.dictConfig`` of the server: uvicorn's loggers and the service's on one
+    handler (stderr) with the request id, in ``log_format`` ("json" or "text") at ``level``.
+    uvicorn's access logger stays silent: the service writes its own access lines."""
+    formatter = (
+        {"()": f"{__name__}.JsonFormatter"} if log_format == "json" else {"format": TEXT_FORMAT}
+    )
+    level = level.upper()
+    logger = {"handlers": ["default"], "level": level, "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": f"{__name__}.RequestIdFilter"}},
+        "formatters": {"default": formatter},
+        "handlers": {
+            "default": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "default",
+                "filters": ["request_id"],
+            }
+        },
+        "loggers": {
+            "uvicorn": logger,
+            "uvicorn.error": {"level": level},
+            "uvicorn.access": {"handlers": [], "level": "WARNING", "propagate": False},
+            "service": logger,
+        },
+    }
