@@ -81,6 +81,10 @@ def main() -> None:
         access_log=False,  # the service's own access lines carry the request id and duration
         # Keep-alive connections outlive a short pause of a client's (uvicorn's default is 5 s).
         timeout_keep_alive=30,
+        # The supervisor kills a worker that does not answer its ping within this time; a worker
+        # importing numba and scikit-learn on a busy machine took longer than uvicorn's 5 s
+        # and was killed and restarted, again and again, before it could ever serve.
+        timeout_worker_healthcheck=60,
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
