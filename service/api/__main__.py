@@ -18,6 +18,7 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
+from service.api.connections import ConnectionLimits, LimitedConfig
 from service.api.settings import Settings
 from service.model.threads import worker_environment
 
@@ -45,6 +46,14 @@ class RescanningSupervisor(Multiprocess):
     def __init__(self, config: uvicorn.Config, sockets: list) -> None:
         super().__init__(config, sockets)
         self.hangups_due: list = []
+
+    def terminate_all(self) -> None:
+        # Refuse new connections from now on: the workers close their copies of the listening
+        # socket as they drain, but the kernel would go on queueing connections on this one,
+        # which nobody accepts any more (they would hang, then be reset).
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
 
     def handle_hup(self) -> None:
         self.hangups_due = list(self.processes)
@@ -74,17 +83,24 @@ def main() -> None:
         log_config=_logging_config(settings.log_level),
         access_log=settings.access_log,
         # Keep-alive connections outlive a short pause of a client's (uvicorn's default is 5 s).
-        timeout_keep_alive=30,
+        timeout_keep_alive=settings.keep_alive_s,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        limits=ConnectionLimits(
+            settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
+        ),
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
+        # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
+        # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        uvicorn.Server(LimitedConfig(create_app(settings), **options)).run()
         return
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
-    config = uvicorn.Config(
+    config = LimitedConfig(
         "service.api.app:create_app", factory=True, workers=settings.workers, **options
     )
     RescanningSupervisor(config, sockets=[config.bind_socket()]).run()

@@ -1,0 +1,252 @@
+"""Connection limits below the ASGI app: uvicorn's HTTP protocols with read deadlines and a cap
+on open connections.
+
+uvicorn bounds only the idle time between a response and the next request (``KEEP_ALIVE_S``).
+A client that connects and sends nothing, or sends part of its headers and stalls, or trickles a
+body after the app has answered without reading it, holds its connection (a file descriptor and
+a protocol object) forever. These protocols add:
+
+- a **header deadline** (``HEADER_TIMEOUT_S``), from the moment the connection is made (first
+  request) or the request's first byte arrives (later requests) until its headers are complete.
+  When it passes, a connection that sent part of a request gets a 408 and is closed; one that
+  sent nothing is closed;
+- a **body deadline** (``BODY_TIMEOUT_S``), from the end of the headers until the end of the
+  body, for the whole body (a trickle cannot extend it). The app sees it first
+  (:class:`service.api.limits.BodyDeadlineMiddleware` answers 408); here it only makes sure
+  that the connection closes after whatever answer the app gives, and that a body nobody reads
+  any more cannot hold it;
+- a **connection cap** (``MAX_CONNECTIONS``): a connection over it is answered 503 at once and
+  closed, before it costs more.
+
+uvicorn starts these classes from :class:`LimitedConfig` (``http=``), whose ``limits`` travel
+with it into worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools is optional for uvicorn; h11 always comes with it
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """What the protocols enforce; seconds and a count."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+
+
+def raw_error(status: int, reason: str, type_: str, message: str, headers: dict | None = None):
+    """A complete HTTP/1.1 error response, in the service's error shape, that closes the
+    connection (written by the protocol itself, where no ASGI app is running)."""
+    body = json.dumps({"error": {"type": type_, "message": message}}).encode()
+    lines = [
+        f"HTTP/1.1 {status} {reason}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _Deadlines:
+    """The deadlines and the cap, shared by both protocol implementations (a mixin placed
+    before uvicorn's class)."""
+
+    config: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    connections: set
+    cycle: Any
+
+    def _start_limits(self) -> None:
+        self.limits: ConnectionLimits = self.config.limits
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._partial_request = False
+
+    def _admit(self) -> bool:
+        """Whether this new connection stays open (it is in ``connections`` already)."""
+        if len(self.connections) <= self.limits.max_connections:
+            return True
+        self.transport.write(
+            raw_error(
+                503,
+                "Service Unavailable",
+                "overloaded",
+                f"the server holds its limit of {self.limits.max_connections} connections "
+                "(MAX_CONNECTIONS); try again later",
+                {"retry-after": "1"},
+            )
+        )
+        self.transport.close()
+        return False
+
+    # -- headers -------------------------------------------------------------------------------
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(
+                self.limits.header_timeout_s, self._header_deadline_passed
+            )
+
+    def _disarm_header_deadline(self) -> None:
+        self._partial_request = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_deadline_passed(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request's headers are late while the one before is being answered:
+            # end the connection after that answer.
+            self.cycle.keep_alive = False
+            return
+        if self._partial_request:
+            self.transport.write(
+                raw_error(
+                    408,
+                    "Request Timeout",
+                    "request_timeout",
+                    "the request's headers did not arrive within "
+                    f"{self.limits.header_timeout_s:g} s (HEADER_TIMEOUT_S)",
+                )
+            )
+        self.transport.close()
+
+    # -- body ----------------------------------------------------------------------------------
+
+    def _arm_body_deadline(self) -> None:
+        self._disarm_body_deadline()
+        self._body_timer = self.loop.call_later(
+            self.limits.body_timeout_s, self._body_deadline_passed
+        )
+
+    def _disarm_body_deadline(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_deadline_passed(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            # The app answered without reading the whole body, and the rest is late.
+            self.transport.close()
+        else:
+            # The app answers (408 if it is still reading); the connection ends after that.
+            self.cycle.keep_alive = False
+
+    def _stop_limits(self) -> None:
+        self._disarm_header_deadline()
+        self._disarm_body_deadline()
+
+
+if HttpToolsProtocol is not None:
+
+    class LimitedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
+        """uvicorn's httptools protocol with :class:`ConnectionLimits`."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._start_limits()
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if self._admit():
+                self._arm_header_deadline()
+
+        def connection_lost(self, exc) -> None:
+            self._stop_limits()
+            super().connection_lost(exc)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._partial_request = True
+            self._arm_header_deadline()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_header_deadline()
+            self._arm_body_deadline()
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm_body_deadline()
+            super().on_message_complete()
+
+else:  # pragma: no cover
+    LimitedHttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+class LimitedH11Protocol(_Deadlines, H11Protocol):
+    """uvicorn's h11 protocol with :class:`ConnectionLimits`.
+
+    h11 has no parser callbacks: the deadlines follow the state after each batch of events.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._start_limits()
+        self._timed_cycle = None
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if self._admit():
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_limits()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow_state()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow_state()
+
+    def _follow_state(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._timed_cycle:
+            # A new request's headers are complete.
+            self._timed_cycle = cycle
+            self._disarm_header_deadline()
+            if cycle.more_body:
+                self._arm_body_deadline()
+        if cycle is not None and not cycle.more_body:
+            self._disarm_body_deadline()
+        if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._partial_request = True
+            self._arm_header_deadline()
+
+
+def protocol_class() -> type:
+    """The limited protocol for what is installed: httptools when present (uvicorn's "auto")."""
+    return LimitedHttpToolsProtocol if LimitedHttpToolsProtocol is not None else LimitedH11Protocol
+
+
+class LimitedConfig(uvicorn.Config):
+    """uvicorn's configuration, carrying :class:`ConnectionLimits` for the limited protocols."""
+
+    def __init__(self, app: Any, *, limits: ConnectionLimits, **options: Any) -> None:
+        options.setdefault("http", protocol_class())
+        super().__init__(app, **options)
+        self.limits = limits
