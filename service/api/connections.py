@@ -39,6 +39,11 @@ except ImportError:  # httptools is optional for uvicorn; h11 always comes with 
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 
+# Seconds past the body deadline that the app has to begin its answer (a 408) before the
+# connection is closed under it.
+BODY_GRACE_S = 1.0
+
+
 @dataclasses.dataclass(frozen=True)
 class ConnectionLimits:
     """What the protocols enforce; seconds and a count."""
@@ -151,8 +156,15 @@ class _Deadlines:
             # The app answered without reading the whole body, and the rest is late.
             self.transport.close()
         else:
-            # The app answers (408 if it is still reading); the connection ends after that.
+            # The app answers (408 if it is still reading); the connection ends after that. An
+            # app with no deadline of its own would wait for the body for ever: it is told the
+            # client is gone (http.disconnect) if it has not begun to answer shortly after.
             self.cycle.keep_alive = False
+            self.loop.call_later(BODY_GRACE_S, self._close_if_unanswered, self.cycle)
+
+    def _close_if_unanswered(self, cycle: Any) -> None:
+        if cycle is self.cycle and cycle.more_body and not cycle.response_started:
+            self.transport.close()
 
     def _stop_limits(self) -> None:
         self._disarm_header_deadline()

@@ -208,7 +208,7 @@ def test_request_over_its_time_limit_answers_504_and_the_server_stays_up(hurried
             error = answer.json()["error"]
             assert error["type"] == "timeout"
             assert "REQUEST_TIMEOUT_S" in error["message"]
-        # Work that fits in the limit still answers (the abandoned threads finish on their own).
+        # Still ready once the abandoned threads have finished on their own.
         assert client.get("/readyz").status_code == 200
 
 
