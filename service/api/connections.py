@@ -11,12 +11,15 @@ a protocol object) forever. These protocols add:
   When it passes, a connection that sent part of a request gets a 408 and is closed; one that
   sent nothing is closed;
 - a **body deadline** (``BODY_TIMEOUT_S``), from the end of the headers until the end of the
-  body, for the whole body (a trickle cannot extend it). The app sees it first
-  (:class:`service.api.limits.BodyDeadlineMiddleware` answers 408); here it only makes sure
-  that the connection closes after whatever answer the app gives, and that a body nobody reads
-  any more cannot hold it;
+  body, for the whole body (a trickle cannot extend it). When it passes, the connection closes
+  after the app's answer; the app is told through the request's scope
+  (:class:`service.api.limits.BodyDeadlineMiddleware` answers 408), and an app that does not
+  answer soon after, or a body nobody reads any more, cannot hold the connection;
 - a **connection cap** (``MAX_CONNECTIONS``): a connection over it is answered 503 at once and
   closed, before it costs more.
+
+Deadlines are timestamps, checked a few times a second by one timer per server (see
+:attr:`ConnectionLimits.sweep_interval_s`), so a request costs no timer of its own.
 
 uvicorn starts these classes from :class:`LimitedConfig` (``http=``), whose ``limits`` travel
 with it into worker processes.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import weakref
 from typing import Any
 
 import h11
@@ -42,6 +46,8 @@ except ImportError:  # httptools is optional for uvicorn; h11 always comes with 
 # Seconds past the body deadline that the app has to begin its answer (a 408) before the
 # connection is closed under it.
 BODY_GRACE_S = 1.0
+# Where the scope of a request tells the app that its body is late (the message says why).
+BODY_DEADLINE_KEY = "besvm.body_deadline_passed"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,11 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often deadlines are checked: a deadline passes at most this much late."""
+        return min(1.0, max(0.05, min(self.header_timeout_s, self.body_timeout_s) / 8))
 
 
 def raw_error(status: int, reason: str, type_: str, message: str, headers: dict | None = None):
@@ -67,55 +78,85 @@ def raw_error(status: int, reason: str, type_: str, message: str, headers: dict 
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
+def _sweep(loop: asyncio.AbstractEventLoop, server_state: Any, interval_s: float) -> None:
+    """Check the deadlines of every connection of one server, then again in ``interval_s``
+    while it has connections: one timer per server, instead of timers armed and cancelled on
+    every request (a few microseconds each, on the hot path)."""
+    now = loop.time()
+    for connection in list(server_state.connections):
+        check = getattr(connection, "_check_deadlines", None)
+        if check is not None:
+            check(now)
+    if server_state.connections:
+        _SWEEPS[server_state] = loop.call_later(interval_s, _sweep, loop, server_state, interval_s)
+    else:
+        _SWEEPS.pop(server_state, None)
+
+
+# The sweep of each server (uvicorn's ServerState) that has connections.
+_SWEEPS: weakref.WeakKeyDictionary[Any, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
+
+
 class _Deadlines:
     """The deadlines and the cap, shared by both protocol implementations (a mixin placed
-    before uvicorn's class)."""
+    before uvicorn's class). Deadlines are times on the loop's clock, checked by
+    :func:`_sweep`; None when not running."""
 
     config: Any
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     connections: set
+    server_state: Any
     cycle: Any
 
     def _start_limits(self) -> None:
         self.limits: ConnectionLimits = self.config.limits
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
+        self._header_due: float | None = None
+        self._body_due: float | None = None
+        self._answer_due: float | None = None
         self._partial_request = False
 
     def _admit(self) -> bool:
         """Whether this new connection stays open (it is in ``connections`` already)."""
-        if len(self.connections) <= self.limits.max_connections:
-            return True
-        self.transport.write(
-            raw_error(
-                503,
-                "Service Unavailable",
-                "overloaded",
-                f"the server holds its limit of {self.limits.max_connections} connections "
-                "(MAX_CONNECTIONS); try again later",
-                {"retry-after": "1"},
+        if len(self.connections) > self.limits.max_connections:
+            self.transport.write(
+                raw_error(
+                    503,
+                    "Service Unavailable",
+                    "overloaded",
+                    f"the server holds its limit of {self.limits.max_connections} connections "
+                    "(MAX_CONNECTIONS); try again later",
+                    {"retry-after": "1"},
+                )
             )
-        )
-        self.transport.close()
-        return False
+            self.transport.close()
+            return False
+        if self.server_state not in _SWEEPS:
+            _sweep(self.loop, self.server_state, self.limits.sweep_interval_s)
+        return True
+
+    def _check_deadlines(self, now: float) -> None:
+        if self._header_due is not None and now >= self._header_due:
+            self._header_due = None
+            self._header_deadline_passed()
+        if self._body_due is not None and now >= self._body_due:
+            self._body_due = None
+            self._body_deadline_passed(now)
+        if self._answer_due is not None and now >= self._answer_due:
+            self._answer_due = None
+            self._close_if_unanswered()
 
     # -- headers -------------------------------------------------------------------------------
 
     def _arm_header_deadline(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(
-                self.limits.header_timeout_s, self._header_deadline_passed
-            )
+        if self._header_due is None:
+            self._header_due = self.loop.time() + self.limits.header_timeout_s
 
     def _disarm_header_deadline(self) -> None:
         self._partial_request = False
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._header_due = None
 
     def _header_deadline_passed(self) -> None:
-        self._header_timer = None
         if self.transport.is_closing():
             return
         if self.cycle is not None and not self.cycle.response_complete:
@@ -138,37 +179,41 @@ class _Deadlines:
     # -- body ----------------------------------------------------------------------------------
 
     def _arm_body_deadline(self) -> None:
-        self._disarm_body_deadline()
-        self._body_timer = self.loop.call_later(
-            self.limits.body_timeout_s, self._body_deadline_passed
-        )
+        self._body_due = self.loop.time() + self.limits.body_timeout_s
+        self._answer_due = None
 
     def _disarm_body_deadline(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._body_due = None
 
-    def _body_deadline_passed(self) -> None:
-        self._body_timer = None
+    def _body_deadline_passed(self, now: float) -> None:
+        cycle = self.cycle
         if self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete:
+        if cycle is None or cycle.response_complete:
             # The app answered without reading the whole body, and the rest is late.
             self.transport.close()
-        else:
-            # The app answers (408 if it is still reading); the connection ends after that. An
-            # app with no deadline of its own would wait for the body for ever: it is told the
-            # client is gone (http.disconnect) if it has not begun to answer shortly after.
-            self.cycle.keep_alive = False
-            self.loop.call_later(BODY_GRACE_S, self._close_if_unanswered, self.cycle)
+            return
+        # The connection ends after the app's answer. The app is told (BODY_DEADLINE_KEY in the
+        # scope, and a wake-up of a receive() waiting) so that it answers 408; an app that
+        # does not look is told the client is gone (http.disconnect) shortly after.
+        cycle.keep_alive = False
+        if not cycle.response_started:
+            cycle.scope.setdefault("extensions", {})[BODY_DEADLINE_KEY] = (
+                f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+                "(BODY_TIMEOUT_S)"
+            )
+            cycle.message_event.set()
+            self._answer_due = now + BODY_GRACE_S
 
-    def _close_if_unanswered(self, cycle: Any) -> None:
-        if cycle is self.cycle and cycle.more_body and not cycle.response_started:
+    def _close_if_unanswered(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_started:
             self.transport.close()
 
     def _stop_limits(self) -> None:
         self._disarm_header_deadline()
         self._disarm_body_deadline()
+        self._answer_due = None
 
 
 if HttpToolsProtocol is not None:

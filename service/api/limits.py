@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.connections import BODY_DEADLINE_KEY
 from service.api.errors import OverloadedError, WorkTimeoutError, error_response
 from service.api.settings import Settings
 from service.model.threads import available_cpus
@@ -40,7 +41,7 @@ EXPOSED_HEADERS = ["X-Model-Version", "X-Request-ID", "Retry-After"]
 def install_limits(app: FastAPI, settings: Settings) -> None:
     """Add the request-level limits (size, body deadline) and, if configured, CORS."""
     app.add_middleware(RequestSizeLimitMiddleware, max_bytes=settings.max_request_bytes)
-    app.add_middleware(BodyDeadlineMiddleware, timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyDeadlineMiddleware)
     if settings.cors_origins:
         # Added last, so outermost: preflights are answered before any other limit applies.
         app.add_middleware(
@@ -97,39 +98,28 @@ class RequestSizeLimitMiddleware:
 
 class BodyDeadlineMiddleware:
     """Answer 408 (and close the connection) when a request's body has not fully arrived
-    ``timeout_s`` seconds after its headers.
+    BODY_TIMEOUT_S after its headers.
 
-    One deadline for the whole body, not one per read: a client trickling a byte at a time
-    cannot extend it. Raised from ``receive`` as an HTTPException, like the size limit, so that
-    the body is never half-read by a route that goes on.
+    The server's protocol keeps the deadline (:mod:`service.api.connections`: one deadline for
+    the whole body, so a client trickling a byte at a time cannot extend it) and, when it
+    passes, marks the request's scope and wakes a ``receive`` that waits. Here that mark
+    becomes an HTTPException, like the size limit, so that no route goes on with half a body.
+    Nothing is timed per request here: looking at the mark costs a dictionary lookup.
     """
 
-    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        body_complete = False
 
         async def receive_by_deadline() -> Message:
-            nonlocal body_complete
-            if body_complete:  # e.g. waiting for the client to disconnect: no deadline
-                return await receive()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise HTTPException(
-                    408,
-                    f"the request body did not arrive within {self.timeout_s:g} s (BODY_TIMEOUT_S)",
-                    headers={"Connection": "close"},
-                ) from None
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_complete = True
+            message = await receive()
+            late = scope.get("extensions", {}).get(BODY_DEADLINE_KEY)
+            if late is not None and message["type"] == "http.request":
+                raise HTTPException(408, late, headers={"Connection": "close"})
             return message
 
         await self.app(scope, receive_by_deadline, send)
