@@ -18,9 +18,12 @@ from uvicorn.config import LOGGING_CONFIG
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
-from service.api.connections import ConnectionLimits, LimitedConfig
+from service.api.connections import ConnectionLimits, limited_config
 from service.api.settings import Settings
 from service.model.threads import worker_environment
+
+# Seconds a worker process has to answer its supervisor's health check.
+WORKER_HEALTHCHECK_S = 30
 
 
 def _logging_config(level: str) -> dict:
@@ -85,6 +88,10 @@ def main() -> None:
         # Keep-alive connections outlive a short pause of a client's (uvicorn's default is 5 s).
         timeout_keep_alive=settings.keep_alive_s,
         timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        # The supervisor kills a worker that does not answer its ping in time, a starting one
+        # included: importing the libraries alone can take longer than uvicorn's 5 s on a busy
+        # host, and every replacement would be killed the same way.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
         limits=ConnectionLimits(
             settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
         ),
@@ -95,12 +102,12 @@ def main() -> None:
         # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
         # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        uvicorn.Server(LimitedConfig(create_app(settings), **options)).run()
+        uvicorn.Server(limited_config(create_app(settings), **options)).run()
         return
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
-    config = LimitedConfig(
+    config = limited_config(
         "service.api.app:create_app", factory=True, workers=settings.workers, **options
     )
     RescanningSupervisor(config, sockets=[config.bind_socket()]).run()

@@ -21,8 +21,8 @@ a protocol object) forever. These protocols add:
 Deadlines are timestamps, checked a few times a second by one timer per server (see
 :attr:`ConnectionLimits.sweep_interval_s`), so a request costs no timer of its own.
 
-uvicorn starts these classes from :class:`LimitedConfig` (``http=``), whose ``limits`` travel
-with it into worker processes.
+uvicorn starts these classes from the configuration that :func:`limited_config` builds, which
+carries the limits into worker processes.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class _Deadlines:
     cycle: Any
 
     def _start_limits(self) -> None:
-        self.limits: ConnectionLimits = self.config.limits
+        self.limits = ConnectionLimits(**self.config.connection_limits)
         self._header_due: float | None = None
         self._body_due: float | None = None
         self._answer_due: float | None = None
@@ -295,15 +295,12 @@ class LimitedH11Protocol(_Deadlines, H11Protocol):
             self._arm_header_deadline()
 
 
-def protocol_class() -> type:
-    """The limited protocol for what is installed: httptools when present (uvicorn's "auto")."""
-    return LimitedHttpToolsProtocol if LimitedHttpToolsProtocol is not None else LimitedH11Protocol
-
-
-class LimitedConfig(uvicorn.Config):
-    """uvicorn's configuration, carrying :class:`ConnectionLimits` for the limited protocols."""
-
-    def __init__(self, app: Any, *, limits: ConnectionLimits, **options: Any) -> None:
-        options.setdefault("http", protocol_class())
-        super().__init__(app, **options)
-        self.limits = limits
+def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration, serving with the limited protocols (httptools when installed,
+    as uvicorn's "auto" would, else h11), whose ``limits`` it carries into worker processes."""
+    if "http" not in options:
+        name = "LimitedHttpToolsProtocol" if HttpToolsProtocol is not None else "LimitedH11Protocol"
+        options["http"] = f"{__name__}:{name}"
+    config = uvicorn.Config(app, **options)
+    config.connection_limits = dataclasses.asdict(limits)  # read by the protocols
+    return config

@@ -14,9 +14,9 @@ import uvicorn
 
 from service.api.connections import (
     ConnectionLimits,
-    LimitedConfig,
     LimitedH11Protocol,
     LimitedHttpToolsProtocol,
+    limited_config,
 )
 
 pytestmark = pytest.mark.slow
@@ -52,15 +52,15 @@ def running(protocol):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = LimitedConfig(
+    config = limited_config(
         reading_app,
+        LIMITS,
         http=protocol,
         host="127.0.0.1",
         port=port,
         lifespan="off",
         log_level="warning",
         timeout_keep_alive=1,
-        limits=LIMITS,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
