@@ -101,8 +101,9 @@ def main() -> None:
     if settings.workers == 1:
         # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
         # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
+        server = uvicorn.Server(limited_config(create_app(settings), **options))
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        uvicorn.Server(limited_config(create_app(settings), **options)).run()
+        server.run()
         return
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
