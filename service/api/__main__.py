@@ -21,10 +21,14 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
+from service.api.connections import ConnectionLimits, limited_config
 from service.api.metrics import forget_worker, multiprocess_directory
 from service.api.observability import logging_config
 from service.api.settings import Settings
 from service.model.threads import worker_environment
+
+# Seconds a worker process has to answer its supervisor's health check.
+WORKER_HEALTHCHECK_S = 60
 
 
 class RescanningSupervisor(Multiprocess):
@@ -41,6 +45,14 @@ class RescanningSupervisor(Multiprocess):
         self.hangups_due: list = []
         self.metrics_dir = metrics_dir
         self._worker_pids: set[int] = set()
+
+    def terminate_all(self) -> None:
+        # Refuse new connections from now on: the workers close their copies of the listening
+        # socket as they drain, but the kernel would go on queueing connections on this one,
+        # which nobody accepts any more (they would hang, then be reset).
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
 
     def handle_hup(self) -> None:
         self.hangups_due = list(self.processes)
@@ -80,23 +92,31 @@ def main() -> None:
         log_config=logging_config(settings.log_level, settings.log_format),
         access_log=False,  # the service's own access lines carry the request id and duration
         # Keep-alive connections outlive a short pause of a client's (uvicorn's default is 5 s).
-        timeout_keep_alive=30,
-        # The supervisor kills a worker that does not answer its ping within this time; a worker
-        # importing numba and scikit-learn on a busy machine took longer than uvicorn's 5 s
-        # and was killed and restarted, again and again, before it could ever serve.
-        timeout_worker_healthcheck=60,
+        timeout_keep_alive=settings.keep_alive_s,
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
+        # The supervisor kills a worker that does not answer its ping in time, a starting one
+        # included: importing the libraries alone can take longer than uvicorn's 5 s on a busy
+        # host, and every replacement would be killed the same way.
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
+        limits=ConnectionLimits(
+            settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
+        ),
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if settings.workers == 1:
+        # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
+        # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
         with multiprocess_directory(1):  # only checks one the user set
-            uvicorn.run(create_app(settings), **options)
+            server = uvicorn.Server(limited_config(create_app(settings), **options))
+            signal.signal(signal.SIGTERM, lambda signum, frame: None)
+            server.run()
         return
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
     with multiprocess_directory(settings.workers) as metrics_dir:
-        config = uvicorn.Config(
+        config = limited_config(
             "service.api.app:create_app", factory=True, workers=settings.workers, **options
         )
         RescanningSupervisor(config, [config.bind_socket()], metrics_dir).run()

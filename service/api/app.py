@@ -16,7 +16,7 @@ import service
 from service.api import admin, observability, routes, v2
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
-from service.api.limits import RequestSizeLimitMiddleware
+from service.api.limits import install_limits
 from service.api.metrics import PrometheusMetrics
 from service.api.registry import ModelRegistry, Repository
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
@@ -101,7 +101,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings, metrics)
     app.openapi = _openapi_with(app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS)
     install_error_handlers(app)
-    app.add_middleware(RequestSizeLimitMiddleware, max_bytes=settings.max_request_bytes)
+    install_limits(app, settings)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
     for router in (routes.router, v2.router, admin.router, observability.router):

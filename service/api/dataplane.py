@@ -21,8 +21,6 @@ The first request of each kind leaves the loop, since its cost is not known yet.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import enum
 import time
 import weakref
@@ -30,8 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from starlette.concurrency import run_in_threadpool
-
+from service.api.limits import WorkLimiter, concurrency_bound
 from service.api.metrics import Metrics
 from service.api.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
@@ -84,12 +81,15 @@ class DataPlane:
             weakref.WeakKeyDictionary()
         )
         self._compute: ThreadPoolExecutor | None = None
+        # Concurrent work and its time limit: overload answers at once instead of queueing.
+        self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
 
     def close(self) -> None:
-        """Stop the compute thread (after the work it has)."""
+        """Stop the compute thread and the worker threads (after the work they have)."""
         if self._compute is not None:
             self._compute.shutdown(wait=True)
             self._compute = None
+        self.work.close()
 
     # -- models --------------------------------------------------------------------------------
 
@@ -259,8 +259,14 @@ class DataPlane:
         serially: bool,
         work: Callable[[], T],
     ) -> T:
-        """Run ``work`` where :meth:`placement` says, and learn its cost when it succeeds."""
+        """Run ``work`` where :meth:`placement` says, and learn its cost when it succeeds.
+
+        Every request's work takes a slot of :attr:`work` (OverloadedError when none is free);
+        work on a thread is waited for at most REQUEST_TIMEOUT_S (WorkTimeoutError), work
+        inline is short by construction (INLINE_BUDGET_MS).
+        """
         place = self.placement(snapshot, kind, units, serially)
+        self.work.admit()
         seconds: list[float] = []
 
         def timed() -> T:
@@ -270,17 +276,16 @@ class DataPlane:
             return result
 
         if place is Placement.INLINE:
-            result = timed()
+            try:
+                result = timed()
+            finally:
+                self.work.release()
         elif place is Placement.COMPUTE_THREAD:
             if self._compute is None:
                 self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-            # With the request's context, as the other placements: its log lines keep its id.
-            context = contextvars.copy_context()
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._compute, context.run, timed
-            )
+            result = await self.work.run(self._compute, timed)
         else:
-            result = await run_in_threadpool(timed)
+            result = await self.work.run(self.work.pool(), timed)
         if kind is not None:
             self.observe(snapshot, kind, seconds[0] / units)
         return result

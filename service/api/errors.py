@@ -43,6 +43,14 @@ class LoadRefusedError(ArtifactError):
     """A model version on disk was refused on request; the old version keeps serving."""
 
 
+class OverloadedError(ModelError):
+    """The server holds its limit of concurrent work (MAX_CONCURRENT_REQUESTS)."""
+
+
+class WorkTimeoutError(ModelError):
+    """A request's work did not finish within its time limit (REQUEST_TIMEOUT_S)."""
+
+
 # Most specific first: the first matching class decides the status.
 _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (UnauthorizedError, 401, "unauthorized"),
@@ -54,6 +62,8 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (NotFoundError, 404, "not_found"),
     (ModelNotReadyError, 503, "not_ready"),
     (ArtifactError, 503, "not_ready"),
+    (OverloadedError, 503, "overloaded"),
+    (WorkTimeoutError, 504, "timeout"),
 )
 # Problems listed in a 422's details (all of them are counted).
 MAX_ERROR_DETAILS = 20
@@ -62,6 +72,7 @@ _HTTP_TYPES = {
     400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "request_too_large",
     415: "unsupported_media_type",
 }

@@ -40,7 +40,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No model of that name."},
     413: {"model": ErrorResponse, "description": "Batch or body over the configured limit."},
     422: {"model": ErrorResponse, "description": "Malformed request; the message says why."},
-    503: {"model": ErrorResponse, "description": "The model is not loaded (yet); says why."},
+    503: {
+        "model": ErrorResponse,
+        "description": "The model is not loaded (yet), or the server is at its limit of "
+        "concurrent requests (Retry-After); says which.",
+    },
+    504: {"model": ErrorResponse, "description": "The work took over REQUEST_TIMEOUT_S."},
 }
 _SEARCH_ERRORS = {
     **_ERRORS,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL_DIR = Path("models/digits")
 
@@ -52,6 +53,54 @@ class Settings(BaseSettings):
     max_search_top_k: int = Field(
         1000, ge=1, description="Most items one /search may ask for; more get 422."
     )
+    # -- limits and timeouts (docs/limits.md) ---------------------------------------------------
+    header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds from a connection's start (or a request's first byte) until the "
+        "request's headers are complete; later, 408 and the connection closes (HEADER_TIMEOUT_S).",
+    )
+    body_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds for a request's whole body to arrive after its headers; later, 408 "
+        "and the connection closes (BODY_TIMEOUT_S).",
+    )
+    keep_alive_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds an idle keep-alive connection stays open between requests "
+        "(KEEP_ALIVE_S).",
+    )
+    max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Open connections per server process; one more is answered 503 and closed "
+        "(MAX_CONNECTIONS). Keep it under the process's file descriptor limit.",
+    )
+    request_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a request's model work may take, waiting for a thread included; "
+        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background.",
+    )
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Requests whose model work may be under way or waiting at once, per "
+        "process; more get 503 with Retry-After (MAX_CONCURRENT_REQUESTS; default 64 per CPU).",
+    )
+    shutdown_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="On SIGTERM, seconds to let requests in flight finish before they are "
+        "cancelled (SHUTDOWN_TIMEOUT_S).",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Origins allowed to call the API from a browser, comma-separated or a JSON "
+        "list, '*' for any (CORS_ORIGINS); empty: no CORS headers at all.",
+    )
     inline_budget_ms: float = Field(
         0.5,
         ge=0,
@@ -89,6 +138,16 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value):
         # compose's ${VAR:-} passes unset variables as empty strings
         return None if value == "" else value
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins_list(cls, value):
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [origin.strip() for origin in text.split(",") if origin.strip()]
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> Settings:
