@@ -1,6 +1,7 @@
 """Request and response bodies of the HTTP API.
 
-The schemas check types and shapes of the JSON. Rules on values are checked in one place each:
+The schemas check types and shapes of the JSON, strictly: ``"3"``, ``3.0`` or ``true`` is no
+integer, ``"true"`` or ``1`` no boolean. Rules on values are checked in one place each:
 what a request means by the model library (e.g. ``top_k`` at least 1, exactly one kind of
 query), what this server allows by the data plane (e.g. ``MAX_SEARCH_TOP_K``); the schemas only
 document them (``minimum``, ``maximum``) for clients.
@@ -30,6 +31,7 @@ class ClassifyRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {"instances": [_DIGIT_SEVEN], "top_k": 3},
@@ -182,7 +184,7 @@ class ModelList(BaseModel):
 
 
 class RepositoryIndexRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     ready: bool = Field(False, description="List only the models that are ready.")
 
@@ -217,7 +219,7 @@ Id = str | int
 
 
 class CodeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     indices: list[int] = Field(..., description="Atom indices, distinct, each in 0..A-1.")
     values: list[float] = Field(..., description="The code's values at those atoms.")
@@ -228,6 +230,7 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         populate_by_name=True,
         json_schema_extra={
             "examples": [
