@@ -10,6 +10,7 @@ would start them with no old version to fall back on if the new one is broken).
 from __future__ import annotations
 
 import copy
+import faulthandler
 import os
 import signal
 
@@ -66,6 +67,10 @@ class RescanningSupervisor(Multiprocess):
 
 
 def main() -> None:
+    # A fatal signal (a memory-mapped file cut short under the server: SIGBUS) at least leaves
+    # the Python traceback in the log; worker processes inherit it through the environment.
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+    faulthandler.enable()
     settings = Settings()
     options = dict(
         host=settings.host,
