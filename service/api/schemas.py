@@ -13,6 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.model.documents import MAX_WORDS
+from service.model.preprocessing import MAX_INPUT_DISTANCE
+
 # Item 1,009 of scikit-learn's digits (held out from the default model's training split): a 7.
 _DIGIT_SEVEN = [
     [0, 0, 4, 15, 16, 13, 13, 10],
@@ -46,7 +49,10 @@ class ClassifyRequest(BaseModel):
         description="Instances in the model's input shape (see GET /v1/models): a vector(d) is "
         "[d numbers]; a grid(H, W, C) is H x W x C numbers, or H x W when C = 1; a counts(W) "
         'document is {"indices": [word indices in 0..W-1], "counts": [whole numbers >= 0]}. '
-        "At least one; at most the server's MAX_BATCH_SIZE. Send this or texts.",
+        "At least one; at most the server's MAX_BATCH_SIZE. Send this or texts. A vector or "
+        f"grid more than {MAX_INPUT_DISTANCE:,.0f} times farther from the training data's mean "
+        "than its items are on average (after the model's transform and normalisation) is "
+        f"refused (422); a document counts at most {MAX_WORDS:,} words (2**53).",
     )
     texts: list[str] | None = Field(
         None,
@@ -252,8 +258,9 @@ class SearchRequest(BaseModel):
     positives: list[Id | list[Any] | dict[str, Any]] | None = Field(
         None,
         description="Examples of what to find: catalogue ids (strings or integers) or instances "
-        "in the model's input shape. A code is learned on the fly with the dictionary fixed "
-        "(an l1 linear SVM on D^T x) and returned with the results, to reuse as code.",
+        "in the model's input shape (bounded as instances of /classify). A code is learned on "
+        "the fly with the dictionary fixed (an l1 linear SVM on D^T x) and returned with the "
+        "results, to reuse as code.",
     )
     negatives: list[Id | list[Any] | dict[str, Any]] | None = Field(
         None,
