@@ -23,6 +23,7 @@ import platform
 import re
 import shutil
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -90,6 +91,10 @@ class MappedFile:
     file: BinaryIO
     needed: int
     modified_ns: int
+
+    def __post_init__(self) -> None:
+        # Closed with the last reference (the map holds a descriptor of its own).
+        weakref.finalize(self, self.file.close)
 
     def check(self) -> None:
         """Raise ArtifactChangedError if the file was cut short or rewritten since mapped."""
