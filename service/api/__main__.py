@@ -14,6 +14,7 @@ the one given, else a private one for this run): see :mod:`service.api.metrics`.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 
@@ -84,6 +85,10 @@ class RescanningSupervisor(Multiprocess):
 
 
 def main() -> None:
+    # A fatal signal (a memory-mapped file cut short under the server: SIGBUS) at least leaves
+    # the Python traceback in the log; worker processes inherit it through the environment.
+    os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+    faulthandler.enable()
     settings = Settings()
     options = dict(
         host=settings.host,

@@ -13,17 +13,21 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import Response
 
-from service.api.errors import AdminDisabledError, LoadRefusedError, UnauthorizedError
+from service.api.errors import (
+    AdminDisabledError,
+    LoadRefusedError,
+    UnauthorizedError,
+    documented_errors,
+)
 from service.api.registry import ModelRegistry, ModelState
 from service.api.responses import ModelName, json_answer, read_body
-from service.api.schemas import ErrorResponse, RepositoryIndexRequest, RepositoryModel
+from service.api.schemas import RepositoryIndexRequest, RepositoryModel
 
 router = APIRouter(prefix="/v2/repository", tags=["repository"])
 
-_ADMIN_ERRORS = {
-    401: {"model": ErrorResponse, "description": "Missing or wrong bearer token."},
-    403: {"model": ErrorResponse, "description": "Repository routes are disabled (no token)."},
-}
+# FastAPI would document 422 with its own body (the Authorization header is a parameter): the
+# error handlers answer every 422 with the one error body.
+_ADMIN_ERRORS = documented_errors(401, 403, 422)
 
 
 def _authorize(request: Request, authorization: str | None) -> ModelRegistry:
@@ -48,7 +52,7 @@ Authorization = Annotated[str | None, Header(description="Bearer <ADMIN_TOKEN>")
 @router.post(
     "/index",
     response_model=list[RepositoryModel],
-    responses=_ADMIN_ERRORS,
+    responses={**_ADMIN_ERRORS, **documented_errors(400, 413, 415)},
     openapi_extra={
         "requestBody": {
             "required": False,
@@ -82,11 +86,7 @@ async def repository_index(request: Request, authorization: Authorization = None
     "/models/{name}/load",
     responses={
         **_ADMIN_ERRORS,
-        404: {"model": ErrorResponse, "description": "No such model in the repository."},
-        409: {
-            "model": ErrorResponse,
-            "description": "The version on disk was refused; the old one (if any) keeps serving.",
-        },
+        **documented_errors(404, 409, meanings={404: "No such model in the repository."}),
     },
 )
 async def load_model(request: Request, name: ModelName, authorization: Authorization = None):
@@ -101,10 +101,7 @@ async def load_model(request: Request, name: ModelName, authorization: Authoriza
 
 @router.post(
     "/models/{name}/unload",
-    responses={
-        **_ADMIN_ERRORS,
-        404: {"model": ErrorResponse, "description": "No such model."},
-    },
+    responses={**_ADMIN_ERRORS, **documented_errors(404, meanings={404: "No such model."})},
 )
 async def unload_model(request: Request, name: ModelName, authorization: Authorization = None):
     """Stop serving model ``name`` (until it is loaded again on request)."""

@@ -124,6 +124,7 @@ def _openapi_with(app: FastAPI, schemas: tuple[type[BaseModel], ...]):
                 )
                 components.update(definition.pop("$defs", {}))
                 components[schema.__name__] = definition
+            routes.state_limits(document, app.state.settings)
             app.openapi_schema = document
         return app.openapi_schema
 

@@ -35,7 +35,7 @@ from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
 from service.model.documents import Vocabulary
-from service.model.errors import brief
+from service.model.errors import ArtifactChangedError, brief
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
@@ -275,17 +275,23 @@ class DataPlane:
             seconds.append(time.perf_counter() - started)
             return result
 
-        if place is Placement.INLINE:
-            try:
-                result = timed()
-            finally:
-                self.work.release()
-        elif place is Placement.COMPUTE_THREAD:
-            if self._compute is None:
-                self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-            result = await self.work.run(self._compute, timed)
-        else:
-            result = await self.work.run(self.work.pool(), timed)
+        try:
+            if place is Placement.INLINE:
+                try:
+                    result = timed()
+                finally:
+                    self.work.release()
+            elif place is Placement.COMPUTE_THREAD:
+                if self._compute is None:
+                    self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+                result = await self.work.run(self._compute, timed)
+            else:
+                result = await self.work.run(self.work.pool(), timed)
+        except ArtifactChangedError:
+            # A file of the snapshot was rewritten in place: what is on disk now is loaded as
+            # any new version would be (or refused, the message says why in the log).
+            self.registry.recheck(snapshot.name)
+            raise
         if kind is not None:
             self.observe(snapshot, kind, seconds[0] / units)
         return result

@@ -12,12 +12,14 @@ The body's shape depends on the route family, chosen here by the request's path:
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.api.schemas import ErrorResponse
 from service.model.errors import (
     ArtifactError,
     BatchTooLargeError,
@@ -51,8 +53,19 @@ class WorkTimeoutError(ModelError):
     """A request's work did not finish within its time limit (REQUEST_TIMEOUT_S)."""
 
 
+class MalformedBodyError(ModelError):
+    """The body is not a JSON document: a syntax error, bytes that are not UTF-8, nesting deeper
+    than the parser's limit, an integer too long to read, or nothing at all."""
+
+
+class UnsupportedMediaTypeError(ModelError):
+    """The body was declared (Content-Type) as something other than JSON."""
+
+
 # Most specific first: the first matching class decides the status.
 _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
+    (MalformedBodyError, 400, "bad_request"),
+    (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
     (UnauthorizedError, 401, "unauthorized"),
     (AdminDisabledError, 403, "forbidden"),
     (LoadRefusedError, 409, "load_refused"),
@@ -129,15 +142,34 @@ def _location(loc: tuple) -> str:
     return text or "body"
 
 
+# The parser's limits (pydantic-core's JSON parser), stated in the schema and docs/errors.md.
+MAX_JSON_DEPTH = 201
+MAX_INTEGER_DIGITS = 4300
+_PARSER_HINTS = {
+    "recursion limit exceeded": f"nested deeper than {MAX_JSON_DEPTH} levels",
+    "number out of range": f"a number of more than {MAX_INTEGER_DIGITS:,} digits",
+    "invalid unicode code point": "bytes that are not UTF-8",
+}
+
+
+def malformed_body_message(reason: str, empty: bool = False) -> str:
+    """What a 400 says about a body the JSON parser refused (``reason``: the parser's words)."""
+    if empty:
+        return "the body is empty: send a JSON object"
+    hint = next((h for key, h in _PARSER_HINTS.items() if reason.startswith(key)), None)
+    return f"the body is not valid JSON ({hint or reason})" + (f": {reason}" if hint else "")
+
+
 async def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-    details = []
-    for problem in error.errors():
-        loc = tuple(problem.get("loc", ()))
-        if problem.get("type") == "json_invalid":
-            at = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
-            details.append({"location": "body", "problem": f"not valid JSON{at}"})
-        else:
-            details.append({"location": _location(loc), "problem": problem.get("msg", "")})
+    problems = error.errors()
+    for problem in problems:
+        if problem.get("type") == "json_invalid":  # a body FastAPI parsed itself
+            reason = str((problem.get("ctx") or {}).get("error", "cannot be parsed"))
+            return error_response(400, "bad_request", malformed_body_message(reason))
+    details = [
+        {"location": _location(tuple(p.get("loc", ()))), "problem": p.get("msg", "")}
+        for p in problems
+    ]
     message = "; ".join(f"{d['location']}: {d['problem']}" for d in details[:5])
     if len(details) > 5:
         message += f"; and {len(details) - 5} more"
@@ -172,3 +204,36 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
+
+
+# What each error status means: the OpenAPI document lists, per route, every status it can
+# answer, each with the one error body (``ErrorResponse``). Settings-dependent limits are stated
+# in the document by ``service.api.routes.state_limits``.
+ERROR_MEANINGS: dict[int, str] = {
+    400: "The body is not a JSON document: a syntax error, bytes that are not UTF-8, nesting "
+    f"deeper than {MAX_JSON_DEPTH} levels, an integer of more than {MAX_INTEGER_DIGITS:,} digits, "
+    "or no body at all.",
+    401: "Missing or wrong bearer token.",
+    403: "Repository routes are disabled (no ADMIN_TOKEN).",
+    404: "No model of that name.",
+    409: "The version on disk was refused; the old one (if any) keeps serving.",
+    413: "The body is larger than MAX_REQUEST_BYTES, or the batch larger than MAX_BATCH_SIZE.",
+    415: "The body was declared (Content-Type) as something other than JSON.",
+    422: "Valid JSON that breaks the schema (a type, a required or unknown field, a bound it "
+    "states) or the model's rules (an instance's shape or values, a class or id it does not "
+    "know); the message says what, details locate each problem.",
+    408: "The body did not arrive within BODY_TIMEOUT_S; the connection is closed.",
+    503: "The model is not loaded (yet), its search artifacts are not available, or the server "
+    "is at its limit of concurrent requests (MAX_CONCURRENT_REQUESTS); says which (with "
+    "Retry-After).",
+    504: "The work took longer than REQUEST_TIMEOUT_S.",
+}
+
+
+def documented_errors(
+    *statuses: int, meanings: dict[int, str] | None = None
+) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` entries for ``statuses``: each with the error body and its meaning
+    (from :data:`ERROR_MEANINGS`, or ``meanings`` where a route says more)."""
+    meanings = {**ERROR_MEANINGS, **(meanings or {})}
+    return {s: {"model": ErrorResponse, "description": meanings[s]} for s in statuses}

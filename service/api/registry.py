@@ -304,6 +304,7 @@ class ModelRegistry:
         self.metrics = metrics or Metrics()
         self.entries: dict[str, ModelEntry] = {}
         self._sync_lock = asyncio.Lock()
+        self._rechecks: dict[str, asyncio.Task] = {}
         self.synced = False
 
     # -- the request path: plain attribute reads, no awaiting ----------------------------------
@@ -483,6 +484,22 @@ class ModelRegistry:
                 entry.reason,
                 entry.snapshot.version[:12],
             )
+
+    def recheck(self, name: str) -> None:
+        """Look at model ``name`` on disk again soon, once (a request found one of its files
+        changed in place): a changed version is loaded, or refused, as on a rescan."""
+        if name in self._rechecks:
+            return
+        task = asyncio.get_running_loop().create_task(self._recheck(name))
+        self._rechecks[name] = task
+        task.add_done_callback(lambda _: self._rechecks.pop(name, None))
+
+    async def _recheck(self, name: str) -> None:
+        logger.debug("model %r: a file changed in place on disk; looking at it again", name)
+        try:
+            await self.load(name, force=False)
+        except Exception:  # e.g. removed meanwhile: the next scan settles it
+            logger.exception("model %r: looking at it again failed", name)
 
     async def unload(self, name: str) -> ModelEntry:
         """Stop serving ``name`` until it is loaded again on request."""

@@ -14,14 +14,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from service.api.dataplane import DataPlane
+from service.api.dataplane import MAX_STRONGEST_ATOMS, DataPlane
+from service.api.errors import documented_errors
 from service.api.registry import ModelSnapshot
 from service.api.responses import ModelName, json_answer, read_body
 from service.api.schemas import (
     AtomResponse,
     ClassifyRequest,
     ClassifyResponse,
-    ErrorResponse,
     Health,
     ModelInfo,
     ModelList,
@@ -30,30 +30,20 @@ from service.api.schemas import (
     SearchResponse,
     VocabularyInfo,
 )
+from service.api.settings import Settings
 from service.model import ModelNotReadyError
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
 router = APIRouter()
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorResponse, "description": "No model of that name."},
-    413: {"model": ErrorResponse, "description": "Batch or body over the configured limit."},
-    422: {"model": ErrorResponse, "description": "Malformed request; the message says why."},
-    503: {
-        "model": ErrorResponse,
-        "description": "The model is not loaded (yet), or the server is at its limit of "
-        "concurrent requests (Retry-After); says which.",
-    },
-    504: {"model": ErrorResponse, "description": "The work took over REQUEST_TIMEOUT_S."},
-}
-_SEARCH_ERRORS = {
-    **_ERRORS,
-    404: {
-        "model": ErrorResponse,
-        "description": "No model of that name, or it has no search model or catalogue.",
-    },
-}
+_NO_SEARCH = "No model of that name, or it has no search model or catalogue."
+# Every status each route can answer besides 200, each with the one error body.
+_MODEL_ERRORS = documented_errors(404, 503)
+_CLASSIFY_ERRORS = documented_errors(400, 404, 408, 413, 415, 422, 503, 504)
+_SEARCH_ERRORS = documented_errors(
+    400, 404, 408, 413, 415, 422, 503, 504, meanings={404: _NO_SEARCH}
+)
 
 
 def _plane(request: Request) -> DataPlane:
@@ -92,7 +82,7 @@ async def healthz() -> Response:
     "/readyz",
     response_model=Health,
     tags=["operations"],
-    responses={503: {"model": ErrorResponse, "description": "The default model is not ready."}},
+    responses=documented_errors(503, meanings={503: "The default model is not ready; says why."}),
 )
 async def readyz(request: Request) -> Response:
     """Readiness: the models are loaded and warmed up, the default one included."""
@@ -124,7 +114,7 @@ async def _classify(request: Request, name: str | None) -> Response:
     return json_answer(_classify_payload(snapshot, answers), snapshot)
 
 
-_CLASSIFY_DOC = _documented(ClassifyRequest, ClassifyResponse, "predictions", _ERRORS)
+_CLASSIFY_DOC = _documented(ClassifyRequest, ClassifyResponse, "predictions", _CLASSIFY_ERRORS)
 
 
 @router.post("/classify", **_CLASSIFY_DOC)
@@ -217,8 +207,9 @@ async def search_with(request: Request, name: ModelName) -> Response:
     tags=["search"],
     responses={
         200: {"model": AtomResponse},
-        **_SEARCH_ERRORS,
-        404: {"model": ErrorResponse, "description": "No such model, atom or catalogue."},
+        **documented_errors(
+            404, 422, 503, meanings={404: "No such model, atom, search model or catalogue."}
+        ),
     },
     response_class=Response,
 )
@@ -226,7 +217,14 @@ async def get_atom(
     request: Request,
     name: ModelName,
     atom: int,
-    top_k: Annotated[int | None, Query(ge=1, description="Items to return (default 10).")] = None,
+    top_k: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            description="Items to return (default DEFAULT_SEARCH_TOP_K, at most "
+            "MAX_SEARCH_TOP_K: the maximum stated here).",
+        ),
+    ] = None,
 ) -> Response:
     """The catalogue items that score highest on one atom alone (attribute discovery), and the
     classes whose codes use it."""
@@ -307,7 +305,7 @@ async def list_models(request: Request) -> Response:
     "/v1/models/{name}",
     response_model=ModelInfo,
     tags=["models"],
-    responses=_ERRORS,
+    responses=_MODEL_ERRORS,
 )
 async def get_model(request: Request, name: ModelName) -> Response:
     """Metadata of one model, by name (503 while it is not ready, with the reason)."""
@@ -319,13 +317,59 @@ async def get_model(request: Request, name: ModelName) -> Response:
     "/v1/models/{name}/vocabulary",
     response_model=VocabularyInfo,
     tags=["models"],
-    responses={
-        **_ERRORS,
-        404: {"model": ErrorResponse, "description": "No such model, or it has no vocabulary."},
-    },
+    responses=documented_errors(
+        404, 503, meanings={404: "No such model, or it has no vocabulary."}
+    ),
 )
 async def get_vocabulary(request: Request, name: ModelName) -> Response:
     """The words of a text model, in index order: what sparse ``counts`` instances index."""
     snapshot, vocabulary = _plane(request).vocabulary(name)
     payload = {"size": vocabulary.size, **vocabulary.settings(), "terms": list(vocabulary.terms)}
     return json_answer(payload, snapshot)
+
+
+def state_limits(document: dict[str, Any], settings: Settings) -> None:
+    """State in the OpenAPI ``document`` the limits this server's ``settings`` set, where
+    clients read bounds: ``maximum`` and ``maxItems`` of the fields they bound, and the numbers
+    in the descriptions of 413. Breaking one answers 422 (``top_k``, ``strongest_atoms``) or 413
+    (a batch, a body), as the route's responses say. The 422 that FastAPI documents with a body
+    of its own (for routes with parameters) gets the one error body the server answers."""
+    schemas = document.get("components", {}).get("schemas", {})
+    batch, top_k = settings.max_batch_size, settings.max_search_top_k
+    bounds = {
+        ("ClassifyRequest", "instances"): {"minItems": 1, "maxItems": batch},
+        ("ClassifyRequest", "texts"): {"minItems": 1, "maxItems": batch},
+        ("SearchRequest", "positives"): {"minItems": 1, "maxItems": batch},
+        ("SearchRequest", "negatives"): {"minItems": 1, "maxItems": batch},
+        ("SearchRequest", "top_k"): {"maximum": top_k},
+        ("SearchRequest", "strongest_atoms"): {"maximum": MAX_STRONGEST_ATOMS},
+    }
+    for (schema, field), bound in bounds.items():
+        properties = schemas.get(schema, {}).get("properties", {})
+        if field in properties:
+            _bound(properties[field], bound)
+    too_large = (
+        f"The body is larger than {settings.max_request_bytes:,} bytes (MAX_REQUEST_BYTES), or "
+        f"the batch (instances, texts, or positives and negatives together) holds more than "
+        f"{batch:,} (MAX_BATCH_SIZE)."
+    )
+    (answer_422,) = documented_errors(422).values()
+    error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path in document.get("paths", {}).values():
+        for operation in path.values():
+            responses = operation.get("responses", {})
+            if "HTTPValidationError" in str(responses.get("422", {})):
+                # FastAPI's own entry for routes with parameters: every 422 has the one body.
+                responses["422"] = {"description": answer_422["description"], "content": error_body}
+            if "413" in responses:
+                responses["413"]["description"] = too_large
+            for parameter in operation.get("parameters", []):
+                if parameter.get("name") == "top_k" and parameter.get("in") == "query":
+                    _bound(parameter["schema"], {"maximum": top_k})
+
+
+def _bound(schema: dict[str, Any], bound: dict[str, int]) -> None:
+    """Add ``bound`` to a property's schema, inside ``anyOf`` for an optional one."""
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") in ("array", "integer"):
+            option.update(bound)

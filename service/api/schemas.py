@@ -1,6 +1,7 @@
 """Request and response bodies of the HTTP API.
 
-The schemas check types and shapes of the JSON. Rules on values are checked in one place each:
+The schemas check types and shapes of the JSON, strictly: ``"3"``, ``3.0`` or ``true`` is no
+integer, ``"true"`` or ``1`` no boolean. Rules on values are checked in one place each:
 what a request means by the model library (e.g. ``top_k`` at least 1, exactly one kind of
 query), what this server allows by the data plane (e.g. ``MAX_SEARCH_TOP_K``); the schemas only
 document them (``minimum``, ``maximum``) for clients.
@@ -11,6 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from service.model.documents import MAX_WORDS
+from service.model.preprocessing import MAX_INPUT_DISTANCE
 
 # Item 1,009 of scikit-learn's digits (held out from the default model's training split): a 7.
 _DIGIT_SEVEN = [
@@ -30,6 +34,7 @@ class ClassifyRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {"instances": [_DIGIT_SEVEN], "top_k": 3},
@@ -44,7 +49,10 @@ class ClassifyRequest(BaseModel):
         description="Instances in the model's input shape (see GET /v1/models): a vector(d) is "
         "[d numbers]; a grid(H, W, C) is H x W x C numbers, or H x W when C = 1; a counts(W) "
         'document is {"indices": [word indices in 0..W-1], "counts": [whole numbers >= 0]}. '
-        "At least one; at most the server's MAX_BATCH_SIZE. Send this or texts.",
+        "At least one; at most the server's MAX_BATCH_SIZE. Send this or texts. A vector or "
+        f"grid more than {MAX_INPUT_DISTANCE:,.0f} times farther from the training data's mean "
+        "than its items are on average (after the model's transform and normalisation) is "
+        f"refused (422); a document counts at most {MAX_WORDS:,} words (2**53).",
     )
     texts: list[str] | None = Field(
         None,
@@ -182,7 +190,7 @@ class ModelList(BaseModel):
 
 
 class RepositoryIndexRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     ready: bool = Field(False, description="List only the models that are ready.")
 
@@ -217,7 +225,7 @@ Id = str | int
 
 
 class CodeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     indices: list[int] = Field(..., description="Atom indices, distinct, each in 0..A-1.")
     values: list[float] = Field(..., description="The code's values at those atoms.")
@@ -228,6 +236,7 @@ class SearchRequest(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         populate_by_name=True,
         json_schema_extra={
             "examples": [
@@ -249,8 +258,9 @@ class SearchRequest(BaseModel):
     positives: list[Id | list[Any] | dict[str, Any]] | None = Field(
         None,
         description="Examples of what to find: catalogue ids (strings or integers) or instances "
-        "in the model's input shape. A code is learned on the fly with the dictionary fixed "
-        "(an l1 linear SVM on D^T x) and returned with the results, to reuse as code.",
+        "in the model's input shape (bounded as instances of /classify). A code is learned on "
+        "the fly with the dictionary fixed (an l1 linear SVM on D^T x) and returned with the "
+        "results, to reuse as code.",
     )
     negatives: list[Id | list[Any] | dict[str, Any]] | None = Field(
         None,

@@ -4,6 +4,7 @@ No web framework is imported here: training and serving compute features with th
 """
 
 from service.model.errors import (
+    ArtifactChangedError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactVersionError,
@@ -21,6 +22,7 @@ from service.model.preprocessing import InputNormalizer
 from service.model.similarity import SimilaritySpec, parse_spec, parse_specs
 
 __all__ = [
+    "ArtifactChangedError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactVersionError",

@@ -23,17 +23,19 @@ import platform
 import re
 import shutil
 import uuid
+import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from service.model.errors import (
+    ArtifactChangedError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactVersionError,
@@ -52,11 +54,63 @@ FORMAT_KEYS = frozenset({"model_type", "schema_version", "format", "arrays"})
 
 @dataclass
 class Artifact:
-    """A loaded artifact: its manifest and verified arrays."""
+    """A loaded artifact: its manifest and verified arrays (``mapped``: the files of those
+    memory-mapped, by array name)."""
 
     path: Path
     manifest: dict[str, Any]
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    mapped: dict[str, MappedFile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class MappedFile:
+    """An array file memory-mapped read-only, and the open file the map reads.
+
+    The map reads the file's pages as they are on disk now: a file cut short in place (not
+    replaced by rename) kills the process with SIGBUS at the next read past its new end, and a
+    file rewritten in place changes the numbers under a verified checksum. :meth:`check`, called
+    before each use of the map, tells either from the open file's size and modification time:
+    the same file the map reads, whatever now lies at its path.
+
+    Parameters
+    ----------
+    path : Path
+    array : np.memmap
+        The array, read-only.
+    file : binary file
+        Open on the mapped file, kept for its status.
+    needed : int
+        Bytes the map reads: the header and the data.
+    modified_ns : int
+        The file's modification time when it was verified and mapped.
+    """
+
+    path: Path
+    array: np.ndarray
+    file: BinaryIO
+    needed: int
+    modified_ns: int
+
+    def __post_init__(self) -> None:
+        # Closed with the last reference (the map holds a descriptor of its own).
+        weakref.finalize(self, self.file.close)
+
+    def check(self) -> None:
+        """Raise ArtifactChangedError if the file was cut short or rewritten since mapped."""
+        status = os.fstat(self.file.fileno())
+        if status.st_size >= self.needed and status.st_mtime_ns == self.modified_ns:
+            return
+        what = (
+            f"was cut to {status.st_size:,} bytes (the map needs {self.needed:,})"
+            if status.st_size < self.needed
+            else "was rewritten"
+        )
+        raise ArtifactChangedError(
+            f"{self.path} {what} in place while it was served: artifacts must be replaced by "
+            "rename (write a new directory, then rename it over the old one), never rewritten "
+            "in place"
+        )
 
 
 @dataclass(frozen=True)
@@ -84,10 +138,14 @@ def library_versions() -> dict[str, str]:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        while block := handle.read(_HASH_BLOCK):
-            digest.update(block)
+        return _sha256_of(handle)
+
+
+def _sha256_of(handle: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    while block := handle.read(_HASH_BLOCK):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -282,10 +340,8 @@ def read_artifact(path: str | os.PathLike, mmap: frozenset[str] = frozenset()) -
     """
     path = Path(path)
     manifest = read_manifest(path)
-    arrays = {}
-    for name, entry in manifest["arrays"].items():
-        arrays[name] = _load_array(path, name, entry, mmap_mode="r" if name in mmap else None)
-    return Artifact(path=path, manifest=manifest, arrays=arrays)
+    arrays, mapped = _load_arrays(path, manifest, mmap)
+    return Artifact(path=path, manifest=manifest, arrays=arrays, mapped=mapped)
 
 
 @dataclass
@@ -367,13 +423,12 @@ def read_typed_artifact(
     missing = sorted(required - manifest["arrays"].keys())
     if missing:
         raise ArtifactIntegrityError(f"{manifest_path}: arrays missing from manifest: {missing}")
-    arrays = {
-        name: _load_array(path, name, entry, mmap_mode="r" if name in mmap else None)
-        for name, entry in manifest["arrays"].items()
-    }
+    arrays, mapped = _load_arrays(path, manifest, mmap)
     reserved = FORMAT_KEYS | frozenset(reserved_keys)
     metadata = {k: v for k, v in manifest.items() if k not in reserved}
-    return TypedArtifact(path=path, manifest=manifest, arrays=arrays, metadata=metadata)
+    return TypedArtifact(
+        path=path, manifest=manifest, arrays=arrays, mapped=mapped, metadata=metadata
+    )
 
 
 @contextmanager
@@ -397,7 +452,20 @@ def manifest_fields(path: str | os.PathLike) -> Iterator[None]:
         ) from None
 
 
-def _load_array(root: Path, name: str, entry: Any, mmap_mode: str | None) -> np.ndarray:
+def _load_arrays(
+    path: Path, manifest: dict[str, Any], mmap: Collection[str]
+) -> tuple[dict[str, np.ndarray], dict[str, MappedFile]]:
+    arrays, mapped = {}, {}
+    for name, entry in manifest["arrays"].items():
+        if name in mmap:
+            mapped[name] = _map_array(path, name, entry)
+            arrays[name] = mapped[name].array
+        else:
+            arrays[name] = _load_array(path, name, entry)
+    return arrays, mapped
+
+
+def _array_file(root: Path, name: str, entry: Any) -> tuple[Path, str]:
     where = f"{root}: array {name!r}"
     if not isinstance(entry, dict) or not {"file", "sha256", "shape", "dtype"} <= entry.keys():
         raise ArtifactIntegrityError(f"{where}: manifest entry needs file, sha256, shape, dtype")
@@ -407,18 +475,72 @@ def _load_array(root: Path, name: str, entry: Any, mmap_mode: str | None) -> np.
     file = root / file_name
     if not file.is_file():
         raise ArtifactIntegrityError(f"{where}: file {file_name} is missing")
-    if _sha256(file) != entry["sha256"]:
+    return file, where
+
+
+def _check_checksum(handle: BinaryIO, file: Path, entry: dict, where: str) -> None:
+    if _sha256_of(handle) != entry["sha256"]:
         raise ArtifactIntegrityError(
-            f"{where}: checksum of {file_name} does not match the manifest "
+            f"{where}: checksum of {file.name} does not match the manifest "
             "(the file was modified, truncated or replaced)"
         )
-    try:
-        array = np.load(file, allow_pickle=False, mmap_mode=mmap_mode)
-    except ValueError as error:
-        raise ArtifactIntegrityError(f"{where}: cannot read {file_name}: {error}") from None
+
+
+def _check_layout(array: np.ndarray, file: Path, entry: dict, where: str) -> None:
     if list(array.shape) != list(entry["shape"]) or array.dtype.str != entry["dtype"]:
         raise ArtifactIntegrityError(
-            f"{where}: {file_name} holds {array.dtype.str}{list(array.shape)}, manifest says "
+            f"{where}: {file.name} holds {array.dtype.str}{list(array.shape)}, manifest says "
             f"{entry['dtype']}{list(entry['shape'])}"
         )
+
+
+def _load_array(root: Path, name: str, entry: Any) -> np.ndarray:
+    file, where = _array_file(root, name, entry)
+    with file.open("rb") as handle:
+        _check_checksum(handle, file, entry, where)
+        handle.seek(0)
+        try:
+            array = np.load(handle, allow_pickle=False)
+        except ValueError as error:
+            raise ArtifactIntegrityError(f"{where}: cannot read {file.name}: {error}") from None
+    _check_layout(array, file, entry, where)
     return array
+
+
+def _map_array(root: Path, name: str, entry: Any) -> MappedFile:
+    """Verify and memory-map one array file through one open file, kept open: the checksum,
+    the map and the later checks (:meth:`MappedFile.check`) all read the same file, whatever
+    is renamed to its path meanwhile."""
+    file, where = _array_file(root, name, entry)
+    handle = file.open("rb")
+    try:
+        _check_checksum(handle, file, entry, where)
+        modified_ns = os.fstat(handle.fileno()).st_mtime_ns
+        handle.seek(0)
+        try:
+            version = np.lib.format.read_magic(handle)
+            read_header = {
+                (1, 0): np.lib.format.read_array_header_1_0,
+                (2, 0): np.lib.format.read_array_header_2_0,
+            }.get(version)
+            if read_header is None:
+                raise ValueError(f"format version {version} cannot be memory-mapped")
+            shape, fortran_order, dtype = read_header(handle)
+            if dtype.hasobject:
+                raise ValueError("it holds Python objects; artifacts hold no pickles")
+            offset = handle.tell()
+            array = np.memmap(
+                handle,
+                dtype=dtype,
+                mode="r",
+                shape=shape,
+                order="F" if fortran_order else "C",
+                offset=offset,
+            )
+        except ValueError as error:
+            raise ArtifactIntegrityError(f"{where}: cannot read {file.name}: {error}") from None
+        _check_layout(array, file, entry, where)
+    except BaseException:
+        handle.close()
+        raise
+    return MappedFile(file, array, handle, offset + array.nbytes, modified_ns)

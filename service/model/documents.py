@@ -34,10 +34,14 @@ import scipy.sparse as sp
 from scipy.special import gammaln
 
 from service.model import sparse_kernels
-from service.model.errors import InvalidInputError
+from service.model.errors import InvalidInputError, brief
+from service.model.inputs import instance_name
 
 # scikit-learn's CountVectorizer default: runs of two or more word characters.
 DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
+# Most words one document may count: 2**53, the whole numbers float64 holds exactly (the counts
+# are float64), which keeps word totals exact.
+MAX_WORDS = 2**53
 
 
 @dataclass(frozen=True, eq=False)
@@ -155,10 +159,14 @@ def canonical_counts(counts, n_words: int | None = None) -> sp.csr_matrix:
     return matrix
 
 
-def counts_from_pairs(documents: Sequence[Any], n_words: int) -> sp.csr_matrix:
+def counts_from_pairs(
+    documents: Sequence[Any], n_words: int, names: Sequence[str] | None = None
+) -> sp.csr_matrix:
     """Count vectors from ``{"indices": [...], "counts": [...]}`` objects, one per document.
 
-    Repeated indices add up. An empty document (no indices) is allowed.
+    Repeated indices add up. An empty document (no indices) is allowed. A document holds at
+    most :data:`MAX_WORDS` words in all (its counts' sum).
+    ``names`` are what messages call each document (default ``instances[i]``).
 
     Raises
     ------
@@ -167,7 +175,7 @@ def counts_from_pairs(documents: Sequence[Any], n_words: int) -> sp.csr_matrix:
     """
     indptr, indices, values = [0], [], []
     for i, document in enumerate(documents):
-        where = f"instances[{i}]"
+        where = instance_name(names, i)
         if not isinstance(document, dict) or set(document) != {"indices", "counts"}:
             raise InvalidInputError(
                 f"{where} must be an object with exactly the keys indices and counts"
@@ -182,19 +190,18 @@ def counts_from_pairs(documents: Sequence[Any], n_words: int) -> sp.csr_matrix:
         for word in words:
             if isinstance(word, bool) or not isinstance(word, int) or not 0 <= word < n_words:
                 raise InvalidInputError(
-                    f"{where}: word index {word!r} is not an integer in [0, {n_words})"
+                    f"{where}: word index {brief(word)} is not an integer in [0, {n_words})"
                 )
         for count in counts:
-            if (
-                isinstance(count, bool)
-                or not isinstance(count, (int, float))
-                or not math.isfinite(count)
-                or count < 0
-                or count != int(count)
-            ):
+            if not _is_whole_count(count):
                 raise InvalidInputError(
-                    f"{where}: count {count!r} is not a non-negative whole number"
+                    f"{where}: count {brief(count)} is not a non-negative whole number"
                 )
+        if sum(counts) > MAX_WORDS:
+            raise InvalidInputError(
+                f"{where} counts more than {MAX_WORDS:,} words in all (2**53: beyond it float64 "
+                "holds no longer every whole number)"
+            )
         indices.extend(words)
         values.extend(counts)
         indptr.append(len(indices))
@@ -207,6 +214,14 @@ def counts_from_pairs(documents: Sequence[Any], n_words: int) -> sp.csr_matrix:
         shape=(len(documents), n_words),
     )
     return canonical_counts(matrix)
+
+
+def _is_whole_count(count: Any) -> bool:
+    if isinstance(count, bool) or not isinstance(count, int | float):
+        return False
+    if isinstance(count, int):  # exact, of any size (math.isfinite would overflow on 10**400)
+        return count >= 0
+    return math.isfinite(count) and count >= 0 and count == int(count)
 
 
 def smooth_idf(counts: sp.csr_matrix) -> np.ndarray:

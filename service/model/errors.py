@@ -25,6 +25,11 @@ class ArtifactIntegrityError(ArtifactError):
     """An artifact file is missing, truncated, tampered with or inconsistent with its manifest."""
 
 
+class ArtifactChangedError(ArtifactIntegrityError):
+    """A file of a served artifact was changed in place on disk (artifacts are replaced by
+    rename, never rewritten in place)."""
+
+
 class ArtifactVersionError(ArtifactError):
     """An artifact was written with a schema this version of the library does not know."""
 

@@ -51,8 +51,8 @@ import scipy.sparse as sp
 
 from service.model.documents import Documents, Vocabulary, canonical_counts, counts_from_pairs
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
-from service.model.inputs import InputSpec
-from service.model.preprocessing import normalize_inputs
+from service.model.inputs import InputSpec, instance_name
+from service.model.preprocessing import MAX_INPUT_DISTANCE, normalize_inputs
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 from service.model.transforms import BoundTransform, InputTransform, parse_transform
 
@@ -119,8 +119,16 @@ class InputKind(ABC):
     # -- batches -------------------------------------------------------------------------
 
     @abstractmethod
-    def parse(self, instances: Sequence[Any]) -> np.ndarray | Documents:
-        """A client's instances as a batch.
+    def parse(
+        self, instances: Sequence[Any], names: Sequence[str] | None = None
+    ) -> np.ndarray | Documents:
+        """A client's instances as a batch, each checked against what the model can read.
+
+        Parameters
+        ----------
+        instances : sequence
+        names : sequence of str, optional
+            What messages call each instance (default ``instances[i]``).
 
         Raises
         ------
@@ -287,15 +295,58 @@ class DenseInputs(InputKind):
     def n_basis_values(self) -> int:
         return int(self.basis.size)
 
-    def parse(self, instances: Sequence[Any]) -> np.ndarray:
-        """Nested lists (or an array), each instance in one of the spec's accepted shapes.
+    def parse(self, instances: Sequence[Any], names: Sequence[str] | None = None) -> np.ndarray:
+        """Nested lists (or an array), each instance in one of the spec's accepted shapes and
+        within :data:`MAX_INPUT_DISTANCE` of the training data (see :meth:`check_distances`).
 
         Returns
         -------
         ndarray of shape (n_samples, spec.n_features), float64, C-contiguous
             See :meth:`InputSpec.as_batch`.
         """
-        return self.spec.as_batch(instances)
+        batch = self.spec.as_batch(instances, names)
+        self.check_distances(batch, names)
+        return batch
+
+    def check_distances(self, batch: np.ndarray, names: Sequence[str] | None = None) -> None:
+        """Refuse instances absurdly far from the training data.
+
+        An instance's distance is the norm of its prepared form: its distance from the training
+        mean in units of the training items' mean distance (the normaliser's scale), so the
+        training items lie near 1. Finite but absurd inputs (values of 1e20, 1e300) would
+        otherwise be answered with meaningless scores, or make a learned search code take
+        seconds; the bound leaves room for inputs sent on another scale than the training
+        data's (16-bit images to a model of 4-bit digits are about 8,000).
+
+        Parameters
+        ----------
+        batch : ndarray of shape (n_samples, spec.n_features)
+        names : sequence of str, optional
+
+        Raises
+        ------
+        InvalidInputError
+            Naming the first instance beyond :data:`MAX_INPUT_DISTANCE`, or that the transform
+            cannot compute (values too large for it).
+        """
+        with np.errstate(over="ignore", invalid="ignore"):
+            prepared = self.prepare(batch)
+            distances = np.sqrt(np.einsum("ij,ij->i", prepared, prepared))
+        far = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE))  # NaN and inf are far too
+        if far.size == 0:
+            return
+        where, distance = instance_name(names, int(far[0])), distances[far[0]]
+        if np.isnan(distance):
+            raise InvalidInputError(
+                f"{where} holds values too large for the transform {self.transform}: send "
+                "inputs on the scale of the training data"
+            )
+        times = "over 1.8e308" if np.isinf(distance) else f"{distance:.3g}"
+        raise InvalidInputError(
+            f"{where} lies {times} times farther from the training data's mean than its "
+            f"items do on average; the bound is {MAX_INPUT_DISTANCE:,.0f}: send inputs on the "
+            "scale of the training data"
+        )
 
     def batch(self, X) -> np.ndarray:
         """Flat raw instances.
@@ -447,12 +498,12 @@ class DocumentInputs(InputKind):
     def n_basis_values(self) -> int:
         return int(self.basis.nnz)
 
-    def parse(self, instances: Sequence[Any]) -> Documents:
+    def parse(self, instances: Sequence[Any], names: Sequence[str] | None = None) -> Documents:
         """``{"indices": [...], "counts": [...]}`` objects, one per document (see
         :func:`counts_from_pairs`)."""
         if len(instances) == 0:
             raise InvalidInputError("the batch is empty: send at least one instance")
-        return Documents(counts_from_pairs(instances, self.n_features), self.idf)
+        return Documents(counts_from_pairs(instances, self.n_features, names), self.idf)
 
     def parse_texts(self, texts: Sequence[str]) -> Documents:
         """Raw texts, counted over the vocabulary (unknown words dropped)."""

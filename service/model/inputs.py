@@ -114,13 +114,17 @@ class InputSpec:
     def _describe_accepted(self) -> str:
         return " or ".join(str(list(s)) for s in self.accepted_shapes)
 
-    def as_batch(self, instances: Sequence[Any] | np.ndarray) -> np.ndarray:
+    def as_batch(
+        self, instances: Sequence[Any] | np.ndarray, names: Sequence[str] | None = None
+    ) -> np.ndarray:
         """Validate a batch of instances and flatten it.
 
         Parameters
         ----------
         instances : sequence of nested lists, or ndarray
             Each instance in one of :attr:`accepted_shapes`.
+        names : sequence of str, optional
+            What messages call each instance (default ``instances[i]``).
 
         Returns
         -------
@@ -140,21 +144,33 @@ class InputSpec:
             raw = None  # ragged or mixed: checked instance by instance below
         if raw is None or raw.dtype.kind not in "iuf" or raw.shape[1:] not in self.accepted_shapes:
             # The slow path: find the first bad instance and say what is wrong with it.
-            raw = np.stack([self._check_instance(i, inst) for i, inst in enumerate(instances)])
+            raw = np.stack(
+                [
+                    self._check_instance(instance_name(names, i), inst)
+                    for i, inst in enumerate(instances)
+                ]
+            )
         X = np.ascontiguousarray(raw.reshape(len(raw), -1), dtype=np.float64)
         if not np.isfinite(X).all():
             bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
-            raise InvalidInputError(f"instances[{bad}] contains NaN or infinity")
+            raise InvalidInputError(f"{instance_name(names, bad)} contains NaN or infinity")
         return X
 
-    def _check_instance(self, index: int, instance: Any) -> np.ndarray:
-        where = f"instances[{index}]"
+    def _check_instance(self, where: str, instance: Any) -> np.ndarray:
         try:
             array = np.asarray(instance)
         except (ValueError, TypeError, OverflowError):
             raise InvalidInputError(
                 f"{where} is ragged: expected a nested list of shape {self._describe_accepted()}"
             ) from None
+        if array.dtype.kind == "O" and all(_is_number(v) for v in array.flat):
+            # Integers numpy holds as objects (beyond int64): floats if float64 reaches them.
+            try:
+                array = array.astype(np.float64)
+            except OverflowError:
+                raise InvalidInputError(
+                    f"{where} holds an integer beyond the range of float64 (about 1.8e308)"
+                ) from None
         if array.dtype.kind not in "iuf":
             raise InvalidInputError(f"{where} must hold only numbers, got {_describe_dtype(array)}")
         if array.shape not in self.accepted_shapes:
@@ -163,6 +179,16 @@ class InputSpec:
                 f" for input {self}"
             )
         return array.reshape(self.shape)
+
+
+def instance_name(names: Sequence[str] | None, index: int) -> str:
+    """What messages call instance ``index`` of a batch: ``names[index]``, or
+    ``instances[index]``."""
+    return f"instances[{index}]" if names is None else names[index]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _describe_dtype(array: np.ndarray) -> str:

@@ -199,10 +199,11 @@ class Predictor:
 
     # -- prediction -------------------------------------------------------------------------
 
-    def validate(self, instances) -> np.ndarray | Documents:
+    def validate(self, instances, names=None) -> np.ndarray | Documents:
         """A client's instances as a batch (see :meth:`InputKind.parse`): a flat float64 array
-        from nested lists, or :class:`Documents` from ``{"indices", "counts"}`` objects."""
-        return self.inputs.parse(instances)
+        from nested lists, or :class:`Documents` from ``{"indices", "counts"}`` objects;
+        ``names`` (sequence of str) are what messages call each instance."""
+        return self.inputs.parse(instances, names)
 
     def encode_texts(self, texts) -> Documents:
         """Raw texts as documents over the model's vocabulary (unknown words dropped).

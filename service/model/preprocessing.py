@@ -15,6 +15,14 @@ import numpy as np
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+# The farthest a client's instance may lie from the training mean, in units of the scale (the
+# training items' mean distance from it, so they lie near 1). Beyond about 1e6 a code learned
+# from such an example keeps one atom (the example's direction alone counts), beyond about 1e13
+# learning it takes seconds; up to 1e5 the answers are those of the instance's direction, and
+# inputs on another scale than the training data's still fit (0..65535 images for a model of
+# 0..16 digits lie at about 8,000).
+MAX_INPUT_DISTANCE = 1e5
+
 
 class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
     """Centre inputs and scale them by the mean norm of the centred training inputs.

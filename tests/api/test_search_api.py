@@ -18,6 +18,8 @@ from service.model.search import SearchIndex, SearchQuery
 from tests.api.conftest import serving
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+# An 8x8 image of values from 1e20 to 1e308.
+ABSURD = np.logspace(20, 308, 64).reshape(8, 8).tolist()
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +162,10 @@ def test_model_info_describes_the_search_model(search_server, index):
         ({"class": "1", "strongest_atoms": -1}, 422, "strongest_atoms must be >= 0"),
         ({"class": "1", "colour": "red"}, 422, "Extra inputs are not permitted"),
         ({"positives": [f"test-{i}" for i in range(51)]}, 413, "the limit is 50"),
+        # Finite but absurd: learning the code took seconds, and kept one meaningless atom.
+        ({"positives": [ABSURD]}, 422, "positives[0] lies over 1.8e308 times farther"),
+        ({"positives": ["test-1", ABSURD]}, 422, "positives[1] lies"),
+        ({"positives": ["test-1"], "negatives": [[[1e20] * 8] * 8]}, 422, "negatives[0] lies"),
     ],
 )
 def test_bad_searches_get_a_clear_4xx(search_client, body, status, message):

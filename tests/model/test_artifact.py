@@ -1,12 +1,14 @@
 """The artifact format: round trips, and refusal of tampered, truncated or newer artifacts."""
 
 import json
+import os
 import shutil
 
 import numpy as np
 import pytest
 
 from service.model import (
+    ArtifactChangedError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactVersionError,
@@ -210,3 +212,35 @@ def test_exchange_paths_swaps_two_directories_atomically(tmp_path):
         pytest.skip("this kernel cannot exchange two paths atomically")
     assert [p.name for p in (tmp_path / "a").iterdir()] == ["from-b"]
     assert [p.name for p in (tmp_path / "b").iterdir()] == ["from-a"]
+
+
+def test_a_mapped_file_tells_when_it_is_cut_short_or_rewritten_in_place(tmp_path):
+    values = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    write_artifact(tmp_path / "a", {"model_type": "x"}, {"projected": values})
+    artifact = read_artifact(tmp_path / "a", mmap=frozenset({"projected"}))
+    mapped = artifact.mapped["projected"]
+    np.testing.assert_array_equal(artifact.arrays["projected"], values)
+    assert mapped.array is artifact.arrays["projected"]
+    mapped.check()  # intact
+    file = mapped.path
+    # Replaced by rename: the map and its checks keep reading the old file.
+    file.rename(tmp_path / "old.npy")
+    np.save(file, values * 2)
+    mapped.check()
+    np.testing.assert_array_equal(mapped.array, values)
+    # Cut short in place: reading the map past the new end would be SIGBUS; the check says so.
+    with open(tmp_path / "old.npy", "r+b") as handle:
+        handle.truncate(1000)
+    with pytest.raises(ArtifactChangedError, match=r"cut to 1,000 bytes .* replaced by rename"):
+        mapped.check()
+
+
+def test_a_mapped_file_rewritten_in_place_at_its_size_is_noticed(tmp_path):
+    write_artifact(tmp_path / "a", {"model_type": "x"}, {"projected": np.ones((8, 8))})
+    mapped = read_artifact(tmp_path / "a", mmap=frozenset({"projected"})).mapped["projected"]
+    data = mapped.path.read_bytes()
+    os.utime(mapped.path, ns=(0, 0))  # whatever the clock's resolution, another time
+    mapped.path.write_bytes(data)  # the same bytes: no truncation, a new modification time
+    os.utime(mapped.path, ns=(1, 1))
+    with pytest.raises(ArtifactChangedError, match="was rewritten in place"):
+        mapped.check()

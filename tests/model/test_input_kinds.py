@@ -9,6 +9,8 @@ import pytest
 from service.model import ArtifactIntegrityError, InputSpec, InvalidInputError, Predictor, SpecError
 from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
 from service.model.input_kinds import DenseInputs, DocumentInputs, input_kind_for
+from service.model.preprocessing import MAX_INPUT_DISTANCE
+from service.model.transforms import parse_transform
 
 
 def test_the_kind_is_chosen_from_the_input_spec(digits_predictor, text_fit):
@@ -104,3 +106,63 @@ def test_a_document_basis_of_another_vocabulary_is_inconsistent(text_fit):
     narrower = InputSpec("counts", (inputs.n_features - 1,))
     with pytest.raises(ArtifactIntegrityError, match="basis has shape"):
         dataclasses.replace(predictor, inputs=dataclasses.replace(inputs, spec=narrower))
+
+
+def _distances(inputs, X):
+    """Each instance's distance from the training mean in units of the scale, by numpy."""
+    return np.linalg.norm((X - inputs.mean) / inputs.scale, axis=1)
+
+
+def test_inputs_on_the_training_scale_or_near_it_are_never_refused(digits_predictor, digits):
+    inputs = digits_predictor.inputs
+    everything = np.vstack([digits.X_train, digits.X_test])
+    for factor in (1.0, 255 / 16, 65535 / 16):  # 4-bit digits, 8-bit and 16-bit images
+        X = everything * factor
+        assert _distances(inputs, X).max() < MAX_INPUT_DISTANCE
+        np.testing.assert_array_equal(inputs.parse(X.reshape(-1, 8, 8).tolist()), X)
+    assert _distances(inputs, everything).max() < 2  # the training items lie near 1
+
+
+@pytest.mark.parametrize("value", [1e20, 1e150, 1e300, -1e300, 1.7e308])
+def test_finite_but_absurd_instances_are_refused_naming_them(digits_predictor, digits, value):
+    # A 1 KB request of such values took seconds to learn a meaningless one-atom code.
+    inputs = digits_predictor.inputs
+    absurd = np.full(64, value)
+    batch = np.vstack([digits.X_test[:2], absurd]).reshape(3, 8, 8).tolist()
+    with pytest.raises(InvalidInputError, match=r"instances\[2\] lies .* times farther") as error:
+        inputs.parse(batch)
+    assert f"the bound is {MAX_INPUT_DISTANCE:,.0f}" in str(error.value)
+    with pytest.raises(InvalidInputError, match=r"^positives\[7\] lies"):
+        inputs.parse(batch[2:], names=["positives[7]"])
+
+
+def test_the_bound_lies_between_the_farthest_accepted_and_nearest_refused(digits_predictor):
+    inputs = digits_predictor.inputs
+    direction = np.ones(64) / 8.0  # unit norm
+    inside = inputs.mean + 0.999 * MAX_INPUT_DISTANCE * inputs.scale * direction
+    outside = inputs.mean + 1.001 * MAX_INPUT_DISTANCE * inputs.scale * direction
+    assert inputs.parse([inside.reshape(8, 8).tolist()]).shape == (1, 64)
+    with pytest.raises(InvalidInputError, match="1e\\+05 times"):
+        inputs.parse([outside.reshape(8, 8).tolist()])
+
+
+def test_values_too_large_for_the_transform_are_refused():
+    # HOG is scale-invariant: 1e20 pixels are the same image; 1e200 overflow its gradients.
+    spec = InputSpec("grid", (8, 8, 1))
+    transform = parse_transform("hog(4, 9)")
+    d = transform.n_features(spec)
+    inputs = DenseInputs(spec, np.zeros(d), 1.0, np.zeros((1, d)), transform)
+    image = np.arange(64.0).reshape(8, 8)
+    assert inputs.parse([(image * 1e20).tolist()]).shape == (1, 64)
+    with pytest.raises(InvalidInputError, match=r"instances\[0\] holds values too large for the"):
+        inputs.parse([(image * 1e200).tolist()])
+
+
+@pytest.mark.parametrize("counts", [[2**53, 1], [1e300], [10**400]])
+def test_documents_of_more_than_2_53_words_are_refused(text_fit, counts):
+    # 1e300 words answered known_words = -9223372036854775808.
+    inputs = text_fit.predictor.inputs
+    document = {"indices": list(range(len(counts))), "counts": counts}
+    with pytest.raises(InvalidInputError, match=r"instances\[0\] counts more than 9,007,"):
+        inputs.parse([document])
+    assert inputs.known_words(inputs.parse([{"indices": [0], "counts": [2**53]}])) == [2**53]

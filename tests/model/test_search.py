@@ -261,6 +261,15 @@ def test_the_same_items_as_positives_and_negatives_learn_a_code(index):
     assert len(result.items) == 3
 
 
+def test_the_same_instances_as_positives_and_negatives_learn_a_code(index, digits):
+    # The same defect with instances instead of ids (it was an HTTP 500 too).
+    image = digits.X_test[9].reshape(8, 8).tolist()
+    result = index.run(SearchQuery(positives=[image], negatives=[image], top_k=3))
+    assert result.kind == "positives"
+    assert (result.n_positives, result.n_negatives) == (1, 1)
+    assert len(result.items) == 3
+
+
 def test_atoms_out_of_range_are_not_found(index):
     with pytest.raises(NotFoundError, match="no atom 64"):
         index.atom_items(64, 5)

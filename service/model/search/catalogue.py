@@ -21,12 +21,18 @@ from typing import Any
 import numpy as np
 
 from service.model.artifact import (
+    MappedFile,
     StreamedArray,
     manifest_digest,
     read_typed_artifact,
     write_artifact,
 )
-from service.model.errors import ArtifactIntegrityError, InvalidInputError, brief
+from service.model.errors import (
+    ArtifactChangedError,
+    ArtifactIntegrityError,
+    InvalidInputError,
+    brief,
+)
 from service.model.search.codes import SparseCode
 from service.model.search.layout import check_parent
 from service.model.search.model import UnionOfSubspacesModel
@@ -50,6 +56,10 @@ class Catalogue:
     labels : ndarray of shape (N,), str, optional
         Known classes of the items (evaluation only).
     metadata : dict
+    mapped : MappedFile, optional
+        The file ``projected`` maps, checked before every read of the map (see
+        :meth:`MappedFile.check`): a search on a catalogue cut short on disk raises
+        ArtifactChangedError instead of killing the process.
     """
 
     projected: np.ndarray
@@ -57,6 +67,7 @@ class Catalogue:
     negatives: np.ndarray
     labels: np.ndarray | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    mapped: MappedFile | None = None
 
     def __post_init__(self) -> None:
         n_items = self.projected.shape[1]
@@ -109,9 +120,22 @@ class Catalogue:
             raise InvalidInputError(f"unknown catalogue {what}(s): {unknown}{more}")
         return self._id_order[at_clipped].astype(np.int64)
 
+    def _readable(self) -> np.ndarray:
+        """``projected``, once its file is known to still hold it (ArtifactChangedError if
+        not)."""
+        if self.mapped is not None:
+            try:
+                self.mapped.check()
+            except ArtifactChangedError as error:
+                raise ArtifactChangedError(
+                    f"the catalogue changed on disk: {error}; searches are answered again once "
+                    "a whole catalogue is in place and loaded"
+                ) from None
+        return self.projected
+
     def rows(self, positions: np.ndarray) -> np.ndarray:
         """Projected items at ``positions``, shape (n, A)."""
-        return np.ascontiguousarray(self.projected[:, positions].T, dtype=np.float64)
+        return np.ascontiguousarray(self._readable()[:, positions].T, dtype=np.float64)
 
     def negative_rows(self, excluded: np.ndarray) -> np.ndarray:
         """The fixed negatives sample, without the items at ``excluded``, shape (n, A)."""
@@ -136,7 +160,7 @@ class Catalogue:
             ``m = min(k, N - n_excluded)``.
         scores : ndarray of shape (m,), float64
         """
-        return search_top_k(self.projected, code.atoms, code.weights, code.bias, k, excluded)
+        return search_top_k(self._readable(), code.atoms, code.weights, code.bias, k, excluded)
 
 
 def write_catalogue(
@@ -278,4 +302,5 @@ def read_catalogue(path: str | os.PathLike, search_path: str | os.PathLike) -> C
         negatives=arrays["negatives"].astype(np.int64),
         labels=arrays.get("labels"),
         metadata=artifact.metadata,
+        mapped=artifact.mapped.get("projected"),
     )

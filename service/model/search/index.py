@@ -319,14 +319,14 @@ class SearchIndex:
             Catalogue positions of the ids.
         """
         catalogue = self.require_catalogue()
-        ids = [e for e in examples if isinstance(e, str | int) and not isinstance(e, bool)]
-        instances = [
-            e for e in examples if not (isinstance(e, str | int) and not isinstance(e, bool))
-        ]
+        is_id = [isinstance(e, str | int) and not isinstance(e, bool) for e in examples]
+        ids = [e for e, an_id in zip(examples, is_id, strict=True) if an_id]
+        instances = [e for e, an_id in zip(examples, is_id, strict=True) if not an_id]
         positions = catalogue.positions(ids, what) if ids else np.zeros(0, dtype=np.int64)
         rows = [catalogue.rows(positions)]
         if instances:
-            X = self.predictor.validate(instances)
+            names = [f"{what}s[{j}]" for j, an_id in enumerate(is_id) if not an_id]
+            X = self.predictor.validate(instances, names)
             features = search_features(self.predictor, self.model.feature_space, X)
             rows.append(self.model.project(features))
         return np.vstack(rows), positions
