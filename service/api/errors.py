@@ -165,7 +165,9 @@ async def _validation_error(request: Request, error: RequestValidationError) -> 
     for problem in problems:
         if problem.get("type") == "json_invalid":  # a body FastAPI parsed itself
             reason = str((problem.get("ctx") or {}).get("error", "cannot be parsed"))
-            return error_response(400, "bad_request", malformed_body_message(reason))
+            return error_response(
+                400, "bad_request", malformed_body_message(reason), path=request.url.path
+            )
     details = [
         {"location": _location(tuple(p.get("loc", ()))), "problem": p.get("msg", "")}
         for p in problems

@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from service.api.dataplane import MAX_STRONGEST_ATOMS, DataPlane
-from service.api.errors import documented_errors
+from service.api.errors import documented_errors, is_protocol_route
 from service.api.registry import ModelSnapshot
 from service.api.responses import ModelName, json_answer, read_body
 from service.api.schemas import (
@@ -355,12 +355,25 @@ def state_limits(document: dict[str, Any], settings: Settings) -> None:
     )
     (answer_422,) = documented_errors(422).values()
     error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-    for path in document.get("paths", {}).values():
+    protocol_error = {
+        "application/json": {"schema": {"$ref": "#/components/schemas/ProtocolError"}}
+    }
+    for route, path in document.get("paths", {}).items():
         for operation in path.values():
             responses = operation.get("responses", {})
             if "HTTPValidationError" in str(responses.get("422", {})):
-                # FastAPI's own entry for routes with parameters: every 422 has the one body.
-                responses["422"] = {"description": answer_422["description"], "content": error_body}
+                # FastAPI's own entry for routes with parameters: every 422 has the one body,
+                # and on the protocol's routes a malformed request is a 400 in its shape.
+                if is_protocol_route(route):
+                    del responses["422"]
+                    responses.setdefault(
+                        "400", {"description": "Malformed request.", "content": protocol_error}
+                    )
+                else:
+                    responses["422"] = {
+                        "description": answer_422["description"],
+                        "content": error_body,
+                    }
             if "413" in responses:
                 responses["413"]["description"] = too_large
             for parameter in operation.get("parameters", []):

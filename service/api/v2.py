@@ -53,7 +53,14 @@ _MODEL_ERRORS: dict[int | str, dict[str, Any]] = {
 _INFER_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ProtocolError, "description": "Malformed request; the message says why."},
     **_MODEL_ERRORS,
+    408: {"model": ProtocolError, "description": "The body did not arrive in time."},
     413: {"model": ProtocolError, "description": "Batch or body over the configured limit."},
+    503: {
+        "model": ProtocolError,
+        "description": "The model is not loaded (yet), or the server is at its limit of "
+        "concurrent requests; says which (with Retry-After).",
+    },
+    504: {"model": ProtocolError, "description": "The work took longer than REQUEST_TIMEOUT_S."},
 }
 
 

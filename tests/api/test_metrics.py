@@ -119,7 +119,7 @@ def test_metrics_count_the_requests_sent(tmp_path, digits, digits_fit, search_mo
         wrong_shape = httpx.post(f"{url}/classify", json={"instances": [[1.0, 2.0]]})
         assert wrong_shape.status_code == 422
         not_json = httpx.post(f"{url}/classify", content=b"{", timeout=30)
-        assert not_json.status_code == 422
+        assert not_json.status_code == 400
         searches = [
             httpx.post(f"{url}/search", json={"class": "7", "top_k": 5}),
             httpx.post(
@@ -140,9 +140,9 @@ def test_metrics_count_the_requests_sent(tmp_path, digits, digits_fit, search_mo
         requests = "besvm_http_requests_total"
         post_classify = {"method": "POST", "route": "/classify"}
         assert scrape.value(requests, **post_classify, status="200", model="digits") == 3
-        assert scrape.value(requests, **post_classify, status="422") == 2
-        # The shape is checked by the model, the JSON before any model is chosen.
         assert scrape.value(requests, **post_classify, status="422", model="digits") == 1
+        # The shape is checked by the model, the JSON before any model is chosen.
+        assert scrape.value(requests, **post_classify, status="400", model="") == 1
         assert scrape.value(requests, route="/search", status="200", model="digits") == 1
         named_search = {"route": "/v1/models/{name}/search", "model": "digits"}
         assert scrape.value(requests, **named_search, status="200") == 1

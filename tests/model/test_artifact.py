@@ -41,9 +41,15 @@ def _write_manifest(path, manifest):
 def test_round_trip_gives_identical_predictions(digits_fit, digits_model_dir, digits):
     loaded = Predictor.load(digits_model_dir)
     original = digits_fit.predictor
-    np.testing.assert_array_equal(
-        loaded.decision_function(digits.X_test), original.decision_function(digits.X_test)
+    # The arrays round-trip exactly (checked below); the scores are compared within rounding
+    # because the fixture's model may have scored under other BLAS/numba thread counts.
+    np.testing.assert_allclose(
+        loaded.decision_function(digits.X_test),
+        original.decision_function(digits.X_test),
+        rtol=1e-12,
+        atol=1e-12,
     )
+    np.testing.assert_array_equal(loaded.coef, original.coef)
     assert loaded.classes == original.classes
     assert loaded.specs == original.specs
     assert loaded.input_spec == original.input_spec
