@@ -117,17 +117,19 @@ lint: setup lint-deploy  ## ruff: lint and formatting; then lint-deploy
 
 lint-deploy: setup  ## hadolint on the Dockerfile; docker compose config validates docker-compose.yml
 	$(BIN)/hadolint Dockerfile
-	$(BIN)/docker-compose -f docker-compose.yml config --quiet
+	$(COMPOSE) -f docker-compose.yml config --quiet
 
-# Docker (docs/deploy.md). The compose v2 plugin is the dev lock's, called directly: no docker CLI
-# plugin directory needed. The base image is built locally, so nothing is pulled from a registry.
+# Docker (docs/deploy.md). The compose v2 plugin is the dev lock's binary, called directly (no
+# docker CLI plugin directory needed; not the .venv/bin/docker-compose wrapper, which exits 0 even
+# when compose fails). The base image is built locally, so nothing is pulled from a registry.
+COMPOSE = $(shell $(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')
 DOCKER_BASE_IMAGE ?= besvm-base:bookworm
 
 docker-base:  ## build the local base image $(DOCKER_BASE_IMAGE) with debootstrap (root)
 	BASE_IMAGE_TAG=$(DOCKER_BASE_IMAGE) docker/build-base-image.sh
 
 docker-build: setup  ## docker compose build, on $(DOCKER_BASE_IMAGE) (make docker-base first)
-	BASE_IMAGE=$(DOCKER_BASE_IMAGE) $(BIN)/docker-compose build
+	BASE_IMAGE=$(DOCKER_BASE_IMAGE) $(COMPOSE) build
 
 docker-smoke: setup  ## the docker smoke test of CI: base, build, up, answers checked, torn down
 	docker/smoke-test.sh

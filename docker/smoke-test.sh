@@ -78,8 +78,13 @@ fi
 log "engine $(docker version --format '{{.Server.Version}}'), storage $(docker info --format '{{.Driver}}')"
 command -v debootstrap >/dev/null || apt_install debootstrap
 
-# The compose v2 plugin: docker's own if it has one, else the dev lock's (make setup).
-if docker compose version >/dev/null 2>&1; then COMPOSE=(docker compose); else COMPOSE=(.venv/bin/docker-compose); fi
+# The compose v2 plugin: docker's own if it has one, else the dev lock's (make setup): its binary
+# itself, since the .venv/bin/docker-compose wrapper drops the exit status.
+if docker compose version >/dev/null 2>&1; then
+    COMPOSE=(docker compose)
+else
+    COMPOSE=("$("$PYTHON" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')")
+fi
 log "$("${COMPOSE[@]}" version)"
 
 # 2. The base image, unless there is one.
