@@ -1,7 +1,9 @@
 # The service image: serves the model repository $MODEL_REPOSITORY (/models) on port 8000; the
 # same image runs the trainer (`python -m training ...`). docker-compose.yml builds and runs it.
+#   BASE_IMAGE=besvm-base:bookworm docker compose build     (network and CA secret: docker-compose.yml)
+# or, where the docker CLI has buildx (BuildKit is needed for the secret):
 #   docker build --network host --secret id=build_ca,src=/etc/ssl/certs/ca-certificates.crt \
-#       --build-arg BASE_IMAGE=besvm-base:bookworm -t besvm .      (DOCKER_BUILDKIT=1 on engine 20.10)
+#       --build-arg BASE_IMAGE=besvm-base:bookworm -t besvm .
 # Offline machines build BASE_IMAGE with docker/build-base-image.sh: docs/deploy.md.
 ARG BASE_IMAGE=python:3.11-slim
 
