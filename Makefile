@@ -39,7 +39,7 @@ define lock
 endef
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock train run serve test lint bench bench-http bench-text bench-search report report-fortunes report-fortunes-search clean
+.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-text bench-search report report-fortunes report-fortunes-search clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
@@ -111,9 +111,28 @@ report-fortunes-search: setup  ## mAP against sparsity on fortunes (sensing1 fea
 	$(BIN)/python -m training evaluate-search --model models/fortunes-25 \
 	    --out docs/reports/fortunes/search
 
-lint: setup  ## ruff: lint and formatting
+lint: setup lint-deploy  ## ruff: lint and formatting; then lint-deploy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+lint-deploy: setup  ## hadolint on the Dockerfile; docker compose config validates docker-compose.yml
+	$(BIN)/hadolint Dockerfile
+	$(COMPOSE) -f docker-compose.yml config --quiet
+
+# Docker (docs/deploy.md). The compose v2 plugin is the dev lock's binary, called directly (no
+# docker CLI plugin directory needed; not the .venv/bin/docker-compose wrapper, which exits 0 even
+# when compose fails). The base image is built locally, so nothing is pulled from a registry.
+COMPOSE = $(shell $(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')
+DOCKER_BASE_IMAGE ?= besvm-base:bookworm
+
+docker-base:  ## build the local base image $(DOCKER_BASE_IMAGE) with debootstrap (root)
+	BASE_IMAGE_TAG=$(DOCKER_BASE_IMAGE) docker/build-base-image.sh
+
+docker-build: setup  ## docker compose build, on $(DOCKER_BASE_IMAGE) (make docker-base first)
+	BASE_IMAGE=$(DOCKER_BASE_IMAGE) $(COMPOSE) build
+
+docker-smoke: setup  ## the docker smoke test of CI: base, build, up, answers checked, torn down
+	docker/smoke-test.sh
 
 clean:  ## remove the virtual environment, trained models and caches
 	rm -rf $(VENV) models .pytest_cache .ruff_cache

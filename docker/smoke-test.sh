@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The docker smoke test (.ci/run, `make docker-smoke`): on a machine that can pull no image, build
+# the local base image, `docker compose build`, `up` (the trainer, then the API), wait for the
+# container's health check, then call the API from outside the container and check its answers
+# (docker/smoke_check.py), and that the container neither compiled kernels on start nor can write
+# its root filesystem. Everything it made is removed on exit, failure included.
+#
+# Needs root where something is missing: it installs docker.io and debootstrap with apt-get and
+# starts `dockerd --iptables=false` if no engine answers (and stops that engine again), and builds
+# the base image (docker/build-base-image.sh) unless SMOKE_BASE_IMAGE already exists.
+#   SMOKE_PROTOCOL=0        skip /v2/models/digits/infer, /metrics and the probe-log check
+#   SMOKE_BASE_IMAGE=...    the base image (default besvm-base:bookworm); SMOKE_REBUILD_BASE=1
+#   DOCKERD_STORAGE_DRIVER  overlay2 or vfs, for an engine this script starts (default: dockerd's)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STARTED_AT=$(date +%s)
+RUN_ID=${SMOKE_RUN_ID:-$$}
+PROJECT=besvm-smoke-$RUN_ID
+export IMAGE=besvm-smoke:$RUN_ID
+export BASE_IMAGE=${SMOKE_BASE_IMAGE:-besvm-base:bookworm}
+PYTHON=${PYTHON:-.venv/bin/python}
+HEALTH_TIMEOUT_S=${SMOKE_HEALTH_TIMEOUT_S:-600}
+UP_TIMEOUT_S=${SMOKE_UP_TIMEOUT_S:-1800}
+DOCKERD_PID=
+BUILT_BASE=
+
+log() { echo "== smoke: $*"; }
+elapsed() { echo "$(($(date +%s) - STARTED_AT)) s"; }
+
+apt_install() {
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "$* missing, and only root may install it (apt-get install $*)" >&2
+        return 1
+    fi
+    log "installing $*"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+compose() {
+    "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml "$@"
+}
+
+teardown() {
+    local status=$?
+    set +e
+    if [ "$status" -ne 0 ] && [ -n "${COMPOSE:-}" ]; then
+        log "failed: the containers' last log lines"
+        compose logs --no-color --tail 100
+    fi
+    if [ -n "${COMPOSE:-}" ]; then
+        log "tearing down"
+        compose down --volumes --remove-orphans --rmi all --timeout 30 >/dev/null 2>&1
+        docker image rm --force "$IMAGE" >/dev/null 2>&1
+        [ -n "$BUILT_BASE" ] && docker image rm --force "$BASE_IMAGE" >/dev/null 2>&1
+        [ "${CI:-}" = true ] && docker builder prune --force >/dev/null 2>&1
+    fi
+    if [ -n "$DOCKERD_PID" ]; then
+        log "stopping the engine it started"
+        kill "$DOCKERD_PID" && wait "$DOCKERD_PID"
+    fi
+    if [ "$status" -eq 0 ]; then log "passed in $(elapsed)"; else log "FAILED after $(elapsed)"; fi
+    exit "$status"
+}
+trap teardown EXIT
+
+# 1. An engine, and the base image script's debootstrap.
+if ! docker info >/dev/null 2>&1; then
+    command -v dockerd >/dev/null || apt_install docker.io
+    log "starting dockerd --iptables=false"
+    dockerd --iptables=false ${DOCKERD_STORAGE_DRIVER:+--storage-driver "$DOCKERD_STORAGE_DRIVER"} \
+        >/tmp/besvm-smoke-dockerd.log 2>&1 &
+    DOCKERD_PID=$!
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { cat /tmp/besvm-smoke-dockerd.log >&2; exit 1; }
+fi
+log "engine $(docker version --format '{{.Server.Version}}'), storage $(docker info --format '{{.Driver}}')"
+command -v debootstrap >/dev/null || apt_install debootstrap
+
+# The compose v2 plugin: docker's own if it has one, else the dev lock's (make setup): its binary
+# itself, since the .venv/bin/docker-compose wrapper drops the exit status.
+if docker compose version >/dev/null 2>&1; then
+    COMPOSE=(docker compose)
+else
+    COMPOSE=("$("$PYTHON" -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')")
+fi
+log "$("${COMPOSE[@]}" version)"
+
+# 2. The base image, unless there is one.
+if [ -n "${SMOKE_REBUILD_BASE:-}" ] || ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    log "building $BASE_IMAGE (debootstrap)"
+    BUILT_BASE=1
+    BASE_IMAGE_TAG=$BASE_IMAGE docker/build-base-image.sh >/dev/null
+    log "base built at $(elapsed)"
+fi
+
+# 3. Build and start: a free loopback port, limits that fit this machine.
+PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+CPUS=$(( $(nproc) < 2 ? $(nproc) : 2 ))
+export PORT BIND_ADDRESS=127.0.0.1 CPUS TRAINER_CPUS=$CPUS NUMBA_NUM_THREADS=$CPUS
+if [ ! -s "${BUILD_CA_FILE:-/etc/ssl/certs/ca-certificates.crt}" ]; then export BUILD_CA_FILE=/dev/null; fi
+log "compose build ($IMAGE from $BASE_IMAGE)"
+compose build --quiet
+log "built at $(elapsed): $(docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$IMAGE")"
+
+# The image: runs as uid 10001; holds no CA bundle, build directory, egg-info, pip or compiler
+# (searched as root, so that no directory is left unread).
+test "$(docker image inspect --format '{{.Config.User}}' "$IMAGE")" = 10001:10001
+found=$(docker run --rm --user 0 --entrypoint find "$IMAGE" / -xdev \( \
+    \( -type f \( -name '*.crt' -o -name '*.pem' -o -name build_ca \) \) -o -name '*.egg-info' \
+    -o -path /app -o -path '/*/build' -o -name pip -o -path '/usr/include/*' \
+    -o \( -path '/usr/bin/*' \( -name cc -o -name 'gcc*' -o -name 'c++' -o -name 'g++*' \) \) \) -print)
+if [ -n "$found" ]; then echo "the image holds what it must not: $found" >&2; exit 1; fi
+log "image: uid 10001; no CA bundle, build/, egg-info, pip or compiler"
+
+log "compose up -d (trainer, then api on 127.0.0.1:$PORT)"
+timeout "$UP_TIMEOUT_S" "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml up -d --quiet-pull
+trainer=$(compose ps --all --quiet trainer)
+test "$(docker inspect --format '{{.State.ExitCode}}' "$trainer")" = 0
+log "trained at $(elapsed)"
+
+api=$(compose ps --quiet api)
+deadline=$(($(date +%s) + HEALTH_TIMEOUT_S))
+until [ "$(docker inspect --format '{{.State.Health.Status}}' "$api")" = healthy ]; do
+    state=$(docker inspect --format '{{.State.Status}} {{.State.Health.Status}}' "$api")
+    case $state in
+        running\ starting | running\ unhealthy) ;;
+        *) echo "api container: $state" >&2; exit 1 ;;
+    esac
+    [ "$(date +%s)" -lt "$deadline" ] || { echo "api not healthy after $HEALTH_TIMEOUT_S s: $state" >&2; exit 1; }
+    sleep 2
+done
+log "api healthy at $(elapsed)"
+
+# 4. From outside the container: the answers, checked against the data set.
+"$PYTHON" docker/smoke_check.py "http://127.0.0.1:$PORT"
+
+# Nothing compiled on start (the kernels came from the image's cache), the root file system is
+# read-only, and the health probes left no access-log lines.
+listing='find . -type f -printf "%p %s\n" | sort'
+seed=$(docker exec "$api" sh -c "cd /var/cache/besvm/numba-seed && $listing")
+used=$(docker exec "$api" sh -c "cd \"\$NUMBA_CACHE_DIR\" && $listing")
+[ -n "$seed" ] && [ "$seed" = "$used" ] || { echo "numba compiled in the container:"; diff <(echo "$seed") <(echo "$used"); exit 1; } >&2
+log "no kernel compiled in the container ($(echo "$seed" | wc -l) cache files, all from the image)"
+if docker exec "$api" sh -c 'touch /opt/besvm/written /written' 2>/dev/null; then
+    echo "the root filesystem is writable" >&2
+    exit 1
+fi
+log "root filesystem read-only"
+if [ "${SMOKE_PROTOCOL:-1}" != 0 ]; then
+    probes=$(compose logs --no-color api | grep -c 'GET /readyz' || true)
+    [ "$probes" -eq 0 ] || { echo "$probes health-probe lines in the api's log" >&2; exit 1; }
+    log "no health-probe lines in the api's log"
+fi

@@ -1,0 +1,103 @@
+"""The docker smoke test's requests, sent from outside the container: ``python smoke_check.py URL``.
+
+Checks the answers against scikit-learn's digits (the data set the trainer fitted: items 1000 on
+are the held-out catalogue, ``test-<i>`` being item ``1000 + i``), not against the server's own
+output. ``SMOKE_PROTOCOL=0`` skips the Open Inference Protocol and /metrics checks (for a branch
+that does not serve them yet). Exits non-zero with a message on the first failed check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from sklearn.datasets import load_digits
+
+TIMEOUT_S = 60
+FIRST_HELD_OUT = 1000
+# item 1,009 of the digits, a held-out 7: the README's example
+KNOWN_ITEM = 1009
+
+
+def request(base: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    headers = {} if body is None else {"content-type": "application/json"}
+    req = urllib.request.Request(base + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def post_json(base: str, path: str, body: dict) -> dict:
+    status, payload = request(base, path, body)
+    check(status == 200, f"POST {path}: {status} {payload[:500]!r}")
+    return json.loads(payload)
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        sys.exit(f"smoke check failed: {message}")
+
+
+def main(base: str) -> None:
+    digits = load_digits()
+    truth = digits.target.astype(str)
+    items = list(range(FIRST_HELD_OUT, FIRST_HELD_OUT + 10))
+
+    answer = post_json(base, "/classify", {"instances": digits.images[items].tolist()})
+    labels = [prediction["label"] for prediction in answer["predictions"]]
+    right = sum(label == truth[i] for label, i in zip(labels, items, strict=True))
+    check(labels[items.index(KNOWN_ITEM)] == "7", f"/classify: item {KNOWN_ITEM} is a 7: {labels}")
+    check(right >= 8, f"/classify: {right}/10 held-out digits right: {labels}")
+    print(f"/classify: 200, {right}/10 held-out digits right, item {KNOWN_ITEM} -> 7")
+
+    answer = post_json(base, "/search", {"class": "7", "top_k": 3})
+    ids = [result["id"] for result in answer["results"]]
+    found = [truth[FIRST_HELD_OUT + int(item.removeprefix("test-"))] for item in ids]
+    check(len(ids) == 3 and found == ["7"] * 3, f"/search class 7: {ids} are {found}")
+    print(f"/search: 200, class 7 -> {ids}, all 7s")
+
+    if os.environ.get("SMOKE_PROTOCOL", "1") == "0":
+        print("SMOKE_PROTOCOL=0: /v2/models/digits/infer and /metrics not checked")
+        return
+
+    image = digits.images[KNOWN_ITEM].astype(np.float32)
+    answer = post_json(
+        base,
+        "/v2/models/digits/infer",
+        {
+            "id": "smoke-1",
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 8, 8],
+                    "data": image.ravel().tolist(),
+                }
+            ],
+        },
+    )
+    outputs = {output["name"]: output for output in answer["outputs"]}
+    check({"label", "scores"} <= outputs.keys(), f"/v2 infer outputs: {sorted(outputs)}")
+    check(outputs["label"]["data"] == ["7"], f"/v2 infer label: {outputs['label']['data']}")
+    scores = np.asarray(outputs["scores"]["data"], dtype=float).reshape(outputs["scores"]["shape"])
+    check(scores.shape == (1, 10), f"/v2 infer scores shape {scores.shape}")
+    print(f"/v2/models/digits/infer: 200, label 7, scores {list(scores.shape)}")
+
+    status, payload = request(base, "/metrics")
+    check(status == 200, f"GET /metrics: {status}")
+    families = [f.name for f in text_string_to_metric_families(payload.decode())]
+    ours = [name for name in families if name.startswith("besvm_")]
+    check(bool(ours), f"/metrics: no besvm_ metric among {families[:20]}")
+    print(f"/metrics: 200, {len(ours)} besvm_ metric families")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].rstrip("/"))
