@@ -78,7 +78,7 @@ def main(base: str) -> None:
                 {
                     "name": "input",
                     "datatype": "FP32",
-                    "shape": [1, 8, 8],
+                    "shape": [1, 8, 8, 1],
                     "data": image.ravel().tolist(),
                 }
             ],
