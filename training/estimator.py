@@ -597,16 +597,18 @@ class DenseTraining(TrainingInputs):
         return X, y
 
     def _flat(self, estimator, X, fitting: bool):
-        """Images (n, H, W[, C]) as flat rows, after checking their shape."""
+        """Images (n, H, W[, C]) as flat rows, after checking their shape against the spec."""
         if not hasattr(X, "ndim") or not hasattr(X, "shape") or sp.issparse(X) or X.ndim <= 2:
             return X
-        spec = InputSpec.for_array(np.asarray(X))
+        X = np.asarray(X)
         if fitting and self.spec is None:
-            self.spec = spec
-        expected = self.spec if not fitting or self.spec is not None else spec
-        if spec.n_features != expected.n_features:
-            raise ValueError(f"inputs of shape {X.shape[1:]} do not match {expected}")
-        return np.asarray(X).reshape(len(X), -1)
+            self.spec = InputSpec.for_array(X)
+        if X.shape[1:] not in self.spec.accepted_shapes:
+            raise ValueError(
+                f"inputs of shape {X.shape[1:]} are not {self.spec} (shapes accepted: "
+                f"{' or '.join(str(s) for s in self.spec.accepted_shapes)}, or flat rows)"
+            )
+        return X.reshape(len(X), -1)
 
     def check(self, specs) -> None:
         self._transform = (
