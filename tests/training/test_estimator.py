@@ -61,12 +61,12 @@ def test_scores_like_the_steps_done_by_hand_in_scikit_learn(digits_model, digits
     by_hand = make_pipeline(
         InputNormalizer(),
         BasisExpansion("rbf(gamma=1)", n_basis_per_class=8, normalization="nystroem(square)"),
-        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0),
+        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
     ).fit(X, y)
-    # One binary problem per class, solved side by side: liblinear's one-vs-rest problems, the
-    # same optimum to its tolerance.
+    # LinearSVC's objective, minimised by another solver: both near the optimum (LinearSVC's
+    # default tolerance alone moves the scores by about 2e-3).
     np.testing.assert_allclose(
-        digits_model.decision_function(X_test), by_hand.decision_function(X_test), atol=1e-6
+        digits_model.decision_function(X_test), by_hand.decision_function(X_test), atol=1e-3
     )
     np.testing.assert_array_equal(digits_model.predict(X_test), by_hand.predict(X_test))
 
