@@ -167,7 +167,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--max-iter",
         type=int,
         default=_DEFAULTS.max_iter,
-        help=f"LinearSVC iteration limit (default: {_DEFAULTS.max_iter})",
+        help=f"SVM solver iteration limit (default: {_DEFAULTS.max_iter})",
     )
     text = fit.add_argument_group("text data sets")
     text.add_argument(

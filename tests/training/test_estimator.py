@@ -18,6 +18,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from service.model import ArtifactError, BasisExpansion, InputNormalizer, Predictor
 from tests.api.conftest import serving
 from training import BasisExpandingSVC
+from training import estimator as estimator_module
 
 
 @parametrize_with_checks([BasisExpandingSVC(basis_per_class=5)])
@@ -77,6 +78,20 @@ def test_one_core_and_every_core_train_the_same_model(digits_arrays, digits_mode
     np.testing.assert_allclose(
         one.decision_function(X_test), digits_model.decision_function(X_test), rtol=1e-9
     )
+
+
+def test_classes_solved_in_parallel_groups_give_the_model_of_one_core(digits_arrays, monkeypatch):
+    X, y, X_test, _ = digits_arrays
+    monkeypatch.setattr(estimator_module, "WORK_PER_GROUP", 100_000)  # 4 groups of classes
+    models = [BasisExpandingSVC(basis_per_class=8, n_jobs=n).fit(X, y) for n in (1, 2)]
+    scores = [model.decision_function(X_test) for model in models]
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)
+    reference = make_pipeline(
+        InputNormalizer(),
+        BasisExpansion("rbf(gamma=1)", n_basis_per_class=8, normalization="nystroem(square)"),
+        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
+    ).fit(X, y)
+    np.testing.assert_allclose(scores[1], reference.decision_function(X_test), atol=1e-3)
 
 
 @pytest.mark.parametrize(
