@@ -454,8 +454,8 @@ def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, n
     n_samples, n_features = features.shape
     median = np.empty(n_features)
     differing = 0
-    # Column blocks of about 32 MiB: np.median copies what it reads.
-    width = max(1, (1 << 22) // max(n_samples, 1))
+    # Column blocks of about 8 MiB: np.median copies what it reads.
+    width = max(1, (1 << 20) // max(n_samples, 1))
     for start in range(0, n_features, width):
         block = features[:, start : start + width]
         median[start : start + width] = np.median(block, axis=0)
