@@ -22,7 +22,14 @@ from service.model.expansion import (
 from service.model.search import UnionOfSubspacesModel, read_catalogue
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.transforms import TRANSFORMS
-from training.datasets import DIGITS, FORTUNES, DatasetError, load_dataset
+from training.datasets import (
+    DIGITS,
+    FORTUNES,
+    DatasetError,
+    as_test_set,
+    load_dataset,
+    with_test_data,
+)
 from training.diagnostics import format_ratio
 from training.dictionary import UnionOfSubspacesSVM
 from training.evaluate import evaluate
@@ -52,6 +59,7 @@ from training.search import (
 )
 
 _DEFAULTS = FitConfig()
+DEFAULT_TEST_FRACTION = 0.25
 
 
 def _add_data_arguments(parser: argparse.ArgumentParser, default: str | None) -> None:
@@ -70,8 +78,14 @@ def _add_data_arguments(parser: argparse.ArgumentParser, default: str | None) ->
     group.add_argument(
         "--test-fraction",
         type=float,
-        default=0.25,
-        help="held-out fraction for files without X_test, stratified (default: 0.25)",
+        default=None,
+        help="held-out fraction for files without X_test, stratified; 0 trains on every item "
+        f"(digits too: all 1,797) (default: {DEFAULT_TEST_FRACTION}, or 0 with --test-data)",
+    )
+    group.add_argument(
+        "--test-data",
+        help="a separate test set, every item of it, in any format --data takes (its inputs "
+        "must match); --data then trains on every item",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of splits and random bases")
     group.add_argument(
@@ -142,10 +156,18 @@ def _build_parser() -> argparse.ArgumentParser:
         help=f"SVM regularisation constant (default: {_DEFAULTS.C:g})",
     )
     model.add_argument(
+        "--jobs",
+        dest="n_jobs",
+        type=int,
+        default=_DEFAULTS.n_jobs,
+        help="cores training uses: the expansion's threads and the classes' SVMs trained side "
+        f"by side; -1: every core (default: {_DEFAULTS.n_jobs})",
+    )
+    model.add_argument(
         "--max-iter",
         type=int,
         default=_DEFAULTS.max_iter,
-        help=f"LinearSVC iteration limit (default: {_DEFAULTS.max_iter})",
+        help=f"SVM solver iteration limit (default: {_DEFAULTS.max_iter})",
     )
     text = fit.add_argument_group("text data sets")
     text.add_argument(
@@ -419,16 +441,34 @@ def _status(args: argparse.Namespace, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def _test_fraction(args: argparse.Namespace) -> float:
+    """--test-fraction, whose default depends on --test-data (which replaces the split)."""
+    if args.test_fraction is None:
+        return 0.0 if args.test_data else DEFAULT_TEST_FRACTION
+    if args.test_data and args.test_fraction != 0:
+        raise DatasetError(
+            "--test-data replaces the held-out split: leave out --test-fraction (or give 0)"
+        )
+    return args.test_fraction
+
+
 def _load_data(args: argparse.Namespace, default_source=None):
+    test_fraction = _test_fraction(args)
     if args.data is None and default_source is not None:
-        return load_dataset(default_source)
-    return load_dataset(
-        args.data,
-        test_fraction=args.test_fraction,
-        seed=args.seed,
-        input_shape=args.input_shape,
-        label_column=args.label_column,
-    )
+        dataset = load_dataset(default_source)
+    else:
+        dataset = load_dataset(
+            args.data,
+            test_fraction=test_fraction,
+            seed=args.seed,
+            input_shape=args.input_shape,
+            label_column=args.label_column,
+        )
+    if args.test_data is not None:
+        dataset = with_test_data(
+            dataset, args.test_data, input_shape=args.input_shape, label_column=args.label_column
+        )
+    return dataset
 
 
 def _run_fit(args: argparse.Namespace) -> int:
@@ -453,15 +493,19 @@ def _run_fit(args: argparse.Namespace) -> int:
         seed=args.seed,
         min_df=args.min_df,
         stop_words=None if args.stop_words == "none" else args.stop_words,
+        n_jobs=args.n_jobs,
     )
     _status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
     result = fit_besvm(dataset, config, name=name, verbose=not args.quiet)
     predictor = result.predictor
-    started = time.perf_counter()
-    test_accuracy = float((predictor.predict(dataset.X_test) == dataset.y_test).mean())
-    predict_seconds = time.perf_counter() - started
+    n_test = len(dataset.y_test)
+    test_accuracy = predict_seconds = None
+    if n_test:
+        started = time.perf_counter()
+        test_accuracy = float((predictor.predict(dataset.X_test) == dataset.y_test).mean())
+        predict_seconds = time.perf_counter() - started
     predictor.metadata["training"]["test_accuracy"] = test_accuracy
-    predictor.metadata["training"]["n_test"] = len(dataset.y_test)
+    predictor.metadata["training"]["n_test"] = n_test
     retired_search = search_dir(out).exists()
     predictor.save(out, overwrite=args.force)
     if retired_search:
@@ -488,12 +532,17 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"basis            {predictor.n_basis} items ({config.basis_strategy}, "
                 f"{config.basis_per_class} per class), {predictor.coef.shape[1]} features",
                 f"train accuracy   {result.train_accuracy:.2%}",
-                f"test accuracy    {test_accuracy:.2%}",
+                "test accuracy    none: no test split, trained on every item (--test-fraction 0)"
+                if test_accuracy is None
+                else f"test accuracy    {test_accuracy:.2%}",
                 f"train time       {timings['train_seconds']:.2f} s (expansion "
                 f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
-                f"test prediction  {1e6 * predict_seconds / max(len(dataset.y_test), 1):.1f} "
-                "µs per item",
             ]
+            + (
+                []
+                if predict_seconds is None
+                else [f"test prediction  {1e6 * predict_seconds / n_test:.1f} µs per item"]
+            )
             + [
                 f"eigenvalues      {name}: NgRat {format_ratio(d['ngrat'])}, "
                 f"NgEng {format_ratio(d['ngeng'])}"
@@ -507,7 +556,7 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     predictor = Predictor.load(args.model)
-    dataset = _model_dataset(args, predictor)
+    dataset = _evaluation_dataset(args, predictor)
     text_model = predictor.vocabulary is not None
     if (dataset.input_spec.kind == "text") != text_model or (
         not text_model and dataset.input_spec.n_features != predictor.input_spec.n_features
@@ -519,6 +568,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     unknown = sorted(set(np.unique(dataset.y_test).tolist()) - set(predictor.classes))
     if unknown:
         raise DatasetError(f"test labels unknown to the model: {unknown[:10]}")
+    if not len(dataset.y_train):
+        _status(args, f"no training split in {dataset.name}: no baselines, the model alone")
     _status(args, f"evaluating {predictor.name} on {len(dataset.y_test):,} held-out items ...")
     evaluation = evaluate(predictor, dataset, repeats=args.repeats)
     print(
@@ -540,6 +591,21 @@ def _model_dataset(args: argparse.Namespace, predictor: Predictor):
     if args.data is None and recorded is None:
         raise DatasetError(f"{args.model} records no training data set: pass --data")
     return _load_data(args, default_source=recorded)
+
+
+def _evaluation_dataset(args: argparse.Namespace, predictor: Predictor):
+    """What ``evaluate`` scores on: the test split of --data (the model's data by default) or
+    --test-data; with --data and --test-fraction 0, every item of --data, without baselines."""
+    dataset = _model_dataset(args, predictor)
+    if len(dataset.y_test):
+        return dataset
+    if args.data is not None:
+        return as_test_set(dataset)
+    raise DatasetError(
+        f"{args.model} was trained on every item of its data set (no test split): score it on "
+        "other data with --test-data FILE, or on a whole data set with --data FILE "
+        "--test-fraction 0"
+    )
 
 
 def _run_dictionary(args: argparse.Namespace) -> int:

@@ -16,7 +16,9 @@ Text data sets hold raw documents for a bag-of-words model: their input spec is 
 - A ``.jsonl`` file, one ``{"text": ..., "label": ...}`` object a line.
 
 Files without their own test split are split with a stratified, seeded ``train_test_split``;
-``Dataset.source`` records how to load the same data and split again.
+a test fraction of 0 keeps every item for training (digits too: all 1,797), and
+:func:`with_test_data` takes the test split from another file instead. ``Dataset.source``
+records how to load the same data and split again.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ def load_dataset(
         ``"digits"``, ``"fortunes"``, a path to a ``.npz``, ``.csv`` or ``.jsonl`` file, a path
         to a folder of class sub-folders, or a recorded ``Dataset.source``.
     test_fraction : float, default=0.25
-        Held-out fraction for files without their own test split (stratified, seeded).
+        Held-out fraction for files without their own test split (stratified, seeded); 0
+        keeps every item for training (an empty test split), digits included.
     seed : int, default=0
     input_shape : str, optional
         ``grid(H, W, C)`` to read flat file rows as grids (numeric data sets only).
@@ -113,12 +116,16 @@ def load_dataset(
     """
     if isinstance(source, dict):
         recorded = dict(source)
+        test_data = recorded.pop("test_data", None)
         path = recorded.pop("path", DIGITS)
         if path == FORTUNES:
-            return _load_recorded_fortunes(recorded)
-        return load_dataset(path, **recorded)
+            dataset = _load_recorded_fortunes(recorded)
+        else:
+            dataset = load_dataset(path, **recorded)
+        return dataset if test_data is None else with_test_data(dataset, test_data)
     if source == DIGITS:
-        return load_digits_dataset()
+        _check_test_fraction(test_fraction)
+        return load_digits_dataset(every_item=test_fraction == 0)
     if source == FORTUNES:
         _refuse_input_shape(FORTUNES, input_shape)
         return load_fortunes_dataset(test_fraction=test_fraction, seed=seed)
@@ -169,25 +176,93 @@ def load_dataset(
         return Dataset(path.stem, spec, X, y, X_test, y_test, source=recorded)
     _check_test_fraction(test_fraction)
     try:
-        X_train, X_test, y_train, y_test = train_test_split(
-            X, y, test_size=test_fraction, random_state=seed, stratify=y
-        )
+        X_train, X_test, y_train, y_test = _split(X, y, test_fraction, seed)
     except ValueError as error:
         raise DatasetError(f"{path}: cannot make a stratified split: {error}") from None
     recorded |= {"test_fraction": test_fraction, "seed": seed}
     return Dataset(path.stem, spec, X_train, y_train, X_test, y_test, source=recorded)
 
 
-def load_digits_dataset() -> Dataset:
-    """scikit-learn's 1,797 8x8 digits as ``grid(8, 8, 1)``: first 1,000 train, 797 test."""
+def load_digits_dataset(every_item: bool = False) -> Dataset:
+    """scikit-learn's 1,797 8x8 digits as ``grid(8, 8, 1)``: first 1,000 train, 797 test; or
+    with ``every_item`` all 1,797 train and none test."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
     X = digits.data.astype(np.float64)
     y = digits.target.astype(str)
-    n = DIGITS_TRAIN_SIZE
+    n = len(y) if every_item else DIGITS_TRAIN_SIZE
     spec = InputSpec("grid", (8, 8, 1))
-    return Dataset(DIGITS, spec, X[:n], y[:n], X[n:], y[n:], source={"path": DIGITS})
+    source = {"path": DIGITS, "test_fraction": 0.0} if every_item else {"path": DIGITS}
+    return Dataset(DIGITS, spec, X[:n], y[:n], X[n:], y[n:], source=source)
+
+
+def with_test_data(
+    dataset: Dataset,
+    test_source: str | dict[str, Any],
+    *,
+    input_shape: str | None = None,
+    label_column: str = "label",
+) -> Dataset:
+    """``dataset`` with every item of another data set as its test split.
+
+    Parameters
+    ----------
+    dataset : Dataset
+        Its training split is kept, its test split replaced.
+    test_source : str or dict
+        A data set as :func:`load_dataset` takes it; all of its items (a file's own test
+        split included) become the test split.
+    input_shape, label_column
+        How to read the test file, as :func:`load_dataset` takes them.
+
+    Returns
+    -------
+    Dataset
+        Its ``source`` records the test data under ``test_data``.
+
+    Raises
+    ------
+    DatasetError
+        The test data cannot be loaded, or its inputs differ from the training inputs.
+    """
+    if isinstance(test_source, dict):
+        test = load_dataset(test_source)
+    else:
+        test = load_dataset(
+            test_source, test_fraction=0.0, input_shape=input_shape, label_column=label_column
+        )
+    if test.input_spec.is_documents != dataset.input_spec.is_documents or (
+        not dataset.input_spec.is_documents
+        and test.input_spec.n_features != dataset.input_spec.n_features
+    ):
+        raise DatasetError(
+            f"test data {test.name} has input {test.input_spec}, the training data "
+            f"{dataset.name} {dataset.input_spec}"
+        )
+    X_test = np.concatenate([test.X_train, test.X_test])
+    y_test = np.concatenate([test.y_train, test.y_test])
+    if len(y_test) == 0:
+        raise DatasetError(f"test data {test.name} holds no items")
+    source = {**dataset.source, "test_data": test.source}
+    return Dataset(
+        dataset.name, dataset.input_spec, dataset.X_train, dataset.y_train, X_test, y_test, source
+    )
+
+
+def as_test_set(dataset: Dataset) -> Dataset:
+    """Every item of ``dataset`` as its test split, and no training split (to score a model on
+    a whole data set)."""
+    X = np.concatenate([dataset.X_train, dataset.X_test])
+    y = np.concatenate([dataset.y_train, dataset.y_test])
+    return Dataset(dataset.name, dataset.input_spec, X[:0], y[:0], X, y, dict(dataset.source))
+
+
+def _split(X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int):
+    """A stratified, seeded split; with a test fraction of 0 every item trains."""
+    if test_fraction == 0:
+        return X, X[:0], y, y[:0]
+    return train_test_split(X, y, test_size=test_fraction, random_state=seed, stratify=y)
 
 
 def _read_npz(path: Path):
@@ -295,8 +370,11 @@ def _input_spec(path: Path, X: np.ndarray, input_shape: str | None) -> InputSpec
 
 
 def _check_test_fraction(test_fraction: float) -> None:
-    if not 0.0 < test_fraction < 1.0:
-        raise DatasetError(f"test fraction must be between 0 and 1, got {test_fraction}")
+    if not 0.0 <= test_fraction < 1.0:
+        raise DatasetError(
+            f"test fraction must be at least 0 (0: train on every item) and below 1, "
+            f"got {test_fraction}"
+        )
 
 
 # -- text data sets -----------------------------------------------------------------------------
@@ -567,9 +645,7 @@ def _split_text(
     X[:] = documents
     y = np.asarray(list(labels), dtype=str)
     try:
-        X_train, X_test, y_train, y_test = train_test_split(
-            X, y, test_size=test_fraction, random_state=seed, stratify=y
-        )
+        X_train, X_test, y_train, y_test = _split(X, y, test_fraction, seed)
     except ValueError as error:
         fewest = _fewest(y)
         raise DatasetError(

@@ -268,7 +268,7 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
     predictor : Predictor
     dataset : Dataset
         Its test split is the held-out set; baselines train on its training split, transformed
-        by the model's input transform.
+        by the model's input transform (none without a training split).
     repeats : int
         Prediction timings are the median of this many runs over the whole test set.
 
@@ -293,7 +293,9 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
             per_class_recall=_per_class_recall(y_test, predicted),
         )
     ]
-    if predictor.vocabulary is not None:
+    if not len(dataset.y_train):
+        pass  # a whole data set scored: nothing to train baselines on
+    elif predictor.vocabulary is not None:
         results += evaluate_text_baselines(
             dataset.X_train, dataset.y_train, X_test, y_test, predictor.vocabulary, repeats
         )

@@ -459,7 +459,9 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         raw -= self.offset_
         raw /= self.scale_
         if self.projection_ is not None:
-            project_blocks(raw, self.projection_)
+            # By row chunks: a product's temporary is one chunk, not a second training set.
+            for rows in self._chunks(X.shape[0], desc="projecting"):
+                project_blocks(raw[rows], self.projection_)
         return raw
 
     def transform(self, X):

@@ -78,8 +78,10 @@ def test_the_readme_curl_example_answers_as_printed(live_server):
     (printed,) = json.loads(shown.group(1))["predictions"]
     assert served["label"] == printed["label"]
     assert [c["label"] for c in served["top_k"]] == [c["label"] for c in printed["top_k"]]
+    # The printed scores are the default model's: two SVM solvers (or tolerances) reaching
+    # LinearSVC's optimum differ by up to 1e-3 in the scores (see tests/model/test_predictor.py).
     for got, expected in zip(served["top_k"], printed["top_k"], strict=True):
-        assert got["score"] == pytest.approx(expected["score"], rel=1e-6)
+        assert got["score"] == pytest.approx(expected["score"], abs=1e-3)
 
 
 @pytest.mark.parametrize("path", ["/docs", "/openapi.json"])

@@ -21,6 +21,11 @@ from service.model.transforms import InputTransform
 from training.datasets import Dataset
 from training.fit import FitConfig, fit_besvm
 
+# The trainer minimises LinearSVC's objective with its own solver (on the shared feature matrix),
+# to a tighter tolerance than LinearSVC's default (whose scores are up to 2e-3 from the optimum's);
+# references are LinearSVC at tol=1e-8: both within 1e-6 of the optimum, compared within this.
+SOLVER_TOLERANCE = 1e-5
+
 
 def assert_labels_of_the_best_scores(labels, scores, classes, tolerance):
     """Each label is its row's best class by ``scores`` (computed another way, and so known
@@ -57,12 +62,12 @@ def test_scores_equal_a_scikit_learn_pipeline_of_the_same_steps(digits_fit, digi
     pipeline = make_pipeline(
         InputNormalizer(),
         BasisExpansion("rbf(gamma=1)", n_basis_per_class=25, normalization="nystroem(square)"),
-        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0),
+        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
     ).fit(digits.X_train, digits.y_train)
     expected = pipeline.decision_function(digits.X_test)
     actual = digits_fit.predictor.decision_function(digits.X_test)
-    np.testing.assert_allclose(actual, expected, rtol=1e-9, atol=1e-9)
-    tolerance = 1e-9 * (1.0 + np.abs(expected).max())
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=SOLVER_TOLERANCE)
+    tolerance = SOLVER_TOLERANCE
     assert_labels_of_the_best_scores(
         digits_fit.predictor.predict(digits.X_test), expected, pipeline.classes_, tolerance
     )
@@ -84,13 +89,13 @@ def test_two_classes_score_and_predict_like_linear_svc(digits):
     pipeline = make_pipeline(
         InputNormalizer(),
         BasisExpansion(n_basis_per_class=10, normalization="nystroem(square)"),
-        LinearSVC(dual="auto", max_iter=10_000, random_state=0),
+        LinearSVC(dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
     ).fit(binary.X_train, binary.y_train)
     scores = predictor.decision_function(binary.X_test)
     margin = pipeline.decision_function(binary.X_test)
-    np.testing.assert_allclose(scores[:, 1], margin, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(scores[:, 1], margin, rtol=0, atol=SOLVER_TOLERANCE)
     np.testing.assert_allclose(scores[:, 0], -scores[:, 1])
-    tolerance = 1e-9 * (1.0 + np.abs(margin).max())
+    tolerance = SOLVER_TOLERANCE
     assert_labels_of_the_best_scores(
         predictor.predict(binary.X_test), np.column_stack([-margin, margin]), ("3", "8"), tolerance
     )
@@ -188,7 +193,7 @@ def hog_pipeline(digits):
             normalization="nystroem(flip)",
             grid_shape=(4, 4, 6),
         ),
-        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0),
+        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
     ).fit(hog_cells(digits.X_train), digits.y_train)
 
 
@@ -198,7 +203,7 @@ def test_transform_and_projection_score_like_the_steps_done_by_hand(
     expected = hog_pipeline.decision_function(hog_cells(digits.X_test[:50]))
     predictor = hog_nystroem_fit.predictor
     np.testing.assert_allclose(
-        predictor.decision_function(digits.X_test[:50]), expected, rtol=1e-8, atol=1e-8
+        predictor.decision_function(digits.X_test[:50]), expected, rtol=0, atol=SOLVER_TOLERANCE
     )
     assert predictor.grid_shape == (4, 4, 6)
     assert predictor.feature_projection.shape == (2, 40, 40)
@@ -222,7 +227,7 @@ def test_transform_and_projection_survive_the_artifact(
     answers = loaded.classify(digits.X_test[:20].reshape(20, 8, 8).tolist(), top_k=2)
     expected = hog_pipeline.decision_function(hog_cells(digits.X_test[:20]))
     classes = list(hog_pipeline.classes_)
-    tolerance = 1e-8 * (1.0 + np.abs(expected).max())
+    tolerance = SOLVER_TOLERANCE
     assert_labels_of_the_best_scores([a.label for a in answers], expected, classes, tolerance)
     for answer, row in zip(answers, expected, strict=True):
         ranked = [classes.index(label) for label, _ in answer.ranked]

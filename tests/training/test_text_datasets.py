@@ -175,11 +175,20 @@ def test_text_data_sets_take_no_input_shape(tmp_path):
         load_dataset(str(root), input_shape="grid(2, 2, 1)")
 
 
-@pytest.mark.parametrize("test_fraction", [0.0, 1.0])
+@pytest.mark.parametrize("test_fraction", [-0.1, 1.0])
 def test_text_data_sets_check_the_test_fraction(tmp_path, test_fraction):
     root = _corpus(tmp_path)
-    with pytest.raises(DatasetError, match="test fraction must be between 0 and 1"):
+    with pytest.raises(DatasetError, match="test fraction must be at least 0"):
         load_dataset(str(root), test_fraction=test_fraction)
+
+
+def test_a_test_fraction_of_0_keeps_every_document_for_training(tmp_path):
+    root = _corpus(tmp_path)
+    everything = load_dataset(str(root), test_fraction=0.0)
+    split = load_dataset(str(root))
+    assert len(everything.y_test) == 0
+    assert len(everything.y_train) == len(split.y_train) + len(split.y_test)
+    assert sorted(everything.X_train.tolist()) == sorted([*split.X_train, *split.X_test])
 
 
 # -- a JSON Lines file --------------------------------------------------------------------------

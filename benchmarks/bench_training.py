@@ -1,0 +1,123 @@
+"""Training time and peak memory of BasisExpandingSVC against the one-LinearSVC baseline.
+
+The baseline is the trainer as it was before the one-vs-rest SVMs trained side by side: the same
+input normalisation and basis expansion, then one scikit-learn ``LinearSVC`` (liblinear trains
+the classes one after the other). Each method runs in its own process (so each has its own peak
+resident memory), ``--repeats`` times; printed: the median training time, its ratio to the
+baseline's, and the peak memory added by training (peak RSS minus the RSS before training)
+as a multiple of the expanded feature matrix.
+
+Data: ``make_classification``, ``--n`` items of ``--dim`` features in ``--classes`` classes,
+``--basis`` basis items per class (feature matrix n x classes * basis, float64).
+
+Run: ``.venv/bin/python benchmarks/bench_training.py [--n 20000 --basis 50]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _current_rss_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+
+def _data(n: int, dim: int, classes: int):
+    from sklearn.datasets import make_classification
+
+    return make_classification(
+        n_samples=n,
+        n_features=dim,
+        n_informative=dim // 2,
+        n_classes=classes,
+        n_clusters_per_class=2,
+        random_state=0,
+    )
+
+
+def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
+    """Train once in this process; the numbers as a dict."""
+    import numpy as np
+    from sklearn.svm import LinearSVC
+
+    from service.model import BasisExpansion, InputNormalizer
+    from training import BasisExpandingSVC
+
+    X, y = _data(n, dim, classes)
+    # Compile the kernels and load every library before the memory baseline is read.
+    BasisExpandingSVC(basis_per_class=2, n_jobs=1).fit(X[:200], y[:200])
+    before = _current_rss_bytes()
+    started = time.perf_counter()
+    if method == "one LinearSVC":
+        X_hat = InputNormalizer().fit_transform(X)
+        expansion = BasisExpansion(
+            "rbf(gamma=1)", n_basis_per_class=basis, normalization="nystroem(square)"
+        )
+        features = expansion.fit_transform(X_hat, y)
+        svm = LinearSVC(dual="auto", max_iter=10_000, random_state=0).fit(features, y)
+        accuracy = float((svm.predict(features) == y).mean())
+    else:
+        n_jobs = int(method.split("=")[1])
+        model = BasisExpandingSVC(basis_per_class=basis, n_jobs=n_jobs).fit(X, y)
+        accuracy = model.train_accuracy_
+    seconds = time.perf_counter() - started
+    n_features = classes * basis
+    return {
+        "method": method,
+        "seconds": seconds,
+        "train_accuracy": accuracy,
+        "added_bytes": _peak_rss_bytes() - before,
+        "feature_bytes": n * n_features * np.dtype(np.float64).itemsize,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--basis", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: run this method
+    args = parser.parse_args()
+    shape = [str(args.n), str(args.dim), str(args.classes), str(args.basis)]
+    if args.one:
+        print(json.dumps(_run_one(args.one, args.n, args.dim, args.classes, args.basis)))
+        return
+    methods = ["one LinearSVC", "n_jobs=1", "n_jobs=-1"]
+    runs: dict[str, list[dict]] = {m: [] for m in methods}
+    for _ in range(args.repeats):
+        for method in methods:  # interleaved, so that noise falls on every method alike
+            command = [sys.executable, __file__, "--one", method, "--n", shape[0]]
+            command += ["--dim", shape[1], "--classes", shape[2], "--basis", shape[3]]
+            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            runs[method].append(json.loads(output.strip().splitlines()[-1]))
+    feature_mb = runs[methods[0]][0]["feature_bytes"] / 2**20
+    print(
+        f"n={args.n} d={args.dim} classes={args.classes} basis/class={args.basis}: features "
+        f"{feature_mb:.0f} MiB; median of {args.repeats}"
+    )
+    base = statistics.median(r["seconds"] for r in runs[methods[0]])
+    print(f"{'method':<15} {'train s':>8} {'vs base':>8} {'peak added':>11} {'train acc':>9}")
+    for method in methods:
+        seconds = statistics.median(r["seconds"] for r in runs[method])
+        added = statistics.median(r["added_bytes"] / r["feature_bytes"] for r in runs[method])
+        accuracy = runs[method][0]["train_accuracy"]
+        print(
+            f"{method:<15} {seconds:>8.2f} {seconds / base:>7.2f}x {added:>10.2f}x {accuracy:>9.2%}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""BasisExpandingSVC, the Python API: scikit-learn's estimator checks, agreement with the steps
+done by hand in scikit-learn, every input kind, and the artifact served as it is."""
+
+import warnings
+
+import httpx
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.datasets import load_digits, load_iris
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import LinearSVC
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from service.model import ArtifactError, BasisExpansion, InputNormalizer, Predictor
+from tests.api.conftest import serving
+from training import BasisExpandingSVC
+from training import estimator as estimator_module
+
+
+@parametrize_with_checks([BasisExpandingSVC(basis_per_class=5)])
+def test_scikit_learn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+TOPICS = {
+    "space": "rocket orbit planet moon launch star galaxy telescope astronaut comet",
+    "food": "bread cheese butter apple soup recipe kitchen oven dinner pepper",
+    "law": "court judge lawyer trial verdict appeal contract witness jury statute",
+}
+
+
+def topic_texts(n_per_class: int, seed: int) -> tuple[list[str], np.ndarray]:
+    """Short texts drawn from each topic's words and a few shared ones."""
+    rng = np.random.default_rng(seed)
+    shared = ["the", "of", "people", "time", "world"]
+    texts, labels = [], []
+    for label, words in TOPICS.items():
+        for _ in range(n_per_class):
+            texts.append(" ".join(rng.choice(words.split() * 2 + shared, size=12)))
+            labels.append(label)
+    return texts, np.array(labels)
+
+
+@pytest.fixture(scope="module")
+def digits_arrays():
+    X, y = load_digits(return_X_y=True)
+    return X[:600], y[:600], X[1000:1300], y[1000:1300]
+
+
+@pytest.fixture(scope="module")
+def digits_model(digits_arrays):
+    X, y, _, _ = digits_arrays
+    return BasisExpandingSVC(basis_per_class=8).fit(X, y)
+
+
+def test_scores_like_the_steps_done_by_hand_in_scikit_learn(digits_model, digits_arrays):
+    X, y, X_test, _ = digits_arrays
+    by_hand = make_pipeline(
+        InputNormalizer(),
+        BasisExpansion("rbf(gamma=1)", n_basis_per_class=8, normalization="nystroem(square)"),
+        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
+    ).fit(X, y)
+    # LinearSVC's objective, minimised by another solver: both near the optimum (LinearSVC's
+    # default tolerance alone moves the scores by about 2e-3; here both are within 1e-6).
+    np.testing.assert_allclose(
+        digits_model.decision_function(X_test), by_hand.decision_function(X_test), atol=1e-5
+    )
+    np.testing.assert_array_equal(digits_model.predict(X_test), by_hand.predict(X_test))
+
+
+def test_one_core_and_every_core_train_the_same_model(digits_arrays, digits_model):
+    X, y, X_test, _ = digits_arrays
+    one = BasisExpandingSVC(basis_per_class=8, n_jobs=1).fit(X, y)
+    np.testing.assert_allclose(
+        one.decision_function(X_test), digits_model.decision_function(X_test), rtol=1e-9
+    )
+
+
+def test_classes_solved_in_parallel_groups_give_the_model_of_one_core(digits_arrays, monkeypatch):
+    X, y, X_test, _ = digits_arrays
+    monkeypatch.setattr(estimator_module, "WORK_PER_GROUP", 100_000)  # 4 groups of classes
+    models = [BasisExpandingSVC(basis_per_class=8, n_jobs=n).fit(X, y) for n in (1, 2)]
+    scores = [model.decision_function(X_test) for model in models]
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)
+    reference = make_pipeline(
+        InputNormalizer(),
+        BasisExpansion("rbf(gamma=1)", n_basis_per_class=8, normalization="nystroem(square)"),
+        LinearSVC(C=1.0, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
+    ).fit(X, y)
+    np.testing.assert_allclose(scores[1], reference.decision_function(X_test), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        np.array(["zero", "one", "two"]),
+        np.array([10, -3, 7]),
+        np.array([1.0, 2.0, 4.0]),
+    ],
+    ids=["str", "int", "float"],
+)
+def test_labels_of_any_type_come_back_as_given(labels):
+    X, y = load_iris(return_X_y=True)
+    model = BasisExpandingSVC(basis_per_class=5).fit(X, labels[y])
+    np.testing.assert_array_equal(model.classes_, np.sort(labels))
+    predicted = model.predict(X)
+    assert predicted.dtype == labels.dtype
+    assert (predicted == labels[y]).mean() > 0.9
+    scores = model.decision_function(X)
+    assert scores.shape == (150, 3)
+    np.testing.assert_array_equal(model.classes_[scores.argmax(axis=1)], predicted)
+
+
+def test_two_classes_have_one_score_positive_for_the_second():
+    X, y = load_iris(return_X_y=True)
+    labels = np.where(y == 2, "virginica", "other")
+    model = BasisExpandingSVC(basis_per_class=5).fit(X, labels)
+    scores = model.decision_function(X)
+    assert scores.shape == (150,)
+    np.testing.assert_array_equal(
+        model.predict(X), np.where(scores > 0, model.classes_[1], model.classes_[0])
+    )
+    assert model.score(X, labels) > 0.9
+
+
+def test_images_as_grids_flat_rows_or_with_a_grid_measure(digits_arrays):
+    X, y, X_test, y_test = digits_arrays
+    images = BasisExpandingSVC(basis_per_class=5, similarity="rigid(1)").fit(X.reshape(-1, 8, 8), y)
+    assert str(images.input_spec_) == "grid(8, 8, 1)"
+    flat = BasisExpandingSVC(
+        basis_per_class=5, similarity="rigid(1)", input_shape="grid(8, 8, 1)"
+    ).fit(X, y)
+    np.testing.assert_allclose(
+        images.decision_function(X_test.reshape(-1, 8, 8)), flat.decision_function(X_test)
+    )
+    assert images.score(X_test, y_test) > 0.8
+    with pytest.raises(ValueError, match="grid"):  # a grid measure on vectors
+        BasisExpandingSVC(basis_per_class=2, similarity="rigid(1)").fit(X, y)
+    with pytest.raises(ValueError, match="grid"):
+        images.predict(X_test.reshape(-1, 4, 16, 1)[:, :, :, :1].reshape(-1, 4, 16))
+
+
+def test_documents_as_a_list_of_texts():
+    texts, labels = topic_texts(30, 0)
+    test_texts, test_labels = topic_texts(10, 1)
+    model = BasisExpandingSVC(similarity="sensing1(n=150) + linear", basis_per_class=6, min_df=1)
+    model.fit(texts, labels)
+    assert str(model.input_spec_) == "text"
+    assert model.predictor_.vocabulary is not None
+    assert model.score(test_texts, test_labels) > 0.8
+    assert model.decision_function(np.array(test_texts, dtype=object)).shape == (30, 3)
+    with pytest.raises(ValueError, match="sequence of texts"):
+        model.predict(np.zeros((2, 5)))
+    with pytest.raises(ValueError, match=r"does not apply|documents|text"):
+        BasisExpandingSVC(similarity="rigid(1)", min_df=1).fit(texts, labels)
+
+
+def test_works_in_a_pipeline_under_grid_search_and_clones():
+    X, y = load_iris(return_X_y=True)
+    search = GridSearchCV(
+        make_pipeline(StandardScaler(), BasisExpandingSVC(basis_per_class=5, n_jobs=1)),
+        {
+            "basisexpandingsvc__C": [0.1, 10.0],
+            "basisexpandingsvc__similarity": ["linear", "rbf(gamma=1)"],
+        },
+        cv=3,
+    ).fit(X, y)
+    assert set(search.cv_results_["params"][0]) == {
+        "basisexpandingsvc__C",
+        "basisexpandingsvc__similarity",
+    }
+    assert search.best_score_ > 0.85
+    fitted = search.best_estimator_[-1]
+    copy = clone(fitted)
+    assert copy.get_params() == fitted.get_params()
+    assert not hasattr(copy, "predictor_")
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"similarity": "auto"}, "not available yet"),
+        ({"similarity": "nonsense(3)"}, "nonsense"),
+        ({"normalization": "sideways"}, "sideways"),
+        ({"input_transform": "hog(2, 9)"}, "grid"),
+        ({"input_shape": "grid(3, 3, 1)"}, "9 numbers"),
+    ],
+)
+def test_bad_settings_are_refused_in_fit_with_a_message(params, message):
+    X, y = load_iris(return_X_y=True)
+    estimator = BasisExpandingSVC(basis_per_class=2, **params)  # __init__ only stores them
+    with pytest.raises(ValueError, match=message):
+        estimator.fit(X, y)
+
+
+def test_labels_that_are_equal_as_text_are_refused():
+    X, _ = load_iris(return_X_y=True)
+    y = np.array([1, "1"] * 75, dtype=object)
+    with pytest.raises(ValueError, match=r"not distinct as text|Unknown label type|Mix"):
+        BasisExpandingSVC(basis_per_class=2).fit(X, y)
+
+
+def test_a_solver_stopped_early_warns_once_from_the_calling_thread(digits_arrays):
+    X, y, _, _ = digits_arrays
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        BasisExpandingSVC(basis_per_class=8, max_iter=1, C=100.0).fit(X, y)
+    convergence = [w for w in caught if issubclass(w.category, ConvergenceWarning)]
+    assert len(convergence) == 1
+    assert "max_iter=1" in str(convergence[0].message)
+
+
+@pytest.mark.slow
+def test_a_saved_model_loads_and_is_served_as_it_is(digits_model, digits_arrays, tmp_path):
+    _, y, X_test, _ = digits_arrays
+    path = digits_model.save(tmp_path / "notebook-digits", record={"note": "from a notebook"})
+    loaded = Predictor.load(path)
+    assert loaded.name == "notebook-digits"
+    assert loaded.metadata["training"]["note"] == "from a notebook"
+    assert loaded.metadata["training"]["n_train"] == len(y)
+    assert set(loaded.metadata["diagnostics"]) == {"rbf(gamma=1)"}
+    np.testing.assert_allclose(
+        loaded.decision_function(X_test), digits_model.decision_function(X_test), rtol=1e-9
+    )
+    expected = [str(label) for label in digits_model.predict(X_test[:40])]
+    with pytest.raises(ArtifactError, match="exists"):
+        digits_model.save(path)
+    digits_model.save(path, overwrite=True)  # replaced (by rename)
+    with serving(path) as url:
+        response = httpx.post(
+            f"{url}/classify",
+            json={"instances": X_test[:40].tolist(), "top_k": 10},
+            timeout=30,
+        )
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert [p["label"] for p in predictions] == expected
+    scores = digits_model.decision_function(X_test[:40])
+    for prediction, row in zip(predictions, scores, strict=True):
+        served = {c["label"]: c["score"] for c in prediction["top_k"]}
+        np.testing.assert_allclose(
+            [served[str(c)] for c in digits_model.classes_], row, rtol=1e-6, atol=1e-9
+        )

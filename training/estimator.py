@@ -1,0 +1,888 @@
+"""A Basis Expanding SVM as a scikit-learn classifier, for notebooks and for the command line.
+
+:class:`BasisExpandingSVC` is the one place a model is trained: ``python -m training fit`` is a
+thin layer over it. It reads dense inputs (vectors, or images as arrays of shape (n, H, W) or
+(n, H, W, C)) and documents (a list of texts), and :meth:`BasisExpandingSVC.save` writes the
+artifact the service loads, so a model trained in a notebook is served as it is::
+
+    from training import BasisExpandingSVC
+
+    model = BasisExpandingSVC(basis_per_class=25).fit(X_train, y_train)
+    model.score(X_test, y_test)
+    model.save("models/mine")  # python -m service.api serves it
+
+Training steps, each using at most ``n_jobs`` cores: the input kind's preparation (a transform
+and the input normalisation, or a vocabulary), the basis expansion (numba drivers), then
+LinearSVC's one-vs-rest problems, solved on the one feature matrix by trust-region Newton-CG in
+groups of classes side by side (threads: numpy's products release the GIL), without the copy of the
+matrix liblinear makes per class.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import replace
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import scipy.sparse as sp
+from joblib import Parallel, delayed, effective_n_jobs
+from scipy.optimize import minimize
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.feature_extraction.text import CountVectorizer
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+
+from service.model import BasisExpansion, InputNormalizer, InputSpec, Predictor, SpecError
+from service.model.basis import BASIS_STRATEGIES
+from service.model.documents import DEFAULT_TOKEN_PATTERN, Vocabulary
+from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind
+from service.model.similarity import parse_specs
+from service.model.threads import available_cpus, limit_threads
+from service.model.transforms import InputTransform, default_transform, parse_transform
+from training.diagnostics import eigen_diagnostics
+
+# The value of ``similarity`` that will ask for forward selection of the measures (issue 14,
+# item 1); until that lands, fit refuses it with a message rather than reading it as a measure.
+AUTO_SIMILARITY = "auto"
+
+# The SVM trains on sparse features when at most this fraction of them differ from their
+# column's median (document measures: most pairs share no word): the solver's products then run
+# several times faster (3.7x at 10% density on 11,000 x 800, one thread), on the same problem
+# up to the intercept, which is folded back exactly.
+SPARSE_TRAINING_DENSITY = 0.25
+
+
+class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
+    """Basis Expanding SVM: similarities to a class-balanced basis, then a one-vs-rest linear SVM.
+
+    The inputs are prepared by their kind (dense: an optional transform, then centred and divided
+    by the mean norm; documents: word counts over a vocabulary fitted on the training texts),
+    compared with a basis of ``basis_per_class`` training items per class under one or more
+    similarity measures, normalised, and classified by one LinearSVC per class.
+
+    Parameters
+    ----------
+    similarity : str, default="rbf(gamma=1)"
+        Similarity measure(s) sharing the basis, joined with ``+``, e.g.
+        ``"rbf(gamma=0.5) + rigid(1)"`` (see ``python -m training fit --help``). Documents read
+        ``sensing0``, ``sensing1(n=...)``, ``sensing2`` or tf-idf ``linear``/``rbf``.
+        ``"auto"`` is reserved for the forward selection of issue 14 and refused for now.
+    input_transform : str or None, default=None
+        Input transform applied to dense inputs first: ``none``, ``pixels`` or
+        ``hog(cell_size, orientations)``; None: ``pixels`` for images, ``none`` otherwise.
+    basis_per_class : int, default=25
+        Basis items taken from each class (all of a smaller class).
+    basis_strategy : {"index", "random", "kmedoids"}, default="index"
+        How the basis items of a class are chosen.
+    normalization : str, default="auto"
+        Normalisation of the similarities: ``besvm``, ``none``, ``zscore``,
+        ``nystroem(clip|flip|square)``, or ``auto`` (``nystroem(square)`` when every measure is
+        a kernel, ``besvm`` when one is indefinite).
+    C : float, default=1.0
+        The SVM's regularisation constant.
+    max_iter : int, default=10000
+        The SVM solver's iteration limit (Newton steps per group of classes).
+    input_shape : str or None, default=None
+        How to read a flat row: ``"grid(H, W, C)"`` for images given as (n, H * W * C), or
+        ``"vector(d)"``; None: from the array (2-d: vectors, 3-d or 4-d: images).
+    min_df : int, default=2
+        Documents: words found in fewer training texts are left out of the vocabulary.
+    stop_words : {"english"} or None, default="english"
+        Documents: leave out scikit-learn's English stop words, or keep every word.
+    n_jobs : int or None, default=-1
+        Cores training may use: the numba and BLAS threads of the expansion, and the classes'
+        SVMs trained side by side. -1 (or None): every core this process may run on.
+    random_state : int or None, default=0
+        Seed of the ``random`` and ``kmedoids`` basis strategies.
+    verbose : bool, default=False
+        Progress bars while expanding the training set.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The labels, sorted, of the type given to ``fit``.
+    n_features_in_ : int
+        Numbers in one flattened dense input (not set for documents).
+    input_spec_ : InputSpec
+        What one input is: ``vector(d)``, ``grid(H, W, C)`` or ``text``.
+    expansion_ : BasisExpansion
+        The fitted basis expansion (its ``transform`` gives the features of prepared inputs).
+    predictor_ : Predictor
+        The model as the service holds it (classes as text): what :meth:`save` writes.
+    n_iter_ : int
+        The most solver iterations any group of classes took.
+    train_accuracy_ : float
+        Accuracy on the training set.
+    timings_ : dict of str to float
+        Seconds spent expanding (``expand_seconds``), in the SVMs (``svm_seconds``) and in all
+        (``train_seconds``).
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> X, y = load_digits(return_X_y=True)
+    >>> model = BasisExpandingSVC(basis_per_class=10).fit(X[:1000], y[:1000])
+    >>> model.predict(X[1000:1003]).shape
+    (3,)
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "similarity": [str],
+        "input_transform": [str, None],
+        "basis_per_class": [Interval(Integral, 1, None, closed="left")],
+        "basis_strategy": [StrOptions(set(BASIS_STRATEGIES))],
+        "normalization": [str],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "input_shape": [str, None],
+        "min_df": [Interval(Integral, 1, None, closed="left")],
+        "stop_words": [StrOptions({"english"}), None],
+        "n_jobs": [Integral, None],
+        "random_state": [Interval(Integral, 0, None, closed="left"), None],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        similarity="rbf(gamma=1)",
+        input_transform=None,
+        basis_per_class=25,
+        basis_strategy="index",
+        normalization="auto",
+        C=1.0,
+        max_iter=10_000,
+        input_shape=None,
+        min_df=2,
+        stop_words="english",
+        n_jobs=-1,
+        random_state=0,
+        verbose=False,
+    ):
+        self.similarity = similarity
+        self.input_transform = input_transform
+        self.basis_per_class = basis_per_class
+        self.basis_strategy = basis_strategy
+        self.normalization = normalization
+        self.C = C
+        self.max_iter = max_iter
+        self.input_shape = input_shape
+        self.min_df = min_df
+        self.stop_words = stop_words
+        self.n_jobs = n_jobs
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def fit(self, X, y):
+        """Choose the basis, expand the training set on it and train the SVMs.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str of length n_samples
+            Dense inputs (vectors, or images), or documents as raw texts.
+        y : array-like of shape (n_samples,)
+            Class labels, at least two distinct ones, of any type that sorts.
+
+        Returns
+        -------
+        self : BasisExpandingSVC
+
+        Raises
+        ------
+        ValueError
+            Malformed inputs or labels, a single class, or a similarity, transform or
+            normalisation that cannot be parsed or does not apply to the inputs.
+        """
+        self._validate_params()
+        inputs = _training_inputs_for(X, self)
+        X, y = inputs.validate_fit(self, X, y)
+        check_classification_targets(y)
+        self.classes_, codes = np.unique(y, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError(
+                f"a classifier needs at least two classes in y, got 1 class: {self.classes_[0]!r}"
+            )
+        class_names = tuple(str(c) for c in self.classes_)
+        if len(set(class_names)) != len(class_names):
+            raise ValueError(
+                f"labels {list(self.classes_)} are not distinct as text, which the artifact "
+                "and the service use"
+            )
+        similarity = self._resolved_similarity()
+        try:
+            specs = parse_specs(similarity)
+            inputs.check(specs)
+        except SpecError as error:
+            raise ValueError(str(error)) from None
+        n_cores = _cores(self.n_jobs)
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
+            items = inputs.fit_items(X)
+            expansion = BasisExpansion(
+                similarities=similarity,
+                n_basis_per_class=self.basis_per_class,
+                basis_strategy=self.basis_strategy,
+                normalization=self.normalization,
+                grid_shape=inputs.grid_shape,
+                random_state=self.random_state,
+                verbose=self.verbose,
+            )
+            try:
+                features = expansion.fit_transform(items, codes)
+            except SpecError as error:
+                raise ValueError(str(error)) from None
+        timings["expand_seconds"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        del items
+        coef, intercept, self.n_iter_, self.train_accuracy_ = fit_one_vs_rest(
+            features,
+            codes,
+            len(self.classes_),
+            C=self.C,
+            max_iter=self.max_iter,
+            n_jobs=n_cores,
+        )
+        del features
+        timings["svm_seconds"] = time.perf_counter() - started
+        timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
+        self.timings_ = timings
+        self.expansion_ = expansion
+        self.input_spec_ = inputs.spec
+        self.predictor_ = Predictor(
+            name="model",
+            inputs=inputs.model_inputs(expansion),
+            classes=class_names,
+            specs=expansion.specs_,
+            normalization=expansion.normalization_,
+            basis_labels=np.asarray(expansion.basis_labels_, dtype=np.int64),
+            feature_offset=expansion.offset_,
+            feature_scale=expansion.scale_,
+            coef=coef,
+            intercept=intercept,
+            feature_projection=expansion.projection_,
+            metadata={
+                "basis": {
+                    "size": int(expansion.basis_.shape[0]),
+                    "strategy": self.basis_strategy,
+                    "per_class": self.basis_per_class,
+                },
+                "training": {
+                    "n_train": len(codes),
+                    "config": self._config_record(similarity),
+                    "timings": timings,
+                    "train_accuracy": self.train_accuracy_,
+                },
+            },
+        )
+        return self
+
+    def _resolved_similarity(self) -> str:
+        """The measures to train with: the parameter, once it is not ``auto``.
+
+        Forward selection (issue 14, item 1) decides ``auto`` here, from the training data, and
+        records its path in the model's metadata.
+        """
+        if self.similarity.strip().lower() == AUTO_SIMILARITY:
+            raise ValueError(
+                "similarity='auto' (forward selection of the measures) is not available yet: "
+                "give the measures, e.g. 'rbf(gamma=1)'"
+            )
+        return self.similarity
+
+    def _config_record(self, similarity: str) -> dict[str, Any]:
+        """The settings the manifest records (the command line's names, as before)."""
+        return {
+            "similarities": similarity,
+            "transform": self.input_transform,
+            "basis_per_class": self.basis_per_class,
+            "basis_strategy": self.basis_strategy,
+            "normalization": self.normalization,
+            "C": float(self.C),
+            "max_iter": self.max_iter,
+            "seed": self.random_state,
+            "min_df": self.min_df,
+            "stop_words": self.stop_words,
+        }
+
+    # -- prediction ------------------------------------------------------------------------
+
+    def decision_function(self, X):
+        """One-vs-rest scores ``w_k . phi(x) + b_k``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str
+            Inputs of the kind the model was fitted on.
+
+        Returns
+        -------
+        scores : ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
+            For two classes, positive scores mean ``classes_[1]`` (scikit-learn's convention).
+        """
+        check_is_fitted(self)
+        scores = self.predictor_.decision_function(self._batch(X))
+        return scores[:, 1] if len(self.classes_) == 2 else scores
+
+    def predict(self, X):
+        """Predicted labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str
+
+        Returns
+        -------
+        y : ndarray of shape (n_samples,)
+            Elements of ``classes_``.
+        """
+        check_is_fitted(self)
+        scores = self.predictor_.decision_function(self._batch(X))
+        return self.classes_[scores.argmax(axis=1)]
+
+    def _batch(self, X):
+        return _prediction_inputs(self.input_spec_).validate_predict(self, X)
+
+    # -- artifact --------------------------------------------------------------------------
+
+    def save(
+        self,
+        path: str | os.PathLike,
+        name: str | None = None,
+        *,
+        overwrite: bool = False,
+        record: dict[str, Any] | None = None,
+        diagnostics: bool = True,
+    ) -> Path:
+        """Write the model as an artifact directory that ``python -m service.api`` serves.
+
+        The directory is written beside its final place and renamed into it, as the command
+        line does; the service answers with labels as text (``str`` of each of ``classes_``).
+
+        Parameters
+        ----------
+        path : str or path-like
+            The artifact directory.
+        name : str, optional
+            Model name the service routes by; default: the directory's name.
+        overwrite : bool, default=False
+            Replace an existing artifact.
+        record : dict, optional
+            More facts for the manifest's ``training`` entry (the data set, a test accuracy).
+        diagnostics : bool, default=True
+            Record NgRat and NgEng of every measure (an eigen-decomposition of each basis Gram
+            matrix: slow for thousands of bases).
+
+        Returns
+        -------
+        Path
+            The artifact directory.
+
+        Raises
+        ------
+        ArtifactError
+            The directory exists and ``overwrite`` is False, or it cannot be written.
+        """
+        predictor = self.to_predictor(name or Path(path).name, record, diagnostics)
+        return predictor.save(path, overwrite=overwrite)
+
+    def to_predictor(
+        self,
+        name: str = "model",
+        record: dict[str, Any] | None = None,
+        diagnostics: bool = True,
+    ) -> Predictor:
+        """The fitted model as the service holds it, named, with the artifact's metadata.
+
+        Parameters are as :meth:`save` takes them.
+
+        Returns
+        -------
+        Predictor
+        """
+        check_is_fitted(self)
+        metadata = {**self.predictor_.metadata}
+        metadata["training"] = {**metadata["training"], **(record or {})}
+        if diagnostics:
+            metadata["diagnostics"] = basis_diagnostics(self.expansion_)
+        return replace(self.predictor_, name=name, metadata=metadata)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.three_d_array = True  # images as (n, H, W)
+        return tags
+
+
+def basis_diagnostics(expansion: BasisExpansion) -> dict[str, dict[str, float]]:
+    """NgRat and NgEng of every measure on the basis, by the measure's name."""
+    return {
+        name: eigen_diagnostics(gram)
+        for name, gram in zip(expansion.similarity_names_, expansion.basis_gram_, strict=True)
+    }
+
+
+# -- the one-vs-rest SVMs ------------------------------------------------------------------
+
+
+def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray]:
+    """The matrix the SVM trains on, and the shift that makes it from ``features``.
+
+    When at most :data:`SPARSE_TRAINING_DENSITY` of the entries differ from their column's
+    median, the features minus those medians, as a sparse matrix (``features`` is shifted in
+    place); otherwise the features themselves and a zero shift. A linear model on shifted
+    features is the same model with another intercept: the caller folds ``shift`` back in
+    (``b - w . shift``).
+
+    Returns
+    -------
+    design : ndarray or csr_matrix of shape (n_samples, n_features)
+    shift : ndarray of shape (n_features,)
+    """
+    n_samples, n_features = features.shape
+    median = np.empty(n_features)
+    differing = 0
+    # Column blocks of about 8 MiB: np.median copies what it reads.
+    width = max(1, (1 << 20) // max(n_samples, 1))
+    for start in range(0, n_features, width):
+        block = features[:, start : start + width]
+        median[start : start + width] = np.median(block, axis=0)
+        differing += int(np.count_nonzero(block != median[start : start + width]))
+    if differing > SPARSE_TRAINING_DENSITY * features.size:
+        return features, np.zeros(n_features)
+    features -= median
+    return sp.csr_matrix(features), median
+
+
+def squared_hinge_objective(
+    weights: np.ndarray, design, signs: np.ndarray, C: float
+) -> tuple[float, np.ndarray]:
+    r"""liblinear's primal L2-regularised squared hinge loss of K one-vs-rest problems at once.
+
+    .. math:: f(W) = \sum_k \tfrac12 \lVert w_k \rVert^2
+                     + C \sum_i \max(0, 1 - y_{ik} (w_k \cdot x_i + b_k))^2
+
+    with the bias :math:`b_k` regularised like a weight (liblinear's ``intercept_scaling=1``).
+
+    Parameters
+    ----------
+    weights : ndarray of shape ((n_features + 1) * K,)
+        Column-major (n_features + 1, K): each problem's weights, then its bias.
+    design : ndarray or csr_matrix of shape (n_samples, n_features)
+    signs : ndarray of shape (n_samples, K)
+        +1 for the problem's class, -1 for the others.
+    C : float
+
+    Returns
+    -------
+    value : float
+    gradient : ndarray of shape ((n_features + 1) * K,)
+    """
+    n_features, n_problems = design.shape[1], signs.shape[1]
+    W = weights.reshape(n_features + 1, n_problems)
+    margins = design @ W[:-1]
+    margins += W[-1]
+    margins *= signs
+    np.subtract(1.0, margins, out=margins)  # now the slack 1 - y (w . x + b)
+    np.maximum(margins, 0.0, out=margins)
+    value = 0.5 * float(np.vdot(W, W)) + C * float(np.vdot(margins, margins))
+    margins *= signs
+    margins *= -2.0 * C  # the loss's derivative by each score
+    gradient = np.empty_like(W)
+    gradient[:-1] = design.T @ margins
+    gradient[-1] = margins.sum(axis=0)
+    gradient += W
+    return value, gradient.ravel()
+
+
+# The solver stops when the gradient's norm is below this fraction of its norm at zero weights:
+# liblinear's primal solver (LinearSVC, tol=1e-4) stops at 1e-4 and its scores on digits are then
+# within 2e-3 of the optimum's (liblinear at tol=1e-8); here within 2e-7, in 18 Newton steps.
+GRADIENT_TOLERANCE = 1e-8
+
+
+class _SquaredHingeHessian:
+    """Products of the generalised Hessian of :func:`squared_hinge_objective` with a vector:
+    :math:`v + 2C X_A^T X_A v` (bias column included), A the samples with positive slack at the
+    point asked for (found again only when the point changes)."""
+
+    def __init__(self, design, signs: np.ndarray, C: float):
+        self.design, self.signs, self.C = design, signs, C
+        self._point: np.ndarray | None = None
+        self._active: np.ndarray | None = None
+
+    def __call__(self, weights: np.ndarray, vector: np.ndarray, *_objective_args) -> np.ndarray:
+        n_problems = self.signs.shape[1]
+        if self._point is None or not np.array_equal(self._point, weights):
+            W = weights.reshape(-1, n_problems)
+            margins = self.design @ W[:-1]
+            margins += W[-1]
+            margins *= self.signs
+            self._active = (margins < 1.0) * (2.0 * self.C)
+            self._point = weights.copy()
+        V = vector.reshape(-1, n_problems)
+        products = self.design @ V[:-1]
+        products += V[-1]
+        products *= self._active
+        out = np.empty_like(V)
+        out[:-1] = self.design.T @ products
+        out[-1] = products.sum(axis=0)
+        out += V
+        return out.ravel()
+
+
+# The one-vs-rest problems are solved in groups of classes, each one Newton-CG run whose products
+# read the feature matrix once for all of its classes (a matrix product, not one matrix-vector
+# product per class). Groups run side by side, one BLAS thread each (BLAS threads spinning on
+# busy cores cost 50x here). How many groups depends on the problem, never on n_jobs, so that a
+# model does not depend on the cores it was trained on: one per WORK_PER_GROUP multiply-adds of a
+# product (n_samples * n_features * n_classes), at most PROBLEM_GROUPS. Measured on digits
+# (1,000 x 250 features, 10 classes, 2.5M): one group 0.37 s, four 0.61 s, liblinear 0.29 s.
+PROBLEM_GROUPS = 8
+WORK_PER_GROUP = 50_000_000
+
+
+def _solve_squared_hinge(design, signs: np.ndarray, C: float, max_iter: int):
+    """Minimise :func:`squared_hinge_objective` by trust-region Newton-CG (liblinear's primal
+    method) with :class:`_SquaredHingeHessian`; the weights (n_features + 1, K) and the Newton
+    steps taken."""
+    n_problems = signs.shape[1]
+    start = np.zeros((design.shape[1] + 1) * n_problems)
+    _, gradient = squared_hinge_objective(start, design, signs, C)
+    gtol = GRADIENT_TOLERANCE * max(float(np.linalg.norm(gradient)), 1e-300)
+    result = minimize(
+        squared_hinge_objective,
+        start,
+        args=(design, signs, C),
+        jac=True,
+        hessp=_SquaredHingeHessian(design, signs, C),
+        method="trust-ncg",
+        options={"maxiter": max_iter, "gtol": gtol},
+    )
+    return result.x.reshape(-1, n_problems), int(result.nit)
+
+
+def fit_one_vs_rest(
+    features: np.ndarray,
+    codes: np.ndarray,
+    n_classes: int,
+    *,
+    C: float,
+    max_iter: int,
+    n_jobs: int,
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """LinearSVC's one-vs-rest problems (L2-regularised squared hinge, regularised bias), solved
+    on the one shared feature matrix, in groups of classes side by side (see
+    :data:`WORK_PER_GROUP`).
+
+    liblinear copies its training matrix (16 bytes per entry, once per problem trained at the
+    same time); this solver only reads the matrix, so peak memory stays near the features'
+    size. Each group of classes is one Newton-CG run in a thread (numpy releases the GIL in its
+    products), with one BLAS thread each.
+
+    Parameters
+    ----------
+    features : ndarray of shape (n_samples, n_features)
+        May be shifted in place (see :func:`training_design`).
+    codes : ndarray of shape (n_samples,), int
+        Class index of each sample, in ``range(n_classes)``.
+    n_classes : int
+        At least 2. Two classes make one problem (class 1 against class 0).
+    C : float
+    max_iter : int
+        Newton steps per group at most.
+    n_jobs : int
+        Cores, at least 1. The result does not depend on it.
+
+    Returns
+    -------
+    coef : ndarray of shape (n_classes, n_features)
+        One row per class, also for two classes (rows ``-w`` and ``w``), so that every model
+        scores and ranks its classes the same way.
+    intercept : ndarray of shape (n_classes,)
+    n_iter : int
+        The most iterations any group took.
+    train_accuracy : float
+    """
+    design, shift = training_design(features)
+    problems = np.array([1] if n_classes == 2 else range(n_classes))
+    work = design.shape[0] * design.shape[1] * len(problems)
+    n_groups = int(np.clip(work // WORK_PER_GROUP, 1, min(PROBLEM_GROUPS, len(problems))))
+    groups = np.array_split(problems, n_groups)
+    workers = min(n_jobs, n_groups)
+
+    def solve(group: np.ndarray):
+        signs = np.where(codes[:, None] == group[None, :], 1.0, -1.0)
+        return _solve_squared_hinge(design, signs, C, max_iter)
+
+    with limit_threads(blas_threads=1):
+        if workers == 1:
+            solved = [solve(group) for group in groups]
+        else:
+            solved = Parallel(n_jobs=workers, backend="threading")(
+                delayed(solve)(group) for group in groups
+            )
+    n_iter = max(nit for _, nit in solved)
+    if n_iter >= max_iter:
+        warnings.warn(
+            f"the SVM solver stopped at max_iter={max_iter} iterations before converging: "
+            "increase max_iter, or lower C",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+    weights = np.hstack([w for w, _ in solved])  # (n_features + 1, n_problems)
+    coef, intercept = np.ascontiguousarray(weights[:-1].T), weights[-1].copy()
+    scores = design @ coef.T + intercept
+    intercept -= coef @ shift
+    if n_classes == 2:
+        coef, intercept = np.vstack([-coef, coef]), np.concatenate([-intercept, intercept])
+        scores = np.hstack([-scores, scores])
+    train_accuracy = float((scores.argmax(axis=1) == codes).mean())
+    return coef, intercept, n_iter, train_accuracy
+
+
+def _cores(n_jobs: int | None) -> int:
+    """Threads for ``n_jobs``: -1 or None every available core, -2 all but one, and so on."""
+    if n_jobs == 0:
+        raise ValueError("n_jobs == 0 has no meaning: use a positive count, or -1 for all cores")
+    cpus = available_cpus()
+    if n_jobs is None or n_jobs < 0:
+        return max(1, min(cpus, effective_n_jobs(-1 if n_jobs is None else n_jobs)))
+    return int(n_jobs)
+
+
+# -- input kinds while training ------------------------------------------------------------
+
+
+class TrainingInputs(ABC):
+    """What an estimator does with one kind of input: validate it, prepare the items the basis
+    expansion reads, and build the served model's input kind
+    (:mod:`service.model.input_kinds`) around the fitted basis."""
+
+    spec: InputSpec
+
+    @abstractmethod
+    def validate_fit(self, estimator: BasisExpandingSVC, X, y) -> tuple[Any, np.ndarray]:
+        """The training inputs and labels, checked."""
+
+    @abstractmethod
+    def check(self, specs) -> None:
+        """Refuse measures (or a transform) that do not apply (raises SpecError)."""
+
+    @abstractmethod
+    def fit_items(self, X):
+        """Learn the preparation from the training inputs and return them prepared."""
+
+    @abstractmethod
+    def model_inputs(self, expansion: BasisExpansion) -> InputKind:
+        """The served model's input kind."""
+
+    @abstractmethod
+    def validate_predict(self, estimator: BasisExpandingSVC, X):
+        """Inputs to predict on, as the model's input kind takes a trainer's batch."""
+
+    @property
+    def grid_shape(self) -> tuple[int, int, int] | None:
+        return None
+
+
+class DenseTraining(TrainingInputs):
+    """Vectors and images: transformed, then centred and scaled by the mean norm."""
+
+    def __init__(self, spec: InputSpec | None = None, transform: str | None = None):
+        self.spec = spec
+        self.transform_text = transform
+
+    def validate_fit(self, estimator, X, y):
+        X = self._flat(estimator, X, fitting=True)
+        X, y = validate_data(estimator, X, y, dtype=np.float64, order="C")
+        if self.spec is None:
+            self.spec = InputSpec("vector", (X.shape[1],))
+        elif self.spec.n_features != X.shape[1]:
+            raise ValueError(
+                f"input_shape {self.spec} has {self.spec.n_features} numbers, "
+                f"the inputs' rows {X.shape[1]}"
+            )
+        return X, y
+
+    def _flat(self, estimator, X, fitting: bool):
+        """Images (n, H, W[, C]) as flat rows, after checking their shape against the spec."""
+        if not hasattr(X, "ndim") or not hasattr(X, "shape") or sp.issparse(X) or X.ndim <= 2:
+            return X
+        X = np.asarray(X)
+        if fitting and self.spec is None:
+            self.spec = InputSpec.for_array(X)
+        if X.shape[1:] not in self.spec.accepted_shapes:
+            raise ValueError(
+                f"inputs of shape {X.shape[1:]} are not {self.spec} (shapes accepted: "
+                f"{' or '.join(str(s) for s in self.spec.accepted_shapes)}, or flat rows)"
+            )
+        return X.reshape(len(X), -1)
+
+    def check(self, specs) -> None:
+        self._transform = (
+            default_transform(self.spec)
+            if self.transform_text is None
+            else parse_transform(self.transform_text)
+        )
+        grid_shape = self._transform.grid_shape(self.spec)
+        for spec in specs:
+            spec.check_documents(False, f"inputs {self.spec}")
+            spec.check_grid(grid_shape, self._transform.n_features(self.spec))
+
+    @property
+    def transform(self) -> InputTransform:
+        return self._transform
+
+    @property
+    def grid_shape(self) -> tuple[int, int, int] | None:
+        return self._transform.grid_shape(self.spec)
+
+    def fit_items(self, X):
+        transformed = self._transform.apply(X, self.spec)
+        self._normalizer = InputNormalizer().fit(transformed)
+        return self._normalizer.transform(transformed)
+
+    def model_inputs(self, expansion):
+        return DenseInputs(
+            self.spec,
+            mean=self._normalizer.mean_,
+            scale=self._normalizer.scale_,
+            basis=expansion.basis_,
+            transform=self._transform,
+        )
+
+    def validate_predict(self, estimator, X):
+        X = self._flat(estimator, X, fitting=False)
+        return validate_data(estimator, X, dtype=np.float64, order="C", reset=False)
+
+
+class DocumentTraining(TrainingInputs):
+    """Raw texts: word counts over a vocabulary fitted on the training texts."""
+
+    spec = InputSpec("text", ())
+
+    def __init__(
+        self, min_df: int = 2, stop_words: str | None = "english", transform: str | None = None
+    ):
+        self.min_df = min_df
+        self.stop_words = stop_words
+        self.transform_text = transform
+
+    def validate_fit(self, estimator, X, y):
+        texts = _texts(X)
+        y = column_or_1d(np.asarray(y), warn=True)
+        if len(y) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(y)} labels")
+        return texts, y
+
+    def check(self, specs) -> None:
+        if self.transform_text is not None:
+            parse_transform(self.transform_text).check(self.spec)  # refused with the reason
+        for spec in specs:
+            spec.check_documents(True, f"inputs {self.spec}")
+
+    def fit_items(self, X):
+        self.vocabulary = fit_vocabulary(X, self.min_df, self.stop_words)
+        return self.vocabulary.encode(X)
+
+    def model_inputs(self, expansion):
+        return DocumentInputs(
+            InputSpec("counts", (self.vocabulary.size,)),
+            basis=expansion.basis_,
+            idf=expansion.idf_,
+            vocabulary=self.vocabulary,
+        )
+
+    def validate_predict(self, estimator, X):
+        return _texts(X)
+
+
+def _training_inputs_for(X, estimator: BasisExpandingSVC) -> TrainingInputs:
+    """The input kind of a training set: documents for a sequence of texts, else dense."""
+    if _is_texts(X):
+        if estimator.input_shape not in (None, "text"):
+            raise ValueError(f"texts have no input_shape, got {estimator.input_shape!r}")
+        return DocumentTraining(estimator.min_df, estimator.stop_words, estimator.input_transform)
+    spec = None
+    if estimator.input_shape is not None:
+        try:
+            spec = InputSpec.parse(estimator.input_shape)
+        except SpecError as error:
+            raise ValueError(f"input_shape: {error}") from None
+        if spec.is_documents:
+            raise ValueError(f"input_shape {spec} is for documents: pass a list of texts")
+    return DenseTraining(spec, estimator.input_transform)
+
+
+def _prediction_inputs(spec: InputSpec) -> TrainingInputs:
+    return DocumentTraining() if spec.is_documents else DenseTraining(spec)
+
+
+def _is_texts(X) -> bool:
+    """Whether ``X`` is a one-dimensional sequence whose first item is a string."""
+    if isinstance(X, (str, bytes)) or sp.issparse(X):
+        return False
+    if isinstance(X, np.ndarray):
+        return X.ndim == 1 and X.dtype.kind in "OU" and len(X) > 0 and isinstance(X[0], str)
+    if getattr(X, "ndim", 1) != 1:  # a DataFrame
+        return False
+    try:
+        return len(X) > 0 and isinstance(next(iter(X)), str)
+    except TypeError:
+        return False
+
+
+def _texts(X) -> np.ndarray:
+    """A batch of documents as a 1-d object array of str."""
+    if not _is_texts(X):
+        raise ValueError(
+            f"this model reads documents: pass a sequence of texts (str), got {type(X).__name__}"
+        )
+    texts = np.asarray(list(X), dtype=object)
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise ValueError(f"document {bad} is not a string: {type(texts[bad]).__name__}")
+    return texts
+
+
+def fit_vocabulary(texts, min_df: int = 2, stop_words: str | None = "english") -> Vocabulary:
+    """The words of the training texts that a model will count.
+
+    Parameters
+    ----------
+    texts : sequence of str
+    min_df : int
+        Words in fewer documents than this are left out.
+    stop_words : "english" or None
+        Words of scikit-learn's English stop word list are left out.
+
+    Raises
+    ------
+    ValueError
+        No word is left.
+    """
+    if not isinstance(min_df, int) or min_df < 1:
+        raise ValueError(f"min_df must be a positive integer, got {min_df!r}")
+    vectorizer = CountVectorizer(
+        lowercase=True, token_pattern=DEFAULT_TOKEN_PATTERN, stop_words=stop_words, min_df=min_df
+    )
+    try:
+        vectorizer.fit(texts)
+    except ValueError as error:
+        raise ValueError(
+            f"no vocabulary: no word is in at least {min_df} training texts ({error})"
+        ) from None
+    return Vocabulary(tuple(vectorizer.get_feature_names_out().tolist()))
