@@ -72,6 +72,13 @@ class RunningServer:
         self.log_file.seek(0)
         return self.log_file.read()
 
+    def stop(self, timeout: float = 30) -> str:
+        """Stop the server (SIGTERM: it drains) and return its whole log: lines written after
+        an answer was sent, such as its access line, are in it only then."""
+        self.process.terminate()
+        self.process.wait(timeout=timeout)
+        return self.log()
+
 
 @contextlib.contextmanager
 def server_process(model_dir: Path | None = None, **settings: str):

@@ -95,7 +95,7 @@ def test_json_logs_carry_the_request_id(digits, digits_model_dir):
         error_ids = [e.headers["x-request-id"] for e in errors]
         assert all(GENERATED.fullmatch(i) for i in error_ids)
         assert len(set(error_ids)) == len(error_ids)
-        log = server.log()
+        log = server.stop()
 
     lines = _json_lines(log)
     for line in lines:
@@ -150,7 +150,7 @@ def test_text_logs_without_access_log(digits, digits_model_dir):
             timeout=60,
         )
         assert load.status_code == 200
-        log = server.log()
+        log = server.stop()
     assert "quiet-1" not in log  # no access line
     assert "/classify" not in log
     (loaded,) = [line for line in log.splitlines() if "replaced version" in line]
