@@ -55,6 +55,9 @@ class FitConfig:
     seed: int = 0
     min_df: int = 2  # text: words in fewer training documents are left out of the vocabulary
     stop_words: str | None = "english"  # text: scikit-learn's English list; None keeps all
+    # dense: "global" (centre, divide by the mean norm) or "per-feature" (z-scores first); see
+    # service.model.preprocessing. Chosen by training.selection for similarity "auto".
+    input_normalization: str = "global"
 
 
 # The LinearSVC trains on sparse features when at most this fraction of them differ from their
@@ -192,7 +195,7 @@ def fit_besvm(
 
     else:
         X_train = transform.apply(dataset.X_train, dataset.input_spec)
-        normalizer = InputNormalizer().fit(X_train)
+        normalizer = InputNormalizer(scaling=config.input_normalization).fit(X_train)
         X_hat = normalizer.transform(X_train)
 
         def model_inputs(expansion: BasisExpansion) -> InputKind:
