@@ -26,8 +26,8 @@ step taken, its candidate and cross-validated accuracy) is returned in the :clas
 as plain data for the manifest.
 
 Candidates and folds are scored in parallel with joblib (``n_jobs`` processes), each process
-limiting its numba and BLAS threads through :func:`service.model.threads.limit_threads` so that
-together they use the cores once.
+limiting its threads through :func:`service.model.threads.limit_threads` (numba: its share of
+the cores; BLAS: one) so that together they use the cores once.
 """
 
 from __future__ import annotations
@@ -229,7 +229,10 @@ def _fold_datasets(
 
 def _score_fold(fold: Dataset, config: FitConfig, threads: int) -> tuple[int, int]:
     """Correct predictions and items of one validation fold, trained on the fold's rest."""
-    with limit_threads(numba_threads=threads, blas_threads=threads):
+    # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
+    # threads spin-wait, which costs far more than they save when another process holds a core
+    # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
+    with limit_threads(numba_threads=threads, blas_threads=1):
         result = fit_besvm(fold, _with_threads(config, threads), fold.name, diagnostics=False)
         predicted = result.predictor.predict(fold.X_test)
     return int(np.count_nonzero(np.asarray(predicted) == fold.y_test)), len(fold.y_test)
@@ -342,7 +345,7 @@ def select(
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
     n_jobs : int or None, default=None
         Fold fits run side by side (joblib processes); None or -1: one per available core.
-        Each gets ``cores // n_jobs`` numba and BLAS threads.
+        Each gets ``cores // n_jobs`` numba threads and one BLAS thread.
     random_state : int, default=0
         Seed of the folds, the sample and the trainer.
     progress : bool, default=True
