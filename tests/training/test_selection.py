@@ -3,6 +3,7 @@ scikit-learn references, that its path is recorded, that it keeps its budget and
 test split."""
 
 import dataclasses
+import itertools
 import json
 
 import numpy as np
@@ -92,10 +93,10 @@ def test_the_path_is_recorded_and_improves_at_every_step(digits):
         _digits_subset(digits, 300), budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False
     )
     path = selection.path
-    assert path and path[0]["stage"] == "inputs"
+    assert path[0]["stage"] == "inputs"
     assert [entry["step"] for entry in path] == list(range(1, len(path) + 1))
     accuracies = [entry["cv_accuracy"] for entry in path]
-    assert all(b >= a + 0.0025 for a, b in zip(accuracies, accuracies[1:], strict=False))
+    assert all(b >= a + 0.0025 for a, b in itertools.pairwise(accuracies))
     assert selection.cv_accuracy == accuracies[-1]
     assert path[-1]["similarities"] == selection.config.similarities
     assert selection.stopped == "every stage done"
