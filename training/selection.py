@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -278,21 +279,24 @@ class _Scorer:
             for fold in self.folds
         )
         bar = _progress_bar(len(candidates) * len(self.folds), stage, self.progress)
-        results = self.parallel(tasks)
-        try:
-            for i, (right, n) in results:
-                correct[i] += right
-                total[i] += n
-                done[i] += 1
-                self.fits += 1
-                bar.update(1)
-                if time.monotonic() >= self.deadline:
-                    self.out_of_time = True
-                    break
-        finally:
-            # Closing the generator cancels the fits not yet started.
-            results.close()
-            bar.close()
+        # Cancelling the fits left at the deadline is the point, not a mistake to warn about.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*tasks which were still being processed")
+            results = self.parallel(tasks)
+            try:
+                for i, (right, n) in results:
+                    correct[i] += right
+                    total[i] += n
+                    done[i] += 1
+                    self.fits += 1
+                    bar.update(1)
+                    if time.monotonic() >= self.deadline:
+                        self.out_of_time = True
+                        break
+            finally:
+                # Closing the generator cancels the fits not yet started.
+                results.close()
+                bar.close()
         return [
             float(correct[i] / total[i]) if done[i] == len(self.folds) else None
             for i in range(len(candidates))
@@ -422,18 +426,19 @@ def select(
                 if m != first.similarities
             ],
         )
-    _add_measures(search, spec)
+    # The basis size before more measures: on large training sets it matters most, and an
+    # added measure must then fit in the feature budget with the basis chosen.
     n_classes = len(set(fold_sets[0].y_train.tolist()))
-    largest = max(np.unique(fold_sets[0].y_train, return_counts=True)[1])
-    n_measures = len(search.current.similarities.split("+"))
+    largest = int(max(np.unique(fold_sets[0].y_train, return_counts=True)[1]))
     search.step(
         "basis size",
         [
             Candidate(f"{size} bases per class", replace(search.current, basis_per_class=size))
-            for size in basis_size_candidates(int(largest), n_measures, n_classes)
+            for size in basis_size_candidates(largest, 1, n_classes)
             if size != search.current.basis_per_class
         ],
     )
+    _add_measures(search, spec, n_classes)
     search.step(
         "C",
         [
@@ -464,14 +469,24 @@ def select(
     )
 
 
-def _add_measures(search: _Search, spec: InputSpec) -> None:
-    """Stage 3: add the measure that helps most, while one helps by the margin."""
+def _add_measures(search: _Search, spec: InputSpec, n_classes: int) -> None:
+    """Add the measure that helps most, while one helps by the margin; the basis shrinks if the
+    measures would otherwise exceed :data:`MAX_FEATURES` features."""
     while len(search.current.similarities.split("+")) < MAX_MEASURES:
         chosen = {m.strip() for m in search.current.similarities.split("+")}
+        fitting = max(1, MAX_FEATURES // ((len(chosen) + 1) * n_classes))
+        per_class = min(search.current.basis_per_class, fitting)
+        shrunk = (
+            f" ({per_class} bases per class)" if per_class < search.current.basis_per_class else ""
+        )
         candidates = [
             Candidate(
-                f"+ {m}",
-                replace(search.current, similarities=f"{search.current.similarities} + {m}"),
+                f"+ {m}{shrunk}",
+                replace(
+                    search.current,
+                    similarities=f"{search.current.similarities} + {m}",
+                    basis_per_class=per_class,
+                ),
             )
             for m in measure_candidates(spec, search.current.transform)
             if m not in chosen
