@@ -134,7 +134,7 @@ class Selection:
     def describe(self) -> str:
         """The path as lines of text, one per step, then the choice."""
         lines = [
-            f"  {entry['step']}. {entry['stage']:<13} {entry['change']:<44} "
+            f"  {entry['step']}. {entry['stage']:<14} {entry['change']:<44} "
             f"CV {100 * entry['cv_accuracy']:.2f}%"
             for entry in self.path
         ]
