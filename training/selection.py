@@ -536,6 +536,26 @@ class _Search:
         return True
 
 
+def select_on(X, y, input_spec: InputSpec, name: str = "data", **options) -> Selection:
+    """:func:`select` on a training set given as arrays (for an estimator's ``fit``).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features), float64, or (n_samples,) of str for documents
+        Flat rows as :class:`Dataset` holds them.
+    y : ndarray of shape (n_samples,)
+        Labels as text.
+    input_spec : InputSpec
+        What a row is: ``vector(d)``, ``grid(H, W, C)`` or ``text``.
+    name : str
+    **options
+        As :func:`select` takes them.
+    """
+    X, y = np.asarray(X), np.asarray(y)
+    training = Dataset(name, input_spec, X, y, X[:0], y[:0])
+    return select(training, **options)
+
+
 # -- fitting with the selection ------------------------------------------------------------
 
 
@@ -570,5 +590,6 @@ __all__ = [
     "fit_selected",
     "measure_candidates",
     "select",
+    "select_on",
     "transform_candidates",
 ]

@@ -23,6 +23,7 @@ from training.selection import (
     fit_selected,
     measure_candidates,
     select,
+    select_on,
     transform_candidates,
 )
 
@@ -166,3 +167,17 @@ def test_bad_settings_are_refused(digits):
         select(digits, budget_s=0)
     with pytest.raises(ValueError, match="folds must be at least 2"):
         select(digits, folds=1)
+
+
+def test_arrays_select_as_a_dataset_does():
+    dataset = _wine(2)
+    on_arrays = select_on(
+        dataset.X_train,
+        dataset.y_train,
+        dataset.input_spec,
+        budget_s=GENEROUS_BUDGET_S,
+        n_jobs=1,
+        progress=False,
+    )
+    on_dataset = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    assert on_arrays.config == on_dataset.config
