@@ -188,15 +188,15 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
     }
 
 
-def _tuned_svc(dataset: Dataset, n_jobs: int):
+def _tuned_svc(dataset: Dataset, n_jobs: int, grid: dict):
     if dataset.input_spec.is_documents:
         pipeline = Pipeline(
             [("tfidf", TfidfVectorizer()), ("scale", "passthrough"), ("svc", SVC())]
         )
-        grid = {k: v for k, v in SVC_GRID.items() if k != "scale"}
+        grid = {k: v for k, v in grid.items() if k != "scale"}
         return GridSearchCV(pipeline, grid, cv=5, n_jobs=n_jobs)
     pipeline = Pipeline([("scale", "passthrough"), ("svc", SVC(kernel="rbf"))])
-    return GridSearchCV(pipeline, SVC_GRID, cv=5, n_jobs=n_jobs)
+    return GridSearchCV(pipeline, grid, cv=5, n_jobs=n_jobs)
 
 
 def _linear_svc(dataset: Dataset):
