@@ -103,6 +103,9 @@ class Selection:
     n_items : int
         Training items the search cross-validated on (a sample when the split is larger than
         ``max_items``).
+    budget_s : float
+    documents : bool
+        Whether the inputs are documents (no input normalisation to choose).
     """
 
     config: FitConfig
@@ -114,6 +117,7 @@ class Selection:
     folds: int = 3
     n_items: int = 0
     budget_s: float = DEFAULT_BUDGET_S
+    documents: bool = False
 
     def record(self) -> dict[str, Any]:
         """The selection as plain JSON data, for the manifest's ``training`` entry."""
@@ -126,7 +130,8 @@ class Selection:
             "seconds": round(self.seconds, 2),
             "fits": self.fits,
             "stopped": self.stopped,
-            "cv_accuracy": self.cv_accuracy,
+            # NaN is no JSON: the budget ran out before any candidate was scored.
+            "cv_accuracy": None if np.isnan(self.cv_accuracy) else self.cv_accuracy,
             "chosen": {k: chosen[k] for k in _CHOSEN_FIELDS},
             "path": self.path,
         }
@@ -141,17 +146,11 @@ class Selection:
         config = self.config
         lines.append(
             f"  chosen: {config.similarities} on {config.transform or 'the inputs'}"
-            + (f", {config.input_normalization} input normalisation" if self._dense else "")
+            + ("" if self.documents else f", {config.input_normalization} input normalisation")
             + f", {config.basis_per_class} bases per class ({config.basis_strategy}),"
             f" C = {config.C:g}; {self.stopped}; {self.fits} fold fits in {self.seconds:.1f} s"
         )
         return "\n".join(lines)
-
-    @property
-    def _dense(self) -> bool:
-        return any(entry["stage"] == "inputs" for entry in self.path) or (
-            self.config.input_normalization != GLOBAL_NORMALIZATION
-        )
 
 
 _CHOSEN_FIELDS = (
@@ -466,6 +465,7 @@ def select(
         folds=len(fold_sets),
         n_items=n_items,
         budget_s=float(budget_s),
+        documents=spec.is_documents,
     )
 
 

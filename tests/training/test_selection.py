@@ -111,6 +111,7 @@ def test_the_budget_stops_the_search(digits):
     # Bounded, not timed: the fits running at the deadline finish, nothing new starts.
     assert selection.seconds < 120
     assert selection.fits < 60
+    assert json.dumps(selection.record(), allow_nan=False)
     fit_besvm(digits, selection.config, "d", diagnostics=False)  # still a valid configuration
 
 
@@ -181,3 +182,13 @@ def test_arrays_select_as_a_dataset_does():
     )
     on_dataset = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
     assert on_arrays.config == on_dataset.config
+
+
+def test_a_budget_spent_before_any_candidate_keeps_the_start(digits):
+    selection = select(_digits_subset(digits, 200), budget_s=1e-9, n_jobs=1, progress=False)
+    assert selection.path == []
+    assert selection.fits == 0
+    assert selection.config.similarities == "rbf(gamma=1)"
+    record = json.loads(json.dumps(selection.record(), allow_nan=False))
+    assert record["cv_accuracy"] is None
+    assert "budget" in selection.describe()
