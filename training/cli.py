@@ -19,6 +19,7 @@ from service.model.expansion import (
     AUTO_NORMALIZATION_KERNELS,
     NORMALIZATIONS,
 )
+from service.model.preprocessing import INPUT_NORMALIZATIONS
 from service.model.search import UnionOfSubspacesModel, read_catalogue
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.transforms import TRANSFORMS
@@ -118,7 +119,25 @@ def _build_parser() -> argparse.ArgumentParser:
         "--similarity",
         default=_DEFAULTS.similarities,
         help=f"similarity measure(s) joined with '+', sharing one basis, e.g. "
-        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds} (default: {_DEFAULTS.similarities})",
+        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}; or 'auto': forward selection by "
+        "cross-validation on the training split of the measures, transform, input "
+        "normalisation, basis size and strategy and C (the options for those are then ignored; "
+        f"see --budget) (default: {_DEFAULTS.similarities})",
+    )
+    model.add_argument(
+        "--budget",
+        dest="selection_budget_s",
+        type=float,
+        default=_DEFAULTS.selection_budget_s,
+        help="with --similarity auto: seconds the selection may take before it keeps the best "
+        f"configuration found (default: {_DEFAULTS.selection_budget_s:g})",
+    )
+    model.add_argument(
+        "--input-normalization",
+        choices=INPUT_NORMALIZATIONS,
+        default=_DEFAULTS.input_normalization,
+        help="dense inputs: centred and divided by their mean norm (global, the paper's), or "
+        f"standardised per feature first (default: {_DEFAULTS.input_normalization})",
     )
     model.add_argument(
         "--transform",
@@ -494,6 +513,8 @@ def _run_fit(args: argparse.Namespace) -> int:
         min_df=args.min_df,
         stop_words=None if args.stop_words == "none" else args.stop_words,
         n_jobs=args.n_jobs,
+        input_normalization=args.input_normalization,
+        selection_budget_s=args.selection_budget_s,
     )
     _status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
     result = fit_besvm(dataset, config, name=name, verbose=not args.quiet)
@@ -516,6 +537,9 @@ def _run_fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     timings = result.timings
+    selection = getattr(result.estimator, "selection_", None)
+    if selection is not None:
+        print(f"selection path (CV accuracy on the training split):\n{selection.describe()}")
     print(
         "\n".join(
             [
@@ -529,8 +553,10 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"transform        {predictor.transform}",
                 f"similarities     {' + '.join(predictor.similarity_names)}",
                 f"normalization    {predictor.normalization}",
-                f"basis            {predictor.n_basis} items ({config.basis_strategy}, "
-                f"{config.basis_per_class} per class), {predictor.coef.shape[1]} features",
+                f"basis            {predictor.n_basis} items "
+                f"({predictor.metadata['basis']['strategy']}, "
+                f"{predictor.metadata['basis']['per_class']} per class), "
+                f"{predictor.coef.shape[1]} features",
                 f"train accuracy   {result.train_accuracy:.2%}",
                 "test accuracy    none: no test split, trained on every item (--test-fraction 0)"
                 if test_accuracy is None

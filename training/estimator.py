@@ -33,7 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 from joblib import Parallel, delayed, effective_n_jobs
 from scipy.optimize import minimize
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -44,6 +44,7 @@ from service.model import BasisExpansion, InputNormalizer, InputSpec, Predictor,
 from service.model.basis import BASIS_STRATEGIES
 from service.model.documents import DEFAULT_TOKEN_PATTERN, Vocabulary
 from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind
+from service.model.preprocessing import INPUT_NORMALIZATIONS
 from service.model.similarity import parse_specs
 from service.model.threads import available_cpus, limit_threads
 from service.model.transforms import InputTransform, default_transform, parse_transform
@@ -74,7 +75,10 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         Similarity measure(s) sharing the basis, joined with ``+``, e.g.
         ``"rbf(gamma=0.5) + rigid(1)"`` (see ``python -m training fit --help``). Documents read
         ``sensing0``, ``sensing1(n=...)``, ``sensing2`` or tf-idf ``linear``/``rbf``.
-        ``"auto"`` is reserved for the forward selection of issue 14 and refused for now.
+        ``"auto"`` chooses by forward selection, cross-validated on the training set
+        (:mod:`training.selection`): the measures, the input transform and normalisation, the
+        basis size and strategy and C, whatever those parameters say; ``selection_`` records
+        the path it took.
     input_transform : str or None, default=None
         Input transform applied to dense inputs first: ``none``, ``pixels`` or
         ``hog(cell_size, orientations)``; None: ``pixels`` for images, ``none`` otherwise.
@@ -90,6 +94,11 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         The SVM's regularisation constant.
     max_iter : int, default=10000
         The SVM solver's iteration limit (Newton steps per group of classes).
+    input_normalization : {"global", "per-feature"}, default="global"
+        Dense inputs: centred and divided by their mean norm (the paper's), or standardised
+        per feature first (for features on different scales).
+    selection_budget_s : float, default=40
+        With ``similarity="auto"``: seconds the selection may take.
     input_shape : str or None, default=None
         How to read a flat row: ``"grid(H, W, C)"`` for images given as (n, H * W * C), or
         ``"vector(d)"``; None: from the array (2-d: vectors, 3-d or 4-d: images).
@@ -142,6 +151,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         "normalization": [str],
         "C": [Interval(Real, 0, None, closed="neither")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "input_normalization": [StrOptions(set(INPUT_NORMALIZATIONS))],
+        "selection_budget_s": [Interval(Real, 0, None, closed="neither")],
         "input_shape": [str, None],
         "min_df": [Interval(Integral, 1, None, closed="left")],
         "stop_words": [StrOptions({"english"}), None],
@@ -159,6 +170,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         normalization="auto",
         C=1.0,
         max_iter=10_000,
+        input_normalization="global",
+        selection_budget_s=40.0,
         input_shape=None,
         min_df=2,
         stop_words="english",
@@ -173,6 +186,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         self.normalization = normalization
         self.C = C
         self.max_iter = max_iter
+        self.input_normalization = input_normalization
+        self.selection_budget_s = selection_budget_s
         self.input_shape = input_shape
         self.min_df = min_df
         self.stop_words = stop_words
@@ -204,6 +219,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             normalisation that cannot be parsed or does not apply to the inputs.
         """
         self._validate_params()
+        if self.similarity.strip().lower() == AUTO_SIMILARITY:
+            return self._fit_selected(X, y)
         inputs = _training_inputs_for(X, self)
         X, y = inputs.validate_fit(self, X, y)
         check_classification_targets(y)
@@ -289,17 +306,44 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         return self
 
     def _resolved_similarity(self) -> str:
-        """The measures to train with: the parameter, once it is not ``auto``.
-
-        Forward selection (issue 14, item 1) decides ``auto`` here, from the training data, and
-        records its path in the model's metadata.
-        """
-        if self.similarity.strip().lower() == AUTO_SIMILARITY:
-            raise ValueError(
-                "similarity='auto' (forward selection of the measures) is not available yet: "
-                "give the measures, e.g. 'rbf(gamma=1)'"
-            )
+        """The measures to train with (``auto`` is resolved by :meth:`_fit_selected`)."""
         return self.similarity
+
+    def _fit_selected(self, X, y):
+        """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
+        it; the parameters stay as given, the learned state is the chosen model's."""
+        from training.selection import select_on  # it trains through this module
+
+        inputs = _training_inputs_for(X, self)
+        X_checked, y_checked = inputs.validate_fit(self, X, y)
+        check_classification_targets(y_checked)
+        selection = select_on(
+            X_checked,
+            np.asarray([str(label) for label in y_checked]),
+            inputs.spec,
+            budget_s=self.selection_budget_s,
+            n_jobs=self.n_jobs,
+            random_state=0 if self.random_state is None else self.random_state,
+            progress=self.verbose,
+        )
+        chosen = selection.config
+        model = clone(self).set_params(
+            similarity=chosen.similarities,
+            input_transform=chosen.transform,
+            input_normalization=chosen.input_normalization,
+            basis_per_class=chosen.basis_per_class,
+            basis_strategy=chosen.basis_strategy,
+            normalization=chosen.normalization,
+            C=chosen.C,
+        )
+        model.fit(X, y)
+        self.__dict__.update({k: v for k, v in vars(model).items() if k.endswith("_")})
+        self.selection_ = selection
+        training = self.predictor_.metadata["training"]
+        training["selection"] = selection.record()
+        self.timings_ = {**self.timings_, "selection_seconds": selection.seconds}
+        training["timings"] = self.timings_
+        return self
 
     def _config_record(self, similarity: str) -> dict[str, Any]:
         """The settings the manifest records (the command line's names, as before)."""
@@ -311,6 +355,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             "normalization": self.normalization,
             "C": float(self.C),
             "max_iter": self.max_iter,
+            "input_normalization": self.input_normalization,
             "seed": self.random_state,
             "min_df": self.min_df,
             "stop_words": self.stop_words,
@@ -699,11 +744,18 @@ class TrainingInputs(ABC):
 
 
 class DenseTraining(TrainingInputs):
-    """Vectors and images: transformed, then centred and scaled by the mean norm."""
+    """Vectors and images: transformed, then centred (and standardised per feature, if asked)
+    and scaled by the mean norm."""
 
-    def __init__(self, spec: InputSpec | None = None, transform: str | None = None):
+    def __init__(
+        self,
+        spec: InputSpec | None = None,
+        transform: str | None = None,
+        input_normalization: str = "global",
+    ):
         self.spec = spec
         self.transform_text = transform
+        self.input_normalization = input_normalization
 
     def validate_fit(self, estimator, X, y):
         X = self._flat(estimator, X, fitting=True)
@@ -752,7 +804,7 @@ class DenseTraining(TrainingInputs):
 
     def fit_items(self, X):
         transformed = self._transform.apply(X, self.spec)
-        self._normalizer = InputNormalizer().fit(transformed)
+        self._normalizer = InputNormalizer(scaling=self.input_normalization).fit(transformed)
         return self._normalizer.transform(transformed)
 
     def model_inputs(self, expansion):
@@ -824,7 +876,7 @@ def _training_inputs_for(X, estimator: BasisExpandingSVC) -> TrainingInputs:
             raise ValueError(f"input_shape: {error}") from None
         if spec.is_documents:
             raise ValueError(f"input_shape {spec} is for documents: pass a list of texts")
-    return DenseTraining(spec, estimator.input_transform)
+    return DenseTraining(spec, estimator.input_transform, estimator.input_normalization)
 
 
 def _prediction_inputs(spec: InputSpec) -> TrainingInputs:

@@ -58,6 +58,10 @@ class FitConfig:
     min_df: int = 2  # text: words in fewer training documents are left out of the vocabulary
     stop_words: str | None = "english"  # text: scikit-learn's English list; None keeps all
     n_jobs: int | None = -1  # cores training uses; -1: all
+    # dense: "global" (centre, divide by the mean norm) or "per-feature" (z-scores first); see
+    # service.model.preprocessing. Chosen by training.selection for similarity "auto".
+    input_normalization: str = "global"
+    selection_budget_s: float = 40.0  # similarity "auto": seconds the selection may take
 
 
 @dataclass
@@ -100,6 +104,8 @@ def estimator_for(config: FitConfig, input_spec: InputSpec, verbose: bool = Fals
         normalization=config.normalization,
         C=config.C,
         max_iter=config.max_iter,
+        input_normalization=config.input_normalization,
+        selection_budget_s=config.selection_budget_s,
         input_shape=None if input_spec.is_documents else str(input_spec),
         min_df=config.min_df,
         stop_words=config.stop_words,

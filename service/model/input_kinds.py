@@ -14,12 +14,14 @@ batch                  flat float64 array (n, n_features)          :class:`Docum
 prepared for measures  transformed, centred and scaled array       the documents (with idf)
 basis                  array (B, d) of prepared items              word counts (B, W), read
                                                                    through cached postings
-artifact arrays        ``input_mean``, ``input_scale``, ``basis``  ``basis_indptr``,
+artifact arrays        ``input_mean``, ``input_scale`` (a scalar,  ``basis_indptr``,
+                       or one per feature), ``basis``
                                                                    ``basis_indices``,
                                                                    ``basis_counts``, ``idf``,
                                                                    ``input_scale`` (always 1),
                                                                    ``vocabulary`` (optional)
-manifest keys          ``input``, ``transform``                    ``input``, ``transform``
+manifest keys          ``input``, ``transform``,                   ``input``, ``transform``
+                       ``input_normalization`` (per-feature only)
                                                                    (always ``none``),
                                                                    ``vocabulary`` (optional)
 =====================  ==========================================  ===========================
@@ -52,12 +54,18 @@ import scipy.sparse as sp
 from service.model.documents import Documents, Vocabulary, canonical_counts, counts_from_pairs
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
 from service.model.inputs import InputSpec, instance_name
-from service.model.preprocessing import MAX_INPUT_DISTANCE, normalize_inputs
+from service.model.preprocessing import (
+    GLOBAL_NORMALIZATION,
+    INPUT_NORMALIZATIONS,
+    MAX_INPUT_DISTANCE,
+    input_normalization_of,
+    normalize_inputs,
+)
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 from service.model.transforms import BoundTransform, InputTransform, parse_transform
 
 # The manifest keys the input kinds write and read (a model's metadata never holds them).
-MANIFEST_KEYS = frozenset({"input", "transform", "vocabulary"})
+MANIFEST_KEYS = frozenset({"input", "transform", "vocabulary", "input_normalization"})
 
 _NO_TRANSFORM = InputTransform("none")
 
@@ -235,7 +243,8 @@ class InputKind(ABC):
 
 @dataclass(frozen=True, eq=False)
 class DenseInputs(InputKind):
-    """Vectors and grids: transformed, then centred and scaled (BE-SVM paper, section 3.1).
+    """Vectors and grids: transformed, then centred and scaled (BE-SVM paper, section 3.1), by
+    one scale or one per feature (see :mod:`service.model.preprocessing`).
 
     Parameters
     ----------
@@ -243,8 +252,10 @@ class DenseInputs(InputKind):
         ``vector(d)`` or ``grid(H, W, C)``: what clients send.
     mean : ndarray of shape (d,)
         Training mean of the transformed inputs; ``d`` is the length of a transformed instance.
-    scale : float
-        Mean L2 norm of the centred transformed training inputs.
+    scale : float or ndarray of shape (d,)
+        A float: the mean L2 norm of the centred transformed training inputs (``global``
+        normalisation). An array: one positive scale per feature (``per-feature``), recorded in
+        the manifest as ``input_normalization``; artifacts without that key are ``global``.
     basis : ndarray of shape (B, d)
         Basis items, transformed and normalised.
     transform : InputTransform, default none
@@ -258,7 +269,7 @@ class DenseInputs(InputKind):
 
     spec: InputSpec
     mean: np.ndarray
-    scale: float
+    scale: float | np.ndarray
     basis: np.ndarray
     transform: InputTransform = _NO_TRANSFORM
     _bound: BoundTransform = field(init=False, repr=False)
@@ -272,8 +283,18 @@ class DenseInputs(InputKind):
         # One dtype and layout, so the compiled kernels see one signature.
         object.__setattr__(self, "mean", np.ascontiguousarray(self.mean, dtype=np.float64))
         object.__setattr__(self, "basis", np.ascontiguousarray(self.basis, dtype=np.float64))
-        object.__setattr__(self, "scale", float(self.scale))
+        scale = (
+            float(self.scale)
+            if np.ndim(self.scale) == 0
+            else np.ascontiguousarray(self.scale, dtype=np.float64)
+        )
+        object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "_bound", self.transform.bind(self.spec))
+
+    @property
+    def input_normalization(self) -> str:
+        """``global`` (one scale) or ``per-feature``."""
+        return input_normalization_of(self.scale)
 
     @property
     def n_features(self) -> int:
@@ -382,13 +403,20 @@ class DenseInputs(InputKind):
     def problems(self) -> list[str]:
         d, n_basis = self.n_features, self.n_basis
         expected = {"input_mean": (self.mean, (d,)), "basis": (self.basis, (n_basis, d))}
+        if np.ndim(self.scale):
+            expected["input_scale"] = (self.scale, (d,))
         problems = [
             f"{name} has shape {array.shape}, expected {shape}"
             for name, (array, shape) in expected.items()
             if array.shape != shape
         ]
-        if not (np.isfinite(self.scale) and self.scale > 0):
-            problems.append(f"input_scale must be positive, got {self.scale}")
+        scale = np.asarray(self.scale)
+        if not (np.isfinite(scale).all() and (scale > 0).all()):
+            problems.append(
+                f"input_scale must be positive, got {self.scale}"
+                if scale.ndim == 0
+                else "input_scale must be positive and finite for every feature"
+            )
         if not problems:
             problems += [
                 f"{name} holds NaN or infinity"
@@ -398,7 +426,11 @@ class DenseInputs(InputKind):
         return problems
 
     def manifest(self) -> dict[str, Any]:
-        return {**self._input_entry(), "transform": str(self.transform)}
+        entries = {**self._input_entry(), "transform": str(self.transform)}
+        if self.input_normalization != GLOBAL_NORMALIZATION:
+            # Written only when it is not the default, so global artifacts stay as they were.
+            entries["input_normalization"] = self.input_normalization
+        return entries
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {
@@ -414,10 +446,23 @@ class DenseInputs(InputKind):
     @classmethod
     def from_artifact(cls, spec, manifest, arrays, path) -> DenseInputs:
         _refuse_foreign_arrays(cls, spec, arrays, path)
+        normalization = manifest.get("input_normalization", GLOBAL_NORMALIZATION)
+        if normalization not in INPUT_NORMALIZATIONS:
+            raise ArtifactIntegrityError(
+                f"{path}: input_normalization must be one of {', '.join(INPUT_NORMALIZATIONS)},"
+                f" got {normalization!r}"
+            )
+        scale = arrays["input_scale"]
+        if input_normalization_of(scale) != normalization:
+            raise ArtifactIntegrityError(
+                f"{path}: input_scale of shape {list(scale.shape)} does not fit "
+                f"input_normalization {normalization!r} (a scalar for global, one per feature "
+                "for per-feature)"
+            )
         return cls(
             spec=spec,
             mean=arrays["input_mean"],
-            scale=float(arrays["input_scale"]),
+            scale=float(scale) if scale.ndim == 0 else scale,
             basis=arrays["basis"],
             transform=parse_transform(manifest.get("transform", "none")),
         )

@@ -183,7 +183,7 @@ def test_works_in_a_pipeline_under_grid_search_and_clones():
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"similarity": "auto"}, "not available yet"),
+        ({"input_normalization": "sideways"}, "input_normalization"),
         ({"similarity": "nonsense(3)"}, "nonsense"),
         ({"normalization": "sideways"}, "sideways"),
         ({"input_transform": "hog(2, 9)"}, "grid"),
@@ -195,6 +195,33 @@ def test_bad_settings_are_refused_in_fit_with_a_message(params, message):
     estimator = BasisExpandingSVC(basis_per_class=2, **params)  # __init__ only stores them
     with pytest.raises(ValueError, match=message):
         estimator.fit(X, y)
+
+
+def test_auto_selects_on_the_training_set_and_keeps_the_parameters_as_given(tmp_path):
+    from sklearn.datasets import load_wine
+    from sklearn.model_selection import train_test_split
+    from sklearn.svm import SVC
+
+    X, y = load_wine(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
+    model = BasisExpandingSVC(selection_budget_s=20).fit(X_train, y_train)
+    assert model.get_params()["similarity"] == "rbf(gamma=1)"  # the default, not auto
+    auto = BasisExpandingSVC(similarity="auto", selection_budget_s=20, n_jobs=1)
+    auto.fit(X_train, y_train)
+    assert auto.get_params()["similarity"] == "auto"
+    record = auto.predictor_.metadata["training"]["selection"]
+    accuracies = [step["cv_accuracy"] for step in record["path"]]
+    assert accuracies == sorted(accuracies)
+    assert record["chosen"]["input_normalization"] == "per-feature"  # features on many scales
+    # The chosen model is what the estimator predicts with, and what it saves.
+    reference = make_pipeline(StandardScaler(), SVC()).fit(X_train, y_train)
+    assert auto.score(X_test, y_test) >= reference.score(X_test, y_test) - 0.05
+    assert auto.score(X_test, y_test) > model.score(X_test, y_test)
+    auto.save(tmp_path / "wine")
+    loaded = Predictor.load(tmp_path / "wine")
+    np.testing.assert_array_equal(
+        loaded.predict(X_test), np.asarray([str(label) for label in auto.predict(X_test)])
+    )
 
 
 def test_labels_that_are_equal_as_text_are_refused():

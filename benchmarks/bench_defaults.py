@@ -1,0 +1,262 @@
+"""The default model (``--similarity auto``) against tuned SVC(RBF) and LinearSVC (issue 14).
+
+    .venv/bin/python benchmarks/bench_defaults.py [--budget 40] [--n-jobs 2] [--synthetic]
+        [--large] [--digits-cv] [--fortunes] [--sets digits,wine,breast_cancer]
+        [--svc-grid full|small]
+
+For each data set and split, in the same run:
+
+- **default**: :func:`training.selection.fit_selected`: forward selection by 3-fold CV on the
+  training split within the budget, then the chosen model fitted on the whole training split;
+- **tuned SVC(RBF)**: a ``Pipeline`` of an optional ``StandardScaler`` and ``SVC``, the scaling,
+  C and gamma chosen by 5-fold ``GridSearchCV`` on the same training split (48 settings;
+  ``--svc-grid small``: 12, for the large sets on a small machine);
+- **LinearSVC**: ``StandardScaler`` + ``LinearSVC`` at its defaults (text: scikit-learn's
+  default ``TfidfVectorizer`` + ``LinearSVC``).
+
+Sets: digits with the fixed split (first 1,000 train); ``load_wine`` and
+``load_breast_cancer``, 25% test, seeds 0-2. Opt-in: ``--synthetic`` (10-class
+``make_classification``, d = 64, 10,000 training items), ``--large`` (the same at 100,000),
+``--digits-cv`` (digits in repeated stratified 5-fold CV, 2 repeats), ``--fortunes`` (text).
+
+Columns, means over the splits: test accuracy, training seconds (the search included), prediction
+µs per sample at batch 1,000 (median of repeats, one thread for every model; the default's
+includes input preparation, as the service does it), and model size (the default: its artifact
+directory; the others: their pickle).
+The last column is the tuned SVC's prediction time over the default's (above 1: the default is
+faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_breast_cancer, load_digits, load_wine, make_classification
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.model_selection import GridSearchCV, RepeatedStratifiedKFold, train_test_split
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC, LinearSVC
+
+from service.model import InputSpec
+from service.model.threads import limit_threads
+from training.datasets import Dataset, load_dataset, load_digits_dataset
+from training.evaluate import median_seconds
+from training.selection import DEFAULT_BUDGET_S, fit_selected
+
+SVC_GRID = {
+    "scale": ["passthrough", StandardScaler()],
+    "svc__C": [0.1, 1.0, 10.0, 100.0],
+    "svc__gamma": ["scale", 1e-4, 1e-3, 1e-2, 1e-1, 1.0],
+}
+# For the large opt-in sets on a small machine (--svc-grid small): 12 settings instead of 48.
+SMALL_SVC_GRID = {
+    "scale": ["passthrough", StandardScaler()],
+    "svc__C": [1.0, 10.0],
+    "svc__gamma": ["scale", 1e-2, 1e-1],
+}
+BATCH = 1000
+
+
+def _vectors(name: str, X, y, seed: int, test_size: float = 0.25) -> Dataset:
+    X_train, X_test, y_train, y_test = train_test_split(
+        X.astype(np.float64), y.astype(str), test_size=test_size, random_state=seed, stratify=y
+    )
+    spec = InputSpec("vector", (X.shape[1],))
+    return Dataset(name, spec, X_train, y_train, X_test, y_test, source={"seed": seed})
+
+
+def _splits(args) -> Iterator[tuple[str, Dataset]]:
+    sets = args.sets.split(",")
+    if "digits" in sets:
+        yield "digits (fixed split)", load_digits_dataset()
+    for name, loader in (("wine", load_wine), ("breast_cancer", load_breast_cancer)):
+        if name in sets:
+            X, y = loader(return_X_y=True)
+            for seed in range(3):
+                yield f"{name} (25% test, seeds 0-2)", _vectors(name, X, y, seed)
+    if args.digits_cv:
+        X, y = load_digits(return_X_y=True)
+        folds = RepeatedStratifiedKFold(n_splits=5, n_repeats=2, random_state=0)
+        spec = InputSpec("grid", (8, 8, 1))
+        for train, test in folds.split(X, y):
+            yield (
+                "digits (5-fold CV, 2 repeats)",
+                Dataset(
+                    "digits",
+                    spec,
+                    X[train] * 1.0,
+                    y[train].astype(str),
+                    X[test] * 1.0,
+                    y[test].astype(str),
+                ),
+            )
+    for flag, n_train in ((args.synthetic, 10_000), (args.large, 100_000)):
+        if flag:
+            X, y = make_classification(
+                n_samples=n_train + 2000,
+                n_features=64,
+                n_informative=32,
+                n_redundant=8,
+                n_classes=10,
+                n_clusters_per_class=2,
+                random_state=0,
+            )
+            yield (
+                f"synthetic (n = {n_train:,})",
+                _vectors("synthetic", X, y, 0, test_size=2000),
+            )
+    if args.fortunes:
+        yield "fortunes", load_dataset("fortunes")
+
+
+def _timed(fit: Callable[[], object]) -> tuple[object, float]:
+    started = time.perf_counter()
+    model = fit()
+    return model, time.perf_counter() - started
+
+
+def _batch(X) -> np.ndarray:
+    return np.resize(X, (BATCH, *np.shape(X)[1:])) if np.ndim(X) == 2 else np.resize(X, BATCH)
+
+
+def _per_sample(predict: Callable[[], object], repeats: int) -> float:
+    # One thread for every model: libsvm predicts on one, and on a shared machine a parallel
+    # region waits for its slowest thread, which makes the numbers noise.
+    with limit_threads(numba_threads=1, blas_threads=1):
+        return median_seconds(predict, repeats) / BATCH
+
+
+def _default(dataset: Dataset, args) -> dict:
+    (result, selection), seconds = _timed(
+        lambda: fit_selected(
+            dataset,
+            "default",
+            budget_s=args.budget,
+            n_jobs=args.n_jobs,
+            progress=False,
+            diagnostics=False,
+        )
+    )
+    predictor = result.predictor
+    predictor.warm_up()
+    accuracy = float(np.mean(predictor.predict(dataset.X_test) == dataset.y_test))
+    batch = _batch(dataset.X_test)
+    if dataset.input_spec.is_documents:
+        batch = predictor.encode_texts(list(batch))
+    per_sample = _per_sample(lambda: predictor.decision_function(batch), args.repeats)
+    with tempfile.TemporaryDirectory() as folder:
+        path = predictor.save(Path(folder) / "model")
+        size = sum(f.stat().st_size for f in Path(path).iterdir())
+    return {
+        "accuracy": accuracy,
+        "seconds": seconds,
+        "us": 1e6 * per_sample,
+        "kb": size / 1024,
+        "note": selection.config.similarities
+        + f", {selection.config.input_normalization}, B/class {selection.config.basis_per_class}"
+        f", C {selection.config.C:g}",
+    }
+
+
+def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
+    model, seconds = _timed(lambda: make().fit(dataset.X_train, dataset.y_train))
+    accuracy = float(np.mean(model.predict(dataset.X_test) == dataset.y_test))
+    batch = _batch(dataset.X_test)
+    estimator = getattr(model, "best_estimator_", model)
+    per_sample = _per_sample(lambda: estimator.predict(batch), args.repeats)
+    note = ""
+    if hasattr(model, "best_params_"):
+        best = model.best_params_
+        note = (
+            f"{'scaled' if best['scale'] != 'passthrough' else 'raw'}, C {best['svc__C']:g}, "
+            f"gamma {best['svc__gamma']}, {estimator[-1].support_vectors_.shape[0]} SVs"
+        )
+    return {
+        "accuracy": accuracy,
+        "seconds": seconds,
+        "us": 1e6 * per_sample,
+        "kb": len(pickle.dumps(estimator)) / 1024,
+        "note": note,
+    }
+
+
+def _tuned_svc(dataset: Dataset, n_jobs: int, grid: dict):
+    if dataset.input_spec.is_documents:
+        pipeline = Pipeline(
+            [("tfidf", TfidfVectorizer()), ("scale", "passthrough"), ("svc", SVC())]
+        )
+        grid = {k: v for k, v in grid.items() if k != "scale"}
+        return GridSearchCV(pipeline, grid, cv=5, n_jobs=n_jobs)
+    pipeline = Pipeline([("scale", "passthrough"), ("svc", SVC(kernel="rbf"))])
+    return GridSearchCV(pipeline, grid, cv=5, n_jobs=n_jobs)
+
+
+def _linear_svc(dataset: Dataset):
+    if dataset.input_spec.is_documents:
+        return make_pipeline(TfidfVectorizer(), LinearSVC())
+    return make_pipeline(StandardScaler(), LinearSVC())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S)
+    parser.add_argument("--n-jobs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="timing runs at batch 1,000")
+    parser.add_argument("--sets", default="digits,wine,breast_cancer")
+    parser.add_argument("--synthetic", action="store_true", help="make_classification, 10,000")
+    parser.add_argument("--large", action="store_true", help="make_classification, 100,000")
+    parser.add_argument("--digits-cv", action="store_true", help="digits, repeated 5-fold CV")
+    parser.add_argument("--fortunes", action="store_true", help="fortunes (text; minutes)")
+    parser.add_argument(
+        "--svc-grid", choices=("full", "small"), default="full", help="the tuned SVC's grid"
+    )
+    args = parser.parse_args()
+    grid = SVC_GRID if args.svc_grid == "full" else SMALL_SVC_GRID
+
+    rows: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for label, dataset in _splits(args):
+        runs = {
+            "default (auto)": lambda d=dataset: _default(d, args),
+            "tuned SVC(RBF)": lambda d=dataset: _sklearn(
+                d, lambda: _tuned_svc(d, args.n_jobs, grid), args
+            ),
+            "LinearSVC": lambda d=dataset: _sklearn(d, lambda: _linear_svc(d), args),
+        }
+        for model, run in runs.items():
+            result = run()
+            rows[label][model].append(result)
+            print(
+                f"# {label} seed {dataset.source.get('seed', '-')} {model}: "
+                f"{100 * result['accuracy']:.2f}% in {result['seconds']:.1f} s; {result['note']}",
+                flush=True,
+            )
+    header = (
+        f"{'data set':<38} {'model':<16} {'accuracy':>9} {'train s':>8} {'µs/sample':>10} "
+        f"{'size KB':>8} {'SVC/default µs':>15}"
+    )
+    print()
+    print(header)
+    print("-" * len(header))
+    for label, models in rows.items():
+        baseline = np.mean([r["us"] for r in models["tuned SVC(RBF)"]])
+        for model, results in models.items():
+            accuracy = np.mean([r["accuracy"] for r in results])
+            us = np.mean([r["us"] for r in results])
+            ratio = f"{baseline / us:>15.1f}" if model == "default (auto)" else ""
+            print(
+                f"{label:<38} {model:<16} {100 * accuracy:>8.2f}% "
+                f"{np.mean([r['seconds'] for r in results]):>8.1f} {us:>10.1f} "
+                f"{np.mean([r['kb'] for r in results]):>8.0f} {ratio}"
+            )
+
+
+if __name__ == "__main__":
+    main()

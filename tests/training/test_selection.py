@@ -1,0 +1,194 @@
+"""Forward selection of the default model (``similarity auto``): what it picks on real data, against
+scikit-learn references, that its path is recorded, that it keeps its budget and never reads the
+test split."""
+
+import dataclasses
+import itertools
+import json
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_wine
+from sklearn.model_selection import train_test_split
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
+
+from service.model import InputSpec, Predictor
+from service.model.similarity import parse_specs
+from training.datasets import Dataset
+from training.fit import fit_besvm
+from training.selection import (
+    basis_size_candidates,
+    fit_selected,
+    measure_candidates,
+    select,
+    select_on,
+    transform_candidates,
+)
+
+pytestmark = pytest.mark.slow
+
+GENEROUS_BUDGET_S = 600.0  # never reached here: these selections take seconds
+
+
+def _wine(seed: int) -> Dataset:
+    X, y = load_wine(return_X_y=True)
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y.astype(str), test_size=0.25, random_state=seed, stratify=y
+    )
+    return Dataset("wine", InputSpec("vector", (13,)), X_train, y_train, X_test, y_test)
+
+
+def _accuracy(predictor: Predictor, dataset: Dataset) -> float:
+    return float(np.mean(predictor.predict(dataset.X_test) == dataset.y_test))
+
+
+def _digits_subset(digits: Dataset, n: int = 400) -> Dataset:
+    return dataclasses.replace(digits, X_train=digits.X_train[:n], y_train=digits.y_train[:n])
+
+
+def _without_times(path: list[dict]) -> list[dict]:
+    return [{k: v for k, v in entry.items() if k != "elapsed_s"} for entry in path]
+
+
+def test_on_wine_it_standardises_features_and_matches_a_scaled_svc():
+    chosen, as_global, reference = [], [], []
+    for seed in range(3):
+        dataset = _wine(seed)
+        result, selection = fit_selected(
+            dataset, "wine", budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False
+        )
+        # Wine's features have unrelated units: the global normalisation lets one dominate.
+        assert selection.config.input_normalization == "per-feature"
+        chosen.append(_accuracy(result.predictor, dataset))
+        global_config = dataclasses.replace(selection.config, input_normalization="global")
+        as_global.append(
+            _accuracy(fit_besvm(dataset, global_config, "g", diagnostics=False).predictor, dataset)
+        )
+        svc = make_pipeline(StandardScaler(), SVC()).fit(dataset.X_train, dataset.y_train)
+        reference.append(float(np.mean(svc.predict(dataset.X_test) == dataset.y_test)))
+    assert np.mean(chosen) > np.mean(as_global)
+    assert np.mean(chosen) >= np.mean(reference) - 0.03
+
+
+def test_on_digits_it_returns_a_valid_configuration_that_predicts_well(digits):
+    dataset = _digits_subset(digits)
+    result, selection = fit_selected(
+        dataset, "digits", budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False, diagnostics=False
+    )
+    config = selection.config
+    assert parse_specs(config.similarities)
+    assert config.transform in transform_candidates(dataset.input_spec)
+    assert 1 <= config.basis_per_class <= 40
+    assert _accuracy(result.predictor, dataset) >= 0.9
+    # The search's record travels with the model, as plain JSON.
+    recorded = result.predictor.metadata["training"]["selection"]
+    assert json.loads(json.dumps(recorded)) == recorded
+    assert recorded["chosen"]["similarities"] == config.similarities
+    assert recorded["path"] == selection.path
+
+
+def test_the_path_is_recorded_and_improves_at_every_step(digits):
+    selection = select(
+        _digits_subset(digits, 300), budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False
+    )
+    path = selection.path
+    assert path[0]["stage"] == "inputs"
+    assert [entry["step"] for entry in path] == list(range(1, len(path) + 1))
+    accuracies = [entry["cv_accuracy"] for entry in path]
+    assert all(b >= a + 0.0025 for a, b in itertools.pairwise(accuracies))
+    assert selection.cv_accuracy == accuracies[-1]
+    assert path[-1]["similarities"] == selection.config.similarities
+    assert selection.stopped == "every stage done"
+    text = selection.describe()
+    assert all(entry["change"] in text for entry in path)
+
+
+def test_the_budget_stops_the_search(digits):
+    selection = select(digits, budget_s=1.0, n_jobs=1, progress=False)
+    assert selection.stopped.startswith("budget of 1 s spent")
+    # Bounded, not timed: the fits running at the deadline finish, nothing new starts.
+    assert selection.seconds < 120
+    assert selection.fits < 60
+    assert json.dumps(selection.record(), allow_nan=False)
+    fit_besvm(digits, selection.config, "d", diagnostics=False)  # still a valid configuration
+
+
+def test_the_test_split_is_never_read():
+    dataset = _wine(0)
+    rng = np.random.default_rng(0)
+    blinded = dataclasses.replace(
+        dataset,
+        X_test=np.full_like(dataset.X_test, np.nan),
+        y_test=rng.permutation(
+            np.array(["a", "b", "c"] * len(dataset.y_test))[: len(dataset.y_test)]
+        ),
+    )
+    first = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    second = select(blinded, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    assert second.config == first.config
+    assert _without_times(second.path) == _without_times(first.path)
+
+
+def test_documents_choose_among_document_measures(text_dataset):
+    selection = select(text_dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    measures = {m.strip() for m in selection.config.similarities.split("+")}
+    assert measures <= set(measure_candidates(text_dataset.input_spec, None))
+    assert selection.path[0]["stage"] == "first measure"
+
+
+def test_parallel_folds_choose_as_one_process_does():
+    dataset = _wine(1)
+    alone = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    side_by_side = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=2, progress=False)
+    assert side_by_side.config == alone.config
+    assert _without_times(side_by_side.path) == _without_times(alone.path)
+
+
+def test_the_candidates_follow_the_inputs():
+    assert measure_candidates(InputSpec("vector", (5,)), None) == [
+        "linear",
+        "rbf(gamma=0.25)",
+        "rbf(gamma=1)",
+        "rbf(gamma=4)",
+    ]
+    image = InputSpec("grid", (28, 28, 1))
+    assert transform_candidates(image) == ["pixels", "hog(7)", "hog(4)"]
+    assert "rigid(1)" in measure_candidates(image, "hog(4)")
+    assert transform_candidates(InputSpec("vector", (5,))) == [None]
+    # The basis grows with the classes, up to the feature budget.
+    assert basis_size_candidates(30, 1, 10) == [10, 25, 30]
+    assert basis_size_candidates(5000, 1, 10) == [10, 25, 50, 100]
+    assert basis_size_candidates(5000, 2, 2) == [10, 25, 50, 100, 200, 250]
+
+
+def test_bad_settings_are_refused(digits):
+    with pytest.raises(ValueError, match="budget_s must be positive"):
+        select(digits, budget_s=0)
+    with pytest.raises(ValueError, match="folds must be at least 2"):
+        select(digits, folds=1)
+
+
+def test_arrays_select_as_a_dataset_does():
+    dataset = _wine(2)
+    on_arrays = select_on(
+        dataset.X_train,
+        dataset.y_train,
+        dataset.input_spec,
+        budget_s=GENEROUS_BUDGET_S,
+        n_jobs=1,
+        progress=False,
+    )
+    on_dataset = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    assert on_arrays.config == on_dataset.config
+
+
+def test_a_budget_spent_before_any_candidate_keeps_the_start(digits):
+    selection = select(_digits_subset(digits, 200), budget_s=1e-9, n_jobs=1, progress=False)
+    assert selection.path == []
+    assert selection.fits == 0
+    assert selection.config.similarities == "rbf(gamma=1)"
+    record = json.loads(json.dumps(selection.record(), allow_nan=False))
+    assert record["cv_accuracy"] is None
+    assert "budget" in selection.describe()

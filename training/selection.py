@@ -1,0 +1,595 @@
+"""``--similarity auto``: choosing a model's configuration by forward selection (issue 14).
+
+:func:`select` cross-validates candidate configurations on the *training* split of a data set
+(stratified k-fold; the test split is never read) and improves one configuration step by step,
+the BE-SVM paper's greedy answer (section 3.5) to "which measures, at which resolution":
+
+1. **Input preparation.** Dense inputs: the input normalisation (``global``, the paper's: centre
+   and divide by the mean norm; or ``per-feature``: z-scores first, see
+   :mod:`service.model.preprocessing`) and, for images, the transform (pixels, or HOG cells at
+   one or two cell sizes), each tried with the default measure ``rbf(gamma=1)``. The best one
+   fixes the transform for every later step. Documents: nothing to choose here.
+2. **The first measure**: every candidate measure of the input kind in place of ``rbf(gamma=1)``.
+3. **Added measures**: the candidate whose ``+``-combination with the measures chosen so far
+   improves the cross-validated accuracy most, repeatedly, up to :data:`MAX_MEASURES`.
+4. **Basis size per class**: a grid (10, 25, 50, 100, 200, ...) capped by the largest class of a
+   fold and by a feature budget (:data:`MAX_FEATURES` basis items times measures), so that it
+   grows with the training set.
+5. **The SVM's C**: 0.1 and 10 against 1.
+6. **The basis strategy**: ``random`` and ``kmedoids`` against ``index``.
+
+A step is taken only when its best candidate beats the current configuration by at least
+``margin`` (0.25 points by default); the similarity normalisation follows the ``auto`` rule
+(:func:`service.model.expansion.resolve_normalization`). Everything stops when the time budget
+is spent: a candidate whose folds are not all scored by then is not considered. The path (each
+step taken, its candidate and cross-validated accuracy) is returned in the :class:`Selection`,
+as plain data for the manifest.
+
+Candidates and folds are scored in parallel with joblib (``n_jobs`` processes), each process
+limiting its threads through :func:`service.model.threads.limit_threads` (numba: its share of
+the cores; BLAS: one) so that together they use the cores once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from joblib import Parallel, delayed
+from sklearn.model_selection import StratifiedKFold, train_test_split
+
+from service.model import InputSpec
+from service.model.preprocessing import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
+from service.model.threads import available_cpus, limit_threads
+from training.datasets import Dataset
+from training.fit import FitConfig, FitResult, fit_besvm
+
+# Seconds the whole search may take by default: digits (1,000 training images) selects and fits
+# in under a minute on 2 busy cores (docs/model-selection.md has the measurements).
+DEFAULT_BUDGET_S = 40.0
+# Accuracy (a fraction) a step must gain over the current configuration to be taken.
+DEFAULT_MARGIN = 0.0025
+MAX_MEASURES = 3
+# Basis items times measures: caps the feature count, hence training memory and serving cost.
+MAX_FEATURES = 1000
+# The search cross-validates on at most this many training items (a stratified sample).
+MAX_SEARCH_ITEMS = 3000
+
+START_MEASURE = "rbf(gamma=1)"
+START_BASIS_PER_CLASS = 25
+# rbf widths relative to the normalised inputs: both normalisations make the mean norm 1, so the
+# mean squared distance between two items is about 2 and gamma = 1 is scikit-learn's "scale".
+RBF_GAMMAS = (0.25, 1.0, 4.0)
+BASIS_SIZES = (10, 25, 50, 100, 200, 400, 800)
+C_GRID = (0.1, 1.0, 10.0)
+STRATEGIES = ("index", "random", "kmedoids")
+SENSING_WORDS = (50, 150, 500)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration to cross-validate, with what it changes, in words."""
+
+    change: str
+    config: FitConfig
+
+
+@dataclass
+class Selection:
+    """What :func:`select` chose and how.
+
+    Attributes
+    ----------
+    config : FitConfig
+        The chosen configuration, ready for :func:`training.fit.fit_besvm`.
+    cv_accuracy : float
+        Its cross-validated accuracy on the training split (a fraction).
+    path : list of dict
+        The steps taken, in order: ``step``, ``stage``, ``change`` (the candidate, in words),
+        ``similarities``, ``cv_accuracy`` (a fraction), ``candidates`` (how many were scored),
+        ``elapsed_s``. Plain JSON, for the manifest. ``cv_accuracy`` increases along it.
+    stopped : str
+        Why the search ended.
+    seconds : float
+    fits : int
+        Fold fits run (candidates times folds).
+    folds : int
+    n_items : int
+        Training items the search cross-validated on (a sample when the split is larger than
+        ``max_items``).
+    budget_s : float
+    documents : bool
+        Whether the inputs are documents (no input normalisation to choose).
+    """
+
+    config: FitConfig
+    cv_accuracy: float
+    path: list[dict[str, Any]] = field(default_factory=list)
+    stopped: str = ""
+    seconds: float = 0.0
+    fits: int = 0
+    folds: int = 3
+    n_items: int = 0
+    budget_s: float = DEFAULT_BUDGET_S
+    documents: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """The selection as plain JSON data, for the manifest's ``training`` entry."""
+        chosen = dataclasses.asdict(self.config)
+        return {
+            "method": "forward selection, stratified k-fold cross-validation on the training split",
+            "folds": self.folds,
+            "n_items": self.n_items,
+            "budget_s": self.budget_s,
+            "seconds": round(self.seconds, 2),
+            "fits": self.fits,
+            "stopped": self.stopped,
+            # NaN is no JSON: the budget ran out before any candidate was scored.
+            "cv_accuracy": None if np.isnan(self.cv_accuracy) else self.cv_accuracy,
+            "chosen": {k: chosen[k] for k in _CHOSEN_FIELDS},
+            "path": self.path,
+        }
+
+    def describe(self) -> str:
+        """The path as lines of text, one per step, then the choice."""
+        lines = [
+            f"  {entry['step']}. {entry['stage']:<14} {entry['change']:<44} "
+            f"CV {100 * entry['cv_accuracy']:.2f}%"
+            for entry in self.path
+        ]
+        config = self.config
+        lines.append(
+            f"  chosen: {config.similarities} on {config.transform or 'the inputs'}"
+            + ("" if self.documents else f", {config.input_normalization} input normalisation")
+            + f", {config.basis_per_class} bases per class ({config.basis_strategy}),"
+            f" C = {config.C:g}; {self.stopped}; {self.fits} fold fits in {self.seconds:.1f} s"
+        )
+        return "\n".join(lines)
+
+
+_CHOSEN_FIELDS = (
+    "similarities",
+    "transform",
+    "input_normalization",
+    "basis_per_class",
+    "basis_strategy",
+    "normalization",
+    "C",
+)
+
+
+# -- the candidates ------------------------------------------------------------------------
+
+
+def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str]:
+    """The measures forward selection may use on inputs of ``input_spec`` read through
+    ``transform``: linear and rbf over :data:`RBF_GAMMAS` for vectors; those, ``rigid(1)`` and
+    ``deformable(1, 1)`` on image grids (pixels or HOG cells); ``sensing1`` over
+    :data:`SENSING_WORDS` and tf-idf ``linear`` for documents."""
+    if input_spec.is_documents:
+        return [f"sensing1(n={n})" for n in SENSING_WORDS] + ["linear"]
+    measures = ["linear"] + [f"rbf(gamma={gamma:g})" for gamma in RBF_GAMMAS]
+    if input_spec.kind == "grid" and transform is not None:
+        measures += ["rigid(1)", "deformable(1, 1)"]
+    return measures
+
+
+def transform_candidates(input_spec: InputSpec) -> list[str | None]:
+    """Input transforms to try: pixels and HOG cells at one or two cell sizes (about 4 x 4 and
+    7 x 7 cells) for images; none otherwise."""
+    if input_spec.kind != "grid" or input_spec.shape[2] not in (1, 3):
+        return [None]
+    side = min(input_spec.shape[:2])
+    cells = sorted({c for c in (side // 4, side // 7) if c >= 2}, reverse=True)
+    return ["pixels"] + [f"hog({c})" for c in cells]
+
+
+def basis_size_candidates(class_size: int, n_measures: int, n_classes: int) -> list[int]:
+    """Per-class basis sizes to try: :data:`BASIS_SIZES` up to the largest class (whose full
+    size is a candidate too) and to :data:`MAX_FEATURES` features."""
+    cap = max(1, min(class_size, MAX_FEATURES // max(1, n_measures * n_classes)))
+    sizes = [size for size in BASIS_SIZES if size < cap]
+    return [*sizes, cap]
+
+
+# -- cross-validation ----------------------------------------------------------------------
+
+
+def _fold_datasets(
+    dataset: Dataset, folds: int, random_state: int, max_items: int
+) -> tuple[list[Dataset], int]:
+    """The training split as ``folds`` (train, validation) data sets; only training items."""
+    X, y = dataset.X_train, dataset.y_train
+    if len(y) > max_items:
+        X, _, y, _ = train_test_split(
+            X, y, train_size=max_items, stratify=y, random_state=random_state
+        )
+    smallest = min(np.unique(y, return_counts=True)[1])
+    folds = max(2, min(folds, int(smallest)))
+    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=random_state)
+    return [
+        Dataset(
+            f"{dataset.name}-fold{k}",
+            dataset.input_spec,
+            X[train],
+            y[train],
+            X[valid],
+            y[valid],
+            source={},
+        )
+        for k, (train, valid) in enumerate(splitter.split(np.zeros(len(y)), y))
+    ], len(y)
+
+
+def _score_fold(fold: Dataset, config: FitConfig, threads: int) -> tuple[int, int]:
+    """Correct predictions and items of one validation fold, trained on the fold's rest."""
+    # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
+    # threads spin-wait, which costs far more than they save when another process holds a core
+    # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
+    with limit_threads(numba_threads=threads, blas_threads=1):
+        result = fit_besvm(fold, _with_threads(config, threads), fold.name, diagnostics=False)
+        predicted = result.predictor.predict(fold.X_test)
+    return int(np.count_nonzero(np.asarray(predicted) == fold.y_test)), len(fold.y_test)
+
+
+def _with_threads(config: FitConfig, threads: int) -> FitConfig:
+    # Where the trainer takes its own core count (FitConfig.n_jobs), give it this worker's share.
+    if "n_jobs" in {f.name for f in dataclasses.fields(config)}:
+        return replace(config, n_jobs=threads)
+    return config
+
+
+class _Scorer:
+    """Scores candidates on the folds, in parallel, within a deadline."""
+
+    def __init__(
+        self,
+        folds: list[Dataset],
+        n_jobs: int,
+        deadline: float,
+        progress: bool,
+    ):
+        self.folds = folds
+        self.n_jobs = n_jobs
+        self.threads = max(1, available_cpus() // n_jobs)
+        self.deadline = deadline
+        self.progress = progress
+        self.fits = 0
+        self.out_of_time = False
+        self.parallel = Parallel(n_jobs=n_jobs, return_as="generator_unordered")
+
+    def __call__(self, stage: str, candidates: Sequence[Candidate]) -> list[float | None]:
+        """Cross-validated accuracy of each candidate; None for one not fully scored in time."""
+        correct = np.zeros(len(candidates), dtype=np.int64)
+        total = np.zeros(len(candidates), dtype=np.int64)
+        done = np.zeros(len(candidates), dtype=np.int64)
+        if time.monotonic() >= self.deadline:
+            self.out_of_time = True
+            return [None] * len(candidates)
+        tasks = (
+            delayed(_indexed)(i, _score_fold, fold, candidate.config, self.threads)
+            for i, candidate in enumerate(candidates)
+            for fold in self.folds
+        )
+        bar = _progress_bar(len(candidates) * len(self.folds), stage, self.progress)
+        # Cancelling the fits left at the deadline is the point, not a mistake to warn about.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*tasks which were still being processed")
+            results = self.parallel(tasks)
+            try:
+                for i, (right, n) in results:
+                    correct[i] += right
+                    total[i] += n
+                    done[i] += 1
+                    self.fits += 1
+                    bar.update(1)
+                    if time.monotonic() >= self.deadline:
+                        self.out_of_time = True
+                        break
+            finally:
+                # Closing the generator cancels the fits not yet started.
+                results.close()
+                bar.close()
+        return [
+            float(correct[i] / total[i]) if done[i] == len(self.folds) else None
+            for i in range(len(candidates))
+        ]
+
+
+def _indexed(index: int, function, *args):
+    return index, function(*args)
+
+
+def _progress_bar(total: int, stage: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        desc=f"selection: {stage}",
+        unit="fit",
+        leave=False,
+        disable=not enabled or not sys.stderr.isatty(),
+    )
+
+
+# -- forward selection ---------------------------------------------------------------------
+
+
+def select(
+    dataset: Dataset,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    folds: int = 3,
+    n_jobs: int | None = None,
+    random_state: int = 0,
+    progress: bool = True,
+    margin: float = DEFAULT_MARGIN,
+    max_items: int = MAX_SEARCH_ITEMS,
+    base: FitConfig | None = None,
+) -> Selection:
+    """Choose a configuration for ``dataset`` by forward selection (see the module docstring).
+
+    Only ``dataset.X_train`` and ``dataset.y_train`` are read: the test split plays no part.
+
+    Parameters
+    ----------
+    dataset : Dataset
+    budget_s : float, default=DEFAULT_BUDGET_S
+        Seconds the search may take; it stops, keeping the best configuration found, when they
+        are spent (the fits running then are finished or cancelled, so it may overrun by about
+        one fold fit).
+    folds : int, default=3
+        Stratified folds (fewer if the smallest class has fewer items; at least 2).
+    n_jobs : int or None, default=None
+        Fold fits run side by side (joblib processes); None or -1: one per available core.
+        Each gets ``cores // n_jobs`` numba threads and one BLAS thread.
+    random_state : int, default=0
+        Seed of the folds, the sample and the trainer.
+    progress : bool, default=True
+        A progress bar per stage on a terminal (never when stderr is not a tty).
+    margin : float, default=0.0025
+        Accuracy a step must gain to be taken (0.0025: a quarter of a point).
+    max_items : int, default=MAX_SEARCH_ITEMS
+        Larger training splits are cross-validated on a stratified sample of this many items.
+    base : FitConfig, optional
+        Settings the search does not choose (``max_iter``, ``min_df``, ``stop_words``, ...).
+
+    Returns
+    -------
+    Selection
+
+    Raises
+    ------
+    ValueError
+        Fewer than two classes, a non-positive budget or fold count.
+    """
+    if not budget_s > 0:
+        raise ValueError(f"budget_s must be positive, got {budget_s!r}")
+    if folds < 2:
+        raise ValueError(f"folds must be at least 2, got {folds!r}")
+    if len(set(dataset.y_train.tolist())) < 2:
+        raise ValueError("the training split needs at least two classes")
+    started = time.monotonic()
+    jobs = available_cpus() if n_jobs is None or n_jobs < 0 else max(1, int(n_jobs))
+    fold_sets, n_items = _fold_datasets(dataset, folds, random_state, max_items)
+    spec = dataset.input_spec
+    current = replace(
+        base or FitConfig(),
+        similarities=START_MEASURE if not spec.is_documents else "linear",
+        transform=None,
+        input_normalization=GLOBAL_NORMALIZATION,
+        basis_per_class=START_BASIS_PER_CLASS,
+        basis_strategy="index",
+        normalization="auto",
+        C=1.0,
+        seed=random_state,
+    )
+    search = _Search(
+        _Scorer(fold_sets, jobs, started + budget_s, progress), current, margin, started
+    )
+
+    if spec.is_documents:
+        search.step(
+            "first measure",
+            [
+                Candidate(m, replace(current, similarities=m))
+                for m in measure_candidates(spec, None)
+            ],
+            replace_current=True,
+        )
+    else:
+        search.step(
+            "inputs",
+            [
+                Candidate(
+                    f"{normalization} normalisation, {transform or 'no transform'}",
+                    replace(current, input_normalization=normalization, transform=transform),
+                )
+                for transform in transform_candidates(spec)
+                for normalization in (GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION)
+            ],
+            replace_current=True,
+        )
+        first = search.current
+        search.step(
+            "first measure",
+            [
+                Candidate(m, replace(first, similarities=m))
+                for m in measure_candidates(spec, first.transform)
+                if m != first.similarities
+            ],
+        )
+    # The basis size before more measures: on large training sets it matters most, and an
+    # added measure must then fit in the feature budget with the basis chosen.
+    n_classes = len(set(fold_sets[0].y_train.tolist()))
+    largest = int(max(np.unique(fold_sets[0].y_train, return_counts=True)[1]))
+    search.step(
+        "basis size",
+        [
+            Candidate(f"{size} bases per class", replace(search.current, basis_per_class=size))
+            for size in basis_size_candidates(largest, 1, n_classes)
+            if size != search.current.basis_per_class
+        ],
+    )
+    _add_measures(search, spec, n_classes)
+    search.step(
+        "C",
+        [
+            Candidate(f"C = {C:g}", replace(search.current, C=C))
+            for C in C_GRID
+            if C != search.current.C
+        ],
+    )
+    search.step(
+        "basis strategy",
+        [
+            Candidate(f"{strategy} basis", replace(search.current, basis_strategy=strategy))
+            for strategy in STRATEGIES
+            if strategy != search.current.basis_strategy
+        ],
+    )
+    stopped = f"budget of {budget_s:g} s spent" if search.scorer.out_of_time else "every stage done"
+    return Selection(
+        config=search.current,
+        cv_accuracy=search.accuracy,
+        path=search.path,
+        stopped=stopped,
+        seconds=time.monotonic() - started,
+        fits=search.scorer.fits,
+        folds=len(fold_sets),
+        n_items=n_items,
+        budget_s=float(budget_s),
+        documents=spec.is_documents,
+    )
+
+
+def _add_measures(search: _Search, spec: InputSpec, n_classes: int) -> None:
+    """Add the measure that helps most, while one helps by the margin; the basis shrinks if the
+    measures would otherwise exceed :data:`MAX_FEATURES` features."""
+    while len(search.current.similarities.split("+")) < MAX_MEASURES:
+        chosen = {m.strip() for m in search.current.similarities.split("+")}
+        fitting = max(1, MAX_FEATURES // ((len(chosen) + 1) * n_classes))
+        per_class = min(search.current.basis_per_class, fitting)
+        shrunk = (
+            f" ({per_class} bases per class)" if per_class < search.current.basis_per_class else ""
+        )
+        candidates = [
+            Candidate(
+                f"+ {m}{shrunk}",
+                replace(
+                    search.current,
+                    similarities=f"{search.current.similarities} + {m}",
+                    basis_per_class=per_class,
+                ),
+            )
+            for m in measure_candidates(spec, search.current.transform)
+            if m not in chosen
+        ]
+        if not candidates or not search.step("add measure", candidates):
+            return
+
+
+class _Search:
+    """The current configuration, its accuracy and the path so far."""
+
+    def __init__(self, scorer: _Scorer, start: FitConfig, margin: float, started: float):
+        self.scorer = scorer
+        self.current = start
+        self.accuracy = float("nan")
+        self.margin = margin
+        self.started = started
+        self.path: list[dict[str, Any]] = []
+
+    def step(self, stage: str, candidates: list[Candidate], replace_current: bool = False) -> bool:
+        """Score ``candidates``; take the best if it beats the current configuration by the
+        margin (or, with ``replace_current``, in any case: the starting step). Whether a step
+        was taken."""
+        if not candidates or self.scorer.out_of_time:
+            return False
+        scores = self.scorer(stage, candidates)
+        scored = [(s, i) for i, s in enumerate(scores) if s is not None]
+        if not scored:
+            return False
+        # The best score; among equals the first candidate (the cheaper, by construction).
+        best_score, best = max(scored, key=lambda pair: (pair[0], -pair[1]))
+        if not replace_current and not best_score >= self.accuracy + self.margin:
+            return False
+        self.current = candidates[best].config
+        self.accuracy = best_score
+        self.path.append(
+            {
+                "step": len(self.path) + 1,
+                "stage": stage,
+                "change": candidates[best].change,
+                "similarities": self.current.similarities,
+                "cv_accuracy": best_score,
+                "candidates": len(scored),
+                "elapsed_s": round(time.monotonic() - self.started, 2),
+            }
+        )
+        return True
+
+
+def select_on(X, y, input_spec: InputSpec, name: str = "data", **options) -> Selection:
+    """:func:`select` on a training set given as arrays (for an estimator's ``fit``).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_samples, n_features), float64, or (n_samples,) of str for documents
+        Flat rows as :class:`Dataset` holds them.
+    y : ndarray of shape (n_samples,)
+        Labels as text.
+    input_spec : InputSpec
+        What a row is: ``vector(d)``, ``grid(H, W, C)`` or ``text``.
+    name : str
+    **options
+        As :func:`select` takes them.
+    """
+    X, y = np.asarray(X), np.asarray(y)
+    training = Dataset(name, input_spec, X, y, X[:0], y[:0])
+    return select(training, **options)
+
+
+# -- fitting with the selection ------------------------------------------------------------
+
+
+def fit_selected(
+    dataset: Dataset,
+    name: str,
+    *,
+    verbose: bool = False,
+    diagnostics: bool = True,
+    **select_options,
+) -> tuple[FitResult, Selection]:
+    """Select a configuration (:func:`select`), fit it on the whole training split, and record
+    the selection in the model's metadata (``training.selection``).
+
+    Returns
+    -------
+    result : FitResult
+    selection : Selection
+    """
+    selection = select(dataset, **select_options)
+    result = fit_besvm(dataset, selection.config, name, verbose=verbose, diagnostics=diagnostics)
+    result.predictor.metadata["training"]["selection"] = selection.record()
+    result.timings["selection_seconds"] = selection.seconds
+    return result, selection
+
+
+__all__ = [
+    "DEFAULT_BUDGET_S",
+    "Candidate",
+    "Selection",
+    "basis_size_candidates",
+    "fit_selected",
+    "measure_candidates",
+    "select",
+    "select_on",
+    "transform_candidates",
+]
