@@ -132,3 +132,11 @@ def text_live_server(text_model_dir):
     """The synthetic three-topic text model served by a real server process."""
     with serving(text_model_dir) as url:
         yield url
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes that process ``pid`` started and that still run (Linux's /proc)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children.extend(int(child) for child in (task / "children").read_text().split())
+    return children

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks.loadgen import LoadResult, http_request, run_load
-from tests.api.conftest import server_process
+from tests.api.conftest import child_pids, server_process
 
 pytestmark = pytest.mark.slow
 
@@ -44,8 +44,7 @@ def process_tree_rss_bytes(pid: int) -> int:
         status = Path(f"/proc/{current}/status").read_text()
         kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
         total += int(kib) * 1024
-        for task in Path(f"/proc/{current}/task").iterdir():
-            pending.extend(int(child) for child in (task / "children").read_text().split())
+        pending.extend(child_pids(current))
     return total
 
 
