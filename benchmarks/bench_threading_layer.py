@@ -2,7 +2,7 @@
 busy neighbour, on the two request paths that run parallel kernels.
 
     .venv/bin/python benchmarks/bench_threading_layer.py [--repeats 3] [--seconds 2]
-        [--search-n 200000] [--batch 797] [--neighbours N] [--calling-threads 4]
+        [--search-n 500000] [--batch 797] [--busy 1,all] [--calling-threads 4]
 
 The threading layer is fixed when numba starts, so every cell is a fresh process (this script
 with ``--child``) started with its environment: ``NUMBA_THREADING_LAYER`` = omp, workqueue,
@@ -24,9 +24,11 @@ like the server's worker-thread pool; the parallel regions are serialised by
 call, the process CPU time per call (threads spinning included) and the process's thread count
 at the end.
 
-Busy neighbour: ``--neighbours`` processes (default: every available CPU) each spinning in a
-Python loop, started before the cell's process and stopped after it: another container on the
-same cores. Every repeat runs every cell, alone then busy, so drift spreads over all of them;
+Busy neighbour: for each count in ``--busy`` (default: 1 and every available CPU), that many
+processes each spinning in a Python loop, started before the cell's process and stopped after
+it: another container on one of the cores, or on all of them. One busy core is the harder case
+for a thread team: one of its threads runs at half speed while the other waits for it. Every
+repeat runs every cell, alone then each busy level, so drift spreads over all of them;
 the table gives medians over repeats and each cell's ratio to omp alone (median of the
 per-repeat ratios). The machine is shared: compare ratios within one run, not absolute times.
 """
@@ -69,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--seconds", type=float, default=2.0, help="timed seconds per path and cell")
     add("--model", type=Path, default=REPO / "models/digits", help="the classify path's model")
     add("--batch", type=int, default=797, help="digits per classify call (the test split: 797)")
-    add("--search-n", type=int, default=200_000, help="catalogue items of the search path")
-    add("--neighbours", type=int, default=0, help="spinning processes (0: one per CPU)")
+    add("--search-n", type=int, default=500_000, help="catalogue items of the search path")
+    add("--busy", default="1,all", help="spinning processes of each busy level ('all': per CPU)")
     add("--calling-threads", type=int, default=4, help="Python threads taking turns")
     add(
         "--layers",
@@ -189,7 +191,10 @@ def main() -> None:
     unknown = set(layers) - set(LAYERS)
     if unknown or "omp" not in layers:
         raise SystemExit(f"--layers: unknown {sorted(unknown)} or no omp (the baseline)")
-    neighbours = args.neighbours or _available_cpus()
+    levels = [("alone", 0)]
+    for count in args.busy.split(","):
+        processes = _available_cpus() if count.strip() == "all" else int(count)
+        levels.append((f"busy {processes}", processes))
     with tempfile.TemporaryDirectory() as work:
         print(f"building a {args.search_n:,}-item search catalogue ...")
         fixture = build_search_fixture(Path(work), n=args.search_n, top_k=100)
@@ -205,7 +210,7 @@ def main() -> None:
         }
         results: dict[tuple[str, str], list[dict]] = {}
         for repeat in range(args.repeats):
-            for neighbour, processes in (("alone", 0), ("busy", neighbours)):
+            for neighbour, processes in levels:
                 for layer in list(layers):
                     with _busy_neighbour(processes):
                         result = _run_cell(layer, config)
@@ -214,20 +219,20 @@ def main() -> None:
                         continue
                     results.setdefault((layer, neighbour), []).append(result)
                     times = ", ".join(f"{p} {result[p]['wall_ms']:.2f} ms" for p in PATHS)
-                    print(f"  repeat {repeat + 1}/{args.repeats} {neighbour:5} {layer:18} "
+                    print(f"  repeat {repeat + 1}/{args.repeats} {neighbour:7} {layer:18} "
                           f"({result['layer']}, {result['threads']} threads): {times}")  # fmt: skip
-    _print_table(args, results, layers, neighbours)
+    _print_table(args, results, layers, [name for name, _ in levels])
 
 
-def _print_table(args, results, layers: list[str], neighbours: int) -> None:
-    print(f"\n{_available_cpus()} CPUs; busy: {neighbours} spinning processes; "
+def _print_table(args, results, layers: list[str], levels: list[str]) -> None:
+    print(f"\n{_available_cpus()} CPUs; busy n: n processes spinning; "
           f"classify: {args.batch} digits per call; search: N = {args.search_n:,}, 10 non-zeros, "
           f"top 100; {args.calling_threads} calling threads; medians of {args.repeats} repeats "
           f"x {args.seconds:g} s; ratio: to omp alone, median of per-repeat ratios")  # fmt: skip
     header = "".join(f" | {p + ' ms':>12} {'ratio':>6} {'CPU ms':>7}" for p in PATHS)
     print(f"{'layer':18} {'neighbour':9}{header} | threads")
     base = results[BASELINE]
-    for neighbour in ("alone", "busy"):
+    for neighbour in levels:
         for layer in layers:
             runs = results[layer, neighbour]
             cells = []
