@@ -17,7 +17,8 @@ completing in the first ``warmup`` seconds are dropped, then every answer comple
 answer is counted. The distinct bodies of the 200 answers are tallied per request, so a caller
 can check that every answer is the right one. A connection that fails (reset, refused, closed
 mid-answer) counts an error and reconnects, every 10 ms until it succeeds or the run ends: a
-server killed and restarted under load shows up as errors, not as a crashed client.
+server killed and restarted under load shows up as errors, not as a crashed client. In a
+counted run each failed attempt uses up one request, so a run against a dead server ends.
 
 Protocol with the parent: stdin line 1, a JSON config; the child connects and prints ``ready``;
 stdin line 2, the start instant (``time.time_ns()``); stdout, a JSON summary line followed by
@@ -214,6 +215,8 @@ class _Run:
                 return await _connect(self.host, self.port)
             except OSError as error:
                 self.errors[f"connection: {type(error).__name__}"] += 1
+                if self.left is not None:  # a counted run ends even if the server is gone
+                    self.left -= 1
                 await asyncio.sleep(RECONNECT_PAUSE_S)
         return None
 

@@ -129,3 +129,23 @@ def test_concurrency_64_answers_every_request_right_and_memory_stays_flat(
         f"({growth / MEASURED_REQUESTS:.0f} bytes per request; bound "
         f"{RSS_GROWTH_BOUND / 2**20:.0f} MiB)"
     )
+
+
+def test_workqueue_layer_survives_concurrent_parallel_batches(digits_model_dir, digits):
+    """The image's threading layer, workqueue, aborts the process if two threads enter parallel
+    regions at once, which the server rules out (one compute thread runs the parallel kernels,
+    behind the parallel-region lock). 16 connections sending 50-digit batches (parallel
+    similarity kernels) must all get the right answer, and the server must live on: with a
+    four-thread compute pool and no lock it aborts at once."""
+    batch = digits.X_test[:50].reshape(-1, 8, 8).tolist()
+    body = json.dumps({"instances": batch, "top_k": 3}).encode()
+    with server_process(
+        digits_model_dir, NUMBA_THREADING_LAYER="workqueue", LOG_LEVEL="warning"
+    ) as server:
+        expected = httpx.post(f"{server.url}/classify", content=body, timeout=30)
+        assert expected.status_code == 200, expected.text
+        port = httpx.URL(server.url).port
+        request = http_request("127.0.0.1", port, "/classify", body)
+        result = run_load("127.0.0.1", port, request, 16, count=1_000, timeout=RUN_TIMEOUT_S)
+        assert_all_answers_right(result, [expected.json()], 1_000)
+        assert server.process.poll() is None, server.log()
