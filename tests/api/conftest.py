@@ -120,6 +120,21 @@ def server_process(model_dir: Path | None = None, **settings: str):
                 process.kill()
 
 
+def worker_pids(supervisor: int) -> list[int]:
+    """Processes started by ``supervisor`` through multiprocessing (uvicorn's workers)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == supervisor and "spawn_main" in cmdline:
+            pids.append(int(pid))
+    return pids
+
+
 @pytest.fixture(scope="module")
 def live_server(digits_model_dir):
     """The digits model served by a real server process."""
@@ -132,11 +147,3 @@ def text_live_server(text_model_dir):
     """The synthetic three-topic text model served by a real server process."""
     with serving(text_model_dir) as url:
         yield url
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes that process ``pid`` started and that still run (Linux's /proc)."""
-    children = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        children.extend(int(child) for child in (task / "children").read_text().split())
-    return children

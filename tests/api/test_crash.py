@@ -35,7 +35,7 @@ import pytest
 
 from benchmarks.loadgen import LoadResult, http_request, run_load
 from service.model import Predictor
-from tests.api.conftest import REPO, child_pids, server_process
+from tests.api.conftest import REPO, server_process, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -151,27 +151,15 @@ def test_kill_9_under_load_then_a_new_process_serves_the_same_answers(search_mod
         assert_same_answers(answers(second.url, queries), before)
 
 
-def worker_pids(supervisor: int) -> list[int]:
-    """The supervisor's uvicorn worker processes (multiprocessing spawn children), not its
-    other helpers (the resource tracker)."""
-    workers = []
-    for pid in child_pids(supervisor):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except FileNotFoundError:
-            continue
-        if b"spawn_main" in command:
-            workers.append(pid)
-    return sorted(workers)
-
-
 def test_kill_9_of_one_worker_under_load_is_replaced_and_answers_stay_the_same(
     search_model_dir, queries
 ):
     with server_process(search_model_dir, WORKERS="2", LOG_LEVEL="warning") as server:
         supervisor = server.process.pid
         port = httpx.URL(server.url).port
-        workers = wait_for(lambda: len(w := worker_pids(supervisor)) == 2 and w, "two workers")
+        workers = wait_for(
+            lambda: len(w := sorted(worker_pids(supervisor))) == 2 and w, "two workers"
+        )
         before = answers(server.url, queries)
         victim = workers[0]
         result = kill_under_load(port, load_request(port, queries), victim)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from benchmarks.loadgen import LoadResult, http_request, run_load
-from tests.api.conftest import child_pids, server_process
+from tests.api.conftest import server_process, worker_pids
 
 pytestmark = pytest.mark.slow
 
@@ -35,16 +35,14 @@ RSS_GROWTH_BOUND = 32 * 2**20
 RUN_TIMEOUT_S = 600
 
 
-def process_tree_rss_bytes(pid: int) -> int:
-    """Resident memory (VmRSS) of process ``pid`` and all its descendants, in bytes: with
-    WORKERS > 1 the supervisor's worker processes are counted too."""
-    total, pending = 0, [pid]
-    while pending:
-        current = pending.pop()
-        status = Path(f"/proc/{current}/status").read_text()
+def server_rss_bytes(pid: int) -> int:
+    """Resident memory (VmRSS) of server process ``pid`` and, with WORKERS > 1, of its worker
+    processes, in bytes."""
+    total = 0
+    for process in (pid, *worker_pids(pid)):
+        status = Path(f"/proc/{process}/status").read_text()
         kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
         total += int(kib) * 1024
-        pending.extend(child_pids(current))
     return total
 
 
@@ -111,11 +109,11 @@ def test_concurrency_64_answers_every_request_right_and_memory_stays_flat(
 
         warm = load(WARM_UP_REQUESTS)
         assert_all_answers_right(warm, expected, WARM_UP_REQUESTS)
-        rss_after_warm_up = process_tree_rss_bytes(server.process.pid)
+        rss_after_warm_up = server_rss_bytes(server.process.pid)
 
         measured = load(MEASURED_REQUESTS)
         assert_all_answers_right(measured, expected, MEASURED_REQUESTS)
-        rss_after = process_tree_rss_bytes(server.process.pid)
+        rss_after = server_rss_bytes(server.process.pid)
         assert server.process.poll() is None, server.log()
 
     growth = rss_after - rss_after_warm_up
