@@ -48,6 +48,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from service.model.threads import available_cpus
+
 REPO = Path(__file__).resolve().parents[1]
 PATHS = ("classify", "search")
 # name -> environment of the cell's process (on top of the parent's, without these variables)
@@ -176,10 +178,6 @@ def _run_cell(layer: str, config: dict) -> dict | None:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _available_cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-
 def main() -> None:
     args = _parser().parse_args()
     if args.child:
@@ -193,7 +191,7 @@ def main() -> None:
         raise SystemExit(f"--layers: unknown {sorted(unknown)} or no omp (the baseline)")
     levels = [("alone", 0)]
     for count in args.busy.split(","):
-        processes = _available_cpus() if count.strip() == "all" else int(count)
+        processes = available_cpus() if count.strip() == "all" else int(count)
         levels.append((f"busy {processes}", processes))
     with tempfile.TemporaryDirectory() as work:
         print(f"building a {args.search_n:,}-item search catalogue ...")
@@ -225,7 +223,7 @@ def main() -> None:
 
 
 def _print_table(args, results, layers: list[str], levels: list[str]) -> None:
-    print(f"\n{_available_cpus()} CPUs; busy n: n processes spinning; "
+    print(f"\n{available_cpus()} CPUs; busy n: n processes spinning; "
           f"classify: {args.batch} digits per call; search: N = {args.search_n:,}, 10 non-zeros, "
           f"top 100; {args.calling_threads} calling threads; medians of {args.repeats} repeats "
           f"x {args.seconds:g} s; ratio: to omp alone, median of per-repeat ratios")  # fmt: skip
