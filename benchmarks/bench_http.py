@@ -7,7 +7,7 @@ Starts the real service (``python -m service.api`` on MODEL_DIR=--model, ACCESS_
 WORKERS=--workers, a free port) and the floor, benchmarks/bare_endpoint.py: the same uvicorn
 with the same settings and one ``async def`` FastAPI route that validates the same request body
 (one 8 x 8 digit, top_k 3) with pydantic and answers a fixed answer of the service's shape,
-without a model. Both are driven by benchmarks/_loadgen.py, a keep-alive asyncio client in its
+without a model. Both are driven by benchmarks/loadgen.py, a keep-alive asyncio client in its
 own process(es) sending precomputed request bytes (one connection per concurrent client), for
 --seconds per cell after --warmup seconds, cells interleaved service, floor, service, floor, ...
 and the whole grid repeated --repeats times. Non-200 answers are counted as errors and shown.
@@ -45,9 +45,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from _loadgen import LoadResult, http_request, run_load
 from _serving import HOST, REPO, running_server, service_env, serving
 from bench_search_http import build_search_fixture, check_http_matches
+from loadgen import LoadResult, http_request, run_load
 from threadpoolctl import threadpool_limits
 
 from service.model import Predictor
