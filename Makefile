@@ -39,7 +39,7 @@ define lock
 endef
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-text bench-search report report-fortunes report-fortunes-search clean
+.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-text bench-search report report-fortunes report-fortunes-search clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
@@ -86,6 +86,9 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 
 bench-http: train  ## /classify over HTTP against a bare FastAPI endpoint at concurrency 1, 8, 64, then /search
 	$(BIN)/python benchmarks/bench_http.py --model $(MODEL_DIR)
+
+bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets (docs/model-selection.md)
+	$(BIN)/python benchmarks/bench_defaults.py
 
 bench-text: setup  ## the sensing-kernel and text /classify benchmark (needs the fortunes packages)
 	$(BIN)/python benchmarks/bench_sensing.py
