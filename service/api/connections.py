@@ -109,6 +109,19 @@ class _Deadlines:
     server_state: Any
     cycle: Any
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._start_limits()
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if self._admit():
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_limits()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _start_limits(self) -> None:
         self.limits = ConnectionLimits(**self.config.connection_limits)
         self._header_due: float | None = None
@@ -221,19 +234,6 @@ if HttpToolsProtocol is not None:
     class LimitedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
         """uvicorn's httptools protocol with :class:`ConnectionLimits`."""
 
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self._start_limits()
-
-        def connection_made(self, transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            if self._admit():
-                self._arm_header_deadline()
-
-        def connection_lost(self, exc) -> None:
-            self._stop_limits()
-            super().connection_lost(exc)
-
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._partial_request = True
@@ -260,17 +260,7 @@ class LimitedH11Protocol(_Deadlines, H11Protocol):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._start_limits()
         self._timed_cycle = None
-
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if self._admit():
-            self._arm_header_deadline()
-
-    def connection_lost(self, exc) -> None:
-        self._stop_limits()
-        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)

@@ -154,3 +154,20 @@ def text_live_server(text_model_dir):
     """The synthetic three-topic text model served by a real server process."""
     with serving(text_model_dir) as url:
         yield url
+
+
+def read_until_closed(sock: socket.socket, bound: float = 20.0) -> bytes:
+    """Everything the server sends on ``sock`` until it closes the connection; fails the test
+    if it holds the connection longer than ``bound`` seconds."""
+    sock.settimeout(bound)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the server still holds the connection after {bound} s")
+    finally:
+        sock.close()
+    return received

@@ -18,6 +18,7 @@ from service.api.connections import (
     LimitedHttpToolsProtocol,
     limited_config,
 )
+from tests.api.conftest import read_until_closed
 
 pytestmark = pytest.mark.slow
 
@@ -76,47 +77,32 @@ def running(protocol):
         thread.join(HELD)
 
 
-def _until_closed(sock: socket.socket) -> bytes:
-    sock.settimeout(HELD)
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server still holds the connection after {HELD} s")
-    finally:
-        sock.close()
-    return received
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_deadlines_and_cap(protocol):
     with running(protocol) as address:
         silent = socket.create_connection(address)
-        assert _until_closed(silent) == b""
+        assert read_until_closed(silent) == b""
 
         partial = socket.create_connection(address)
         partial.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Le")
-        head, _, body = _until_closed(partial).partition(b"\r\n\r\n")
+        head, _, body = read_until_closed(partial).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408 ")
         assert json.loads(body)["error"]["type"] == "request_timeout"
 
         # The app would wait for this body for ever: the protocol tells it the client is gone.
         stalled = socket.create_connection(address)
         stalled.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nab")
-        assert _until_closed(stalled) == b""
+        assert read_until_closed(stalled) == b""
         # A second request on a kept-alive connection has the same header deadline.
         second = socket.create_connection(address)
         second.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\nGET / HT")
-        answers = _until_closed(second)
+        answers = read_until_closed(second)
         assert answers.startswith(b"HTTP/1.1 200 ")
         assert b"HTTP/1.1 408 " in answers
 
         held = [socket.create_connection(address) for _ in range(LIMITS.max_connections)]
         over = socket.create_connection(address)
-        head, _, body = _until_closed(over).partition(b"\r\n\r\n")
+        head, _, body = read_until_closed(over).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 ")
         assert b"retry-after: 1" in head.lower()
         assert json.loads(body)["error"]["type"] == "overloaded"

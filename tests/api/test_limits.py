@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from service.api import Settings
-from tests.api.conftest import serving
+from tests.api.conftest import read_until_closed, serving
 
 pytestmark = pytest.mark.slow
 
@@ -50,23 +50,6 @@ def _connect(url: str) -> socket.socket:
     return socket.create_connection(_address(url), timeout=HELD)
 
 
-def _read_until_closed(sock: socket.socket, bound: float = HELD) -> bytes:
-    """Everything the server sends until it closes the connection; fails if it holds it
-    longer than ``bound`` seconds."""
-    sock.settimeout(bound)
-    received = b""
-    try:
-        while chunk := sock.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server still holds the connection after {bound} s")
-    finally:
-        sock.close()
-    return received
-
-
 def _error_of(response: bytes) -> tuple[int, dict]:
     head, _, body = response.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
@@ -80,13 +63,13 @@ HEADERS_ONLY = (
 
 
 def test_connection_sending_nothing_is_closed(impatient_server):
-    assert _read_until_closed(_connect(impatient_server)) == b""
+    assert read_until_closed(_connect(impatient_server)) == b""
 
 
 def test_stalled_headers_get_408_and_close(impatient_server):
     sock = _connect(impatient_server)
     sock.sendall(b"POST /classify HTTP/1.1\r\nHost: test\r\nContent-")
-    status, error = _error_of(_read_until_closed(sock))
+    status, error = _error_of(read_until_closed(sock))
     assert status == 408
     assert error["type"] == "request_timeout"
     assert "HEADER_TIMEOUT_S" in error["message"]
@@ -95,7 +78,7 @@ def test_stalled_headers_get_408_and_close(impatient_server):
 def test_stalled_body_gets_408_and_close(impatient_server):
     sock = _connect(impatient_server)
     sock.sendall(HEADERS_ONLY + b'{"instances": [[')
-    status, error = _error_of(_read_until_closed(sock))
+    status, error = _error_of(read_until_closed(sock))
     assert status == 408
     assert error["type"] == "request_timeout"
     assert "BODY_TIMEOUT_S" in error["message"]
@@ -118,7 +101,7 @@ def test_trickled_body_cannot_extend_the_deadline(impatient_server):
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
     try:
-        response = _read_until_closed(sock)
+        response = read_until_closed(sock)
     finally:
         stop.set()
         thread.join(5)
@@ -130,7 +113,7 @@ def test_trickled_body_cannot_extend_the_deadline(impatient_server):
 def test_idle_keep_alive_connection_is_closed(impatient_server):
     sock = _connect(impatient_server)
     sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
-    response = _read_until_closed(sock)
+    response = read_until_closed(sock)
     assert response.startswith(b"HTTP/1.1 200 ")
     assert b"connection: close" not in response.lower()  # kept alive, then closed when idle
 
@@ -153,7 +136,7 @@ def test_body_left_unread_cannot_hold_the_connection(impatient_server):
     thread = threading.Thread(target=trickle, daemon=True)
     thread.start()
     try:
-        _read_until_closed(sock)
+        read_until_closed(sock)
     finally:
         stop.set()
         thread.join(5)
@@ -177,7 +160,7 @@ def test_hundreds_of_slow_clients_do_not_stop_a_normal_one(impatient_server):
         answer = client.post("/classify", json={"instances": [instance.tolist()]})
         assert answer.status_code == 200, answer.text
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        responses = list(pool.map(_read_until_closed, slow))
+        responses = list(pool.map(read_until_closed, slow))
     for kind, response in zip(kinds * 100, responses, strict=True):
         if kind:  # a partial request is answered 408 (or reset); silence is closed silently
             assert not response or _error_of(response)[0] == 408
