@@ -33,6 +33,7 @@ from training.datasets import (
 )
 from training.diagnostics import format_ratio
 from training.dictionary import UnionOfSubspacesSVM
+from training.estimator import AUTO_SIMILARITY
 from training.evaluate import evaluate
 from training.fit import FitConfig, fit_besvm
 from training.report import (
@@ -60,6 +61,15 @@ from training.search import (
 )
 
 _DEFAULTS = FitConfig()
+# What `fit --similarity auto` chooses itself: the command line's option and its attribute.
+SELECTED_OPTIONS = {
+    "--transform": "transform",
+    "--input-normalization": "input_normalization",
+    "--basis-per-class": "basis_per_class",
+    "--basis-strategy": "basis_strategy",
+    "--normalization": "normalization",
+    "-C": "C",
+}
 DEFAULT_TEST_FRACTION = 0.25
 
 
@@ -117,12 +127,12 @@ def _build_parser() -> argparse.ArgumentParser:
     kinds = "; ".join(f"{k.name}: {k.description}" for k in SIMILARITY_KINDS.values())
     model.add_argument(
         "--similarity",
-        default=_DEFAULTS.similarities,
+        default=AUTO_SIMILARITY,
         help=f"similarity measure(s) joined with '+', sharing one basis, e.g. "
-        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}; or 'auto': forward selection by "
-        "cross-validation on the training split of the measures, transform, input "
-        "normalisation, basis size and strategy and C (the options for those are then ignored; "
-        f"see --budget) (default: {_DEFAULTS.similarities})",
+        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}. 'auto' (the default): forward selection "
+        "by cross-validation on the training split of the measures, the transform, the input "
+        "normalisation, the basis size and strategy and C, within --budget seconds; the "
+        "options that fix those need a fixed --similarity",
     )
     model.add_argument(
         "--budget",
@@ -135,44 +145,46 @@ def _build_parser() -> argparse.ArgumentParser:
     model.add_argument(
         "--input-normalization",
         choices=INPUT_NORMALIZATIONS,
-        default=_DEFAULTS.input_normalization,
+        default=None,
         help="dense inputs: centred and divided by their mean norm (global, the paper's), or "
-        f"standardised per feature first (default: {_DEFAULTS.input_normalization})",
+        "standardised per feature first "
+        f"(with fixed measures; default: {_DEFAULTS.input_normalization})",
     )
     model.add_argument(
         "--transform",
-        default=_DEFAULTS.transform,
+        default=None,
         help=f"input transform the service applies to raw instances: {', '.join(TRANSFORMS)}; "
         "'hog(cell_size, orientations)' turns images into a grid of HOG cells, e.g. 'hog(2, 9)' "
-        "(default: pixels for images, none otherwise)",
+        "(with fixed measures; default: pixels for images, none otherwise)",
     )
     model.add_argument(
         "--basis-per-class",
         type=int,
-        default=_DEFAULTS.basis_per_class,
-        help=f"basis items per class (default: {_DEFAULTS.basis_per_class})",
+        default=None,
+        help=f"basis items per class (with fixed measures; default: {_DEFAULTS.basis_per_class})",
     )
     model.add_argument(
         "--basis-strategy",
         choices=BASIS_STRATEGIES,
-        default=_DEFAULTS.basis_strategy,
-        help=f"how basis items are chosen within a class (default: {_DEFAULTS.basis_strategy})",
+        default=None,
+        help="how basis items are chosen within a class (with fixed measures; default: "
+        f"{_DEFAULTS.basis_strategy})",
     )
     model.add_argument(
         "--normalization",
-        default=_DEFAULTS.normalization,
+        default=None,
         help=f"normalisation of the similarities: {', '.join(NORMALIZATIONS)}, or auto: "
         f"{AUTO_NORMALIZATION_KERNELS} when every measure is a kernel (linear, rbf), "
         f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite (rigid, deformable, sensing) "
-        f"(default: {_DEFAULTS.normalization})",
+        f"(with fixed measures; default: {_DEFAULTS.normalization})",
     )
     model.add_argument(
         "-C",
         "--C",
         dest="C",
         type=float,
-        default=_DEFAULTS.C,
-        help=f"SVM regularisation constant (default: {_DEFAULTS.C:g})",
+        default=None,
+        help=f"SVM regularisation constant (with fixed measures; default: {_DEFAULTS.C:g})",
     )
     model.add_argument(
         "--jobs",
@@ -491,6 +503,15 @@ def _load_data(args: argparse.Namespace, default_source=None):
 
 
 def _run_fit(args: argparse.Namespace) -> int:
+    # Refused before anything is loaded: the selection would silently override them.
+    chosen = {option: getattr(args, name) for option, name in SELECTED_OPTIONS.items()}
+    fixed = [option for option, value in chosen.items() if value is not None]
+    if args.similarity.strip().lower() == AUTO_SIMILARITY and fixed:
+        raise ValueError(
+            f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
+            f"too (e.g. --similarity '{_DEFAULTS.similarities}') to fix them yourself"
+        )
+
     name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
     out = args.out or Path("models") / name
     if args.if_missing and out.exists():
@@ -501,19 +522,24 @@ def _run_fit(args: argparse.Namespace) -> int:
     dataset = _load_data(args)
     if out.exists() and not args.force:
         raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+
+    def given(name: str, default):
+        value = getattr(args, name)
+        return default if value is None else value
+
     config = FitConfig(
         similarities=args.similarity,
         transform=args.transform,
-        basis_per_class=args.basis_per_class,
-        basis_strategy=args.basis_strategy,
-        normalization=args.normalization,
-        C=args.C,
+        basis_per_class=given("basis_per_class", _DEFAULTS.basis_per_class),
+        basis_strategy=given("basis_strategy", _DEFAULTS.basis_strategy),
+        normalization=given("normalization", _DEFAULTS.normalization),
+        C=given("C", _DEFAULTS.C),
         max_iter=args.max_iter,
         seed=args.seed,
         min_df=args.min_df,
         stop_words=None if args.stop_words == "none" else args.stop_words,
         n_jobs=args.n_jobs,
-        input_normalization=args.input_normalization,
+        input_normalization=given("input_normalization", _DEFAULTS.input_normalization),
         selection_budget_s=args.selection_budget_s,
     )
     _status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")

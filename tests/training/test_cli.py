@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from service.model import Predictor
+from service.model.similarity import parse_specs
 from training.cli import main
 
 
@@ -25,7 +26,8 @@ def test_every_command_has_help(command):
 
 def test_fit_writes_an_artifact_and_prints_a_summary(tmp_path, capsys):
     out = tmp_path / "digits"
-    assert main(["fit", "--out", str(out), "--basis-per-class", "5", "--quiet"]) == 0
+    args = ["fit", "--out", str(out), "--similarity", "rbf(gamma=1)", "--basis-per-class", "5"]
+    assert main([*args, "--quiet"]) == 0
     summary = capsys.readouterr().out
     assert "test accuracy" in summary
     assert "basis            50 items (index, 5 per class)" in summary
@@ -38,7 +40,7 @@ def test_fit_writes_an_artifact_and_prints_a_summary(tmp_path, capsys):
 
 def test_fit_refuses_to_overwrite_without_force_and_skips_with_if_missing(tmp_path, capsys):
     out = tmp_path / "m"
-    args = ["fit", "--out", str(out), "--basis-per-class", "2", "--quiet"]
+    args = ["fit", "--out", str(out), "--similarity", "rbf", "--basis-per-class", "2", "--quiet"]
     assert main(args) == 0
     before = (out / "manifest.json").read_text()
     assert main(args) == 2
@@ -138,8 +140,9 @@ def test_fit_with_a_transform_a_grid_measure_and_the_new_options(tmp_path, capsy
     ("args", "message"),
     [
         (["--similarity", "rigid(1)", "--transform", "none", "--data", "VECTORS"], "not a grid"),
-        (["--transform", "hog(16)"], "larger than the 8x8 image"),
-        (["--normalization", "nystroem(shift)"], "spectrum must be one of"),
+        (["--similarity", "rbf", "--transform", "hog(16)"], "larger than the 8x8 image"),
+        (["--similarity", "rbf", "--normalization", "nystroem(shift)"], "spectrum must be one of"),
+        (["--basis-per-class", "5", "-C", "2"], "selection chooses --basis-per-class, -C"),
         (["--similarity", "rigid(0.5)"], "h must be an integer"),
     ],
 )
@@ -151,3 +154,18 @@ def test_bad_model_options_exit_2_with_a_message(args, message, tmp_path, capsys
     assert main(["fit", "--out", str(tmp_path / "m"), "--quiet", *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_fit_selects_by_default_and_records_the_path(tmp_path, capsys):
+    out = tmp_path / "auto"
+    assert main(["fit", "--out", str(out), "--budget", "8", "--quiet"]) == 0
+    summary = capsys.readouterr().out
+    assert "selection path (CV accuracy on the training split):" in summary
+    selection = json.loads((out / "manifest.json").read_text())["training"]["selection"]
+    path = [step["cv_accuracy"] for step in selection["path"]]
+    assert path == sorted(path)
+    chosen = selection["chosen"]
+    predictor = Predictor.load(out)
+    assert predictor.similarity_names == [str(s) for s in parse_specs(chosen["similarities"])]
+    assert predictor.n_basis == chosen["basis_per_class"] * len(predictor.classes)
+    assert json.loads((out / "manifest.json").read_text())["training"]["test_accuracy"] > 0.9

@@ -142,6 +142,7 @@ def test_refitting_a_model_says_its_search_model_went_with_it(search_model_dir, 
 
     path = tmp_path / "digits"
     shutil.copytree(search_model_dir, path)
-    assert main(["fit", "--data", "digits", "--out", str(path), "--force", "--quiet"]) == 0
+    args = ["fit", "--data", "digits", "--similarity", "rbf", "--out", str(path), "--force"]
+    assert main([*args, "--quiet"]) == 0
     assert not (path / "search").exists()
     assert "rebuild them (python -m training dictionary" in capsys.readouterr().err

@@ -62,8 +62,8 @@ def test_fit_and_evaluate_a_jsonl_corpus(jsonl_corpus, tmp_path, capsys):
     ("args", "message"),
     [
         (["--similarity", "rigid(1)"], "rigid(h=1) does not apply to bag-of-words documents"),
-        (["--transform", "hog"], "needs images"),
-        (["--min-df", "1000"], "no vocabulary"),
+        (["--similarity", "linear", "--transform", "hog"], "needs images"),
+        (["--similarity", "linear", "--min-df", "1000"], "no vocabulary"),
     ],
 )
 def test_text_fit_errors_exit_2_with_a_message(jsonl_corpus, tmp_path, capsys, args, message):

@@ -43,7 +43,7 @@ def test_csv(tmp_path):
 
 
 def _fit(*args: str) -> list[str]:
-    return ["fit", "--basis-per-class", "4", "--quiet", *args]
+    return ["fit", "--similarity", "rbf", "--basis-per-class", "4", "--quiet", *args]
 
 
 def test_test_fraction_0_trains_on_every_item_and_says_so(train_npz, tmp_path, capsys):
