@@ -176,8 +176,14 @@ class Predictor:
 
     @property
     def transform(self) -> InputTransform:
-        """Applied to every instance first (``none`` for documents)."""
+        """Applied to every instance first (``none`` for documents); measures written without
+        a transform of their own read its output."""
         return self.inputs.transform
+
+    @property
+    def measure_transforms(self) -> list[str]:
+        """The transform each measure reads, canonical text, in the order of :attr:`specs`."""
+        return [str(spec.transform_or(self.transform)) for spec in self.specs]
 
     @property
     def vocabulary(self) -> Vocabulary | None:
@@ -225,7 +231,8 @@ class Predictor:
         Returns
         -------
         ndarray of shape (n_samples, d)
-            ``d`` is the length of a transformed instance.
+            ``d`` is the length of a transformed instance (for a model over several transforms,
+            of every transform's side by side).
 
         Raises
         ------
@@ -335,8 +342,12 @@ class Predictor:
         if (instances is None) == (texts is None):
             raise InvalidInputError("send either instances or texts, not both and not neither")
         inputs = self.inputs
-        batch = inputs.parse(instances) if texts is None else inputs.parse_texts(texts)
-        scores = self._scores(inputs.prepare(batch))
+        if texts is None:
+            batch, items = inputs.parse_prepared(instances)
+        else:
+            batch = inputs.parse_texts(texts)
+            items = inputs.prepare(batch)
+        scores = self._scores(items)
         order = _best_first(scores, top_k)
         known = inputs.known_words(batch)
         classes = self.classes
