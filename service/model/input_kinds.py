@@ -355,9 +355,9 @@ class DenseInputs(InputKind):
         names = self.transform_names
         if len(set(names)) != len(names):
             raise SpecError(f"a transform is given twice among {', '.join(names)}")
-        spaces = ((self._bound, self.mean, self.scale, self.basis),) + tuple(
-            (space.transform.bind(self.spec), space.mean, space.scale, space.basis)
-            for space in self.more_spaces
+        spaces = (
+            (self._bound, self.mean, self.scale, self.basis),
+            *((s.transform.bind(self.spec), s.mean, s.scale, s.basis) for s in self.more_spaces),
         )
         object.__setattr__(self, "_spaces", spaces)
         items = self.basis if not self.more_spaces else Spaces(tuple(s[3] for s in spaces))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class Spaces:
         edges = np.cumsum([0, *widths])
         if edges[-1] != X.shape[1]:
             raise ValueError(f"spaces of {list(widths)} numbers do not make {X.shape[1]} columns")
-        return cls(tuple(X[:, a:b] for a, b in zip(edges[:-1], edges[1:], strict=True)))
+        return cls(tuple(X[:, a:b] for a, b in pairwise(edges)))
 
     @property
     def shape(self) -> tuple[int, int]:
