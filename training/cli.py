@@ -550,7 +550,8 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"classes          {len(predictor.classes)}",
                 f"inputs           {predictor.input_spec}"
                 + ("" if predictor.vocabulary is None else " (a vocabulary reads raw text)"),
-                f"transform        {predictor.transform}",
+                f"transform        {predictor.transform}"
+                + _other_transforms(predictor.measure_transforms, str(predictor.transform)),
                 f"similarities     {' + '.join(predictor.similarity_names)}",
                 f"normalization    {predictor.normalization}",
                 f"basis            {predictor.n_basis} items "
@@ -820,3 +821,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ModelError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _other_transforms(measure_transforms: list[str], model_transform: str) -> str:
+    """What the summary adds to the model's transform for measures that read others."""
+    others = list(dict.fromkeys(t for t in measure_transforms if t != model_transform))
+    return f" (measures also read {', '.join(others)})" if others else ""

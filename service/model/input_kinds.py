@@ -457,7 +457,9 @@ class DenseInputs(InputKind):
         if far_rows.size == 0:
             return
         row = int(far_rows[0])
-        space = int(np.flatnonzero(~(distances[row] <= MAX_INPUT_DISTANCE))[0])
+        # A transform that could not compute says more than a distance: name it first.
+        nan = np.flatnonzero(np.isnan(distances[row]))
+        space = int(nan[0]) if nan.size else int(np.argmax(distances[row]))
         where, distance = instance_name(names, row), distances[row, space]
         if np.isnan(distance):
             raise InvalidInputError(

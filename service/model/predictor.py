@@ -185,6 +185,14 @@ class Predictor:
         """The transform each measure reads, canonical text, in the order of :attr:`specs`."""
         return [str(spec.transform_or(self.transform)) for spec in self.specs]
 
+    def describe_measures(self) -> list[dict[str, str]]:
+        """Each measure without its transform and the transform it reads, in the order of
+        :attr:`specs`: ``[{"similarity": "rbf(gamma=1)", "transform": "pixels"}, ...]``."""
+        return [
+            {"similarity": spec.measure_name, "transform": transform}
+            for spec, transform in zip(self.specs, self.measure_transforms, strict=True)
+        ]
+
     @property
     def vocabulary(self) -> Vocabulary | None:
         """Turns raw text into counts; None if the model reads no text."""
