@@ -14,12 +14,15 @@ import pytest
 
 from service.model import InvalidInputError, Predictor, SpecError
 from service.model.input_kinds import DenseInputs, TransformedSpace
+from service.model.search import SearchIndex, SearchQuery
 from service.model.similarity import parse_spec, parse_specs
 from service.model.spaces import Spaces
 from service.model.transforms import BoundTransform, InputTransform, parse_transform
 from tests.api.conftest import serving
 from training import BasisExpandingSVC
 from training.cli import main
+from training.search import build_catalogue, dataset_items, fit_search_model, search_dir
+from training.search import estimator_for as search_estimator_for
 
 MIXED = "hog(4): rbf(gamma=0.5) + pixels: rigid(1)"
 
@@ -79,7 +82,7 @@ def test_a_measure_on_a_transform_that_does_not_apply_is_refused(digits):
     images = X.reshape(-1, 8, 8)
     with pytest.raises(ValueError, match="larger than the 8x8 image"):
         BasisExpandingSVC(similarity="hog(16): rbf + rbf", basis_per_class=2).fit(images, y)
-    with pytest.raises(ValueError, match="rbf.* on pixels is given twice"):
+    with pytest.raises(ValueError, match=r"rbf.* on pixels is given twice"):
         BasisExpandingSVC(similarity="rbf + pixels: rbf", basis_per_class=2).fit(images, y)
     with pytest.raises(ValueError, match="not a grid"):
         BasisExpandingSVC(similarity="rbf + none: rigid(1)", basis_per_class=2).fit(X, y)
@@ -281,6 +284,40 @@ def test_absurd_inputs_are_refused_whichever_transform_sees_them(mixed, digits):
     with pytest.raises(InvalidInputError, match="too large for the transform hog"):
         predictor.classify([(image * 1e300).tolist()])
     assert predictor.classify([(image * 100).tolist()])[0].label
+
+
+# -- the search side -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("feature_space", ["inputs", "besvm"])
+def test_search_trains_and_answers_on_a_two_transform_model(mixed, digits, tmp_path, feature_space):
+    model, X_train = mixed
+    path = model.save(tmp_path / "mixed", diagnostics=False)
+    predictor = Predictor.load(path)
+    data = replace(
+        digits,
+        X_train=X_train,
+        y_train=digits.y_train[: len(X_train)],
+        X_test=digits.X_test[:200],
+        y_test=digits.y_test[:200],
+    )
+    search = fit_search_model(
+        predictor,
+        data,
+        search_estimator_for(n_atoms=20, n_epochs=5, random_state=0),
+        feature_space=feature_space,
+        sparsity=5,
+    )
+    # inputs: every transform's normalised form side by side, 64 pixels and 2x2x9 HOG cells.
+    assert search.n_features == {"inputs": 64 + 36, "besvm": predictor.coef.shape[1]}[feature_space]
+    search.save(search_dir(path), path)
+    items, ids, labels = dataset_items(data, "test")
+    build_catalogue(path, predictor, search, items, ids, labels, chunk_size=64, progress=False)
+    index = SearchIndex.load(path, predictor)
+    label = predictor.classes[3]
+    result = index.run(SearchQuery(class_label=label, top_k=10))
+    positions = [int(i.split("-")[1]) for i, _ in result.items]
+    assert (labels[positions] == label).mean() >= 0.6
 
 
 # -- a real server and the command line ----------------------------------------------------
