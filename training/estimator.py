@@ -792,13 +792,17 @@ class DenseTraining(TrainingInputs):
         return X.reshape(len(X), -1)
 
     def check(self, specs) -> None:
-        """Also settles the transforms: the model's (``transform``, or the default for the
-        inputs), then each other one a measure names (``hog(4): rbf``), in order, once."""
-        self._transform = (
-            default_transform(self.spec)
-            if self.transform_text is None
-            else parse_transform(self.transform_text)
-        )
+        """Also settles the transforms: the model's (``transform``; else the default for the
+        inputs if a measure reads it, else the first measure's), then each other one a measure
+        names (``hog(4): rbf``), in order of the measures, once each."""
+        default = default_transform(self.spec)
+        if self.transform_text is not None:
+            self._transform = parse_transform(self.transform_text)
+        elif any(str(spec.transform_or(default)) == str(default) for spec in specs):
+            self._transform = default
+        else:
+            # No measure reads the default transform: no space that nothing reads.
+            self._transform = specs[0].transform
         transforms = {str(self._transform): self._transform}
         for spec in specs:
             if spec.transform is not None:

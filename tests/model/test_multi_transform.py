@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.model import InvalidInputError, Predictor, SpecError
+from service.model import InputSpec, InvalidInputError, Predictor, SpecError
 from service.model.input_kinds import DenseInputs, TransformedSpace
 from service.model.search import SearchIndex, SearchQuery
 from service.model.similarity import parse_spec, parse_specs
@@ -21,6 +21,7 @@ from service.model.transforms import BoundTransform, InputTransform, parse_trans
 from tests.api.conftest import serving
 from training import BasisExpandingSVC
 from training.cli import main
+from training.report import parse_configuration
 from training.search import build_catalogue, dataset_items, fit_search_model, search_dir
 from training.search import estimator_for as search_estimator_for
 
@@ -154,8 +155,13 @@ def test_a_model_over_one_other_transform_named_in_its_terms_is_one_space(digits
     prefixed.fit(images, digits.y_train[:300])
     plain.fit(images, digits.y_train[:300])
     X = digits.X_test[:10].reshape(-1, 8, 8)
-    # The prefix only says which transform the measure reads: here a second space.
-    assert prefixed.predictor_.measure_transforms == ["hog(cell_size=4, orientations=9)"]
+    # Every measure names its transform: it is the model's, no pixel space nothing reads.
+    inputs = prefixed.predictor_.inputs
+    assert inputs.transform_names == ("hog(cell_size=4, orientations=9)",)
+    assert prefixed.predictor_.similarity_names == [
+        "hog(cell_size=4, orientations=9): rbf(gamma=1)"
+    ]
+    assert "transforms" not in inputs.manifest()
     np.testing.assert_allclose(
         prefixed.decision_function(X), plain.decision_function(X), rtol=1e-8, atol=1e-8
     )
@@ -357,3 +363,19 @@ def test_fit_on_the_command_line_with_a_mixed_spec(tmp_path, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["transforms"] == ["pixels", "hog(cell_size=4, orientations=9)"]
     assert manifest["training"]["test_accuracy"] > 0.93
+
+
+def test_report_configurations_keep_a_model_wide_transform_and_read_mixed_terms(digits):
+    model_wide = parse_configuration("hog(2, 9): rigid(1) + rbf", digits)
+    assert model_wide.transform == "hog(cell_size=2, orientations=9)"
+    assert model_wide.similarities == "rigid(h=1) + rbf(gamma=1)"
+    mixed = parse_configuration("hog(4): rbf + pixels: rigid(1) [C=2]", digits)
+    assert mixed.transform == "pixels"
+    assert (
+        mixed.similarities == "hog(cell_size=4, orientations=9): rbf(gamma=1) + pixels: rigid(h=1)"
+    )
+    assert mixed.C == 2.0
+    with pytest.raises(SpecError, match="needs images"):
+        parse_configuration(
+            "rbf + hog(4): rbf", replace(digits, input_spec=InputSpec("vector", (64,)))
+        )
