@@ -193,6 +193,16 @@ class InputKind(ABC):
             f"{self.spec} inputs have no normalised dense form: use the basis-expanded features"
         )
 
+    def normalized_of(self, items) -> np.ndarray:
+        """:meth:`normalized` of a batch already :meth:`prepare`-d.
+
+        Raises
+        ------
+        InvalidInputError
+            The kind has no such form.
+        """
+        return self.normalized(items)
+
     def known_words(self, batch: np.ndarray | Documents) -> list[int] | None:
         """Words of each instance the model knows, for kinds that count words; else None."""
         return None
@@ -502,7 +512,9 @@ class DenseInputs(InputKind):
     def normalized(self, X) -> np.ndarray:
         """:meth:`prepare` of :meth:`batch`, every transform's side by side (the model's own
         first): ndarray of shape (n_samples, sum of the transforms' d)."""
-        items = self.prepare(self.batch(X))
+        return self.normalized_of(self.prepare(self.batch(X)))
+
+    def normalized_of(self, items: np.ndarray | Spaces) -> np.ndarray:
         return items.joined() if isinstance(items, Spaces) else items
 
     def warm_up_batch(self, n_rows: int) -> np.ndarray:

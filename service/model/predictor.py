@@ -219,6 +219,38 @@ class Predictor:
         ``names`` (sequence of str) are what messages call each instance."""
         return self.inputs.parse(instances, names)
 
+    def validate_prepared(self, instances, names=None):
+        """:meth:`validate`, and the batch prepared as the measures read it (see
+        :meth:`InputKind.parse_prepared`): each transform computed once, for the checks and for
+        :meth:`prepared_features` / :meth:`prepared_normalized`.
+
+        Returns
+        -------
+        batch, items
+        """
+        return self.inputs.parse_prepared(instances, names)
+
+    def prepared_features(self, items) -> np.ndarray:
+        """:meth:`features` of items already prepared: ndarray of shape (n_samples, M * B)."""
+        return expand(
+            items,
+            self.inputs.basis_items,
+            self._measures,
+            self.feature_offset,
+            self.feature_scale,
+            projection=self.feature_projection,
+        )
+
+    def prepared_normalized(self, items) -> np.ndarray:
+        """:meth:`normalized_inputs` of items already prepared: ndarray of shape (n_samples, d).
+
+        Raises
+        ------
+        InvalidInputError
+            The model reads documents, which have no such form.
+        """
+        return self.inputs.normalized_of(items)
+
     def encode_texts(self, texts) -> Documents:
         """Raw texts as documents over the model's vocabulary (unknown words dropped).
 
@@ -262,14 +294,7 @@ class Predictor:
         -------
         ndarray of shape (n_samples, M * B)
         """
-        return expand(
-            self.inputs.prepare(self.inputs.batch(X)),
-            self.inputs.basis_items,
-            self._measures,
-            self.feature_offset,
-            self.feature_scale,
-            projection=self.feature_projection,
-        )
+        return self.prepared_features(self.inputs.prepare(self.inputs.batch(X)))
 
     def decision_function(self, X) -> np.ndarray:
         """One-vs-rest scores ``w_k . phi(x) + b_k``.

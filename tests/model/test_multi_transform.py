@@ -324,6 +324,14 @@ def test_search_trains_and_answers_on_a_two_transform_model(mixed, digits, tmp_p
     result = index.run(SearchQuery(class_label=label, top_k=10))
     positions = [int(i.split("-")[1]) for i, _ in result.items]
     assert (labels[positions] == label).mean() >= 0.6
+    # Search by example: each transform computed once for the examples of a query.
+    counted = replace(predictor, inputs=_counting(predictor.inputs))
+    examples = digits.X_train[:4][digits.y_train[:4] == digits.y_train[0]].reshape(-1, 8, 8)
+    by_example = SearchIndex.load(path, counted).run(
+        SearchQuery(positives=examples.tolist(), top_k=5)
+    )
+    assert len(by_example.items) == 5
+    assert [t.calls for t in counted.inputs.transforms] == [[len(examples)]] * 2
 
 
 # -- a real server and the command line ----------------------------------------------------
@@ -379,3 +387,24 @@ def test_report_configurations_keep_a_model_wide_transform_and_read_mixed_terms(
         parse_configuration(
             "rbf + hog(4): rbf", replace(digits, input_spec=InputSpec("vector", (64,)))
         )
+
+
+def test_kmedoids_chooses_one_set_of_items_for_every_space(digits):
+    X, y = digits.X_train[:300], digits.y_train[:300]
+    model = BasisExpandingSVC(
+        similarity="hog(4): rbf + pixels: rbf",
+        basis_strategy="kmedoids",
+        basis_per_class=3,
+        input_shape="grid(8, 8, 1)",
+        n_jobs=1,
+    ).fit(X, y)
+    indices = model.expansion_.basis_indices_
+    assert len(indices) == 30
+    H = parse_transform("hog(4)").apply(X, model.input_spec_)
+    inputs = model.predictor_.inputs
+    assert inputs.transform_names == ("pixels", "hog(cell_size=4, orientations=9)")
+    np.testing.assert_allclose(inputs.basis, _normalised(X[indices], X), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        inputs.more_spaces[0].basis, _normalised(H[indices], H), rtol=1e-12, atol=1e-12
+    )
+    assert set(model.predictor_.basis_labels.tolist()) == set(range(10))
