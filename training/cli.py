@@ -119,7 +119,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--similarity",
         default=_DEFAULTS.similarities,
         help=f"similarity measure(s) joined with '+', sharing one basis, e.g. "
-        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}; or 'auto': forward selection by "
+        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}; a measure may read a transform of "
+        "its own, 'hog(4): rbf + pixels: rbf' (each transform computed once, one basis); or "
+        "'auto': forward selection by "
         "cross-validation on the training split of the measures, transform, input "
         "normalisation, basis size and strategy and C (the options for those are then ignored; "
         f"see --budget) (default: {_DEFAULTS.similarities})",

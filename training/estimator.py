@@ -74,7 +74,9 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     ----------
     similarity : str, default="rbf(gamma=1)"
         Similarity measure(s) sharing the basis, joined with ``+``, e.g.
-        ``"rbf(gamma=0.5) + rigid(1)"`` (see ``python -m training fit --help``). Documents read
+        ``"rbf(gamma=0.5) + rigid(1)"`` (see ``python -m training fit --help``). A measure may
+        read an input transform of its own, ``"hog(4): rbf + pixels: rbf"`` (one shared set of
+        basis items, one input normalisation per transform; docs/multi-transform.md). Documents read
         ``sensing0``, ``sensing1(n=...)``, ``sensing2`` or tf-idf ``linear``/``rbf``.
         ``"auto"`` chooses by forward selection, cross-validated on the training set
         (:mod:`training.selection`): the measures, the input transform and normalisation, the
