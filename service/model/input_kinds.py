@@ -26,6 +26,11 @@ manifest keys          ``input``, ``transform``,                   ``input``, ``
                                                                    ``vocabulary`` (optional)
 =====================  ==========================================  ===========================
 
+Dense models whose measures read several transforms of the input (``hog(4): rbf + pixels: rbf``)
+hold one mean, scale and basis per transform (:class:`TransformedSpace`): the arrays of the
+further transforms end in ``_1``, ``_2``, ... and the manifest lists them all in ``transforms``;
+models over one transform have neither.
+
 A :class:`~service.model.predictor.Predictor` holds one :class:`InputKind`, chosen from its input
 spec by :func:`input_kind_for` when the model is fitted or loaded, and delegates to it: it never
 asks which kind it holds. Checks that depend only on the model (the transform applies to the
