@@ -129,10 +129,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "--similarity",
         default=AUTO_SIMILARITY,
         help=f"similarity measure(s) joined with '+', sharing one basis, e.g. "
-        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}. 'auto' (the default): forward selection "
-        "by cross-validation on the training split of the measures, the transform, the input "
-        "normalisation, the basis size and strategy and C, within --budget seconds; the "
-        "options that fix those need a fixed --similarity",
+        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}; a measure may read a transform of its "
+        "own, 'hog(2): rbf + pixels: rbf' (each transform computed once, one basis). 'auto' "
+        "(the default): forward selection by cross-validation on the training split of the "
+        "measures, the transform, the input normalisation, the basis size and strategy and C, "
+        "within --budget seconds; the options that fix those need a fixed --similarity",
     )
     model.add_argument(
         "--budget",
@@ -576,7 +577,8 @@ def _run_fit(args: argparse.Namespace) -> int:
                 f"classes          {len(predictor.classes)}",
                 f"inputs           {predictor.input_spec}"
                 + ("" if predictor.vocabulary is None else " (a vocabulary reads raw text)"),
-                f"transform        {predictor.transform}",
+                f"transform        {predictor.transform}"
+                + _other_transforms(predictor.measure_transforms, str(predictor.transform)),
                 f"similarities     {' + '.join(predictor.similarity_names)}",
                 f"normalization    {predictor.normalization}",
                 f"basis            {predictor.n_basis} items "
@@ -846,3 +848,9 @@ def main(argv: list[str] | None = None) -> int:
     except (DatasetError, ModelError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+def _other_transforms(measure_transforms: list[str], model_transform: str) -> str:
+    """What the summary adds to the model's transform for measures that read others."""
+    others = list(dict.fromkeys(t for t in measure_transforms if t != model_transform))
+    return f" (measures also read {', '.join(others)})" if others else ""

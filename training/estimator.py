@@ -43,9 +43,10 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_dat
 from service.model import BasisExpansion, InputNormalizer, InputSpec, Predictor, SpecError
 from service.model.basis import BASIS_STRATEGIES
 from service.model.documents import DEFAULT_TOKEN_PATTERN, Vocabulary
-from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind
+from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind, TransformedSpace
 from service.model.preprocessing import INPUT_NORMALIZATIONS
 from service.model.similarity import parse_specs
+from service.model.spaces import Spaces
 from service.model.threads import available_cpus, limit_threads
 from service.model.transforms import InputTransform, default_transform, parse_transform
 from training.diagnostics import eigen_diagnostics
@@ -73,7 +74,9 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     ----------
     similarity : str, default="rbf(gamma=1)"
         Similarity measure(s) sharing the basis, joined with ``+``, e.g.
-        ``"rbf(gamma=0.5) + rigid(1)"`` (see ``python -m training fit --help``). Documents read
+        ``"rbf(gamma=0.5) + rigid(1)"`` (see ``python -m training fit --help``). A measure may
+        read an input transform of its own, ``"hog(4): rbf + pixels: rbf"`` (one shared set of
+        basis items, one input normalisation per transform; docs/multi-transform.md). Documents read
         ``sensing0``, ``sensing1(n=...)``, ``sensing2`` or tf-idf ``linear``/``rbf``.
         ``"auto"`` chooses by forward selection, cross-validated on the training set
         (:mod:`training.selection`): the measures, the input transform and normalisation, the
@@ -252,6 +255,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
                 basis_strategy=self.basis_strategy,
                 normalization=self.normalization,
                 grid_shape=inputs.grid_shape,
+                spaces=inputs.spaces,
                 random_state=self.random_state,
                 verbose=self.verbose,
             )
@@ -742,6 +746,12 @@ class TrainingInputs(ABC):
     def grid_shape(self) -> tuple[int, int, int] | None:
         return None
 
+    @property
+    def spaces(self) -> tuple[tuple[str, int, tuple[int, int, int] | None], ...] | None:
+        """The transformed spaces the prepared items lay side by side (see
+        :class:`BasisExpansion`'s ``spaces``); None for items of one kind with no transform."""
+        return None
+
 
 class DenseTraining(TrainingInputs):
     """Vectors and images: transformed, then centred (and standardised per feature, if asked)
@@ -784,15 +794,28 @@ class DenseTraining(TrainingInputs):
         return X.reshape(len(X), -1)
 
     def check(self, specs) -> None:
-        self._transform = (
-            default_transform(self.spec)
-            if self.transform_text is None
-            else parse_transform(self.transform_text)
-        )
-        grid_shape = self._transform.grid_shape(self.spec)
+        """Also settles the transforms: the model's (``transform``; else the default for the
+        inputs if a measure reads it, else the first measure's), then each other one a measure
+        names (``hog(4): rbf``), in order of the measures, once each."""
+        default = default_transform(self.spec)
+        if self.transform_text is not None:
+            self._transform = parse_transform(self.transform_text)
+        elif any(str(spec.transform_or(default)) == str(default) for spec in specs):
+            self._transform = default
+        else:
+            # No measure reads the default transform: no space that nothing reads.
+            self._transform = specs[0].transform
+        transforms = {str(self._transform): self._transform}
+        for spec in specs:
+            if spec.transform is not None:
+                transforms.setdefault(str(spec.transform), spec.transform)
+        self._transforms = tuple(transforms.values())
+        names = list(transforms)
         for spec in specs:
             spec.check_documents(False, f"inputs {self.spec}")
-            spec.check_grid(grid_shape, self._transform.n_features(self.spec))
+            transform = self._transforms[spec.space_index(names)]
+            spec.check_grid(transform.grid_shape(self.spec), transform.n_features(self.spec))
+        _refuse_repeated_measures(specs, self._transform)
 
     @property
     def transform(self) -> InputTransform:
@@ -802,18 +825,41 @@ class DenseTraining(TrainingInputs):
     def grid_shape(self) -> tuple[int, int, int] | None:
         return self._transform.grid_shape(self.spec)
 
+    @property
+    def spaces(self) -> tuple[tuple[str, int, tuple[int, int, int] | None], ...]:
+        return tuple(
+            (str(t), t.n_features(self.spec), t.grid_shape(self.spec)) for t in self._transforms
+        )
+
     def fit_items(self, X):
-        transformed = self._transform.apply(X, self.spec)
-        self._normalizer = InputNormalizer(scaling=self.input_normalization).fit(transformed)
-        return self._normalizer.transform(transformed)
+        """Each transform computed once and normalised on its own (each space has its own mean
+        and scale); several spaces are laid side by side in the columns."""
+        self._normalizers = []
+        parts = []
+        for transform in self._transforms:
+            transformed = transform.apply(X, self.spec)
+            normalizer = InputNormalizer(scaling=self.input_normalization).fit(transformed)
+            self._normalizers.append(normalizer)
+            parts.append(normalizer.transform(transformed))
+        return parts[0] if len(parts) == 1 else np.hstack(parts)
 
     def model_inputs(self, expansion):
+        basis = expansion.basis_
+        bases = basis.arrays if isinstance(basis, Spaces) else (basis,)
+        first = self._normalizers[0]
+        more = tuple(
+            TransformedSpace(transform, normalizer.mean_, normalizer.scale_, space_basis)
+            for transform, normalizer, space_basis in zip(
+                self._transforms[1:], self._normalizers[1:], bases[1:], strict=True
+            )
+        )
         return DenseInputs(
             self.spec,
-            mean=self._normalizer.mean_,
-            scale=self._normalizer.scale_,
-            basis=expansion.basis_,
+            mean=first.mean_,
+            scale=first.scale_,
+            basis=bases[0],
             transform=self._transform,
+            more_spaces=more,
         )
 
     def validate_predict(self, estimator, X):
@@ -845,6 +891,8 @@ class DocumentTraining(TrainingInputs):
             parse_transform(self.transform_text).check(self.spec)  # refused with the reason
         for spec in specs:
             spec.check_documents(True, f"inputs {self.spec}")
+            if spec.transform is not None:
+                spec.transform.check(self.spec)  # only none applies, refused with the reason
 
     def fit_items(self, X):
         self.vocabulary = fit_vocabulary(X, self.min_df, self.stop_words)
@@ -860,6 +908,22 @@ class DocumentTraining(TrainingInputs):
 
     def validate_predict(self, estimator, X):
         return _texts(X)
+
+
+def _refuse_repeated_measures(specs, model_transform: InputTransform) -> None:
+    """Refuse one measure on one transform twice (``rbf + pixels: rbf`` on images).
+
+    Raises
+    ------
+    SpecError
+    """
+    seen = set()
+    for spec in specs:
+        key = (str(spec.transform_or(model_transform)), spec.measure_name)
+        if key in seen:
+            terms = " + ".join(map(str, specs))
+            raise SpecError(f"{spec.measure_name} on {key[0]} is given twice in {terms}")
+        seen.add(key)
 
 
 def _training_inputs_for(X, estimator: BasisExpandingSVC) -> TrainingInputs:

@@ -79,7 +79,8 @@ def resolve_transform(
     text: str | None, input_spec: InputSpec, specs: tuple[SimilaritySpec, ...]
 ) -> InputTransform:
     """The input transform named by ``text`` (None: the default for the inputs), checked against
-    the inputs and the measures that will read its output.
+    the inputs and the measures that will read its output (a measure ``transform: measure`` is
+    checked against its own transform).
 
     Raises
     ------
@@ -87,10 +88,10 @@ def resolve_transform(
         The transform does not apply to the inputs, or a grid measure gets no grid.
     """
     transform = default_transform(input_spec) if text is None else parse_transform(text)
-    grid_shape = transform.grid_shape(input_spec)
     for spec in specs:
         spec.check_documents(input_spec.is_documents, f"inputs {input_spec}")
-        spec.check_grid(grid_shape, transform.n_features(input_spec))
+        read = spec.transform_or(transform)  # a measure may read a transform of its own
+        spec.check_grid(read.grid_shape(input_spec), read.n_features(input_spec))
     return transform
 
 

@@ -77,7 +77,9 @@ _C_SUFFIX = re.compile(r"\[\s*C\s*=\s*([^\]]*)\]\s*$")
 
 def parse_configuration(text: str, dataset: Dataset) -> Configuration:
     """Parse ``"rbf + rigid(1)"``, ``"hog(2, 9): rigid(1)"`` or ``"sensing1 [C=3]"`` (the SVM's
-    C, default 1) into canonical form.
+    C, default 1) into canonical form. One ``transform:`` before every measure is the model's
+    transform; measures on transforms of their own (``"hog(8): rbf + pixels: rigid(1)"``, more
+    than one colon, or a colon after a ``+``) keep theirs.
 
     Raises
     ------
@@ -93,6 +95,9 @@ def parse_configuration(text: str, dataset: Dataset) -> Configuration:
             raise SpecError(f"C must be positive in {text!r}")
         text = text[: match.start()]
     transform_text, sep, similarities = text.rpartition(":")
+    if transform_text.count(":") or "+" in transform_text:
+        # Measures on transforms of their own ("hog(8): rbf + pixels: rbf"): no model-wide one.
+        transform_text, sep, similarities = "", "", text
     specs = parse_specs(similarities)
     transform = resolve_transform(transform_text if sep else None, dataset.input_spec, specs)
     return Configuration(str(transform), " + ".join(format_spec(s) for s in specs), C)

@@ -274,6 +274,7 @@ def _model_info(snapshot: ModelSnapshot) -> dict[str, Any]:
         "classes": list(predictor.classes),
         "transform": str(predictor.transform),
         "similarities": predictor.similarity_names,
+        "measures": predictor.describe_measures(),
         "vocabulary": None
         if vocabulary is None
         else {"size": vocabulary.size, **vocabulary.settings()},

@@ -94,6 +94,13 @@ class ClassifyResponse(BaseModel):
     predictions: list[Prediction] = Field(..., description="One per instance, in order.")
 
 
+class MeasureInfo(BaseModel):
+    """One similarity measure of a model and the input transform it reads."""
+
+    similarity: str = Field(..., description="The measure, canonical text, e.g. rbf(gamma=1).")
+    transform: str = Field(..., description="The transform of the raw input it compares.")
+
+
 class InputInfo(BaseModel):
     kind: str = Field(..., description="vector, grid or counts.")
     shape: list[int] = Field(..., description="(d,), (H, W, C) or (W,): W words.")
@@ -149,6 +156,11 @@ class ModelInfo(ModelStatus):
         "hog(cell_size, orientations). Clients always send raw instances.",
     )
     similarities: list[str] = Field(..., description="Similarity measures, canonical text.")
+    measures: list[MeasureInfo] = Field(
+        ...,
+        description="Each similarity measure (in the order of similarities) with the input "
+        "transform it reads: the model's transform, or its own for 'transform: measure' terms.",
+    )
     vocabulary: dict[str, Any] | None = Field(
         None,
         description="counts models: size, lowercase and token_pattern of the vocabulary that "

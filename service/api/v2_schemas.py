@@ -124,7 +124,9 @@ class MetadataTensor(BaseModel):
     datatype: str
     shape: list[int] = Field(..., description="-1: any size (the batch dimension).")
     parameters: dict[str, Any] | None = Field(
-        None, description="For scores: classes, the order of its K columns."
+        None,
+        description="For scores: classes, the order of its K columns. For the input: "
+        "measures, each similarity measure with the transform of the input it reads.",
     )
 
 

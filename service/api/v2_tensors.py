@@ -244,7 +244,13 @@ def model_metadata(predictor: Predictor, name: str, version: str) -> dict[str, A
         "name": name,
         "versions": [version],
         "platform": "besvm",
-        "inputs": [codec_for(predictor).input_metadata()],
+        "inputs": [
+            {
+                **codec_for(predictor).input_metadata(),
+                # What the service computes from the raw input, per measure (not a client's job).
+                "parameters": {"measures": predictor.describe_measures()},
+            }
+        ],
         "outputs": [
             {"name": "label", "datatype": "BYTES", "shape": [-1]},
             {

@@ -23,6 +23,7 @@ training and serving compute features with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,6 +36,7 @@ from service.model.documents import Documents, canonical_counts, smooth_idf
 from service.model.errors import InvalidInputError, SpecError
 from service.model.notation import bind_arguments, parse_call
 from service.model.similarity import BoundSimilarity, SimilaritySpec, format_spec, parse_specs
+from service.model.spaces import Spaces
 
 SPECTRUM_FIXES = ("clip", "flip", "square")
 NORMALIZATIONS = ("besvm", "none", "zscore", *(f"nystroem({fix})" for fix in SPECTRUM_FIXES))
@@ -116,6 +118,35 @@ def bind_similarities(
         A measure does not apply to the items.
     """
     return tuple(spec.bind(n_features, grid_shape, documents) for spec in specs)
+
+
+def bind_in_spaces(
+    specs: Sequence[SimilaritySpec],
+    spaces: Sequence[tuple[str, int, tuple[int, int, int] | None]],
+) -> tuple[BoundSimilarity, ...]:
+    """Every measure bound to the transformed space it reads, for items given as
+    :class:`Spaces` (one space: plain arrays, measures bound as :func:`bind_similarities`).
+
+    Parameters
+    ----------
+    specs : sequence of SimilaritySpec, length M
+    spaces : sequence of (transform, n_features, grid_shape)
+        Each space's transform (canonical text), item length and layout, the model's own
+        transform first (measures without a transform read it).
+
+    Raises
+    ------
+    SpecError
+        A measure names a transform not among ``spaces``, or does not apply to its items.
+    """
+    names = [name for name, _, _ in spaces]
+    bound = []
+    for spec in specs:
+        space = spec.space_index(names)
+        _, n_features, grid_shape = spaces[space]
+        measure = spec.bind(n_features, grid_shape)
+        bound.append(replace(measure, space=space) if len(spaces) > 1 else measure)
+    return tuple(bound)
 
 
 def raw_similarities(
@@ -314,6 +345,11 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         :func:`resolve_normalization`).
     grid_shape : tuple of (int, int, int) or None, default=None
         ``(height, width, channels)`` of the flattened inputs; needed by grid measures.
+    spaces : sequence of (str, int, tuple or None), or None, default=None
+        Dense inputs made of several transforms of the same input laid side by side in the
+        columns: each one's transform (canonical text), numbers and grid layout, the one that
+        measures without a transform read first (``grid_shape`` is then not used). Measures
+        ``transform: measure`` read their transform's columns; the basis items are shared.
     chunk_size : int, default=4096
         Rows expanded at a time, bounding the working memory of ``fit``.
     random_state : int or None, default=None
@@ -357,12 +393,14 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         chunk_size=4096,
         random_state=None,
         verbose=False,
+        spaces=None,
     ):
         self.similarities = similarities
         self.n_basis_per_class = n_basis_per_class
         self.basis_strategy = basis_strategy
         self.normalization = normalization
         self.grid_shape = grid_shape
+        self.spaces = spaces
         self.chunk_size = chunk_size
         self.random_state = random_state
         self.verbose = verbose
@@ -381,13 +419,33 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         try:
             specs = parse_specs(self.similarities)
             normalization = resolve_normalization(self.normalization, specs)
-            measures = bind_similarities(specs, n_features, self._grid(), documents)
+            measures = self._bind(specs, n_features, documents)
         except SpecError as error:
             raise ValueError(str(error)) from None
         return specs, normalization, measures
 
     def _grid(self) -> tuple[int, int, int] | None:
         return None if self.grid_shape is None else tuple(int(s) for s in self.grid_shape)
+
+    def _bind(self, specs, n_features: int, documents: bool) -> tuple[BoundSimilarity, ...]:
+        if self.spaces is None or documents:
+            prefixed = [spec for spec in specs if spec.transform is not None]
+            if prefixed:
+                raise SpecError(
+                    f"{prefixed[0]} reads a transform of its own: these inputs have one space"
+                )
+            return bind_similarities(specs, n_features, self._grid(), documents)
+        spaces = [(str(name), int(d), grid) for name, d, grid in self.spaces]
+        total = sum(d for _, d, _ in spaces)
+        if total != n_features:
+            raise SpecError(f"spaces of {total} numbers in all, the inputs have {n_features}")
+        return bind_in_spaces(specs, spaces)
+
+    def _split(self, X):
+        """Dense inputs of several spaces as :class:`Spaces`; others as they are."""
+        if self.spaces is None or len(self.spaces) < 2 or isinstance(X, Documents):
+            return X
+        return Spaces.split(X, [int(d) for _, d, _ in self.spaces])
 
     def fit(self, X, y=None):
         """Choose the basis and learn the normalisation.
@@ -424,7 +482,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
             X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C")
         documents = sp.issparse(X)  # sparse inputs are word counts
         specs, normalization, measures = self._check_params(X.shape[1], documents)
-        X = self._items(X, reset=True)
+        X = self._split(self._items(X, reset=True))
 
         def class_similarities(rows: np.ndarray) -> np.ndarray:
             items = X[rows]  # a C-contiguous copy of dense rows, or Documents
@@ -481,8 +539,8 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         if sp.issparse(X) != documents:
             kind = "word counts (sparse)" if documents else "dense inputs"
             raise ValueError(f"this expansion was fitted on {kind}")
-        X = self._items(X, reset=False)
-        measures = bind_similarities(self.specs_, X.shape[1], self._grid(), documents)
+        measures = self._bind(self.specs_, X.shape[1], documents)
+        X = self._split(self._items(X, reset=False))
         features = np.empty((X.shape[0], self._n_features_out))
         for rows in self._chunks(X.shape[0], desc="expanding"):
             expand(

@@ -26,6 +26,11 @@ manifest keys          ``input``, ``transform``,                   ``input``, ``
                                                                    ``vocabulary`` (optional)
 =====================  ==========================================  ===========================
 
+Dense models whose measures read several transforms of the input (``hog(4): rbf + pixels: rbf``)
+hold one mean, scale and basis per transform (:class:`TransformedSpace`): the arrays of the
+further transforms end in ``_1``, ``_2``, ... and the manifest lists them all in ``transforms``;
+models over one transform have neither.
+
 A :class:`~service.model.predictor.Predictor` holds one :class:`InputKind`, chosen from its input
 spec by :func:`input_kind_for` when the model is fitted or loaded, and delegates to it: it never
 asks which kind it holds. Checks that depend only on the model (the transform applies to the
@@ -45,7 +50,7 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -62,10 +67,11 @@ from service.model.preprocessing import (
     normalize_inputs,
 )
 from service.model.similarity import BoundSimilarity, SimilaritySpec
+from service.model.spaces import Spaces
 from service.model.transforms import BoundTransform, InputTransform, parse_transform
 
 # The manifest keys the input kinds write and read (a model's metadata never holds them).
-MANIFEST_KEYS = frozenset({"input", "transform", "vocabulary", "input_normalization"})
+MANIFEST_KEYS = frozenset({"input", "transform", "transforms", "vocabulary", "input_normalization"})
 
 _NO_TRANSFORM = InputTransform("none")
 
@@ -144,6 +150,19 @@ class InputKind(ABC):
             Naming the first offending instance; also for an empty batch.
         """
 
+    def parse_prepared(
+        self, instances: Sequence[Any], names: Sequence[str] | None = None
+    ) -> tuple[np.ndarray | Documents, np.ndarray | Documents | Spaces]:
+        """:meth:`parse`, and the batch :meth:`prepare`-d, each step done once.
+
+        Raises
+        ------
+        InvalidInputError
+            As :meth:`parse`.
+        """
+        batch = self.parse(instances, names)
+        return batch, self.prepare(batch)
+
     def parse_texts(self, texts: Sequence[str]) -> np.ndarray | Documents:
         """A client's raw texts as a batch.
 
@@ -178,6 +197,16 @@ class InputKind(ABC):
         raise InvalidInputError(
             f"{self.spec} inputs have no normalised dense form: use the basis-expanded features"
         )
+
+    def normalized_of(self, items) -> np.ndarray:
+        """:meth:`normalized` of a batch already :meth:`prepare`-d.
+
+        Raises
+        ------
+        InvalidInputError
+            The kind has no such form.
+        """
+        return self.normalized(items)
 
     def known_words(self, batch: np.ndarray | Documents) -> list[int] | None:
         """Words of each instance the model knows, for kinds that count words; else None."""
@@ -242,9 +271,46 @@ class InputKind(ABC):
 
 
 @dataclass(frozen=True, eq=False)
+class TransformedSpace:
+    """One more input transform of a dense model, with its own normalisation and basis (the
+    basis items are the model's: the same training items, transformed by this transform).
+
+    Parameters
+    ----------
+    transform : InputTransform
+    mean : ndarray of shape (d_s,)
+        Training mean of the inputs transformed by ``transform``.
+    scale : float or ndarray of shape (d_s,)
+        As :class:`DenseInputs`'s, of the same normalisation (global or per-feature).
+    basis : ndarray of shape (B, d_s)
+        The model's basis items, transformed by ``transform`` and normalised.
+    """
+
+    transform: InputTransform
+    mean: np.ndarray
+    scale: float | np.ndarray
+    basis: np.ndarray
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mean", np.ascontiguousarray(self.mean, dtype=np.float64))
+        object.__setattr__(self, "basis", np.ascontiguousarray(self.basis, dtype=np.float64))
+        scale = (
+            float(self.scale)
+            if np.ndim(self.scale) == 0
+            else np.ascontiguousarray(self.scale, dtype=np.float64)
+        )
+        object.__setattr__(self, "scale", scale)
+
+
+@dataclass(frozen=True, eq=False)
 class DenseInputs(InputKind):
     """Vectors and grids: transformed, then centred and scaled (BE-SVM paper, section 3.1), by
     one scale or one per feature (see :mod:`service.model.preprocessing`).
+
+    A model whose measures read different transforms of the same input
+    (``hog(8): rbf + pixels: rbf``) holds one :class:`TransformedSpace` per transform besides its
+    own; each request computes each transform once, and the prepared items are then
+    :class:`~service.model.spaces.Spaces`, one array per transform.
 
     Parameters
     ----------
@@ -259,12 +325,17 @@ class DenseInputs(InputKind):
     basis : ndarray of shape (B, d)
         Basis items, transformed and normalised.
     transform : InputTransform, default none
-        Applied to every instance first; see :mod:`service.model.transforms`.
+        Applied to every instance first; see :mod:`service.model.transforms`. Measures written
+        without a transform read its output.
+    more_spaces : tuple of TransformedSpace, default ()
+        The other transforms the measures read, each once; recorded in the manifest as
+        ``transforms`` (every transform, this one first) only when there are any.
 
     Raises
     ------
     SpecError
-        The spec is not a vector or grid, or the transform does not apply to it.
+        The spec is not a vector or grid, a transform does not apply to it, or a transform is
+        given twice.
     """
 
     spec: InputSpec
@@ -272,7 +343,12 @@ class DenseInputs(InputKind):
     scale: float | np.ndarray
     basis: np.ndarray
     transform: InputTransform = _NO_TRANSFORM
+    more_spaces: tuple[TransformedSpace, ...] = ()
     _bound: BoundTransform = field(init=False, repr=False)
+    _spaces: tuple[tuple[BoundTransform, np.ndarray, Any, np.ndarray], ...] = field(
+        init=False, repr=False
+    )
+    _basis_items: np.ndarray | Spaces = field(init=False, repr=False)
 
     has_normalized_form: ClassVar[bool] = True
     ARRAYS: ClassVar[frozenset[str]] = frozenset({"input_mean", "input_scale", "basis"})
@@ -289,7 +365,28 @@ class DenseInputs(InputKind):
             else np.ascontiguousarray(self.scale, dtype=np.float64)
         )
         object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "more_spaces", tuple(self.more_spaces))
         object.__setattr__(self, "_bound", self.transform.bind(self.spec))
+        names = self.transform_names
+        if len(set(names)) != len(names):
+            raise SpecError(f"a transform is given twice among {', '.join(names)}")
+        spaces = (
+            (self._bound, self.mean, self.scale, self.basis),
+            *((s.transform.bind(self.spec), s.mean, s.scale, s.basis) for s in self.more_spaces),
+        )
+        object.__setattr__(self, "_spaces", spaces)
+        items = self.basis if not self.more_spaces else Spaces(tuple(s[3] for s in spaces))
+        object.__setattr__(self, "_basis_items", items)
+
+    @property
+    def transforms(self) -> tuple[InputTransform, ...]:
+        """Every transform the model computes, its own first."""
+        return (self.transform, *(space.transform for space in self.more_spaces))
+
+    @property
+    def transform_names(self) -> tuple[str, ...]:
+        """Canonical text of :attr:`transforms`."""
+        return tuple(str(t) for t in self.transforms)
 
     @property
     def input_normalization(self) -> str:
@@ -305,8 +402,8 @@ class DenseInputs(InputKind):
         return self._bound.grid_shape
 
     @property
-    def basis_items(self) -> np.ndarray:
-        return self.basis
+    def basis_items(self) -> np.ndarray | Spaces:
+        return self._basis_items
 
     @property
     def n_basis(self) -> int:
@@ -314,7 +411,7 @@ class DenseInputs(InputKind):
 
     @property
     def n_basis_values(self) -> int:
-        return int(self.basis.size)
+        return sum(int(space[3].size) for space in self._spaces)
 
     def parse(self, instances: Sequence[Any], names: Sequence[str] | None = None) -> np.ndarray:
         """Nested lists (or an array), each instance in one of the spec's accepted shapes and
@@ -325,19 +422,29 @@ class DenseInputs(InputKind):
         ndarray of shape (n_samples, spec.n_features), float64, C-contiguous
             See :meth:`InputSpec.as_batch`.
         """
+        return self.parse_prepared(instances, names)[0]
+
+    def parse_prepared(
+        self, instances: Sequence[Any], names: Sequence[str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | Spaces]:
+        """:meth:`parse`, and the batch prepared: each transform computed once, for the check
+        and for the measures."""
         batch = self.spec.as_batch(instances, names)
-        self.check_distances(batch, names)
-        return batch
+        with np.errstate(over="ignore", invalid="ignore"):
+            items = self.prepare(batch)
+        self._check_prepared(items, names)
+        return batch, items
 
     def check_distances(self, batch: np.ndarray, names: Sequence[str] | None = None) -> None:
         """Refuse instances absurdly far from the training data.
 
         An instance's distance is the norm of its prepared form: its distance from the training
         mean in units of the training items' mean distance (the normaliser's scale), so the
-        training items lie near 1. Finite but absurd inputs (values of 1e20, 1e300) would
-        otherwise be answered with meaningless scores, or make a learned search code take
-        seconds; the bound leaves room for inputs sent on another scale than the training
-        data's (16-bit images to a model of 4-bit digits are about 8,000).
+        training items lie near 1; a model over several transforms checks each transform's
+        form. Finite but absurd inputs (values of 1e20, 1e300) would otherwise be answered with
+        meaningless scores, or make a learned search code take seconds; the bound leaves room
+        for inputs sent on another scale than the training data's (16-bit images to a model of
+        4-bit digits are about 8,000).
 
         Parameters
         ----------
@@ -347,20 +454,32 @@ class DenseInputs(InputKind):
         Raises
         ------
         InvalidInputError
-            Naming the first instance beyond :data:`MAX_INPUT_DISTANCE`, or that the transform
+            Naming the first instance beyond :data:`MAX_INPUT_DISTANCE`, or that a transform
             cannot compute (values too large for it).
         """
         with np.errstate(over="ignore", invalid="ignore"):
-            prepared = self.prepare(batch)
-            distances = np.sqrt(np.einsum("ij,ij->i", prepared, prepared))
-        far = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE))  # NaN and inf are far too
-        if far.size == 0:
+            items = self.prepare(batch)
+        self._check_prepared(items, names)
+
+    def _check_prepared(
+        self, items: np.ndarray | Spaces, names: Sequence[str] | None = None
+    ) -> None:
+        """:meth:`check_distances` on a batch already prepared."""
+        arrays = items.arrays if isinstance(items, Spaces) else (items,)
+        with np.errstate(over="ignore", invalid="ignore"):
+            distances = np.column_stack([np.sqrt(np.einsum("ij,ij->i", a, a)) for a in arrays])
+        far_rows = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE).all(axis=1))  # NaN is far
+        if far_rows.size == 0:
             return
-        where, distance = instance_name(names, int(far[0])), distances[far[0]]
+        row = int(far_rows[0])
+        # A transform that could not compute says more than a distance: name it first.
+        nan = np.flatnonzero(np.isnan(distances[row]))
+        space = int(nan[0]) if nan.size else int(np.argmax(distances[row]))
+        where, distance = instance_name(names, row), distances[row, space]
         if np.isnan(distance):
             raise InvalidInputError(
-                f"{where} holds values too large for the transform {self.transform}: send "
-                "inputs on the scale of the training data"
+                f"{where} holds values too large for the transform {self.transforms[space]}: "
+                "send inputs on the scale of the training data"
             )
         times = "over 1.8e308" if np.isinf(distance) else f"{distance:.3g}"
         raise InvalidInputError(
@@ -386,62 +505,73 @@ class DenseInputs(InputKind):
             raise InvalidInputError(f"expected flat inputs of shape (n, {d}), got {X.shape}")
         return np.ascontiguousarray(X, dtype=np.float64)
 
-    def prepare(self, batch: np.ndarray) -> np.ndarray:
-        """Transformed, centred and scaled: ndarray of shape (n_samples, d)."""
-        return normalize_inputs(self._bound.apply(batch), self.mean, self.scale)
+    def prepare(self, batch: np.ndarray) -> np.ndarray | Spaces:
+        """Transformed, centred and scaled: ndarray of shape (n_samples, d); for a model over
+        several transforms, :class:`Spaces` of each transform's, each computed once."""
+        prepared = tuple(
+            normalize_inputs(bound.apply(batch), mean, scale)
+            for bound, mean, scale, _ in self._spaces
+        )
+        return prepared[0] if len(prepared) == 1 else Spaces(prepared)
 
     def normalized(self, X) -> np.ndarray:
-        """:meth:`prepare` of :meth:`batch`: ndarray of shape (n_samples, d)."""
-        return self.prepare(self.batch(X))
+        """:meth:`prepare` of :meth:`batch`, every transform's side by side (the model's own
+        first): ndarray of shape (n_samples, sum of the transforms' d)."""
+        return self.normalized_of(self.prepare(self.batch(X)))
+
+    def normalized_of(self, items: np.ndarray | Spaces) -> np.ndarray:
+        return items.joined() if isinstance(items, Spaces) else items
 
     def warm_up_batch(self, n_rows: int) -> np.ndarray:
         return np.zeros((n_rows, self.spec.n_features))
 
     def bind(self, specs: Sequence[SimilaritySpec]) -> tuple[BoundSimilarity, ...]:
-        return tuple(spec.bind(self.n_features, self.grid_shape) for spec in specs)
+        names = self.transform_names
+        several = len(names) > 1
+        bound = []
+        for spec in specs:
+            space = spec.space_index(names)
+            transform = self._spaces[space][0]
+            measure = spec.bind(transform.n_features, transform.grid_shape)
+            bound.append(replace(measure, space=space) if several else measure)
+        return tuple(bound)
 
     def problems(self) -> list[str]:
-        d, n_basis = self.n_features, self.n_basis
-        expected = {"input_mean": (self.mean, (d,)), "basis": (self.basis, (n_basis, d))}
-        if np.ndim(self.scale):
-            expected["input_scale"] = (self.scale, (d,))
-        problems = [
-            f"{name} has shape {array.shape}, expected {shape}"
-            for name, (array, shape) in expected.items()
-            if array.shape != shape
-        ]
-        scale = np.asarray(self.scale)
-        if not (np.isfinite(scale).all() and (scale > 0).all()):
-            problems.append(
-                f"input_scale must be positive, got {self.scale}"
-                if scale.ndim == 0
-                else "input_scale must be positive and finite for every feature"
-            )
-        if not problems:
-            problems += [
-                f"{name} holds NaN or infinity"
-                for name, (array, _) in expected.items()
-                if not np.isfinite(array).all()
-            ]
+        problems = []
+        for i, (bound, mean, scale, basis) in enumerate(self._spaces):
+            suffix = _space_suffix(i)
+            problems += _space_problems(bound.n_features, self.n_basis, mean, scale, basis, suffix)
+            if i and input_normalization_of(scale) != self.input_normalization:
+                problems.append(
+                    f"input_scale{suffix} is not of the {self.input_normalization} normalisation"
+                )
         return problems
 
     def manifest(self) -> dict[str, Any]:
         entries = {**self._input_entry(), "transform": str(self.transform)}
+        if self.more_spaces:
+            # Written only for models over several transforms: others stay as they were.
+            entries["transforms"] = list(self.transform_names)
         if self.input_normalization != GLOBAL_NORMALIZATION:
             # Written only when it is not the default, so global artifacts stay as they were.
             entries["input_normalization"] = self.input_normalization
         return entries
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {
-            "input_scale": np.asarray(self.scale, dtype=np.float64),
-            "input_mean": self.mean,
-            "basis": self.basis,
-        }
+        arrays = {}
+        for i, (_, mean, scale, basis) in enumerate(self._spaces):
+            suffix = _space_suffix(i)
+            arrays[f"input_scale{suffix}"] = np.asarray(scale, dtype=np.float64)
+            arrays[f"input_mean{suffix}"] = mean
+            arrays[f"basis{suffix}"] = basis
+        return arrays
 
     @classmethod
     def array_names(cls, manifest: dict[str, Any]) -> frozenset[str]:
-        return cls.ARRAYS
+        n_spaces = len(manifest.get("transforms") or [None])
+        return cls.ARRAYS | {
+            f"{name}{_space_suffix(i)}" for i in range(1, n_spaces) for name in cls.ARRAYS
+        }
 
     @classmethod
     def from_artifact(cls, spec, manifest, arrays, path) -> DenseInputs:
@@ -452,20 +582,72 @@ class DenseInputs(InputKind):
                 f"{path}: input_normalization must be one of {', '.join(INPUT_NORMALIZATIONS)},"
                 f" got {normalization!r}"
             )
-        scale = arrays["input_scale"]
-        if input_normalization_of(scale) != normalization:
-            raise ArtifactIntegrityError(
-                f"{path}: input_scale of shape {list(scale.shape)} does not fit "
-                f"input_normalization {normalization!r} (a scalar for global, one per feature "
-                "for per-feature)"
+        transform_texts = [manifest.get("transform", "none")]
+        if "transforms" in manifest:
+            transform_texts = [str(t) for t in manifest["transforms"]]
+            if len(transform_texts) < 2 or transform_texts[0] != manifest.get("transform"):
+                raise ArtifactIntegrityError(
+                    f"{path}: transforms must list two or more transforms, the model's "
+                    f"transform {manifest.get('transform')!r} first"
+                )
+        scales = []
+        for i in range(len(transform_texts)):
+            scale = arrays[f"input_scale{_space_suffix(i)}"]
+            if input_normalization_of(scale) != normalization:
+                raise ArtifactIntegrityError(
+                    f"{path}: input_scale{_space_suffix(i)} of shape {list(scale.shape)} does "
+                    f"not fit input_normalization {normalization!r} (a scalar for global, one "
+                    "per feature for per-feature)"
+                )
+            scales.append(float(scale) if scale.ndim == 0 else scale)
+        more = tuple(
+            TransformedSpace(
+                transform=parse_transform(transform_texts[i]),
+                mean=arrays[f"input_mean{_space_suffix(i)}"],
+                scale=scales[i],
+                basis=arrays[f"basis{_space_suffix(i)}"],
             )
+            for i in range(1, len(transform_texts))
+        )
         return cls(
             spec=spec,
             mean=arrays["input_mean"],
-            scale=float(scale) if scale.ndim == 0 else scale,
+            scale=scales[0],
             basis=arrays["basis"],
-            transform=parse_transform(manifest.get("transform", "none")),
+            transform=parse_transform(transform_texts[0]),
+            more_spaces=more,
         )
+
+
+def _space_suffix(index: int) -> str:
+    """The artifact names of space ``index``'s arrays end with this (the model's own: none)."""
+    return f"_{index}" if index else ""
+
+
+def _space_problems(d: int, n_basis: int, mean, scale, basis, suffix: str) -> list[str]:
+    """What is inconsistent in one transformed space's arrays."""
+    expected = {f"input_mean{suffix}": (mean, (d,)), f"basis{suffix}": (basis, (n_basis, d))}
+    if np.ndim(scale):
+        expected[f"input_scale{suffix}"] = (scale, (d,))
+    problems = [
+        f"{name} has shape {array.shape}, expected {shape}"
+        for name, (array, shape) in expected.items()
+        if array.shape != shape
+    ]
+    scale_array = np.asarray(scale)
+    if not (np.isfinite(scale_array).all() and (scale_array > 0).all()):
+        problems.append(
+            f"input_scale{suffix} must be positive, got {scale}"
+            if scale_array.ndim == 0
+            else f"input_scale{suffix} must be positive and finite for every feature"
+        )
+    if not problems:
+        problems += [
+            f"{name} holds NaN or infinity"
+            for name, (array, _) in expected.items()
+            if not np.isfinite(array).all()
+        ]
+    return problems
 
 
 @dataclass(frozen=True, eq=False)
@@ -581,6 +763,8 @@ class DocumentInputs(InputKind):
         return Documents(canonical_counts(one_word), self.idf)
 
     def bind(self, specs: Sequence[SimilaritySpec]) -> tuple[BoundSimilarity, ...]:
+        for spec in specs:
+            spec.space_index((str(_NO_TRANSFORM),))  # documents are not transformed
         return tuple(spec.bind(self.n_features, documents=True) for spec in specs)
 
     def problems(self) -> list[str]:

@@ -176,8 +176,22 @@ class Predictor:
 
     @property
     def transform(self) -> InputTransform:
-        """Applied to every instance first (``none`` for documents)."""
+        """Applied to every instance first (``none`` for documents); measures written without
+        a transform of their own read its output."""
         return self.inputs.transform
+
+    @property
+    def measure_transforms(self) -> list[str]:
+        """The transform each measure reads, canonical text, in the order of :attr:`specs`."""
+        return [str(spec.transform_or(self.transform)) for spec in self.specs]
+
+    def describe_measures(self) -> list[dict[str, str]]:
+        """Each measure without its transform and the transform it reads, in the order of
+        :attr:`specs`: ``[{"similarity": "rbf(gamma=1)", "transform": "pixels"}, ...]``."""
+        return [
+            {"similarity": spec.measure_name, "transform": transform}
+            for spec, transform in zip(self.specs, self.measure_transforms, strict=True)
+        ]
 
     @property
     def vocabulary(self) -> Vocabulary | None:
@@ -205,6 +219,38 @@ class Predictor:
         ``names`` (sequence of str) are what messages call each instance."""
         return self.inputs.parse(instances, names)
 
+    def validate_prepared(self, instances, names=None):
+        """:meth:`validate`, and the batch prepared as the measures read it (see
+        :meth:`InputKind.parse_prepared`): each transform computed once, for the checks and for
+        :meth:`prepared_features` / :meth:`prepared_normalized`.
+
+        Returns
+        -------
+        batch, items
+        """
+        return self.inputs.parse_prepared(instances, names)
+
+    def prepared_features(self, items) -> np.ndarray:
+        """:meth:`features` of items already prepared: ndarray of shape (n_samples, M * B)."""
+        return expand(
+            items,
+            self.inputs.basis_items,
+            self._measures,
+            self.feature_offset,
+            self.feature_scale,
+            projection=self.feature_projection,
+        )
+
+    def prepared_normalized(self, items) -> np.ndarray:
+        """:meth:`normalized_inputs` of items already prepared: ndarray of shape (n_samples, d).
+
+        Raises
+        ------
+        InvalidInputError
+            The model reads documents, which have no such form.
+        """
+        return self.inputs.normalized_of(items)
+
     def encode_texts(self, texts) -> Documents:
         """Raw texts as documents over the model's vocabulary (unknown words dropped).
 
@@ -225,7 +271,8 @@ class Predictor:
         Returns
         -------
         ndarray of shape (n_samples, d)
-            ``d`` is the length of a transformed instance.
+            ``d`` is the length of a transformed instance (for a model over several transforms,
+            of every transform's side by side).
 
         Raises
         ------
@@ -247,14 +294,7 @@ class Predictor:
         -------
         ndarray of shape (n_samples, M * B)
         """
-        return expand(
-            self.inputs.prepare(self.inputs.batch(X)),
-            self.inputs.basis_items,
-            self._measures,
-            self.feature_offset,
-            self.feature_scale,
-            projection=self.feature_projection,
-        )
+        return self.prepared_features(self.inputs.prepare(self.inputs.batch(X)))
 
     def decision_function(self, X) -> np.ndarray:
         """One-vs-rest scores ``w_k . phi(x) + b_k``.
@@ -335,8 +375,12 @@ class Predictor:
         if (instances is None) == (texts is None):
             raise InvalidInputError("send either instances or texts, not both and not neither")
         inputs = self.inputs
-        batch = inputs.parse(instances) if texts is None else inputs.parse_texts(texts)
-        scores = self._scores(inputs.prepare(batch))
+        if texts is None:
+            batch, items = inputs.parse_prepared(instances)
+        else:
+            batch = inputs.parse_texts(texts)
+            items = inputs.prepare(batch)
+        scores = self._scores(items)
         order = _best_first(scores, top_k)
         known = inputs.known_words(batch)
         classes = self.classes

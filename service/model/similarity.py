@@ -1,15 +1,18 @@
 """Similarity measures: their text form, their parameters and how each is computed.
 
 A measure is written as ``name`` or ``name(value, key=value, ...)``; several measures on one
-basis are joined with ``+``: ``rbf(gamma=1) + linear``. The same text is used by the command
-line, stored in the manifest and shown by the API. :func:`format_spec` gives the canonical form
-(lower case, every parameter named), so parsing the canonical form gives back the same spec.
+basis are joined with ``+``: ``rbf(gamma=1) + linear``. A term may name the input transform it
+reads, ``transform: measure`` (``hog(8): rbf + pixels: rigid(1)``, see
+:mod:`service.model.transforms`); a term without one reads the model's transform. The same text
+is used by the command line, stored in the manifest and shown by the API. :func:`format_spec`
+gives the canonical form (lower case, every parameter named), so parsing the canonical form
+gives back the same spec.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +21,7 @@ from service.model import documents, grid_kernels, kernels, threads
 from service.model.documents import Documents
 from service.model.errors import SpecError
 from service.model.notation import bind_arguments, parse_call
+from service.model.transforms import InputTransform, parse_transform
 
 
 @dataclass(frozen=True)
@@ -167,10 +171,45 @@ class SimilaritySpec:
         A key of :data:`SIMILARITY_KINDS`.
     params : tuple of (str, float)
         Every parameter of the kind, in the kind's order.
+    transform : InputTransform or None, default=None
+        The input transform whose output the measure reads; None: the model's transform.
     """
 
     name: str
     params: tuple[tuple[str, float], ...] = ()
+    transform: InputTransform | None = None
+
+    @property
+    def measure_name(self) -> str:
+        """The measure's canonical text without its transform, e.g. ``rbf(gamma=1)``."""
+        return format_spec(SimilaritySpec(self.name, self.params))
+
+    def transform_or(self, model_transform: InputTransform) -> InputTransform:
+        """The transform this measure reads in a model whose transform is ``model_transform``."""
+        return model_transform if self.transform is None else self.transform
+
+    def space_index(self, transform_names: Sequence[str]) -> int:
+        """Which of a model's transformed spaces the measure reads.
+
+        Parameters
+        ----------
+        transform_names : sequence of str
+            Canonical text of each distinct transform of the model, the model's own first.
+
+        Raises
+        ------
+        SpecError
+            The measure names a transform the model does not compute.
+        """
+        if self.transform is None:
+            return 0
+        try:
+            return list(transform_names).index(str(self.transform))
+        except ValueError:
+            raise SpecError(
+                f"{self} reads transform {self.transform}; the model computes "
+                f"{', '.join(transform_names)}"
+            ) from None
 
     @property
     def kind(self) -> SimilarityKind:
@@ -319,6 +358,9 @@ class BoundSimilarity:
         driver (see :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS`).
     serial_driver, driver : callable
         ``(basis, X, *args, out)``, on the calling thread and in a parallel region.
+    space : int or None, default=None
+        For items in several transformed spaces (:class:`~service.model.spaces.Spaces`), the
+        index of the one the measure reads; None for items of one space (plain arrays).
     """
 
     spec: SimilaritySpec
@@ -326,6 +368,7 @@ class BoundSimilarity:
     pair_work: float
     serial_driver: Callable[..., None]
     driver: Callable[..., None]
+    space: int | None = None
 
     def runs_serially(self, n_samples: int, n_basis: int) -> bool:
         """Whether :meth:`compute` of ``n_samples`` inputs against ``n_basis`` items runs on the
@@ -354,6 +397,8 @@ class BoundSimilarity:
         -------
         out : ndarray of shape (n_samples, n_basis)
         """
+        if self.space is not None:
+            basis, X = basis.arrays[self.space], X.arrays[self.space]
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
         if self.runs_serially(X.shape[0], basis.shape[0]):
@@ -370,21 +415,42 @@ def _format_number(value: float) -> str:
 
 
 def format_spec(spec: SimilaritySpec) -> str:
-    """The canonical text of a spec, e.g. ``rbf(gamma=0.5)`` or ``linear``."""
+    """The canonical text of a spec, e.g. ``rbf(gamma=0.5)``, ``linear`` or
+    ``hog(cell_size=4, orientations=9): rbf(gamma=1)``."""
+    prefix = "" if spec.transform is None else f"{spec.transform}: "
     if not spec.params:
-        return spec.name
+        return prefix + spec.name
     inner = ", ".join(f"{key}={_format_number(value)}" for key, value in spec.params)
-    return f"{spec.name}({inner})"
+    return f"{prefix}{spec.name}({inner})"
+
+
+def _split_transform(text: str) -> tuple[str | None, str]:
+    """``transform: measure`` as its two texts (None if no colon outside parentheses)."""
+    depth = 0
+    for position, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == ":" and depth == 0:
+            return text[:position], text[position + 1 :]
+    return None, text
 
 
 def parse_spec(text: str) -> SimilaritySpec:
-    """Parse one similarity measure, e.g. ``rbf``, ``rbf(0.5)`` or ``rbf(gamma=0.5)``.
+    """Parse one similarity measure, e.g. ``rbf``, ``rbf(0.5)``, ``rbf(gamma=0.5)`` or, reading
+    a transform of its own, ``hog(4): rbf``.
 
     Raises
     ------
     SpecError
-        If the text is malformed, names an unknown measure or gives a bad parameter.
+        If the text is malformed, names an unknown measure or transform, or gives a bad
+        parameter.
     """
+    whole = text
+    transform_text, text = _split_transform(text)
+    transform = None
+    if transform_text is not None:
+        if not transform_text.strip():
+            raise SpecError(f"empty transform before ':' in {whole!r}")
+        transform = parse_transform(transform_text)
     name, arguments = parse_call(text, "similarity")
     if name not in SIMILARITY_KINDS:
         known = ", ".join(sorted(SIMILARITY_KINDS))
@@ -398,7 +464,7 @@ def parse_spec(text: str) -> SimilaritySpec:
         except ValueError:
             raise SpecError(f"{name}: parameter {key} must be a number, got {raw!r}") from None
     params = tuple((p.name, p.check(values.get(p.name, p.default), name)) for p in kind.parameters)
-    return SimilaritySpec(name, params)
+    return SimilaritySpec(name, params, transform)
 
 
 def split_specs(text: str) -> list[str]:

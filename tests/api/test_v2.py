@@ -70,7 +70,16 @@ def test_model_metadata_names_the_tensors_and_classes(client, repository, digits
     assert metadata["name"] == "digits"
     assert metadata["versions"] == [version]
     assert metadata["platform"] == "besvm"
-    assert metadata["inputs"] == [{"name": "input", "datatype": "FP64", "shape": [-1, 8, 8, 1]}]
+    measures = [{"similarity": name, "transform": "pixels"} for name in ["rbf(gamma=1)"]]
+    assert digits_predictor.similarity_names == ["rbf(gamma=1)"]
+    assert metadata["inputs"] == [
+        {
+            "name": "input",
+            "datatype": "FP64",
+            "shape": [-1, 8, 8, 1],
+            "parameters": {"measures": measures},
+        }
+    ]
     outputs = {output["name"]: output for output in metadata["outputs"]}
     assert outputs["label"] == {"name": "label", "datatype": "BYTES", "shape": [-1]}
     assert outputs["scores"]["datatype"] == "FP64"
@@ -80,7 +89,10 @@ def test_model_metadata_names_the_tensors_and_classes(client, repository, digits
     assert client.get_model_metadata("digits", model_version=version) == metadata
 
     text = client.get_model_metadata("topics")
-    assert text["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert [{k: v for k, v in t.items() if k != "parameters"} for t in text["inputs"]] == [
+        {"name": "text", "datatype": "BYTES", "shape": [-1]}
+    ]
+    assert {m["transform"] for m in text["inputs"][0]["parameters"]["measures"]} == {"none"}
 
 
 def test_model_readiness(client, repository):

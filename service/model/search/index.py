@@ -22,7 +22,7 @@ from service.model.predictor import Predictor
 from service.model.search.catalogue import Catalogue, read_catalogue
 from service.model.search.codes import SparseCode, sparse_svm_code
 from service.model.search.layout import catalogue_dir, search_dir
-from service.model.search.model import UnionOfSubspacesModel, search_features
+from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
 from service.model.search_kernels import search_runs_serially
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
@@ -326,8 +326,8 @@ class SearchIndex:
         rows = [catalogue.rows(positions)]
         if instances:
             names = [f"{what}s[{j}]" for j, an_id in enumerate(is_id) if not an_id]
-            X = self.predictor.validate(instances, names)
-            features = search_features(self.predictor, self.model.feature_space, X)
+            _, items = self.predictor.validate_prepared(instances, names)
+            features = prepared_search_features(self.predictor, self.model.feature_space, items)
             rows.append(self.model.project(features))
         return np.vstack(rows), positions
 

@@ -61,6 +61,14 @@ def search_features(predictor: Predictor, feature_space: str, X) -> np.ndarray:
     return predictor.features(X)
 
 
+def prepared_search_features(predictor: Predictor, feature_space: str, items) -> np.ndarray:
+    """:func:`search_features` of a client batch already prepared (see
+    :meth:`Predictor.validate_prepared`), so that each transform is computed once."""
+    if feature_space == "inputs":
+        return predictor.prepared_normalized(items)
+    return predictor.prepared_features(items)
+
+
 @dataclass(frozen=True, eq=False)
 class UnionOfSubspacesModel:
     """Learned US-SVM classifiers ``w_k = D z_k`` ready to serve.
