@@ -14,7 +14,9 @@ the BE-SVM paper's greedy answer (section 3.5) to "which measures, at which reso
    improves the cross-validated accuracy most, repeatedly, up to :data:`MAX_MEASURES`.
 4. **Basis size per class**: a grid (10, 25, 50, 100, 200, ...) capped by the largest class of a
    fold and by a feature budget (:data:`MAX_FEATURES` basis items times measures), so that it
-   grows with the training set.
+   grows with the training set. Documents have a larger budget (:data:`MAX_DOCUMENT_FEATURES`),
+   the ``besvm`` normalisation, and their chosen basis grows from the folds to the whole split
+   (:func:`grown_basis_per_class`).
 5. **The SVM's C**: 0.1 and 10 against 1.
 6. **The basis strategy**: ``random`` and ``kmedoids`` against ``index``.
 
