@@ -21,6 +21,7 @@ from training.fit import fit_besvm
 from training.selection import (
     basis_size_candidates,
     fit_selected,
+    grown_basis_per_class,
     measure_candidates,
     select,
     select_on,
@@ -136,6 +137,47 @@ def test_documents_choose_among_document_measures(text_dataset):
     measures = {m.strip() for m in selection.config.similarities.split("+")}
     assert measures <= set(measure_candidates(text_dataset.input_spec, None))
     assert selection.path[0]["stage"] == "first measure"
+
+
+def test_documents_grow_the_basis_from_the_folds_to_the_split(text_dataset):
+    result, selection = fit_selected(
+        text_dataset,
+        "topics",
+        budget_s=GENEROUS_BUDGET_S,
+        n_jobs=1,
+        progress=False,
+        diagnostics=False,
+    )
+    config = selection.config
+    assert config.normalization == "besvm"
+    # Each fold trains on two thirds of the 40 documents per class, the final fit on all 40: the
+    # basis chosen on the folds keeps its share of each class.
+    searched = selection.searched_basis_per_class
+    assert searched < config.basis_per_class <= 40
+    assert result.predictor.n_basis == 3 * config.basis_per_class
+    recorded = result.predictor.metadata["training"]["selection"]
+    assert recorded["searched_basis_per_class"] == searched
+    assert recorded["chosen"]["basis_per_class"] == config.basis_per_class
+    assert f"grown from {searched}" in selection.describe()
+
+
+def test_dense_inputs_keep_the_basis_the_folds_chose():
+    selection = select(_wine(0), budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
+    assert selection.config.basis_per_class == selection.searched_basis_per_class
+    assert selection.config.normalization == "auto"
+
+
+def test_a_grown_basis_keeps_each_class_share_within_its_caps():
+    # 25 of a fold's 2,000 items: the same share of 11,000 is 137.5 per class.
+    assert grown_basis_per_class(25, 2000, 11000, 500, 1, 32, 6400) == 138
+    # The feature budget: 6,400 features for 2 measures and 32 classes leave 100 per class.
+    assert grown_basis_per_class(25, 2000, 11000, 500, 2, 32, 6400) == 100
+    # No class has more than 60 items to give.
+    assert grown_basis_per_class(25, 2000, 11000, 60, 1, 32, 6400) == 60
+    # It never shrinks below what the folds chose.
+    assert grown_basis_per_class(25, 2000, 1500, 500, 1, 32, 6400) == 25
+    # The documents' feature budget admits bases that the dense one (1,000) refuses.
+    assert basis_size_candidates(5000, 1, 10, 6400) == [10, 25, 50, 100, 200, 400, 640]
 
 
 def test_parallel_folds_choose_as_one_process_does():
