@@ -316,7 +316,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     def _fit_selected(self, X, y):
         """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
         it; the parameters stay as given, the learned state is the chosen model's."""
-        from training.selection import select_on  # it trains through this module
+        from training.fit import FitConfig  # both train through this module
+        from training.selection import select_on
 
         inputs = _training_inputs_for(X, self)
         X_checked, y_checked = inputs.validate_fit(self, X, y)
@@ -329,6 +330,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             n_jobs=self.n_jobs,
             random_state=0 if self.random_state is None else self.random_state,
             progress=self.verbose,
+            # What the selection does not choose is the user's, in its folds as in the model.
+            base=FitConfig(max_iter=self.max_iter, min_df=self.min_df, stop_words=self.stop_words),
         )
         chosen = selection.config
         model = clone(self).set_params(

@@ -272,3 +272,13 @@ def test_a_saved_model_loads_and_is_served_as_it_is(digits_model, digits_arrays,
         np.testing.assert_allclose(
             [served[str(c)] for c in digits_model.classes_], row, rtol=1e-6, atol=1e-9
         )
+
+
+def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset):
+    texts, labels = list(text_dataset.X_train), text_dataset.y_train
+    auto = BasisExpandingSVC(similarity="auto", min_df=1, stop_words=None, selection_budget_s=10)
+    auto.fit(texts, labels)
+    searched = auto.selection_.config
+    assert (searched.min_df, searched.stop_words) == (1, None)
+    # Words every text shares ("the", "of") are kept by both: stop words are not removed.
+    assert "the" in auto.predictor_.vocabulary.terms
