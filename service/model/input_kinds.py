@@ -270,6 +270,20 @@ class InputKind(ABC):
         return {"input": {"kind": self.spec.kind, "shape": list(self.spec.shape)}}
 
 
+def _normalise_space_arrays(space) -> None:
+    """Give a frozen space's ``mean`` and ``basis`` one dtype and layout (float64, C order),
+    and its ``scale`` a float (global) or such an array (per feature), so that the compiled
+    kernels see one signature."""
+    object.__setattr__(space, "mean", np.ascontiguousarray(space.mean, dtype=np.float64))
+    object.__setattr__(space, "basis", np.ascontiguousarray(space.basis, dtype=np.float64))
+    scale = (
+        float(space.scale)
+        if np.ndim(space.scale) == 0
+        else np.ascontiguousarray(space.scale, dtype=np.float64)
+    )
+    object.__setattr__(space, "scale", scale)
+
+
 @dataclass(frozen=True, eq=False)
 class TransformedSpace:
     """One more input transform of a dense model, with its own normalisation and basis (the
@@ -292,14 +306,7 @@ class TransformedSpace:
     basis: np.ndarray
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mean", np.ascontiguousarray(self.mean, dtype=np.float64))
-        object.__setattr__(self, "basis", np.ascontiguousarray(self.basis, dtype=np.float64))
-        scale = (
-            float(self.scale)
-            if np.ndim(self.scale) == 0
-            else np.ascontiguousarray(self.scale, dtype=np.float64)
-        )
-        object.__setattr__(self, "scale", scale)
+        _normalise_space_arrays(self)
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,15 +363,7 @@ class DenseInputs(InputKind):
     def __post_init__(self) -> None:
         if self.spec.kind not in ("vector", "grid"):
             raise SpecError(f"dense inputs are vectors or grids, not {self.spec}")
-        # One dtype and layout, so the compiled kernels see one signature.
-        object.__setattr__(self, "mean", np.ascontiguousarray(self.mean, dtype=np.float64))
-        object.__setattr__(self, "basis", np.ascontiguousarray(self.basis, dtype=np.float64))
-        scale = (
-            float(self.scale)
-            if np.ndim(self.scale) == 0
-            else np.ascontiguousarray(self.scale, dtype=np.float64)
-        )
-        object.__setattr__(self, "scale", scale)
+        _normalise_space_arrays(self)
         object.__setattr__(self, "more_spaces", tuple(self.more_spaces))
         object.__setattr__(self, "_bound", self.transform.bind(self.spec))
         names = self.transform_names
