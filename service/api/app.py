@@ -85,9 +85,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # again and again under the requests' small allocations.
             gc.collect()
             gc.freeze()
-            async with Rescans(registry, settings.reload_interval_s):
-                yield
-            plane.close()
+            try:
+                async with Rescans(registry, settings.reload_interval_s):
+                    yield
+            finally:
+                plane.close()
 
     app = FastAPI(
         title="BE-SVM model service",

@@ -85,9 +85,11 @@ class DataPlane:
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
 
     def close(self) -> None:
-        """Stop the compute thread and the worker threads (after the work they have)."""
+        """Stop the compute thread and the worker threads. Work queued is dropped and work under
+        way is not waited for: its requests were answered (or timed out), and waiting here would
+        hold the shutdown past SHUTDOWN_TIMEOUT_S."""
         if self._compute is not None:
-            self._compute.shutdown(wait=True)
+            self._compute.shutdown(wait=False, cancel_futures=True)
             self._compute = None
         self.work.close()
 

@@ -200,7 +200,8 @@ class WorkLimiter:
             ) from None
 
     def close(self) -> None:
-        """Stop the worker threads (after the work they have)."""
+        """Stop the worker threads, dropping work not started and not waiting for work under
+        way (see :meth:`DataPlane.close`)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

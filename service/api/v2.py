@@ -146,7 +146,8 @@ async def _read_infer_request(request: Request) -> tuple[InferRequest, bytes]:
     declared = request.headers.get(HEADER_LENGTH)
     length = len(body)
     if declared is not None:
-        if not declared.isdigit() or int(declared) > len(body):
+        # isdigit alone takes other digits ("²", read from a latin-1 header) that int() refuses.
+        if not (declared.isascii() and declared.isdigit()) or int(declared) > len(body):
             raise InvalidInputError(
                 f"{HEADER_LENGTH} must be the length of the JSON header, at most the body's "
                 f"{len(body):,} bytes"
@@ -155,7 +156,8 @@ async def _read_infer_request(request: Request) -> tuple[InferRequest, bytes]:
     try:
         parsed = InferRequest.model_validate_json(body[:length])
     except ValidationError as error:
-        problems = error.errors(include_url=False, include_input=False, include_context=False)
+        # The context carries the parser's reason, which the 400's message names.
+        problems = error.errors(include_url=False, include_input=False)
         raise RequestValidationError(problems) from None
     return parsed, body[length:]
 

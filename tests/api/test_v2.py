@@ -4,7 +4,9 @@ Scores are compared with the model library's own answers, computed here from the
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
 
 import httpx
 import numpy as np
@@ -13,7 +15,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from service.model.artifact import manifest_digest
-from tests.api.conftest import server_process
+from tests.api.conftest import read_until_closed, server_process
 
 pytestmark = pytest.mark.slow
 
@@ -447,3 +449,26 @@ def test_a_server_that_is_not_ready_says_so(digits_model_dir):
     assert client.get("/v2/health/live").json() == {"live": True}
     _protocol_error(client.get("/v2/health/ready"), 503)
     assert client.get("/v2/health/ready").headers["retry-after"]
+
+
+def test_a_non_ascii_digit_in_the_header_length_is_a_400(url):
+    # "²" passes str.isdigit but not int(): it was a 500. Sent raw, as a client may.
+    body = b'{"inputs": []}'
+    host, port = url.removeprefix("http://").split(":")
+    request = (
+        b"POST /v2/models/digits/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Inference-Header-Content-Length: \xb2\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+        % len(body)
+    ) + body
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        answer = read_until_closed(sock)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert "inference-header-content-length must be" in json.loads(payload)["error"].lower()
+
+
+def test_malformed_json_says_why_in_the_protocol_shape(url):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    response = httpx.post(f"{url}/v2/models/digits/infer", content=deep, timeout=30)
+    assert "nested deeper than 201 levels" in _protocol_error(response, 400)
