@@ -28,8 +28,11 @@ from service.api.observability import logging_config
 from service.api.settings import Settings
 from service.model.threads import worker_environment
 
-# Seconds a worker process has to answer its supervisor's health check.
-WORKER_HEALTHCHECK_S = 60
+# Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
+# importing its libraries on a busy host (5 s killed them again and again), short because the
+# supervisor waits this long, restarting nothing meanwhile, on a worker killed as it was pinged
+# (its pipe never reports the end: the supervisor holds the other side too).
+WORKER_HEALTHCHECK_S = 15
 
 
 class RescanningSupervisor(Multiprocess):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -63,7 +64,10 @@ def test_small_serial_work_goes_inline_once_its_cost_is_known(search_model_dir, 
         await registry.load(snapshot.name, force=True)
         assert plane.snapshot(None) is not snapshot
         assert plane.estimate(plane.snapshot(None), "classify") is None
-        plane.close()
+        plane.close()  # does not wait for the thread: it ends once idle
+        deadline = time.monotonic() + 10
+        while _compute_threads() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         assert _compute_threads() == 0
 
     asyncio.run(scenario())
