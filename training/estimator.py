@@ -54,6 +54,34 @@ from training.diagnostics import eigen_diagnostics
 # The value of ``similarity`` that will ask for forward selection of the measures (issue 14,
 # item 1); until that lands, fit refuses it with a message rather than reading it as a measure.
 AUTO_SIMILARITY = "auto"
+# The estimator's parameters that a training configuration (training.fit.FitConfig, the command
+# line's names) sets, and the configuration's field each one reads.
+CONFIG_FIELDS = {
+    "similarity": "similarities",
+    "input_transform": "transform",
+    "basis_per_class": "basis_per_class",
+    "basis_strategy": "basis_strategy",
+    "normalization": "normalization",
+    "C": "C",
+    "max_iter": "max_iter",
+    "input_normalization": "input_normalization",
+    "selection_budget_s": "selection_budget_s",
+    "min_df": "min_df",
+    "stop_words": "stop_words",
+    "n_jobs": "n_jobs",
+    "random_state": "seed",
+}
+
+
+def parameters_of(config, fields=None) -> dict[str, Any]:
+    """The estimator's parameters that ``config`` (a FitConfig) sets, or only those read from
+    ``fields``."""
+    return {
+        parameter: getattr(config, field)
+        for parameter, field in CONFIG_FIELDS.items()
+        if fields is None or field in fields
+    }
+
 
 # The SVM trains on sparse features when at most this fraction of them differ from their
 # column's median (document measures: most pairs share no word): the solver's products then run
@@ -317,7 +345,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
         it; the parameters stay as given, the learned state is the chosen model's."""
         from training.fit import FitConfig  # both train through this module
-        from training.selection import select_on
+        from training.selection import CHOSEN_FIELDS, select_on
 
         inputs = _training_inputs_for(X, self)
         X_checked, y_checked = inputs.validate_fit(self, X, y)
@@ -334,15 +362,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             base=FitConfig(max_iter=self.max_iter, min_df=self.min_df, stop_words=self.stop_words),
         )
         chosen = selection.config
-        model = clone(self).set_params(
-            similarity=chosen.similarities,
-            input_transform=chosen.transform,
-            input_normalization=chosen.input_normalization,
-            basis_per_class=chosen.basis_per_class,
-            basis_strategy=chosen.basis_strategy,
-            normalization=chosen.normalization,
-            C=chosen.C,
-        )
+        model = clone(self).set_params(**parameters_of(chosen, CHOSEN_FIELDS))
         model.fit(X, y)
         self.__dict__.update({k: v for k, v in vars(model).items() if k.endswith("_")})
         self.selection_ = selection

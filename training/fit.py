@@ -21,6 +21,7 @@ from training.estimator import (
     SPARSE_TRAINING_DENSITY,
     BasisExpandingSVC,
     fit_vocabulary,
+    parameters_of,
     training_design,
 )
 
@@ -98,20 +99,8 @@ def resolve_transform(
 def estimator_for(config: FitConfig, input_spec: InputSpec, verbose: bool = False):
     """The estimator that trains ``config`` on inputs of ``input_spec`` (flat rows)."""
     return BasisExpandingSVC(
-        similarity=config.similarities,
-        input_transform=config.transform,
-        basis_per_class=config.basis_per_class,
-        basis_strategy=config.basis_strategy,
-        normalization=config.normalization,
-        C=config.C,
-        max_iter=config.max_iter,
-        input_normalization=config.input_normalization,
-        selection_budget_s=config.selection_budget_s,
+        **parameters_of(config),
         input_shape=None if input_spec.is_documents else str(input_spec),
-        min_df=config.min_df,
-        stop_words=config.stop_words,
-        n_jobs=config.n_jobs,
-        random_state=config.seed,
         verbose=verbose,
     )
 

@@ -146,7 +146,7 @@ class Selection:
             "stopped": self.stopped,
             # NaN is no JSON: the budget ran out before any candidate was scored.
             "cv_accuracy": None if np.isnan(self.cv_accuracy) else self.cv_accuracy,
-            "chosen": {k: chosen[k] for k in _CHOSEN_FIELDS},
+            "chosen": {k: chosen[k] for k in CHOSEN_FIELDS},
             "searched_basis_per_class": self.searched_basis_per_class,
             "path": self.path,
         }
@@ -173,7 +173,7 @@ class Selection:
         return "\n".join(lines)
 
 
-_CHOSEN_FIELDS = (
+CHOSEN_FIELDS = (
     "similarities",
     "transform",
     "input_normalization",
@@ -666,6 +666,7 @@ def fit_selected(
 
 
 __all__ = [
+    "CHOSEN_FIELDS",
     "DEFAULT_BUDGET_S",
     "Candidate",
     "Selection",

@@ -121,9 +121,9 @@ class InputKind(ABC):
         """The basis as the measures read it, shape (n_basis, n_features)."""
 
     @property
-    @abstractmethod
     def n_basis(self) -> int:
-        """Basis items, B."""
+        """Basis items, B: the rows of the kind's ``basis``."""
+        return int(self.basis.shape[0])
 
     @property
     @abstractmethod
@@ -403,10 +403,6 @@ class DenseInputs(InputKind):
     @property
     def basis_items(self) -> np.ndarray | Spaces:
         return self._basis_items
-
-    @property
-    def n_basis(self) -> int:
-        return int(self.basis.shape[0])
 
     @property
     def n_basis_values(self) -> int:
@@ -715,10 +711,6 @@ class DocumentInputs(InputKind):
     @property
     def basis_items(self) -> Documents:
         return self._basis_items
-
-    @property
-    def n_basis(self) -> int:
-        return int(self.basis.shape[0])
 
     @property
     def n_basis_values(self) -> int:
