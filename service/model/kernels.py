@@ -134,3 +134,82 @@ def rbf_similarities_serial(basis, X, gamma, out):
     """:func:`rbf_similarities` on the calling thread, for small batches."""
     for i in range(X.shape[0]):
         rbf_row(basis, X[i], gamma, out[i])
+
+
+# -- drivers through BLAS, for batches on one thread -------------------------------------------
+#
+# A batch of inputs against the basis is a matrix product: ``X @ basis.T`` for linear, and for
+# rbf the squared distances ``|x|^2 + |b|^2 - 2 x . b`` from it. BLAS's blocked product reuses
+# each loaded value across many pairs, where the pair kernels above load both items per pair, and
+# numpy's exp is vectorised, where numba's calls libm once per value: on one core of this
+# project's machine, rbf on 980 bases of 64 features for 1,000 inputs takes 3.7 ms this way
+# against 7.1 ms through rbf_similarities_serial (benchmarks/bench_kernels.py).
+
+
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
+def rbf_exponent_from_products(products, x_norms, b_norms, gamma):
+    r"""Turn inner products into rbf exponents, in place.
+
+    .. math:: e_{ij} = -\gamma \max\left(0, \lVert x_i\rVert^2 + \lVert b_j\rVert^2
+                                              - 2 \langle x_i, b_j\rangle\right)
+
+    The clip at zero undoes rounding: a distance computed from norms can come out slightly
+    negative for nearly equal items.
+
+    Parameters
+    ----------
+    products : ndarray of shape (n_samples, n_basis)
+        ``X @ basis.T`` on entry, the exponents on exit.
+    x_norms : ndarray of shape (n_samples,)
+        Squared norms of the inputs.
+    b_norms : ndarray of shape (n_basis,)
+        Squared norms of the basis items.
+    gamma : float
+    """
+    for i in range(products.shape[0]):
+        for j in range(products.shape[1]):
+            distance = x_norms[i] + b_norms[j] - 2.0 * products[i, j]
+            products[i, j] = -gamma * max(distance, 0.0)
+
+
+def linear_similarities_blas(basis, X, out):
+    """:func:`linear_similarities` as one BLAS matrix product, on the calling thread's BLAS.
+
+    Parameters
+    ----------
+    basis : ndarray of shape (n_basis, n_features)
+    X : ndarray of shape (n_samples, n_features)
+    out : ndarray of shape (n_samples, n_basis)
+        Written in place.
+    """
+    np.matmul(X, basis.T, out=out)
+
+
+def rbf_similarities_blas(basis, X, gamma, out):
+    r""":func:`rbf_similarities` through one BLAS matrix product and numpy's vectorised exp.
+
+    .. math:: s(b, x) = \exp\left(-\gamma \max(0, \lVert x\rVert^2 + \lVert b\rVert^2
+                                            - 2 \langle x, b\rangle)\right)
+
+    Equal to :func:`rbf_similarities` up to the rounding of the norms (absolute error in the
+    exponent of about :math:`\gamma \epsilon (\lVert x\rVert^2 + \lVert b\rVert^2)`, which for
+    normalised inputs is a few ulps).
+
+    Parameters
+    ----------
+    basis : ndarray of shape (n_basis, n_features)
+    X : ndarray of shape (n_samples, n_features)
+    gamma : float
+    out : ndarray of shape (n_samples, n_basis)
+        Written in place.
+    """
+    # A view (a measure's block of a wider feature matrix) is computed in a contiguous buffer:
+    # matmul into a strided output copies anyway, and the exponent kernel is faster on it.
+    target = out if out.flags.c_contiguous else np.empty(out.shape)
+    np.matmul(X, basis.T, out=target)
+    x_norms = np.einsum("ij,ij->i", X, X)
+    b_norms = np.einsum("ij,ij->i", basis, basis)
+    rbf_exponent_from_products(target, x_norms, b_norms, gamma)
+    np.exp(target, out=target)
+    if target is not out:
+        out[...] = target

@@ -26,7 +26,7 @@ from service.model.artifact import (
 )
 from service.model.documents import Documents, Vocabulary
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
-from service.model.expansion import NORMALIZATIONS, expand
+from service.model.expansion import NORMALIZATIONS, expand, raw_similarities
 from service.model.input_kinds import MANIFEST_KEYS, InputKind, input_arrays, read_inputs
 from service.model.inputs import InputSpec
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
@@ -106,14 +106,40 @@ class Predictor:
             raise ArtifactIntegrityError(f"model {self.name!r} is inconsistent: {problems[0]}")
         # Derived once: the hot path needs these on every call.
         object.__setattr__(self, "_measures", measures)
-        object.__setattr__(self, "_score_weights", self._fold_projection())
+        object.__setattr__(self, "_scorer", self._build_scorer(measures))
 
-    def _fold_projection(self) -> np.ndarray:
-        """The weights applied to unprojected features, shape (M * B, K).
+    def _build_scorer(self, measures) -> _Scorer:
+        """The hot path's plan: the normalisation folded into the weights, and measures that
+        are linear in the input folded further into weights on the input."""
+        weights, intercept = self._fold_normalization()
+        n_basis = self.n_basis
+        basis = self.inputs.basis_items
+        computed, computed_rows, on_inputs = [], [], []
+        for m, measure in enumerate(measures):
+            block = weights[m * n_basis : (m + 1) * n_basis]
+            input_weights = measure.input_weights(basis, block)
+            if input_weights is None:
+                computed.append(measure)
+                computed_rows.append(block)
+            else:
+                on_inputs.append((measure, input_weights))
+        return _Scorer(
+            tuple(computed),
+            np.ascontiguousarray(np.concatenate(computed_rows)) if computed else None,
+            tuple(on_inputs),
+            intercept,
+        )
 
-        Scores are linear in the features and a Nystroem projection is linear too, so
-        ``(phi P) w = phi (P w)``: folding P into the weights once saves a B x B product per
-        instance at serving time.
+    def _fold_normalization(self) -> tuple[np.ndarray, np.ndarray]:
+        r"""Weights and intercepts applied to the raw similarities, shapes (M * B, K) and (K,).
+
+        Scores are linear in the features, and the normalisation is an affine map followed by a
+        linear projection (Nystroem), so with :math:`\varphi = ((\tilde\varphi - o) / s) P`,
+
+        .. math:: \varphi w + c = \tilde\varphi \, \mathrm{diag}(1/s) P w
+                                  + (c - (o / s) P w)
+
+        Folding once saves, per instance, a B x B product and two passes over the features.
         """
         weights = np.ascontiguousarray(self.coef.T)
         if self.feature_projection is not None:
@@ -121,7 +147,9 @@ class Predictor:
             for m, block_projection in enumerate(self.feature_projection):
                 block = slice(m * n_basis, (m + 1) * n_basis)
                 weights[block] = block_projection @ weights[block]
-        return weights
+        weights /= self.feature_scale[:, None]
+        intercept = self.intercept - self.feature_offset @ weights
+        return weights, intercept
 
     @property
     def _float_arrays(self) -> tuple[str, ...]:
@@ -312,12 +340,7 @@ class Predictor:
 
     def _scores(self, items: np.ndarray | Documents) -> np.ndarray:
         """Scores of prepared items, shape (n_samples, K): the hot path, no checks."""
-        features = expand(
-            items, self.inputs.basis_items, self._measures, self.feature_offset, self.feature_scale
-        )
-        scores = features @ self._score_weights
-        scores += self.intercept
-        return scores
+        return self._scorer(items, self.inputs.basis_items)
 
     def runs_serially(self, n_samples: int) -> bool:
         """Whether scoring ``n_samples`` inputs stays on the calling thread: every measure runs
@@ -454,6 +477,37 @@ class Predictor:
             feature_projection=arrays.get("feature_projection"),
             metadata=artifact.metadata,
         )
+
+
+@dataclass(frozen=True, eq=False)
+class _Scorer:
+    """Scores of prepared items: ``raw similarities @ weights + inputs @ input weights +
+    intercept``, with every normalisation folded in (see :meth:`Predictor._build_scorer`).
+
+    Parameters
+    ----------
+    computed : tuple of BoundSimilarity
+        The measures whose similarities are computed.
+    computed_weights : ndarray of shape (len(computed) * B, K), or None when there are none
+    on_inputs : tuple of (BoundSimilarity, ndarray of shape (d, K))
+        Measures linear in the input, with their weights on the items they read.
+    intercept : ndarray of shape (K,)
+    """
+
+    computed: tuple
+    computed_weights: np.ndarray | None
+    on_inputs: tuple
+    intercept: np.ndarray
+
+    def __call__(self, items, basis) -> np.ndarray:
+        if self.computed:
+            scores = raw_similarities(items, basis, self.computed) @ self.computed_weights
+        else:
+            scores = np.zeros((len(items), self.intercept.shape[0]))
+        for measure, input_weights in self.on_inputs:
+            scores += measure.items_of(items) @ input_weights
+        scores += self.intercept
+        return scores
 
 
 def _best_first(scores: np.ndarray, k: int) -> np.ndarray:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from service.model import documents, grid_kernels, kernels, threads
@@ -60,6 +61,10 @@ class SimilarityKind:
     ``cost`` gives the multiply-adds per feature pair as a function of the parameters.
     ``on_documents`` computes the measure on bag-of-words :class:`Documents`
     (``basis, X, *params, out, parallel``); a kind without dense drivers reads documents only.
+    ``blas_driver``, for measures that are a matrix product at heart, computes a batch on the
+    calling thread through BLAS (see :meth:`BoundSimilarity.compute` for when).
+    ``linear_in_input``: on dense items the measure is the inner product of b and x, so a linear
+    function of its similarities is one of the input (see :meth:`BoundSimilarity.input_weights`).
     """
 
     name: str
@@ -71,6 +76,8 @@ class SimilarityKind:
     cost: Callable[..., float] = _unit_cost
     positive_definite: bool = True
     on_documents: Callable[..., None] | None = None
+    blas_driver: Callable[..., None] | None = None
+    linear_in_input: bool = False
 
     @property
     def documents_only(self) -> bool:
@@ -95,6 +102,8 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             serial_driver=kernels.linear_similarities_serial,
             description="inner product b . x (documents: of their tf-idf vectors)",
             on_documents=documents.tfidf_linear,
+            blas_driver=kernels.linear_similarities_blas,
+            linear_in_input=True,
         ),
         SimilarityKind(
             name="rbf",
@@ -103,6 +112,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             serial_driver=kernels.rbf_similarities_serial,
             description="exp(-gamma ||b - x||^2) (documents: of their tf-idf vectors)",
             on_documents=documents.tfidf_rbf,
+            blas_driver=kernels.rbf_similarities_blas,
         ),
         SimilarityKind(
             name="rigid",
@@ -325,7 +335,15 @@ class SimilaritySpec:
             self.check_grid(grid_shape, n_features)
             args = (*(int(s) for s in grid_shape), *args)
         pair_work = self.work(1, 1, n_features)
-        return BoundSimilarity(self, args, pair_work, kind.serial_driver, kind.driver)
+        return BoundSimilarity(
+            self,
+            args,
+            pair_work,
+            kind.serial_driver,
+            kind.driver,
+            blas_driver=kind.blas_driver,
+            linear_in_input=kind.linear_in_input,
+        )
 
 
 @dataclass(frozen=True)
@@ -361,6 +379,11 @@ class BoundSimilarity:
     space : int or None, default=None
         For items in several transformed spaces (:class:`~service.model.spaces.Spaces`), the
         index of the one the measure reads; None for items of one space (plain arrays).
+    blas_driver : callable or None, default=None
+        ``(basis, X, *args, out)`` through BLAS on the calling thread, for measures that have
+        one (linear, rbf).
+    linear_in_input : bool, default=False
+        The similarities are ``X @ basis.T`` (dense linear).
     """
 
     spec: SimilaritySpec
@@ -369,13 +392,48 @@ class BoundSimilarity:
     serial_driver: Callable[..., None]
     driver: Callable[..., None]
     space: int | None = None
+    blas_driver: Callable[..., None] | None = None
+    linear_in_input: bool = False
+
+    def items_of(self, items):
+        """The array this measure reads from a batch (one space of several, or the batch)."""
+        return items if self.space is None else items.arrays[self.space]
+
+    def input_weights(self, basis, weights: np.ndarray) -> np.ndarray | None:
+        """For a measure linear in its input, the weights on the input that give the same
+        scores as ``weights`` on its similarities: ``compute(basis, X) @ weights ==
+        X @ input_weights(basis, weights)`` (up to rounding). None for any other measure.
+
+        Parameters
+        ----------
+        basis : ndarray of shape (n_basis, n_features), or items of several spaces
+        weights : ndarray of shape (n_basis, K)
+
+        Returns
+        -------
+        ndarray of shape (n_features, K) or None
+        """
+        if not self.linear_in_input:
+            return None
+        return np.ascontiguousarray(self.items_of(basis).T @ weights)
 
     def runs_serially(self, n_samples: int, n_basis: int) -> bool:
         """Whether :meth:`compute` of ``n_samples`` inputs against ``n_basis`` items runs on the
         calling thread (else in a parallel region, under
         :data:`service.model.threads.PARALLEL_REGION`)."""
+        return self._driver_for(n_samples, n_basis) is not self.driver
+
+    def _driver_for(self, n_samples: int, n_basis: int) -> Callable[..., None]:
+        """The driver of a call: the serial pair kernels for little work, the parallel ones
+        for much work when enough numba threads share it, else BLAS where the measure has it
+        (see :data:`service.model.threads.SIMILARITY_BLAS_MIN_SAMPLES`)."""
         work = n_samples * n_basis * self.pair_work
-        return work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
+        blas = self.blas_driver is not None and n_samples >= threads.SIMILARITY_BLAS_MIN_SAMPLES
+        if work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS:
+            return self.blas_driver if blas else self.serial_driver
+        if blas and numba.get_num_threads() < threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS:
+            return self.blas_driver
+        return self.driver
 
     def compute(
         self,
@@ -397,15 +455,15 @@ class BoundSimilarity:
         -------
         out : ndarray of shape (n_samples, n_basis)
         """
-        if self.space is not None:
-            basis, X = basis.arrays[self.space], X.arrays[self.space]
+        basis, X = self.items_of(basis), self.items_of(X)
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
-        if self.runs_serially(X.shape[0], basis.shape[0]):
-            self.serial_driver(basis, X, *self.args, out)
-        else:
+        driver = self._driver_for(X.shape[0], basis.shape[0])
+        if driver is self.driver:
             with threads.PARALLEL_REGION:
-                self.driver(basis, X, *self.args, out)
+                driver(basis, X, *self.args, out)
+        else:
+            driver(basis, X, *self.args, out)
         return out
 
 

@@ -41,6 +41,15 @@ FASTMATH = {"reassoc", "contract"}
 # rigid(1) (cost 9): one item. Counted in arithmetic because these kernels are compute-bound.
 SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
 
+# Batches of at least this many inputs go through a measure's BLAS driver (linear and rbf as
+# one matrix product, see service.model.kernels) rather than the serial pair kernels; below it
+# numpy's per-call overheads cost more than the product saves. Work above the parallel threshold
+# still runs in numba's parallel drivers when at least SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
+# numba threads share it: BLAS on one thread is about twice as fast as a pair kernel thread
+# (rbf, 980 bases, 64 features: 3.7 against 7.1 ms per 1,000 inputs), so two threads only tie.
+SIMILARITY_BLAS_MIN_SAMPLES = 16
+SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
+
 # The multiply-adds one document pair counts for in that choice: the row kernels' fixed cost per
 # basis item plus a few shared words, each costing a log-Gamma (about ten multiply-adds).
 DOCUMENT_PAIR_MULTIPLY_ADDS = 32

@@ -13,8 +13,9 @@ from service.model.threads import SEARCH_PARALLEL_MIN_ENTRIES
 
 
 def compile_kernels() -> list[str]:
-    """Call every similarity driver, serial and parallel, on inputs of the predictor's dtypes
-    (dense arrays, and bag-of-words documents for the measures that read them)."""
+    """Call every similarity driver (serial, parallel, and BLAS where a measure has one) on
+    inputs of the predictor's dtypes (dense arrays, and bag-of-words documents for the measures
+    that read them)."""
     rng = np.random.default_rng(0)
     basis, X = rng.normal(size=(3, 4)), rng.normal(size=(2, 4))
     counts = canonical_counts(sp.csr_matrix(rng.integers(0, 3, size=(5, 4)).astype(float)))
@@ -35,7 +36,8 @@ def compile_kernels() -> list[str]:
         # grid dimensions (a 2 x 2 grid of one-number cells here), floats otherwise.
         if kind.needs_grid:
             args = [2, 2, 1, *args]
-        for driver in (kind.driver, kind.serial_driver):
+        drivers = (kind.driver, kind.serial_driver, kind.blas_driver)
+        for driver in filter(None, drivers):
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
         names.append(kind.name)

@@ -15,8 +15,12 @@ def rng():
 SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 4), (13, 9, 64), (40, 25, 17)]
 
 
-LINEAR = [kernels.linear_similarities, kernels.linear_similarities_serial]
-RBF = [kernels.rbf_similarities, kernels.rbf_similarities_serial]
+LINEAR = [
+    kernels.linear_similarities,
+    kernels.linear_similarities_serial,
+    kernels.linear_similarities_blas,
+]
+RBF = [kernels.rbf_similarities, kernels.rbf_similarities_serial, kernels.rbf_similarities_blas]
 
 
 @pytest.mark.parametrize("driver", LINEAR)
@@ -62,3 +66,16 @@ def test_accumulation_is_float64_on_large_values():
     b = np.array([1e8, 1.0, -1e8])
     x = np.array([1.0, 1.0, 1.0])
     assert kernels.linear_pair(b, x) == 1.0
+
+
+def test_rbf_through_blas_is_near_one_on_an_item_itself_and_never_above():
+    # Distances from norms and products round (here by about 1e-8 on norms of 6e7); the clip at
+    # zero keeps them from going negative, which would give similarities above 1.
+    rng = np.random.default_rng(3)
+    basis = rng.normal(size=(30, 64)) * 1e3
+    X = np.vstack([basis, basis + 1e-9])
+    out = np.empty((60, 30))
+    kernels.rbf_similarities_blas(basis, X, 1e-6, out)
+    assert (out <= 1.0).all()
+    np.testing.assert_allclose(np.diag(out[:30]), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out, rbf_kernel(X, basis, gamma=1e-6), rtol=1e-8, atol=1e-14)

@@ -4,6 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import SVC, LinearSVC
 
@@ -259,3 +260,27 @@ def test_the_input_kind_checks_its_own_arrays(digits_fit):
     ):
         with pytest.raises(ArtifactIntegrityError, match=message):
             dataclasses.replace(digits_fit.predictor, inputs=dataclasses.replace(inputs, **wrong))
+
+
+@pytest.fixture(scope="module")
+def linear_rbf_fit(digits):
+    config = FitConfig(similarities="linear + rbf(gamma=0.5)", basis_per_class=6)
+    return fit_besvm(digits, config, name="linear-rbf", diagnostics=False)
+
+
+@pytest.mark.parametrize("n", [1, 16, 359])
+def test_scores_of_a_linear_and_an_rbf_measure_equal_the_formula(linear_rbf_fit, digits, n):
+    # The predictor folds the normalisation into its weights, and the linear measure further
+    # into weights on the input, and picks a driver by batch size (pair kernels, BLAS, parallel);
+    # the reference computes every feature with numpy and scikit-learn and applies the weights.
+    predictor = linear_rbf_fit.predictor
+    X = digits.X_test[:n]
+    inputs, basis = predictor.normalized_inputs(X), predictor.inputs.basis_items
+    raw = np.hstack([inputs @ basis.T, rbf_kernel(inputs, basis, gamma=0.5)])
+    features = (raw - predictor.feature_offset) / predictor.feature_scale
+    if predictor.feature_projection is not None:
+        b, projection = predictor.n_basis, predictor.feature_projection
+        blocks = [features[:, m * b : (m + 1) * b] @ p for m, p in enumerate(projection)]
+        features = np.hstack(blocks)
+    expected = features @ predictor.coef.T + predictor.intercept
+    np.testing.assert_allclose(predictor.decision_function(X), expected, rtol=1e-9, atol=1e-9)

@@ -76,16 +76,31 @@ def test_spec_compute_dispatches_to_the_right_kernel():
     )
 
 
-@pytest.mark.parametrize("n", [1, 3, 400])
-def test_small_and_large_batches_give_the_same_similarities(n):
-    # Small batches run on the serial driver, large ones on the parallel driver.
-    from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
+@pytest.mark.parametrize("numba_threads", [1, None])
+@pytest.mark.parametrize("n", [1, 3, 16, 400])
+def test_small_and_large_batches_give_the_same_similarities(n, numba_threads):
+    # Small batches run on the serial driver, from 16 items on BLAS, and large ones on the
+    # parallel driver when enough numba threads share them.
+    from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS, limit_threads
 
     rng = np.random.default_rng(n)
     X, basis = rng.normal(size=(n, 64)), rng.normal(size=(20, 64))
     spec = parse_spec("rbf(0.1)")
     assert (n * 20 * 64 >= SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS) == (n == 400)
-    np.testing.assert_allclose(spec.compute(basis, X), rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)
+    with limit_threads(numba_threads=numba_threads):
+        similarities = spec.compute(basis, X)
+    np.testing.assert_allclose(similarities, rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)
+
+
+def test_large_batches_stay_on_the_calling_thread_where_blas_beats_the_parallel_threads():
+    from service.model.threads import limit_threads
+
+    rbf, rigid = parse_spec("rbf(0.1)").bind(64), parse_spec("rigid(1)").bind(64, (8, 8, 1))
+    with limit_threads(numba_threads=1):
+        assert rbf.runs_serially(4000, 100)
+        assert not rigid.runs_serially(4000, 100)
+        assert rbf.runs_serially(1, 100)
+        assert rigid.runs_serially(1, 100)
 
 
 def test_grid_measures_need_a_grid_that_fits_the_items():

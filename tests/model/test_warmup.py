@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from numba.core.dispatcher import Dispatcher
 
-from service.model import search_kernels, sparse_kernels
+from service.model import kernels, search_kernels, sparse_kernels
 from service.model.similarity import SIMILARITY_KINDS
+from service.model.threads import SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,6 +50,7 @@ with event.install_recorder("numba:compile") as recorder:
     from service.model.threads import (
         DOCUMENT_PAIR_MULTIPLY_ADDS,
         SEARCH_PARALLEL_MIN_ENTRIES,
+        SIMILARITY_BLAS_MIN_SAMPLES,
         SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
     )
 
@@ -98,7 +100,8 @@ with event.install_recorder("numba:compile") as recorder:
         ):
             if not applies:
                 continue
-            for n in (1, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // (4 * pair_work)) + 1):
+            parallel = int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // (4 * pair_work)) + 1
+            for n in (1, SIMILARITY_BLAS_MIN_SAMPLES, parallel):
                 spec.compute(make(4), make(n), None, grid_shape)
                 spec.compute(make(4), make(n), np.empty((n, 8))[:, 4:], grid_shape)
 
@@ -141,6 +144,10 @@ def serve_from_a_warmed_cache(
     warmed = subprocess.run(warm_up, check=False, **run)
     assert warmed.returncode == 0, warmed.stderr
     payload = json.dumps({"models": [str(m) for m in models], "scratch": str(scratch)})
+    # Enough numba threads that large batches take the parallel drivers, as on a bigger machine
+    # (below SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS threads linear and rbf stay on BLAS).
+    threads = max(SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS, os.cpu_count() or 1)
+    run["env"] = {**env, "NUMBA_NUM_THREADS": str(threads)}
     served = subprocess.run([sys.executable, "-c", SERVE, payload], check=False, **run)
     assert served.returncode == 0, served.stderr
     return json.loads(served.stdout.strip().splitlines()[-1])
@@ -164,6 +171,7 @@ def serving_drivers() -> list[str]:
         for name, obj in vars(sparse_kernels).items()
         if isinstance(obj, Dispatcher) and name.endswith(("_similarities", "_similarities_serial"))
     ]
+    names += [_name(kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
     names += [_name(search_kernels.search_top_k_serial)]
     names += [_name(search_kernels.search_top_k_parallel)]
     return names
