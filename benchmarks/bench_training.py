@@ -10,7 +10,13 @@ as a multiple of the expanded feature matrix.
 Data: ``make_classification``, ``--n`` items of ``--dim`` features in ``--classes`` classes,
 ``--basis`` basis items per class (feature matrix n x classes * basis, float64).
 
-Run: ``.venv/bin/python benchmarks/bench_training.py [--n 20000 --basis 50]``.
+``--jobs 1,2,4,8,16`` times the trainer at each of those ``n_jobs`` (default ``1,-1``), for
+measuring how training scales with cores on a bigger machine. ``--selection`` times
+:func:`training.selection.select` on digits instead (every stage, no time budget) at each
+``n_jobs``: the fold fits of its candidates are what runs side by side there.
+
+Run: ``.venv/bin/python benchmarks/bench_training.py [--n 20000 --basis 50] [--jobs 1,-1]
+[--selection]``.
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
     from service.model import BasisExpansion, InputNormalizer
     from training import BasisExpandingSVC
 
+    if method.startswith("selection"):
+        return _run_selection(int(method.split("=")[1]))
     X, y = _data(n, dim, classes)
     # Compile the kernels and load every library before the memory baseline is read.
     BasisExpandingSVC(basis_per_class=2, n_jobs=1).fit(X[:200], y[:200])
@@ -82,6 +90,23 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
     }
 
 
+def _run_selection(n_jobs: int) -> dict:
+    from training.datasets import load_digits_dataset
+    from training.selection import select
+
+    dataset = load_digits_dataset()
+    select(dataset, budget_s=1e9, n_jobs=1, progress=False, max_items=150)  # compile first
+    started = time.perf_counter()
+    selection = select(dataset, budget_s=1e9, n_jobs=n_jobs, progress=False)
+    return {
+        "method": f"selection n_jobs={n_jobs}",
+        "seconds": time.perf_counter() - started,
+        "train_accuracy": selection.path[-1]["cv_accuracy"],
+        "added_bytes": 0,
+        "feature_bytes": 1,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
@@ -89,13 +114,16 @@ def main() -> None:
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--basis", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jobs", default="1,-1", help="n_jobs values to time, comma-separated")
+    parser.add_argument("--selection", action="store_true", help="time the selection on digits")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a child process: run this method
     args = parser.parse_args()
     shape = [str(args.n), str(args.dim), str(args.classes), str(args.basis)]
     if args.one:
         print(json.dumps(_run_one(args.one, args.n, args.dim, args.classes, args.basis)))
         return
-    methods = ["one LinearSVC", "n_jobs=1", "n_jobs=-1"]
+    jobs = [f"n_jobs={j}" for j in args.jobs.split(",")]
+    methods = [f"selection {j}" for j in jobs] if args.selection else ["one LinearSVC", *jobs]
     runs: dict[str, list[dict]] = {m: [] for m in methods}
     for _ in range(args.repeats):
         for method in methods:  # interleaved, so that noise falls on every method alike
@@ -104,10 +132,13 @@ def main() -> None:
             output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs[method].append(json.loads(output.strip().splitlines()[-1]))
     feature_mb = runs[methods[0]][0]["feature_bytes"] / 2**20
-    print(
-        f"n={args.n} d={args.dim} classes={args.classes} basis/class={args.basis}: features "
-        f"{feature_mb:.0f} MiB; median of {args.repeats}"
-    )
+    if args.selection:
+        print(f"selection on digits, every stage (no budget); median of {args.repeats}")
+    else:
+        print(
+            f"n={args.n} d={args.dim} classes={args.classes} basis/class={args.basis}: features "
+            f"{feature_mb:.0f} MiB; median of {args.repeats}"
+        )
     base = statistics.median(r["seconds"] for r in runs[methods[0]])
     print(f"{'method':<15} {'train s':>8} {'vs base':>8} {'peak added':>11} {'train acc':>9}")
     for method in methods:
