@@ -46,7 +46,8 @@ SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
 # numpy's per-call overheads cost more than the product saves. Work above the parallel threshold
 # still runs in numba's parallel drivers when at least SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
 # numba threads share it: BLAS on one thread is about twice as fast as a pair kernel thread
-# (rbf, 980 bases, 64 features: 3.7 against 7.1 ms per 1,000 inputs), so two threads only tie.
+# (rbf, 1,000 bases of 64 features, 1,000 inputs: 2.8 against 7.0 ms, benchmarks/bench_classify.py),
+# so two threads only tie.
 SIMILARITY_BLAS_MIN_SAMPLES = 16
 SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
 
