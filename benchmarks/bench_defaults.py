@@ -69,6 +69,7 @@ SMALL_SVC_GRID = {
     "svc__gamma": ["scale", 1e-2, 1e-1],
 }
 BATCH = 1000
+MODELS = {"default": "default (auto)", "svc": "tuned SVC(RBF)", "linear": "LinearSVC"}
 
 
 def _vectors(name: str, X, y, seed: int, test_size: float = 0.25) -> Dataset:
@@ -187,7 +188,10 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
             f"gamma {best['svc__gamma']}"
         )
     if hasattr(estimator[-1], "support_vectors_"):
-        note += f", {estimator[-1].support_vectors_.shape[0]} SVs"
+        svc = estimator[-1]
+        if not note:
+            note = f"fixed C {svc.C:g}, gamma {svc.gamma}"
+        note += f", {svc.support_vectors_.shape[0]} SVs"
     return {
         "accuracy": accuracy,
         "seconds": seconds,
@@ -247,6 +251,9 @@ def main() -> None:
         help="one SVC(RBF) with these parameters on the raw inputs instead of the grid search",
     )
     args = parser.parse_args()
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"--models: unknown {', '.join(sorted(unknown))}; known: {', '.join(MODELS)}")
     grid = SVC_GRID if args.svc_grid == "full" else SMALL_SVC_GRID
 
     rows: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -258,12 +265,11 @@ def main() -> None:
             ),
             "LinearSVC": lambda d=dataset: _sklearn(d, lambda: _linear_svc(d), args),
         }
-        if args.svc_fixed:
+        if args.svc_fixed:  # in the "tuned SVC(RBF)" slot; its note names the parameters
             runs["tuned SVC(RBF)"] = lambda d=dataset: _sklearn(
                 d, lambda: _fixed_svc(d, args.svc_fixed), args
             )
-        wanted = {"default": "default (auto)", "svc": "tuned SVC(RBF)", "linear": "LinearSVC"}
-        chosen = {wanted[name] for name in args.models.split(",")}
+        chosen = {MODELS[name] for name in args.models.split(",")}
         if args.no_tuned_svc:
             chosen.discard("tuned SVC(RBF)")
         runs = {model: run for model, run in runs.items() if model in chosen}

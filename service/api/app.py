@@ -76,8 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         registry = ModelRegistry(repository_of(settings), settings.default_model, metrics)
         plane = app.state.dataplane = DataPlane(registry, settings, metrics)
-        # The server owns its threads: numba's parallel kernels use the cores, so BLAS (used for
-        # the small final matrix product) stays single-threaded instead of fighting them.
+        # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
+        # final matrix product, and linear/rbf similarities of batches) stays single-threaded
+        # instead of fighting them; that is also what makes a BLAS similarity call serial.
         with limit_threads(blas_threads=1):
             await registry.sync()
             # What is loaded now lives as long as the process: keep it out of the collector's

@@ -3,7 +3,9 @@
 The hot path is plain numpy and numba on the stored arrays: the model's input kind turns the
 client's payload into items (dense inputs: transform, e.g. HOG, then normalise; documents: sparse
 word counts, from raw text through the stored vocabulary), the bound measures compare them with
-the basis, the features are normalised, then one matrix product with the one-vs-rest weights.
+the basis, and one matrix product of the raw similarities with weights that have the
+normalisation folded in gives the one-vs-rest scores (measures linear in the input, dense
+``linear``, are folded further into weights on the input and never computed).
 Everything that depends only on the model (which input kind, which drivers, the grid, the folded
 weights) is settled once when the predictor is built or loaded; see
 :mod:`service.model.input_kinds`. scikit-learn is not involved at serving time (its per-call
@@ -141,7 +143,7 @@ class Predictor:
 
         Folding once saves, per instance, a B x B product and two passes over the features.
         """
-        weights = np.ascontiguousarray(self.coef.T)
+        weights = np.array(self.coef.T, order="C")  # a copy: divided in place below
         if self.feature_projection is not None:
             n_basis = self.n_basis
             for m, block_projection in enumerate(self.feature_projection):
@@ -343,11 +345,13 @@ class Predictor:
         return self._scorer(items, self.inputs.basis_items)
 
     def runs_serially(self, n_samples: int) -> bool:
-        """Whether scoring ``n_samples`` inputs stays on the calling thread: every measure runs
-        its serial driver (no parallel region, so no wait for
-        :data:`service.model.threads.PARALLEL_REGION`)."""
+        """Whether scoring ``n_samples`` inputs is light work on the calling thread: every
+        measure whose similarities are computed is light (see
+        :meth:`~service.model.similarity.BoundSimilarity.runs_serially`: no parallel region, so
+        no wait for :data:`service.model.threads.PARALLEL_REGION`). Measures folded into
+        weights on the input cost one small product and always count as light."""
         n_basis = self.n_basis
-        return all(measure.runs_serially(n_samples, n_basis) for measure in self._measures)
+        return all(measure.runs_serially(n_samples, n_basis) for measure in self._scorer.computed)
 
     def predict(self, X) -> np.ndarray:
         """Predicted class labels, shape (n_samples,)."""

@@ -362,8 +362,9 @@ class BoundSimilarity:
     """A measure bound once to the items it compares (see :meth:`SimilaritySpec.bind`).
 
     Everything that does not depend on the call is settled here: the measure applies to the
-    items, the grid fits, the driver and its arguments are resolved. :meth:`compute` only picks
-    the serial or the parallel driver by the size of the call.
+    items, the grid fits, the drivers and their arguments are resolved. :meth:`compute` only
+    picks the serial, BLAS or parallel driver by the size of the call and the numba threads
+    (:meth:`driver_for`).
 
     Parameters
     ----------
@@ -418,18 +419,23 @@ class BoundSimilarity:
         return np.ascontiguousarray(self.items_of(basis).T @ weights)
 
     def runs_serially(self, n_samples: int, n_basis: int) -> bool:
-        """Whether :meth:`compute` of ``n_samples`` inputs against ``n_basis`` items runs on the
-        calling thread (else in a parallel region, under
-        :data:`service.model.threads.PARALLEL_REGION`)."""
-        return self._driver_for(n_samples, n_basis) is not self.driver
-
-    def _driver_for(self, n_samples: int, n_basis: int) -> Callable[..., None]:
-        """The driver of a call: the serial pair kernels for little work, the parallel ones
-        for much work when enough numba threads share it, else BLAS where the measure has it
-        (see :data:`service.model.threads.SIMILARITY_BLAS_MIN_SAMPLES`)."""
+        """Whether :meth:`compute` of ``n_samples`` inputs against ``n_basis`` items is light
+        work on the calling thread: under
+        :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS`, it never enters a
+        parallel region (no wait for :data:`service.model.threads.PARALLEL_REGION`). Heavier
+        work may still run on one thread (:meth:`driver_for`), but callers that schedule work
+        (the service's data plane) should treat it as heavy."""
         work = n_samples * n_basis * self.pair_work
+        return work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
+
+    def driver_for(self, n_samples: int, n_basis: int) -> Callable[..., None]:
+        """The driver of a call: BLAS where the measure has it for batches of at least
+        :data:`service.model.threads.SIMILARITY_BLAS_MIN_SAMPLES`, unless the work is heavy
+        and at least :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS`
+        numba threads share it (then the parallel pair kernels); else the serial pair kernels
+        for light work and the parallel ones for heavy work."""
         blas = self.blas_driver is not None and n_samples >= threads.SIMILARITY_BLAS_MIN_SAMPLES
-        if work < threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS:
+        if self.runs_serially(n_samples, n_basis):
             return self.blas_driver if blas else self.serial_driver
         if blas and numba.get_num_threads() < threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS:
             return self.blas_driver
@@ -458,7 +464,7 @@ class BoundSimilarity:
         basis, X = self.items_of(basis), self.items_of(X)
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
-        driver = self._driver_for(X.shape[0], basis.shape[0])
+        driver = self.driver_for(X.shape[0], basis.shape[0])
         if driver is self.driver:
             with threads.PARALLEL_REGION:
                 driver(basis, X, *self.args, out)

@@ -12,7 +12,7 @@ import pytest
 from service.api import Settings
 from service.api.dataplane import DataPlane, Placement
 from service.api.registry import ModelRegistry, Repository
-from service.model import InvalidInputError, threads
+from service.model import InvalidInputError
 from service.model.search import SearchQuery
 
 
@@ -26,11 +26,7 @@ def _compute_threads() -> int:
     return sum(t.name.startswith("besvm-compute") for t in threading.enumerate())
 
 
-def test_small_serial_work_goes_inline_once_its_cost_is_known(
-    search_model_dir, digits, monkeypatch
-):
-    # Large rbf batches take numba's parallel drivers (not BLAS) even on 2 cores.
-    monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
+def test_small_serial_work_goes_inline_once_its_cost_is_known(search_model_dir, digits):
     image = digits.X_test[0].reshape(8, 8).tolist()
 
     async def scenario():

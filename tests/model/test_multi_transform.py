@@ -146,6 +146,33 @@ def test_decision_function_equals_a_reference_built_by_hand(mixed, digits):
     )
 
 
+def test_a_linear_measure_on_a_second_space_folds_into_weights_on_that_space(digits):
+    # The linear measure reads the HOG space: the predictor never computes its similarities,
+    # it applies weights to the HOG items of the batch; the reference computes them.
+    X_train = digits.X_train[:600]
+    model = BasisExpandingSVC(
+        similarity="pixels: rbf(gamma=0.5) + hog(4): linear",
+        basis_per_class=5,
+        normalization="besvm",
+        input_shape="grid(8, 8, 1)",
+        n_jobs=1,
+    ).fit(X_train, digits.y_train[:600])
+    predictor = model.predictor_
+    X = digits.X_test[:40]
+    hog = parse_transform("hog(4)")
+    indices = model.expansion_.basis_indices_
+    H_train = hog.apply(X_train, predictor.input_spec)
+    hog_basis = _normalised(H_train[indices], H_train)
+    hog_X = _normalised(hog.apply(X, predictor.input_spec), H_train)
+    pixel_basis = _normalised(X_train[indices], X_train)
+    pixel_X = _normalised(X, X_train)
+    rbf_block = np.exp(-0.5 * ((pixel_X[:, None, :] - pixel_basis[None, :, :]) ** 2).sum(axis=2))
+    raw = np.hstack([rbf_block, hog_X @ hog_basis.T])
+    features = (raw - predictor.feature_offset) / predictor.feature_scale
+    expected = features @ predictor.coef.T + predictor.intercept
+    np.testing.assert_allclose(predictor.decision_function(X), expected, rtol=1e-9, atol=1e-9)
+
+
 def test_a_model_over_one_other_transform_named_in_its_terms_is_one_space(digits):
     images = digits.X_train[:300].reshape(-1, 8, 8)
     prefixed = BasisExpandingSVC(similarity="hog(4): rbf", basis_per_class=3, n_jobs=1)

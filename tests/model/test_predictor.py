@@ -16,6 +16,7 @@ from service.model import (
     InvalidInputError,
     Predictor,
     parse_specs,
+    threads,
 )
 from service.model.input_kinds import DenseInputs
 from service.model.transforms import InputTransform
@@ -262,25 +263,50 @@ def test_the_input_kind_checks_its_own_arrays(digits_fit):
             dataclasses.replace(digits_fit.predictor, inputs=dataclasses.replace(inputs, **wrong))
 
 
-@pytest.fixture(scope="module")
-def linear_rbf_fit(digits):
-    config = FitConfig(similarities="linear + rbf(gamma=0.5)", basis_per_class=6)
+@pytest.fixture(scope="module", params=["auto", "besvm", "zscore"])
+def linear_rbf_fit(digits, request):
+    config = FitConfig(
+        similarities="linear + rbf(gamma=0.5)", basis_per_class=6, normalization=request.param
+    )
     return fit_besvm(digits, config, name="linear-rbf", diagnostics=False)
 
 
-@pytest.mark.parametrize("n", [1, 16, 359])
-def test_scores_of_a_linear_and_an_rbf_measure_equal_the_formula(linear_rbf_fit, digits, n):
-    # The predictor folds the normalisation into its weights, and the linear measure further
-    # into weights on the input, and picks a driver by batch size (pair kernels, BLAS, parallel);
-    # the reference computes every feature with numpy and scikit-learn and applies the weights.
-    predictor = linear_rbf_fit.predictor
-    X = digits.X_test[:n]
+def _scores_by_formula(predictor, X, measures):
+    """Scores computed with numpy and scikit-learn from the stored arrays: each measure's
+    similarities to the basis, normalised, projected (Nystroem), then the class weights."""
     inputs, basis = predictor.normalized_inputs(X), predictor.inputs.basis_items
-    raw = np.hstack([inputs @ basis.T, rbf_kernel(inputs, basis, gamma=0.5)])
+    raw = np.hstack([measure(inputs, basis) for measure in measures])
     features = (raw - predictor.feature_offset) / predictor.feature_scale
     if predictor.feature_projection is not None:
         b, projection = predictor.n_basis, predictor.feature_projection
         blocks = [features[:, m * b : (m + 1) * b] @ p for m, p in enumerate(projection)]
         features = np.hstack(blocks)
-    expected = features @ predictor.coef.T + predictor.intercept
+    return features @ predictor.coef.T + predictor.intercept
+
+
+def _linear(X, basis):
+    return X @ basis.T
+
+
+@pytest.mark.parametrize(("n", "parallel"), [(1, False), (16, False), (359, False), (359, True)])
+def test_scores_of_a_linear_and_an_rbf_measure_equal_the_formula(
+    linear_rbf_fit, digits, n, parallel, monkeypatch
+):
+    # The predictor folds the normalisation into its weights (affine for besvm and zscore,
+    # a projection for auto's nystroem), and the linear measure further into weights on the
+    # input, and picks a driver by batch size: pair kernels, BLAS, or (forced here) parallel.
+    if parallel:
+        monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
+    predictor = linear_rbf_fit.predictor
+    X = digits.X_test[:n]
+    expected = _scores_by_formula(predictor, X, [_linear, lambda a, b: rbf_kernel(a, b, gamma=0.5)])
     np.testing.assert_allclose(predictor.decision_function(X), expected, rtol=1e-9, atol=1e-9)
+
+
+def test_a_model_of_linear_measures_only_scores_without_computing_similarities(digits):
+    config = FitConfig(similarities="linear", basis_per_class=6, normalization="besvm")
+    predictor = fit_besvm(digits, config, name="linear", diagnostics=False).predictor
+    X = digits.X_test[:40]
+    expected = _scores_by_formula(predictor, X, [_linear])
+    np.testing.assert_allclose(predictor.decision_function(X), expected, rtol=1e-9, atol=1e-9)
+    assert predictor.runs_serially(100_000)  # one small product on the input, whatever the batch

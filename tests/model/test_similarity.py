@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics.pairwise import rbf_kernel
 
-from service.model import SpecError, parse_spec, parse_specs
+from service.model import SpecError, kernels, parse_spec, parse_specs, threads
 from service.model.similarity import format_spec, split_specs
 
 
@@ -76,31 +76,47 @@ def test_spec_compute_dispatches_to_the_right_kernel():
     )
 
 
-@pytest.mark.parametrize("numba_threads", [1, None])
-@pytest.mark.parametrize("n", [1, 3, 16, 400])
-def test_small_and_large_batches_give_the_same_similarities(n, numba_threads):
+@pytest.mark.parametrize(
+    ("n", "driver"),
+    [
+        (1, kernels.rbf_similarities_serial),
+        (3, kernels.rbf_similarities_serial),
+        (16, kernels.rbf_similarities_blas),
+        (400, kernels.rbf_similarities_blas),
+        (400, kernels.rbf_similarities),
+    ],
+)
+def test_every_driver_gives_the_same_similarities(n, driver, monkeypatch):
     # Small batches run on the serial driver, from 16 items on BLAS, and large ones on the
-    # parallel driver when enough numba threads share them.
-    from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS, limit_threads
+    # parallel driver when enough numba threads share them (here: as soon as one does).
+    from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 
+    if driver is kernels.rbf_similarities:
+        monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
     rng = np.random.default_rng(n)
     X, basis = rng.normal(size=(n, 64)), rng.normal(size=(20, 64))
     spec = parse_spec("rbf(0.1)")
     assert (n * 20 * 64 >= SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS) == (n == 400)
-    with limit_threads(numba_threads=numba_threads):
+    with threads.limit_threads(numba_threads=1):
+        assert spec.bind(64).driver_for(n, 20) is driver
         similarities = spec.compute(basis, X)
     np.testing.assert_allclose(similarities, rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)
 
 
-def test_large_batches_stay_on_the_calling_thread_where_blas_beats_the_parallel_threads():
-    from service.model.threads import limit_threads
-
+def test_heavy_work_is_heavy_whichever_driver_computes_it(monkeypatch):
+    # The data plane sends heavy work to its one compute thread: BLAS on one thread must not
+    # make a 4,000-item batch look light, nor may a measure without BLAS drivers take one.
     rbf, rigid = parse_spec("rbf(0.1)").bind(64), parse_spec("rigid(1)").bind(64, (8, 8, 1))
-    with limit_threads(numba_threads=1):
-        assert rbf.runs_serially(4000, 100)
+    with threads.limit_threads(numba_threads=1):
+        assert rbf.driver_for(4000, 100) is kernels.rbf_similarities_blas
+        assert not rbf.runs_serially(4000, 100)
+        assert rigid.driver_for(4000, 100) is rigid.driver
         assert not rigid.runs_serially(4000, 100)
         assert rbf.runs_serially(1, 100)
-        assert rigid.runs_serially(1, 100)
+        assert rigid.driver_for(1, 100) is rigid.serial_driver
+    monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
+    with threads.limit_threads(numba_threads=1):
+        assert rbf.driver_for(4000, 100) is kernels.rbf_similarities
 
 
 def test_grid_measures_need_a_grid_that_fits_the_items():
