@@ -39,7 +39,7 @@ define lock
 endef
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-text bench-search report report-fortunes report-fortunes-search clean
+.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search report report-fortunes report-fortunes-search clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
@@ -89,6 +89,9 @@ bench-http: train  ## /classify over HTTP against a bare FastAPI endpoint at con
 
 bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets (docs/model-selection.md)
 	$(BIN)/python benchmarks/bench_defaults.py
+
+bench-defaults-all: setup  ## every set of issue 14 in one table (most of an hour on 2 cores)
+	$(BIN)/python benchmarks/bench_defaults.py --all
 
 bench-text: setup  ## the sensing-kernel and text /classify benchmark (needs the fortunes packages)
 	$(BIN)/python benchmarks/bench_sensing.py
