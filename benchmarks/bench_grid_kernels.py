@@ -1,13 +1,17 @@
 """Cost of the grid similarity kernels against linear and rbf on real digits, in the same run.
 
     .venv/bin/python benchmarks/bench_grid_kernels.py [--repeats 30] [--basis 250]
-        [--inputs 1000] [--hog]
+        [--inputs 1000] [--hog] [--hog-transform]
 
 Inputs are the digits (8 x 8 x 1), normalised as the models do (centred, divided by the mean
 norm of the centred rows); the basis is their first ``--basis`` rows, the inputs the first
 ``--inputs``. Prints the median time of one call of each driver, parallel and serial, and its
 ratio to the linear driver of the same kind. With ``--hog`` it also times random 4 x 4 x 9
 grids, the shape of HOG cells. Each driver is called once, compiling it, before it is timed.
+With ``--hog-transform`` it also times the ``hog(2, 9)`` and ``hog(4, 9)`` transforms of the
+``--inputs`` raw digits (8 x 8 pixels): scikit-image's ``hog`` called image by image (what the
+transform did before, the baseline) against the compiled serial driver, one thread each, with
+their ratio.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import argparse
 import numpy as np
 from sklearn.datasets import load_digits
 
-from service.model import grid_kernels, kernels
+from service.model import grid_kernels, hog_kernels, kernels
+from service.model.threads import limit_threads
 from training.evaluate import median_seconds
 
 
@@ -70,12 +75,45 @@ def _report(title: str, basis: np.ndarray, X: np.ndarray, shape, repeats: int) -
         )
 
 
+def _report_hog_transform(X: np.ndarray, repeats: int, cell: int = 2, n_bins: int = 9) -> None:
+    """scikit-image's HOG image by image against the compiled serial driver, one thread each."""
+    from skimage.feature import hog
+
+    def loop() -> np.ndarray:
+        return np.array(
+            [
+                hog(
+                    image.reshape(8, 8),
+                    orientations=n_bins,
+                    pixels_per_cell=(cell, cell),
+                    cells_per_block=(1, 1),
+                    block_norm="L2-Hys",
+                    feature_vector=False,
+                ).ravel()
+                for image in X
+            ]
+        )
+
+    out = np.empty((X.shape[0], (8 // cell) ** 2 * n_bins))
+    with limit_threads(numba_threads=1, blas_threads=1):
+        hog_kernels.hog_cells_serial(X, 8, 8, 1, cell, n_bins, out)
+        assert np.array_equal(out, loop())
+        baseline = median_seconds(loop, max(3, repeats // 10))
+        driver = median_seconds(
+            lambda: hog_kernels.hog_cells_serial(X, 8, 8, 1, cell, n_bins, out), repeats
+        )
+    print(f"hog({cell}, {n_bins}) transform of {X.shape[0]} digits 8 x 8, one thread")
+    print(f"{'scikit-image loop ms':>22} {'compiled ms':>12} {'speed-up':>9}")
+    print(f"{1e3 * baseline:>22.2f} {1e3 * driver:>12.3f} {baseline / driver:>9.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per driver")
     parser.add_argument("--basis", type=int, default=250, help="basis items")
     parser.add_argument("--inputs", type=int, default=1000, help="inputs per call")
     parser.add_argument("--hog", action="store_true", help="also time 4 x 4 x 9 grids")
+    parser.add_argument("--hog-transform", action="store_true", help="also time the HOG transform")
     args = parser.parse_args()
 
     digits = _normalised_digits()
@@ -86,6 +124,11 @@ def main() -> None:
         hog = rng.normal(size=(max(args.basis, args.inputs), 4 * 4 * 9))
         print()
         _report("random 4 x 4 x 9", hog[: args.basis], hog[: args.inputs], (4, 4, 9), args.repeats)
+    if args.hog_transform:
+        print()
+        raw = np.ascontiguousarray(load_digits().data[: args.inputs], dtype=np.float64)
+        for cell in (2, 4):
+            _report_hog_transform(raw, args.repeats, cell)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,14 @@ SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
 # basis item plus a few shared words, each costing a log-Gamma (about ten multiply-adds).
 DOCUMENT_PAIR_MULTIPLY_ADDS = 32
 
+# The HOG transform (service.model.hog_kernels, BoundTransform.apply): below this many pixel
+# values (n_samples * height * width * channels) a batch runs on the calling thread. The kernels
+# cost about 55 ns a grey pixel (one atan2 and one hypot; colour adds a hypot per channel):
+# 3.4 us an 8 x 8 digit, so this is 32 digits, about 110 us, where a parallel region's start (tens
+# of microseconds idle, far more when another process holds a core) is small beside the work.
+# Measured on 2 idle cores, parallel over serial: 1.8x from 4 digits up.
+HOG_PARALLEL_MIN_VALUES = 2_048
+
 # The /search kernel (search_top_k): at or above this many catalogue entries read
 # (max(nnz, 1) * N, float32 each) a search runs in parallel, else on the calling thread. Counted
 # in entries read, not arithmetic, because the search is bound by memory bandwidth (one

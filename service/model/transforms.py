@@ -7,15 +7,19 @@ pixels) and never compute features themselves. Written like similarity measures:
 - ``pixels``: an image as a grid of pixel cells, 1 (grey) or 3 (colour) numbers per cell;
 - ``hog(cell_size, orientations)``: an image as a grid of HOG cells, ``orientations`` gradient
   histogram bins per ``cell_size x cell_size`` pixel cell, each cell L2-Hys normalised on its
-  own (scikit-image's HOG with one-cell blocks), so grid similarities can shift whole cells.
+  own (scikit-image's HOG with one-cell blocks, computed by :mod:`service.model.hog_kernels`
+  with the same numbers), so grid similarities can shift whole cells.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
+from service.model import hog_kernels, threads
 from service.model.errors import SpecError
 from service.model.inputs import InputSpec
 from service.model.notation import bind_arguments, parse_call
@@ -146,28 +150,32 @@ class BoundTransform:
         Returns
         -------
         ndarray of shape (n_samples, n_features), float64, C-contiguous
+            ``hog``: each row equals scikit-image's ``hog(...).ravel()`` of its image (see
+            :mod:`service.model.hog_kernels`).
         """
         if self.transform.is_identity:
             return X
-        from skimage.feature import hog  # only HOG models pay for importing scikit-image
-
-        params = dict(self.transform.params)
-        height, width, channels = self.input_spec.shape
-        cell = params["cell_size"]
+        X = np.ascontiguousarray(X, dtype=np.float64)
         out = np.empty((X.shape[0], self.n_features))
-        images = X.reshape(-1, height, width, channels)
-        for i, image in enumerate(images):
-            cells = hog(
-                image if channels == 3 else image[:, :, 0],
-                orientations=params["orientations"],
-                pixels_per_cell=(cell, cell),
-                cells_per_block=(1, 1),
-                block_norm="L2-Hys",
-                feature_vector=False,
-                channel_axis=-1 if channels == 3 else None,
-            )
-            out[i] = cells.ravel()
+        driver = self.hog_driver_for(X.shape[0])
+        params = dict(self.transform.params)
+        args = (*self.input_spec.shape, int(params["cell_size"]), int(params["orientations"]))
+        if driver is hog_kernels.hog_cells:
+            with threads.PARALLEL_REGION:
+                driver(X, *args, out)
+        else:
+            driver(X, *args, out)
         return out
+
+    def hog_driver_for(self, n_samples: int) -> Callable[..., None]:
+        """The HOG driver for ``n_samples`` images: the serial one below
+        :data:`service.model.threads.HOG_PARALLEL_MIN_VALUES` pixel values or with one numba
+        thread, else the parallel one (called under
+        :data:`service.model.threads.PARALLEL_REGION`)."""
+        values = n_samples * self.input_spec.n_features
+        if values < threads.HOG_PARALLEL_MIN_VALUES or numba.get_num_threads() < 2:
+            return hog_kernels.hog_cells_serial
+        return hog_kernels.hog_cells
 
 
 def parse_transform(text: str | None) -> InputTransform:

@@ -7,6 +7,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.hog_kernels import hog_cells, hog_cells_serial
 from service.model.search_kernels import search_top_k
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SEARCH_PARALLEL_MIN_ENTRIES
@@ -41,7 +42,7 @@ def compile_kernels() -> list[str]:
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
         names.append(kind.name)
-    return names + compile_search()
+    return names + compile_search() + compile_hog()
 
 
 def compile_search() -> list[str]:
@@ -53,6 +54,17 @@ def compile_search() -> list[str]:
         search_top_k(catalogue, atom, weight, 0.0, 3)
         search_top_k(catalogue, atom, weight, 0.0, 3, excluded)
     return ["search"]
+
+
+def compile_hog() -> list[str]:
+    """The HOG transform's drivers, serial and parallel, on grey and colour images, with the
+    argument types of :meth:`service.model.transforms.BoundTransform.apply` (Python ints)."""
+    rng = np.random.default_rng(0)
+    for channels in (1, 3):
+        X = rng.uniform(0, 16, size=(2, 4 * 4 * channels))
+        for driver in (hog_cells, hog_cells_serial):
+            driver(X, 4, 4, channels, 2, 9, np.empty((2, 2 * 2 * 9)))
+    return ["hog"]
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from numba.core.dispatcher import Dispatcher
 
-from service.model import kernels, search_kernels, sparse_kernels
+from service.model import hog_kernels, kernels, search_kernels, sparse_kernels
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
 
@@ -44,15 +44,18 @@ rng = np.random.default_rng(0)
 with event.install_recorder("numba:compile") as recorder:
     from service.model import Predictor
     from service.model.documents import Documents, canonical_counts, smooth_idf
+    from service.model.inputs import InputSpec
     from service.model.search import SearchIndex, SearchQuery
     from service.model.search_kernels import search_top_k
     from service.model.similarity import SIMILARITY_KINDS, parse_spec
     from service.model.threads import (
         DOCUMENT_PAIR_MULTIPLY_ADDS,
+        HOG_PARALLEL_MIN_VALUES,
         SEARCH_PARALLEL_MIN_ENTRIES,
         SIMILARITY_BLAS_MIN_SAMPLES,
         SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
     )
+    from service.model.transforms import parse_transform
 
     # What a server does with its models: load, warm up, answer one item and a large batch.
     for model_dir in args["models"]:
@@ -104,6 +107,14 @@ with event.install_recorder("numba:compile") as recorder:
             for n in (1, SIMILARITY_BLAS_MIN_SAMPLES, parallel):
                 spec.compute(make(4), make(n), None, grid_shape)
                 spec.compute(make(4), make(n), np.empty((n, 8))[:, 4:], grid_shape)
+
+    # The HOG transform as a model's inputs apply it, on grey and colour images: one image (the
+    # serial driver) and a batch past the parallel threshold.
+    for channels in (1, 3):
+        spec = InputSpec("grid", (8, 8, channels))
+        bound = parse_transform("hog(2, 6)").bind(spec)
+        for n in (1, HOG_PARALLEL_MIN_VALUES // spec.n_features + 1):
+            bound.apply(rng.uniform(0, 16, size=(n, spec.n_features)))
 
     # The search kernel as Catalogue.top calls it, on a memory-mapped catalogue long enough for
     # the parallel driver (the models' catalogues above take the serial one), with and without
@@ -159,7 +170,7 @@ def _name(dispatcher: Dispatcher) -> str:
 
 def serving_drivers() -> list[str]:
     """The dispatchers that serving calls from Python: the dense drivers of every measure, the
-    documents drivers, and the search drivers, each serial and parallel."""
+    documents drivers, the search drivers and the HOG transform's, each serial and parallel."""
     names = [
         _name(driver)
         for kind in SIMILARITY_KINDS.values()
@@ -174,6 +185,7 @@ def serving_drivers() -> list[str]:
     names += [_name(kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
     names += [_name(search_kernels.search_top_k_serial)]
     names += [_name(search_kernels.search_top_k_parallel)]
+    names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]
     return names
 
 
