@@ -186,6 +186,11 @@ class InputKind(ABC):
     def prepare(self, batch: np.ndarray | Documents) -> np.ndarray | Documents:
         """A batch as the measures read it, shape (n_samples, n_features); no checks."""
 
+    def prepares_serially(self, n_samples: int) -> bool:
+        """Whether :meth:`prepare` of ``n_samples`` items is light work that enters no
+        parallel region (see :meth:`service.model.transforms.BoundTransform.runs_serially`)."""
+        return True
+
     def normalized(self, X) -> np.ndarray:
         """The inputs as dense normalised vectors (see :attr:`has_normalized_form`).
 
@@ -499,6 +504,9 @@ class DenseInputs(InputKind):
         if X.ndim != 2 or X.shape[1] != d:
             raise InvalidInputError(f"expected flat inputs of shape (n, {d}), got {X.shape}")
         return np.ascontiguousarray(X, dtype=np.float64)
+
+    def prepares_serially(self, n_samples: int) -> bool:
+        return all(bound.runs_serially(n_samples) for bound, *_ in self._spaces)
 
     def prepare(self, batch: np.ndarray) -> np.ndarray | Spaces:
         """Transformed, centred and scaled: ndarray of shape (n_samples, d); for a model over

@@ -349,7 +349,10 @@ class Predictor:
         measure whose similarities are computed is light (see
         :meth:`~service.model.similarity.BoundSimilarity.runs_serially`: no parallel region, so
         no wait for :data:`service.model.threads.PARALLEL_REGION`). Measures folded into
-        weights on the input cost one small product and always count as light."""
+        weights on the input cost one small product and always count as light. The input
+        transform must be light too (a HOG batch past its threshold runs in parallel)."""
+        if not self.inputs.prepares_serially(n_samples):
+            return False
         n_basis = self.n_basis
         return all(measure.runs_serially(n_samples, n_basis) for measure in self._scorer.computed)
 

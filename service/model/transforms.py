@@ -167,13 +167,19 @@ class BoundTransform:
             driver(X, *args, out)
         return out
 
+    def runs_serially(self, n_samples: int) -> bool:
+        """Whether :meth:`apply` to ``n_samples`` inputs is light work on the calling thread:
+        no parallel region, so no wait for :data:`service.model.threads.PARALLEL_REGION` (what
+        the service's data plane needs to know before it runs work on its event loop)."""
+        values = n_samples * self.input_spec.n_features
+        return self.transform.is_identity or values < threads.HOG_PARALLEL_MIN_VALUES
+
     def hog_driver_for(self, n_samples: int) -> Callable[..., None]:
         """The HOG driver for ``n_samples`` images: the serial one below
         :data:`service.model.threads.HOG_PARALLEL_MIN_VALUES` pixel values or with one numba
         thread, else the parallel one (called under
         :data:`service.model.threads.PARALLEL_REGION`)."""
-        values = n_samples * self.input_spec.n_features
-        if values < threads.HOG_PARALLEL_MIN_VALUES or numba.get_num_threads() < 2:
+        if self.runs_serially(n_samples) or numba.get_num_threads() < 2:
             return hog_kernels.hog_cells_serial
         return hog_kernels.hog_cells
 

@@ -310,3 +310,15 @@ def test_a_model_of_linear_measures_only_scores_without_computing_similarities(d
     expected = _scores_by_formula(predictor, X, [_linear])
     np.testing.assert_allclose(predictor.decision_function(X), expected, rtol=1e-9, atol=1e-9)
     assert predictor.runs_serially(100_000)  # one small product on the input, whatever the batch
+
+
+def test_a_batch_whose_hog_runs_in_parallel_is_heavy_work_for_the_scheduler(digits):
+    # The similarities of 64 digits against 20 bases are light (64 x 20 x 144 multiply-adds),
+    # but their HOG cells (64 x 64 pixel values) take the parallel driver: the data plane must
+    # not run that on its event loop, where it could wait for the parallel-region lock.
+    config = FitConfig(similarities="rbf(gamma=1)", transform="hog(2)", basis_per_class=2)
+    predictor = fit_besvm(digits, config, name="hog", diagnostics=False).predictor
+    (measure,) = predictor.inputs.bind(predictor.specs)
+    assert measure.runs_serially(64, predictor.n_basis)
+    assert predictor.runs_serially(16)
+    assert not predictor.runs_serially(64)
