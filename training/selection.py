@@ -40,7 +40,7 @@ import dataclasses
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -474,45 +474,30 @@ def select(
             ],
             replace_current=True,
         )
-        first = search.current
-        search.step(
+        search.vary(
             "first measure",
-            [
-                Candidate(m, replace(first, similarities=m))
-                for m in measure_candidates(spec, first.transform)
-                if m != first.similarities
-            ],
+            "similarities",
+            measure_candidates(spec, search.current.transform),
+            lambda measure: measure,
         )
     # The basis size before more measures: on large training sets it matters most, and an
     # added measure must then fit in the feature budget with the basis chosen.
     n_classes = len(set(fold_sets[0].y_train.tolist()))
     largest = int(max(np.unique(fold_sets[0].y_train, return_counts=True)[1]))
-    search.step(
+    search.vary(
         "basis size",
-        [
-            Candidate(f"{size} bases per class", replace(search.current, basis_per_class=size))
-            for size in basis_size_candidates(largest, 1, n_classes, rules.max_features)
-            if size != search.current.basis_per_class
-        ],
+        "basis_per_class",
+        basis_size_candidates(largest, 1, n_classes, rules.max_features),
+        lambda size: f"{size} bases per class",
     )
     _add_measures(search, spec, n_classes, rules.max_features)
     # C and the basis strategy cost nothing when serving: any gain takes them.
-    search.step(
-        "C",
-        [
-            Candidate(f"C = {C:g}", replace(search.current, C=C))
-            for C in C_GRID
-            if C != search.current.C
-        ],
-        free=True,
-    )
-    search.step(
+    search.vary("C", "C", C_GRID, lambda C: f"C = {C:g}", free=True)
+    search.vary(
         "basis strategy",
-        [
-            Candidate(f"{strategy} basis", replace(search.current, basis_strategy=strategy))
-            for strategy in STRATEGIES
-            if strategy != search.current.basis_strategy
-        ],
+        "basis_strategy",
+        STRATEGIES,
+        lambda strategy: f"{strategy} basis",
         free=True,
     )
     stopped = f"budget of {budget_s:g} s spent" if search.scorer.out_of_time else "every stage done"
@@ -625,6 +610,24 @@ class _Search:
         self.margin = margin
         self.started = started
         self.path: list[dict[str, Any]] = []
+
+    def vary(
+        self,
+        stage: str,
+        field_name: str,
+        values: Sequence[Any],
+        describe: Callable[[Any], str],
+        free: bool = False,
+    ) -> bool:
+        """:meth:`step` over the current configuration with one field set to each of
+        ``values`` but its current one; ``describe`` names a value in the path."""
+        current = self.current
+        candidates = [
+            Candidate(describe(value), replace(current, **{field_name: value}))
+            for value in values
+            if value != getattr(current, field_name)
+        ]
+        return self.step(stage, candidates, free=free)
 
     def step(
         self,

@@ -203,8 +203,8 @@ def rbf_similarities_blas(basis, X, gamma, out):
     out : ndarray of shape (n_samples, n_basis)
         Written in place.
     """
-    # A view (a measure's block of a wider feature matrix) is computed in a contiguous buffer:
-    # matmul into a strided output copies anyway, and the exponent kernel is faster on it.
+    # A view (a measure's block of a wider feature matrix) is computed in a contiguous buffer,
+    # so that the exponent kernel has one signature (a C-contiguous array) to compile and cache.
     target = out if out.flags.c_contiguous else np.empty(out.shape)
     np.matmul(X, basis.T, out=target)
     x_norms = np.einsum("ij,ij->i", X, X)
