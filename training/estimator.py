@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from numbers import Integral, Real
@@ -31,10 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
-from joblib import Parallel, delayed, effective_n_jobs
-from scipy.optimize import minimize
+from joblib import effective_n_jobs
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
@@ -50,6 +47,7 @@ from service.model.spaces import Spaces
 from service.model.threads import available_cpus, limit_threads
 from service.model.transforms import InputTransform, default_transform, parse_transform
 from training.diagnostics import eigen_diagnostics
+from training.solver import fit_one_vs_rest
 
 # The value of ``similarity`` that will ask for forward selection of the measures (issue 14,
 # item 1); until that lands, fit refuses it with a message rather than reading it as a measure.
@@ -81,13 +79,6 @@ def parameters_of(config, fields=None) -> dict[str, Any]:
         for parameter, field in CONFIG_FIELDS.items()
         if fields is None or field in fields
     }
-
-
-# The SVM trains on sparse features when at most this fraction of them differ from their
-# column's median (document measures: most pairs share no word): the solver's products then run
-# several times faster (3.7x at 10% density on 11,000 x 800, one thread), on the same problem
-# up to the intercept, which is folded back exactly.
-SPARSE_TRAINING_DENSITY = 0.25
 
 
 class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
@@ -504,225 +495,6 @@ def basis_diagnostics(expansion: BasisExpansion) -> dict[str, dict[str, float]]:
         name: eigen_diagnostics(gram)
         for name, gram in zip(expansion.similarity_names_, expansion.basis_gram_, strict=True)
     }
-
-
-# -- the one-vs-rest SVMs ------------------------------------------------------------------
-
-
-def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray]:
-    """The matrix the SVM trains on, and the shift that makes it from ``features``.
-
-    When at most :data:`SPARSE_TRAINING_DENSITY` of the entries differ from their column's
-    median, the features minus those medians, as a sparse matrix (``features`` is shifted in
-    place); otherwise the features themselves and a zero shift. A linear model on shifted
-    features is the same model with another intercept: the caller folds ``shift`` back in
-    (``b - w . shift``).
-
-    Returns
-    -------
-    design : ndarray or csr_matrix of shape (n_samples, n_features)
-    shift : ndarray of shape (n_features,)
-    """
-    n_samples, n_features = features.shape
-    median = np.empty(n_features)
-    differing = 0
-    # Column blocks of about 8 MiB: np.median copies what it reads.
-    width = max(1, (1 << 20) // max(n_samples, 1))
-    for start in range(0, n_features, width):
-        block = features[:, start : start + width]
-        median[start : start + width] = np.median(block, axis=0)
-        differing += int(np.count_nonzero(block != median[start : start + width]))
-    if differing > SPARSE_TRAINING_DENSITY * features.size:
-        return features, np.zeros(n_features)
-    features -= median
-    return sp.csr_matrix(features), median
-
-
-def squared_hinge_objective(
-    weights: np.ndarray, design, signs: np.ndarray, C: float
-) -> tuple[float, np.ndarray]:
-    r"""liblinear's primal L2-regularised squared hinge loss of K one-vs-rest problems at once.
-
-    .. math:: f(W) = \sum_k \tfrac12 \lVert w_k \rVert^2
-                     + C \sum_i \max(0, 1 - y_{ik} (w_k \cdot x_i + b_k))^2
-
-    with the bias :math:`b_k` regularised like a weight (liblinear's ``intercept_scaling=1``).
-
-    Parameters
-    ----------
-    weights : ndarray of shape ((n_features + 1) * K,)
-        Column-major (n_features + 1, K): each problem's weights, then its bias.
-    design : ndarray or csr_matrix of shape (n_samples, n_features)
-    signs : ndarray of shape (n_samples, K)
-        +1 for the problem's class, -1 for the others.
-    C : float
-
-    Returns
-    -------
-    value : float
-    gradient : ndarray of shape ((n_features + 1) * K,)
-    """
-    n_features, n_problems = design.shape[1], signs.shape[1]
-    W = weights.reshape(n_features + 1, n_problems)
-    margins = design @ W[:-1]
-    margins += W[-1]
-    margins *= signs
-    np.subtract(1.0, margins, out=margins)  # now the slack 1 - y (w . x + b)
-    np.maximum(margins, 0.0, out=margins)
-    value = 0.5 * float(np.vdot(W, W)) + C * float(np.vdot(margins, margins))
-    margins *= signs
-    margins *= -2.0 * C  # the loss's derivative by each score
-    gradient = np.empty_like(W)
-    gradient[:-1] = design.T @ margins
-    gradient[-1] = margins.sum(axis=0)
-    gradient += W
-    return value, gradient.ravel()
-
-
-# The solver stops when the gradient's norm is below this fraction of its norm at zero weights:
-# liblinear's primal solver (LinearSVC, tol=1e-4) stops at 1e-4 and its scores on digits are then
-# within 2e-3 of the optimum's (liblinear at tol=1e-8); here within 2e-7, in 18 Newton steps.
-GRADIENT_TOLERANCE = 1e-8
-
-
-class _SquaredHingeHessian:
-    """Products of the generalised Hessian of :func:`squared_hinge_objective` with a vector:
-    :math:`v + 2C X_A^T X_A v` (bias column included), A the samples with positive slack at the
-    point asked for (found again only when the point changes)."""
-
-    def __init__(self, design, signs: np.ndarray, C: float):
-        self.design, self.signs, self.C = design, signs, C
-        self._point: np.ndarray | None = None
-        self._active: np.ndarray | None = None
-
-    def __call__(self, weights: np.ndarray, vector: np.ndarray, *_objective_args) -> np.ndarray:
-        n_problems = self.signs.shape[1]
-        if self._point is None or not np.array_equal(self._point, weights):
-            W = weights.reshape(-1, n_problems)
-            margins = self.design @ W[:-1]
-            margins += W[-1]
-            margins *= self.signs
-            self._active = (margins < 1.0) * (2.0 * self.C)
-            self._point = weights.copy()
-        V = vector.reshape(-1, n_problems)
-        products = self.design @ V[:-1]
-        products += V[-1]
-        products *= self._active
-        out = np.empty_like(V)
-        out[:-1] = self.design.T @ products
-        out[-1] = products.sum(axis=0)
-        out += V
-        return out.ravel()
-
-
-# The one-vs-rest problems are solved in groups of classes, each one Newton-CG run whose products
-# read the feature matrix once for all of its classes (a matrix product, not one matrix-vector
-# product per class). Groups run side by side, one BLAS thread each (BLAS threads spinning on
-# busy cores cost 50x here). How many groups depends on the problem, never on n_jobs, so that a
-# model does not depend on the cores it was trained on: one per WORK_PER_GROUP multiply-adds of a
-# product (n_samples * n_features * n_classes), at most PROBLEM_GROUPS. Measured on digits
-# (1,000 x 250 features, 10 classes, 2.5M): one group 0.37 s, four 0.61 s, liblinear 0.29 s.
-PROBLEM_GROUPS = 8
-WORK_PER_GROUP = 50_000_000
-
-
-def _solve_squared_hinge(design, signs: np.ndarray, C: float, max_iter: int):
-    """Minimise :func:`squared_hinge_objective` by trust-region Newton-CG (liblinear's primal
-    method) with :class:`_SquaredHingeHessian`; the weights (n_features + 1, K) and the Newton
-    steps taken."""
-    n_problems = signs.shape[1]
-    start = np.zeros((design.shape[1] + 1) * n_problems)
-    _, gradient = squared_hinge_objective(start, design, signs, C)
-    gtol = GRADIENT_TOLERANCE * max(float(np.linalg.norm(gradient)), 1e-300)
-    result = minimize(
-        squared_hinge_objective,
-        start,
-        args=(design, signs, C),
-        jac=True,
-        hessp=_SquaredHingeHessian(design, signs, C),
-        method="trust-ncg",
-        options={"maxiter": max_iter, "gtol": gtol},
-    )
-    return result.x.reshape(-1, n_problems), int(result.nit)
-
-
-def fit_one_vs_rest(
-    features: np.ndarray,
-    codes: np.ndarray,
-    n_classes: int,
-    *,
-    C: float,
-    max_iter: int,
-    n_jobs: int,
-) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """LinearSVC's one-vs-rest problems (L2-regularised squared hinge, regularised bias), solved
-    on the one shared feature matrix, in groups of classes side by side (see
-    :data:`WORK_PER_GROUP`).
-
-    liblinear copies its training matrix (16 bytes per entry, once per problem trained at the
-    same time); this solver only reads the matrix, so peak memory stays near the features'
-    size. Each group of classes is one Newton-CG run in a thread (numpy releases the GIL in its
-    products), with one BLAS thread each.
-
-    Parameters
-    ----------
-    features : ndarray of shape (n_samples, n_features)
-        May be shifted in place (see :func:`training_design`).
-    codes : ndarray of shape (n_samples,), int
-        Class index of each sample, in ``range(n_classes)``.
-    n_classes : int
-        At least 2. Two classes make one problem (class 1 against class 0).
-    C : float
-    max_iter : int
-        Newton steps per group at most.
-    n_jobs : int
-        Cores, at least 1. The result does not depend on it.
-
-    Returns
-    -------
-    coef : ndarray of shape (n_classes, n_features)
-        One row per class, also for two classes (rows ``-w`` and ``w``), so that every model
-        scores and ranks its classes the same way.
-    intercept : ndarray of shape (n_classes,)
-    n_iter : int
-        The most iterations any group took.
-    train_accuracy : float
-    """
-    design, shift = training_design(features)
-    problems = np.array([1] if n_classes == 2 else range(n_classes))
-    work = design.shape[0] * design.shape[1] * len(problems)
-    n_groups = int(np.clip(work // WORK_PER_GROUP, 1, min(PROBLEM_GROUPS, len(problems))))
-    groups = np.array_split(problems, n_groups)
-    workers = min(n_jobs, n_groups)
-
-    def solve(group: np.ndarray):
-        signs = np.where(codes[:, None] == group[None, :], 1.0, -1.0)
-        return _solve_squared_hinge(design, signs, C, max_iter)
-
-    with limit_threads(blas_threads=1):
-        if workers == 1:
-            solved = [solve(group) for group in groups]
-        else:
-            solved = Parallel(n_jobs=workers, backend="threading")(
-                delayed(solve)(group) for group in groups
-            )
-    n_iter = max(nit for _, nit in solved)
-    if n_iter >= max_iter:
-        warnings.warn(
-            f"the SVM solver stopped at max_iter={max_iter} iterations before converging: "
-            "increase max_iter, or lower C",
-            ConvergenceWarning,
-            stacklevel=3,
-        )
-    weights = np.hstack([w for w, _ in solved])  # (n_features + 1, n_problems)
-    coef, intercept = np.ascontiguousarray(weights[:-1].T), weights[-1].copy()
-    scores = design @ coef.T + intercept
-    intercept -= coef @ shift
-    if n_classes == 2:
-        coef, intercept = np.vstack([-coef, coef]), np.concatenate([-intercept, intercept])
-        scores = np.hstack([-scores, scores])
-    train_accuracy = float((scores.argmax(axis=1) == codes).mean())
-    return coef, intercept, n_iter, train_accuracy
 
 
 def _cores(n_jobs: int | None) -> int:

@@ -17,13 +17,8 @@ from sklearn.exceptions import ConvergenceWarning
 from service.model import InputSpec, Predictor, SimilaritySpec
 from service.model.transforms import InputTransform, default_transform, parse_transform
 from training.datasets import Dataset
-from training.estimator import (
-    SPARSE_TRAINING_DENSITY,
-    BasisExpandingSVC,
-    fit_vocabulary,
-    parameters_of,
-    training_design,
-)
+from training.estimator import BasisExpandingSVC, fit_vocabulary, parameters_of
+from training.solver import SPARSE_TRAINING_DENSITY, training_design
 
 __all__ = [
     "SPARSE_TRAINING_DENSITY",

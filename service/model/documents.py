@@ -33,9 +33,9 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import gammaln
 
-from service.model import sparse_kernels
 from service.model.errors import InvalidInputError, brief
 from service.model.inputs import instance_name
+from service.model.kernels import sparse as sparse_kernels
 
 # scikit-learn's CountVectorizer default: runs of two or more word characters.
 DEFAULT_TOKEN_PATTERN = r"(?u)\b\w\w+\b"
@@ -240,7 +240,7 @@ def resampled(counts: sp.csr_matrix, n_words: int) -> sp.csr_matrix:
     """Every row of canonical ``counts`` resampled to ``n_words`` words, reproducibly.
 
     Each document draws from its own word distribution with a random stream seeded by its
-    (sorted) words and counts (:func:`service.model.sparse_kernels.resample_row`), so the same
+    (sorted) words and counts (:func:`service.model.kernels.sparse.resample_row`), so the same
     document gets the same resample in training and serving, in any batch. An empty document
     stays empty.
     """
@@ -378,7 +378,7 @@ class Documents:
 
 
 def _driver(measure: str, parallel: bool):
-    """The parallel or serial driver of a measure in :mod:`service.model.sparse_kernels`."""
+    """The parallel or serial driver of a measure in :mod:`service.model.kernels.sparse`."""
     suffix = "" if parallel else "_serial"
     return getattr(sparse_kernels, f"{measure}_similarities{suffix}")
 

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from service.model import documents, grid_kernels, kernels, threads
+from service.model import documents, threads
 from service.model.documents import Documents
 from service.model.errors import SpecError
+from service.model.kernels import dense as dense_kernels
+from service.model.kernels import grid as grid_kernels
 from service.model.notation import bind_arguments, parse_call
 from service.model.transforms import InputTransform, parse_transform
 
@@ -98,21 +100,21 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
         SimilarityKind(
             name="linear",
             parameters=(),
-            driver=kernels.linear_similarities,
-            serial_driver=kernels.linear_similarities_serial,
+            driver=dense_kernels.linear_similarities,
+            serial_driver=dense_kernels.linear_similarities_serial,
             description="inner product b . x (documents: of their tf-idf vectors)",
             on_documents=documents.tfidf_linear,
-            blas_driver=kernels.linear_similarities_blas,
+            blas_driver=dense_kernels.linear_similarities_blas,
             linear_in_input=True,
         ),
         SimilarityKind(
             name="rbf",
             parameters=(Parameter("gamma", 1.0, minimum=0.0, exclusive_minimum=True),),
-            driver=kernels.rbf_similarities,
-            serial_driver=kernels.rbf_similarities_serial,
+            driver=dense_kernels.rbf_similarities,
+            serial_driver=dense_kernels.rbf_similarities_serial,
             description="exp(-gamma ||b - x||^2) (documents: of their tf-idf vectors)",
             on_documents=documents.tfidf_rbf,
-            blas_driver=kernels.rbf_similarities_blas,
+            blas_driver=dense_kernels.rbf_similarities_blas,
         ),
         SimilarityKind(
             name="rigid",

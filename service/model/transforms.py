@@ -7,7 +7,7 @@ pixels) and never compute features themselves. Written like similarity measures:
 - ``pixels``: an image as a grid of pixel cells, 1 (grey) or 3 (colour) numbers per cell;
 - ``hog(cell_size, orientations)``: an image as a grid of HOG cells, ``orientations`` gradient
   histogram bins per ``cell_size x cell_size`` pixel cell, each cell L2-Hys normalised on its
-  own (scikit-image's HOG with one-cell blocks, computed by :mod:`service.model.hog_kernels`
+  own (scikit-image's HOG with one-cell blocks, computed by :mod:`service.model.kernels.hog`
   with the same numbers), so grid similarities can shift whole cells.
 """
 
@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from service.model import hog_kernels, threads
+from service.model import threads
 from service.model.errors import SpecError
 from service.model.inputs import InputSpec
+from service.model.kernels import hog as hog_kernels
 from service.model.notation import bind_arguments, parse_call
 
 TRANSFORMS = ("none", "pixels", "hog")
@@ -151,7 +152,7 @@ class BoundTransform:
         -------
         ndarray of shape (n_samples, n_features), float64, C-contiguous
             ``hog``: each row equals scikit-image's ``hog(...).ravel()`` of its image (see
-            :mod:`service.model.hog_kernels`).
+            :mod:`service.model.kernels.hog`).
         """
         if self.transform.is_identity:
             return X

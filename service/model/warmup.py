@@ -7,8 +7,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from service.model.documents import Documents, canonical_counts, smooth_idf
-from service.model.hog_kernels import hog_cells, hog_cells_serial
-from service.model.search_kernels import search_top_k
+from service.model.kernels.hog import hog_cells, hog_cells_serial
+from service.model.kernels.search import search_top_k
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SEARCH_PARALLEL_MIN_ENTRIES
 

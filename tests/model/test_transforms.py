@@ -5,7 +5,7 @@ import pytest
 
 from service.model import InputSpec, SpecError
 from service.model.transforms import InputTransform, default_transform, parse_transform
-from tests.model.test_hog_kernels import reference
+from tests.model.kernels.test_hog import reference
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,10 @@ from pathlib import Path
 import pytest
 from numba.core.dispatcher import Dispatcher
 
-from service.model import hog_kernels, kernels, search_kernels, sparse_kernels
+from service.model.kernels import dense as dense_kernels
+from service.model.kernels import hog as hog_kernels
+from service.model.kernels import search as search_kernels
+from service.model.kernels import sparse as sparse_kernels
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
 
@@ -46,7 +49,7 @@ with event.install_recorder("numba:compile") as recorder:
     from service.model.documents import Documents, canonical_counts, smooth_idf
     from service.model.inputs import InputSpec
     from service.model.search import SearchIndex, SearchQuery
-    from service.model.search_kernels import search_top_k
+    from service.model.kernels.search import search_top_k
     from service.model.similarity import SIMILARITY_KINDS, parse_spec
     from service.model.threads import (
         DOCUMENT_PAIR_MULTIPLY_ADDS,
@@ -182,7 +185,7 @@ def serving_drivers() -> list[str]:
         for name, obj in vars(sparse_kernels).items()
         if isinstance(obj, Dispatcher) and name.endswith(("_similarities", "_similarities_serial"))
     ]
-    names += [_name(kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
+    names += [_name(dense_kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
     names += [_name(search_kernels.search_top_k_serial)]
     names += [_name(search_kernels.search_top_k_parallel)]
     names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]

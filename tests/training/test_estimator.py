@@ -17,8 +17,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from service.model import ArtifactError, BasisExpansion, InputNormalizer, Predictor
 from tests.api.conftest import serving
-from training import BasisExpandingSVC
-from training import estimator as estimator_module
+from training import BasisExpandingSVC, solver
 
 
 @parametrize_with_checks([BasisExpandingSVC(basis_per_class=5)])
@@ -82,7 +81,7 @@ def test_one_core_and_every_core_train_the_same_model(digits_arrays, digits_mode
 
 def test_classes_solved_in_parallel_groups_give_the_model_of_one_core(digits_arrays, monkeypatch):
     X, y, X_test, _ = digits_arrays
-    monkeypatch.setattr(estimator_module, "WORK_PER_GROUP", 100_000)  # 4 groups of classes
+    monkeypatch.setattr(solver, "WORK_PER_GROUP", 100_000)  # 4 groups of classes
     models = [BasisExpandingSVC(basis_per_class=8, n_jobs=n).fit(X, y) for n in (1, 2)]
     scores = [model.decision_function(X_test) for model in models]
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.special import gammaln
 
-from service.model import sparse_kernels as sk
+from service.model.kernels import sparse as sk
 
 # -- dense references -------------------------------------------------------------------------
 

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from service.model import search_kernels, threads
-from service.model.search_kernels import (
+from service.model import threads
+from service.model.kernels import search as search_kernels
+from service.model.kernels.search import (
     search_top_k,
     search_top_k_parallel,
     search_top_k_serial,

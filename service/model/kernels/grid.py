@@ -8,9 +8,9 @@ maximum. Shifts may be larger than the grid. A rigid shift that moves everything
 scores exactly 0, as does any larger one, so the kernels compute only the shifts that keep some
 overlap and start their maximum at 0 when there are others (:func:`_reach`).
 
-The same layout as :mod:`service.model.kernels`: pure serial kernels on a pair and on a row (one
-input against the whole basis), a parallel driver over input rows and a serial one beside it.
-Accumulators are float64.
+The same layout as :mod:`service.model.kernels.dense`: pure serial kernels on a pair and on a
+row (one input against the whole basis), a parallel driver over input rows and a serial one beside
+it. Accumulators are float64.
 
 - Rigid matching builds each input's zero-padded shifted copies once, then scores every basis
   item against them with contiguous dot products, four items by three shifts at a time so that

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sklearn.metrics.pairwise import rbf_kernel
 
-from service.model import kernels
+from service.model.kernels import dense as dense_kernels
 
 
 @pytest.fixture
@@ -16,11 +16,15 @@ SHAPES = [(1, 1, 1), (1, 7, 3), (5, 1, 4), (13, 9, 64), (40, 25, 17)]
 
 
 LINEAR = [
-    kernels.linear_similarities,
-    kernels.linear_similarities_serial,
-    kernels.linear_similarities_blas,
+    dense_kernels.linear_similarities,
+    dense_kernels.linear_similarities_serial,
+    dense_kernels.linear_similarities_blas,
 ]
-RBF = [kernels.rbf_similarities, kernels.rbf_similarities_serial, kernels.rbf_similarities_blas]
+RBF = [
+    dense_kernels.rbf_similarities,
+    dense_kernels.rbf_similarities_serial,
+    dense_kernels.rbf_similarities_blas,
+]
 
 
 @pytest.mark.parametrize("driver", LINEAR)
@@ -44,10 +48,10 @@ def test_rbf_similarities_equal_sklearn(rng, driver, n, n_basis, d, gamma):
 
 def test_pair_kernels_equal_numpy(rng):
     b, x = rng.normal(size=11), rng.normal(size=11)
-    assert kernels.linear_pair(b, x) == pytest.approx(float(np.dot(b, x)), rel=1e-13)
-    assert kernels.squared_euclidean_pair(b, x) == pytest.approx(float(np.sum((b - x) ** 2)))
-    assert kernels.rbf_pair(b, x, 0.3) == pytest.approx(np.exp(-0.3 * np.sum((b - x) ** 2)))
-    assert kernels.rbf_pair(b, b, 5.0) == 1.0
+    assert dense_kernels.linear_pair(b, x) == pytest.approx(float(np.dot(b, x)), rel=1e-13)
+    assert dense_kernels.squared_euclidean_pair(b, x) == pytest.approx(float(np.sum((b - x) ** 2)))
+    assert dense_kernels.rbf_pair(b, x, 0.3) == pytest.approx(np.exp(-0.3 * np.sum((b - x) ** 2)))
+    assert dense_kernels.rbf_pair(b, b, 5.0) == 1.0
 
 
 @pytest.mark.parametrize(("linear", "rbf"), list(zip(LINEAR, RBF, strict=True)))
@@ -65,7 +69,7 @@ def test_accumulation_is_float64_on_large_values():
     # float32 accumulation would lose the +1 against 1e8-sized terms.
     b = np.array([1e8, 1.0, -1e8])
     x = np.array([1.0, 1.0, 1.0])
-    assert kernels.linear_pair(b, x) == 1.0
+    assert dense_kernels.linear_pair(b, x) == 1.0
 
 
 def test_rbf_through_blas_is_near_one_on_an_item_itself_and_never_above():
@@ -75,7 +79,7 @@ def test_rbf_through_blas_is_near_one_on_an_item_itself_and_never_above():
     basis = rng.normal(size=(30, 64)) * 1e3
     X = np.vstack([basis, basis + 1e-9])
     out = np.empty((60, 30))
-    kernels.rbf_similarities_blas(basis, X, 1e-6, out)
+    dense_kernels.rbf_similarities_blas(basis, X, 1e-6, out)
     assert (out <= 1.0).all()
     np.testing.assert_allclose(np.diag(out[:30]), 1.0, rtol=0, atol=1e-12)
     np.testing.assert_allclose(out, rbf_kernel(X, basis, gamma=1e-6), rtol=1e-8, atol=1e-14)

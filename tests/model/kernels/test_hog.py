@@ -17,7 +17,7 @@ from skimage.feature import hog
 from sklearn.datasets import load_digits
 
 from service.model import InputSpec
-from service.model.hog_kernels import (
+from service.model.kernels.hog import (
     cell_votes,
     hog_cells,
     hog_cells_serial,

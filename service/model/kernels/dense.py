@@ -7,9 +7,10 @@ where starting a parallel region costs more than the work (and stalls behind a b
 Accumulators are float64. Everything is compiled with ``cache=True`` so a server starting on a
 warm cache does not recompile.
 
-Callers go through :meth:`service.model.similarity.SimilaritySpec.compute`, which picks the
-driver and serialises the parallel ones (numba's ``workqueue`` threading layer must not be
-entered from two threads at once).
+Callers go through :meth:`service.model.similarity.BoundSimilarity.compute`, which picks the
+driver (:meth:`~service.model.similarity.BoundSimilarity.driver_for`: serial, BLAS or parallel,
+by the size of the call) and serialises the parallel ones (numba's ``workqueue`` threading layer
+must not be entered from two threads at once).
 """
 
 import numba

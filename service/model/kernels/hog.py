@@ -36,8 +36,8 @@ of a bin edge.
 Layout: an image is a flat row of ``height * width * channels`` numbers, row-major as
 ``(height, width, channels)``; its cells are a flat row of ``(height // cell) * (width // cell) *
 orientations`` numbers, row-major as ``(cell row, cell column, bin)``. As elsewhere (see
-:mod:`service.model.kernels`): pure serial kernels on one image, a parallel driver over images and
-a serial one beside it, both writing into a preallocated output; callers go through
+:mod:`service.model.kernels.dense`): pure serial kernels on one image, a parallel driver over
+images and a serial one beside it, both writing into a preallocated output; callers go through
 :meth:`service.model.transforms.BoundTransform.apply`, which picks one and takes
 :data:`service.model.threads.PARALLEL_REGION` for the parallel one. No fastmath: the votes and
 bins must come out as scikit-image's.

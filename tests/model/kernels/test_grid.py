@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from service.model import grid_kernels, kernels
+from service.model.kernels import dense as dense_kernels
+from service.model.kernels import grid as grid_kernels
 
 
 def reference_rigid(b, x, height, width, channels, h):
@@ -113,7 +114,7 @@ def test_rigid_ignores_a_one_cell_shift_and_linear_does_not(rng, channels):
     X = np.stack([image.ravel(), moved.ravel()])
     rigid, linear = np.empty((2, 1)), np.empty((2, 1))
     grid_kernels.rigid_similarities_serial(basis, X, 6, 7, channels, 1, rigid)
-    kernels.linear_similarities_serial(basis, X, linear)
+    dense_kernels.linear_similarities_serial(basis, X, linear)
     bound = rounding_bound(basis, X)[:, 0]
     # The moved image scores what the image does (the same products, summed in another order)...
     assert abs(rigid[0, 0] - rigid[1, 0]) <= bound[0] + bound[1]

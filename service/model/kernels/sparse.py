@@ -14,7 +14,7 @@ Sensing kernels (sensing-aware kernel paper, eq. 7, in log form so that nothing 
           - \ln\Gamma(N_b + N_x + W)
 
 The basis postings carry :math:`\ln\Gamma(b_w + 1)` precomputed, so a shared word costs one
-log-Gamma. Same layout as :mod:`service.model.kernels`: pure serial row kernels, a parallel
+log-Gamma. Same layout as :mod:`service.model.kernels.dense`: pure serial row kernels, a parallel
 driver over input rows and a serial driver beside it, float64 accumulators.
 """
 
