@@ -13,9 +13,9 @@ artifact the service loads, so a model trained in a notebook is served as it is:
 
 Training steps, each using at most ``n_jobs`` cores: the input kind's preparation (a transform
 and the input normalisation, or a vocabulary), the basis expansion (numba drivers), then
-LinearSVC's one-vs-rest problems, solved on the one feature matrix by trust-region Newton-CG in
-groups of classes side by side (threads: numpy's products release the GIL), without the copy of the
-matrix liblinear makes per class.
+LinearSVC's one-vs-rest problems, solved on the one feature matrix by trust-region Newton-CG
+(:mod:`training.solver`) in groups of classes side by side (threads: numpy's products and the
+solver's kernels release the GIL), without the copy of the matrix liblinear makes per class.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     C : float, default=1.0
         The SVM's regularisation constant.
     max_iter : int, default=10000
-        The SVM solver's iteration limit (Newton steps per group of classes).
+        The SVM solver's iteration limit (Newton steps per class).
     input_normalization : {"global", "per-feature"}, default="global"
         Dense inputs: centred and divided by their mean norm (the paper's), or standardised
         per feature first (for features on different scales).
@@ -149,7 +149,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     predictor_ : Predictor
         The model as the service holds it (classes as text): what :meth:`save` writes.
     n_iter_ : int
-        The most solver iterations any group of classes took.
+        The most Newton steps any class's problem took.
     train_accuracy_ : float
         Accuracy on the training set.
     timings_ : dict of str to float
