@@ -16,13 +16,14 @@ design's shift back into the intercepts.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from joblib import Parallel, delayed
 from sklearn.exceptions import ConvergenceWarning
 
 from service.model.threads import limit_threads
@@ -32,10 +33,10 @@ from training.hessian_kernels import (
 )
 
 __all__ = [
-    "PROBLEM_GROUPS",
+    "MAX_ROW_BLOCKS",
+    "ROWS_PER_BLOCK",
     "SPARSE_TRAINING_DENSITY",
     "TOLERANCE",
-    "WORK_PER_GROUP",
     "InMemorySquaredHinge",
     "Solution",
     "SquaredHingeLoss",
@@ -132,13 +133,44 @@ class SquaredHingeLoss(ABC):
         ``V`` (:math:`2C X_A^\top X_A v`, with the bias); an array of the shape of ``V``."""
 
 
+# The in-memory loss sums over row blocks of about this many items (at most MAX_ROW_BLOCKS of them),
+# computed in a pool of n_jobs threads and added in their order: the blocks depend only on the
+# data, so a model is the same whatever the cores it was trained on, to the bit.
+ROWS_PER_BLOCK = 4096
+MAX_ROW_BLOCKS = 32
+
+
+def row_blocks(n_samples: int) -> list[slice]:
+    """The fixed row blocks of :class:`InMemorySquaredHinge` for ``n_samples`` items."""
+    n_blocks = int(np.clip(-(-n_samples // ROWS_PER_BLOCK), 1, MAX_ROW_BLOCKS))
+    bounds = np.linspace(0, n_samples, n_blocks + 1).astype(np.int64)
+    return [slice(int(a), int(b)) for a, b in itertools.pairwise(bounds)]
+
+
+def _rows_of(design, rows: slice):
+    """A block of rows without copying the matrix's values (a CSR view shares them)."""
+    if not sp.issparse(design):
+        return design[rows]
+    start, stop = design.indptr[rows.start], design.indptr[rows.stop]
+    return sp.csr_matrix(
+        (
+            design.data[start:stop],
+            design.indices[start:stop],
+            design.indptr[rows.start : rows.stop + 1] - start,
+        ),
+        shape=(rows.stop - rows.start, design.shape[1]),
+        copy=False,
+    )
+
+
 class InMemorySquaredHinge(SquaredHingeLoss):
     """:class:`SquaredHingeLoss` over a feature matrix held in this process.
 
-    Every evaluation is two products for all the problems asked about at once (``design @ W``
-    and ``design.T @ R``), a matrix product rather than one matrix-vector product per problem.
-    The items with positive slack are kept per problem, for the point last evaluated, and
-    found again only for the problems whose point changed.
+    Every evaluation is a sum over fixed row blocks (:func:`row_blocks`), each block's term
+    computed for all the problems asked about at once (matrix products, and the active-rows
+    kernel of :func:`active_rows_product`), the blocks in a pool of ``n_threads`` threads
+    (numpy and numba release the GIL). The items with positive slack are kept per problem, for
+    the point last evaluated, and found again only for the problems whose point changed.
 
     Parameters
     ----------
@@ -146,15 +178,26 @@ class InMemorySquaredHinge(SquaredHingeLoss):
     signs : ndarray of shape (n_samples, K)
         +1 for the problem's class, -1 for the others.
     C : float
+    n_threads : int, default=1
+        Threads computing the blocks' terms. The result does not depend on it.
     """
 
-    def __init__(self, design, signs: np.ndarray, C: float):
+    def __init__(self, design, signs: np.ndarray, C: float, n_threads: int = 1):
         self.design = design if sp.issparse(design) else np.ascontiguousarray(design)
         self.signs, self.C = signs, C
         self.n_features, self.n_problems = design.shape[1], signs.shape[1]
+        self.n_threads = n_threads
+        self._blocks = [(rows, _rows_of(self.design, rows)) for rows in row_blocks(len(signs))]
         # Per problem: the point its active set was found at (NaN: none yet), and the set.
         self._point = np.full((self.n_features + 1, self.n_problems), np.nan)
         self._active = np.zeros(signs.shape, dtype=bool)
+
+    def _each_block(self, term):
+        """``term(rows, block)`` for every block, in block order."""
+        if self.n_threads == 1 or len(self._blocks) == 1:
+            return [term(rows, block) for rows, block in self._blocks]
+        with ThreadPoolExecutor(min(self.n_threads, len(self._blocks))) as pool:
+            return list(pool.map(lambda item: term(*item), self._blocks))
 
     def _remember(self, W: np.ndarray, problems: np.ndarray, active: np.ndarray) -> None:
         self._point[:, problems] = W
@@ -164,20 +207,34 @@ class InMemorySquaredHinge(SquaredHingeLoss):
         stale = np.flatnonzero((self._point[:, problems] != W).any(axis=0))
         if len(stale):
             some = problems[stale]
-            self._remember(
-                W[:, stale], some, active_items(self.design, self.signs[:, some], W[:, stale])
+            parts = self._each_block(
+                lambda rows, block: active_items(block, self.signs[rows][:, some], W[:, stale])
             )
+            self._remember(W[:, stale], some, np.vstack(parts))
         return self._active[:, problems]
 
     def value_and_gradient(self, W, problems):
-        values, gradient, active = squared_hinge_terms(
-            self.design, self.signs[:, problems], W, self.C
+        parts = self._each_block(
+            lambda rows, block: squared_hinge_terms(block, self.signs[rows][:, problems], W, self.C)
         )
-        self._remember(W, problems, active)
-        return values, gradient
+        self._remember(W, problems, np.vstack([active for _, _, active in parts]))
+        return _added([values for values, _, _ in parts]), _added([g for _, g, _ in parts])
 
     def hessian_product(self, W, V, problems):
-        return squared_hinge_hessian_product(self.design, self._active_at(W, problems), V, self.C)
+        active = self._active_at(W, problems)
+        return _added(
+            self._each_block(
+                lambda rows, block: squared_hinge_hessian_product(block, active[rows], V, self.C)
+            )
+        )
+
+
+def _added(parts: list[np.ndarray]) -> np.ndarray:
+    """The sum of the blocks' terms, in block order."""
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
 
 
 def _scores(design, W: np.ndarray) -> np.ndarray:
@@ -517,17 +574,6 @@ def _conjugate_gradients(loss, W, G, radius, problems):
     return S, R, on_boundary
 
 
-# The one-vs-rest problems are solved in groups of classes, each one Newton-CG run whose products
-# read the feature matrix once for all of its classes (a matrix product, not one matrix-vector
-# product per class). Groups run side by side, one BLAS thread each (BLAS threads spinning on
-# busy cores cost 50x here). How many groups depends on the problem, never on n_jobs, so that a
-# model does not depend on the cores it was trained on: one per WORK_PER_GROUP multiply-adds of a
-# product (n_samples * n_features * n_classes), at most PROBLEM_GROUPS. Measured on digits
-# (1,000 x 250 features, 10 classes, 2.5M): one group 0.37 s, four 0.61 s, liblinear 0.29 s.
-PROBLEM_GROUPS = 8
-WORK_PER_GROUP = 50_000_000
-
-
 def fit_one_vs_rest(
     features: np.ndarray,
     codes: np.ndarray,
@@ -539,13 +585,13 @@ def fit_one_vs_rest(
     tol: float = TOLERANCE,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """LinearSVC's one-vs-rest problems (L2-regularised squared hinge, regularised bias), solved
-    on the one shared feature matrix, in groups of classes side by side (see
-    :data:`WORK_PER_GROUP`).
+    together on the one shared feature matrix: each product of the solver is one pass over the
+    items for every class still iterating, its row blocks in ``n_jobs`` threads with one BLAS
+    thread each (BLAS threads spinning on busy cores cost 50x here).
 
     liblinear copies its training matrix (16 bytes per entry, once per problem trained at the
     same time); this solver only reads the matrix, so peak memory stays near the features'
-    size. Each group of classes is one Newton-CG run in a thread (numpy releases the GIL in its
-    products), with one BLAS thread each.
+    size.
 
     Parameters
     ----------
@@ -575,26 +621,12 @@ def fit_one_vs_rest(
     """
     design, shift = training_design(features)
     problems = np.array([1] if n_classes == 2 else range(n_classes))
-    work = design.shape[0] * design.shape[1] * len(problems)
-    n_groups = int(np.clip(work // WORK_PER_GROUP, 1, min(PROBLEM_GROUPS, len(problems))))
-    groups = np.array_split(problems, n_groups)
-    workers = min(n_jobs, n_groups)
-
-    def solve(group: np.ndarray):
-        signs = np.where(codes[:, None] == group[None, :], 1.0, -1.0)
-        return minimize_squared_hinge(
-            InMemorySquaredHinge(design, signs, C),
-            max_iter,
-            liblinear_tolerance((signs > 0).sum(axis=0), len(signs), tol),
-        )
-
+    signs = np.where(codes[:, None] == problems[None, :], 1.0, -1.0)
+    loss = InMemorySquaredHinge(design, signs, C, n_threads=n_jobs)
+    tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), tol)
+    del signs
     with limit_threads(blas_threads=1):
-        if workers == 1:
-            solved = [solve(group) for group in groups]
-        else:
-            solved = Parallel(n_jobs=workers, backend="threading")(
-                delayed(solve)(group) for group in groups
-            )
+        solved = [minimize_squared_hinge(loss, max_iter, tolerance)]
     warn_unconverged(solved, max_iter)
     n_iter = max(int(solution.n_iter.max()) for solution in solved)
     coef, intercept = one_vs_rest_weights(np.hstack([s.W for s in solved]), n_classes)
