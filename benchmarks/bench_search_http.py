@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 from _serving import latencies, running_server
 
-from service.model import InputSpec, Predictor
+from service.model import Predictor
+from service.model.inputs.spec import InputSpec
 from service.model.search import SearchIndex, SearchQuery
 from training.datasets import Dataset
 from training.fit import FitConfig, fit_besvm

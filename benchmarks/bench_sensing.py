@@ -59,7 +59,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 
 from service.model import Predictor
-from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.inputs.words import Documents, canonical_counts, smooth_idf
 from service.model.similarity import SimilaritySpec, parse_spec
 from service.model.threads import (
     DOCUMENT_PAIR_MULTIPLY_ADDS,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.model import Predictor
-from service.model.inputs import InputSpec
+from service.model.inputs.spec import InputSpec
 from training.datasets import Dataset, load_digits_dataset
 from training.fit import FitConfig, fit_besvm
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from service.model import ModelError, Predictor
-from service.model.basis import BASIS_STRATEGIES
-from service.model.expansion import (
+from service.model.features import (
     AUTO_NORMALIZATION_INDEFINITE,
     AUTO_NORMALIZATION_KERNELS,
     NORMALIZATIONS,
 )
-from service.model.preprocessing import INPUT_NORMALIZATIONS
+from service.model.inputs.dense import INPUT_NORMALIZATIONS
+from service.model.inputs.transforms import TRANSFORMS
 from service.model.search import UnionOfSubspacesModel, read_catalogue
 from service.model.similarity import SIMILARITY_KINDS
-from service.model.transforms import TRANSFORMS
+from training.basis import BASIS_STRATEGIES
 from training.datasets import (
     DIGITS,
     FORTUNES,

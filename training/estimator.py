@@ -37,16 +37,20 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 
-from service.model import BasisExpansion, InputNormalizer, InputSpec, Predictor, SpecError
-from service.model.basis import BASIS_STRATEGIES
-from service.model.documents import DEFAULT_TOKEN_PATTERN, Vocabulary
-from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind, TransformedSpace
-from service.model.preprocessing import INPUT_NORMALIZATIONS
+from service.model import Predictor, SpecError
+from service.model.inputs.base import InputKind
+from service.model.inputs.dense import INPUT_NORMALIZATIONS, DenseInputs, TransformedSpace
+from service.model.inputs.documents import DocumentInputs
+from service.model.inputs.spaces import Spaces
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform, default_transform, parse_transform
+from service.model.inputs.words import DEFAULT_TOKEN_PATTERN, Vocabulary
 from service.model.similarity import parse_specs
-from service.model.spaces import Spaces
 from service.model.threads import available_cpus, limit_threads
-from service.model.transforms import InputTransform, default_transform, parse_transform
+from training.basis import BASIS_STRATEGIES
 from training.diagnostics import eigen_diagnostics
+from training.expansion import BasisExpansion
+from training.preprocessing import InputNormalizer
 from training.solver import fit_one_vs_rest
 
 # The value of ``similarity`` that will ask for forward selection of the measures (issue 14,

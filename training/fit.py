@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 
 from sklearn.exceptions import ConvergenceWarning
 
-from service.model import InputSpec, Predictor, SimilaritySpec
-from service.model.transforms import InputTransform, default_transform, parse_transform
+from service.model import Predictor, SimilaritySpec
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform, default_transform, parse_transform
 from training.datasets import Dataset
 from training.estimator import BasisExpandingSVC, fit_vocabulary, parameters_of
 from training.solver import SPARSE_TRAINING_DENSITY, training_design

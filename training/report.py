@@ -32,9 +32,9 @@ from sklearn.model_selection import StratifiedKFold
 from tqdm.auto import tqdm
 
 from service.model import SpecError, parse_specs
-from service.model.basis import BASIS_STRATEGIES
-from service.model.expansion import parse_normalization
+from service.model.features import parse_normalization
 from service.model.similarity import format_spec
+from training.basis import BASIS_STRATEGIES
 from training.datasets import Dataset
 from training.diagnostics import format_ratio
 from training.evaluate import (

@@ -48,8 +48,8 @@ import numpy as np
 from joblib import Parallel, delayed
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from service.model import InputSpec
-from service.model.preprocessing import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
+from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
+from service.model.inputs.spec import InputSpec
 from service.model.threads import available_cpus, limit_threads
 from training.datasets import Dataset
 from training.fit import FitConfig, FitResult, fit_besvm

@@ -26,14 +26,15 @@ from service.model.artifact import (
     read_typed_artifact,
     write_artifact,
 )
-from service.model.documents import Documents, Vocabulary
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
-from service.model.expansion import NORMALIZATIONS, expand, raw_similarities
-from service.model.input_kinds import MANIFEST_KEYS, InputKind, input_arrays, read_inputs
-from service.model.inputs import InputSpec
+from service.model.features import NORMALIZATIONS, expand, raw_similarities
+from service.model.inputs.base import MANIFEST_KEYS, InputKind
+from service.model.inputs.kinds import input_arrays, read_inputs
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform
+from service.model.inputs.words import Documents, Vocabulary
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
 from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
-from service.model.transforms import InputTransform
 
 MODEL_TYPE = "besvm"
 

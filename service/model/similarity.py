@@ -3,8 +3,8 @@
 A measure is written as ``name`` or ``name(value, key=value, ...)``; several measures on one
 basis are joined with ``+``: ``rbf(gamma=1) + linear``. A term may name the input transform it
 reads, ``transform: measure`` (``hog(8): rbf + pixels: rigid(1)``, see
-:mod:`service.model.transforms`); a term without one reads the model's transform. The same text
-is used by the command line, stored in the manifest and shown by the API. :func:`format_spec`
+:mod:`service.model.inputs.transforms`); a term without one reads the model's transform. The same
+text is used by the command line, stored in the manifest and shown by the API. :func:`format_spec`
 gives the canonical form (lower case, every parameter named), so parsing the canonical form
 gives back the same spec.
 """
@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from service.model import documents, threads
-from service.model.documents import Documents
+from service.model import threads
 from service.model.errors import SpecError
+from service.model.inputs import words
+from service.model.inputs.transforms import InputTransform, parse_transform
+from service.model.inputs.words import Documents
 from service.model.kernels import dense as dense_kernels
 from service.model.kernels import grid as grid_kernels
 from service.model.notation import bind_arguments, parse_call
-from service.model.transforms import InputTransform, parse_transform
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             driver=dense_kernels.linear_similarities,
             serial_driver=dense_kernels.linear_similarities_serial,
             description="inner product b . x (documents: of their tf-idf vectors)",
-            on_documents=documents.tfidf_linear,
+            on_documents=words.tfidf_linear,
             blas_driver=dense_kernels.linear_similarities_blas,
             linear_in_input=True,
         ),
@@ -113,7 +114,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             driver=dense_kernels.rbf_similarities,
             serial_driver=dense_kernels.rbf_similarities_serial,
             description="exp(-gamma ||b - x||^2) (documents: of their tf-idf vectors)",
-            on_documents=documents.tfidf_rbf,
+            on_documents=words.tfidf_rbf,
             blas_driver=dense_kernels.rbf_similarities_blas,
         ),
         SimilarityKind(
@@ -149,7 +150,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             serial_driver=None,
             description="log of the multinomial sensing kernel on word counts (documents)",
             positive_definite=False,
-            on_documents=documents.sensing0,
+            on_documents=words.sensing0,
         ),
         SimilarityKind(
             name="sensing1",
@@ -158,7 +159,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             serial_driver=None,
             description="sensing kernel on word frequencies scaled to n words (documents)",
             positive_definite=False,
-            on_documents=documents.sensing1,
+            on_documents=words.sensing1,
         ),
         SimilarityKind(
             name="sensing2",
@@ -167,7 +168,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             serial_driver=None,
             description="sensing0 after resampling each document to n_words words (documents)",
             positive_definite=False,
-            on_documents=documents.sensing2,
+            on_documents=words.sensing2,
         ),
     )
 }

@@ -6,7 +6,7 @@ Run at image build time so that a container starts without compiling anything.
 import numpy as np
 import scipy.sparse as sp
 
-from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.inputs.words import Documents, canonical_counts, smooth_idf
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.search import search_top_k
 from service.model.similarity import SIMILARITY_KINDS

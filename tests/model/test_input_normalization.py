@@ -11,11 +11,13 @@ from sklearn.datasets import load_wine
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
-from service.model import ArtifactIntegrityError, InputNormalizer, InputSpec, Predictor
+from service.model import ArtifactIntegrityError, Predictor
 from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
+from service.model.inputs.spec import InputSpec
 from tests.api.conftest import serving
 from training.datasets import Dataset
 from training.fit import FitConfig, fit_besvm
+from training.preprocessing import InputNormalizer
 
 pytestmark = pytest.mark.slow  # trains models and starts a server
 

@@ -8,20 +8,14 @@ from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import SVC, LinearSVC
 
-from service.model import (
-    ArtifactIntegrityError,
-    BasisExpansion,
-    InputNormalizer,
-    InputSpec,
-    InvalidInputError,
-    Predictor,
-    parse_specs,
-    threads,
-)
-from service.model.input_kinds import DenseInputs
-from service.model.transforms import InputTransform
+from service.model import ArtifactIntegrityError, InvalidInputError, Predictor, parse_specs, threads
+from service.model.inputs.dense import DenseInputs
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform
 from training.datasets import Dataset
+from training.expansion import BasisExpansion
 from training.fit import FitConfig, fit_besvm
+from training.preprocessing import InputNormalizer
 
 # The trainer minimises LinearSVC's objective with its own solver (on the shared feature matrix),
 # to a tighter tolerance than LinearSVC's default (whose scores are up to 2e-3 from the optimum's);

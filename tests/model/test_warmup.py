@@ -46,8 +46,8 @@ rng = np.random.default_rng(0)
 
 with event.install_recorder("numba:compile") as recorder:
     from service.model import Predictor
-    from service.model.documents import Documents, canonical_counts, smooth_idf
-    from service.model.inputs import InputSpec
+    from service.model.inputs.words import Documents, canonical_counts, smooth_idf
+    from service.model.inputs.spec import InputSpec
     from service.model.search import SearchIndex, SearchQuery
     from service.model.kernels.search import search_top_k
     from service.model.similarity import SIMILARITY_KINDS, parse_spec
@@ -58,7 +58,7 @@ with event.install_recorder("numba:compile") as recorder:
         SIMILARITY_BLAS_MIN_SAMPLES,
         SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
     )
-    from service.model.transforms import parse_transform
+    from service.model.inputs.transforms import parse_transform
 
     # What a server does with its models: load, warm up, answer one item and a large batch.
     for model_dir in args["models"]:

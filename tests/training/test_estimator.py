@@ -15,9 +15,11 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from service.model import ArtifactError, BasisExpansion, InputNormalizer, Predictor
+from service.model import ArtifactError, Predictor
 from tests.api.conftest import serving
 from training import BasisExpandingSVC, solver
+from training.expansion import BasisExpansion
+from training.preprocessing import InputNormalizer
 
 
 @parametrize_with_checks([BasisExpandingSVC(basis_per_class=5)])

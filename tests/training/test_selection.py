@@ -14,7 +14,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
-from service.model import InputSpec, Predictor
+from service.model import Predictor
+from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
 from training.datasets import Dataset
 from training.fit import fit_besvm

@@ -34,7 +34,7 @@ import scipy.sparse as sp
 from scipy.special import gammaln
 
 from service.model.errors import InvalidInputError, brief
-from service.model.inputs import instance_name
+from service.model.inputs.spec import instance_name
 from service.model.kernels import sparse as sparse_kernels
 
 # scikit-learn's CountVectorizer default: runs of two or more word characters.
