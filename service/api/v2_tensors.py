@@ -2,7 +2,7 @@
 answers as output tensors.
 
 One codec per input kind, chosen once per model version (:func:`codec_for`), beside the model's
-own strategies (:mod:`service.model.input_kinds`):
+own strategies (:mod:`service.model.inputs`):
 
 ===============  =================================  =========================================
 input kind       :class:`DenseInputs`               :class:`DocumentInputs`

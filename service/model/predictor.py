@@ -8,7 +8,7 @@ normalisation folded in gives the one-vs-rest scores (measures linear in the inp
 ``linear``, are folded further into weights on the input and never computed).
 Everything that depends only on the model (which input kind, which drivers, the grid, the folded
 weights) is settled once when the predictor is built or loaded; see
-:mod:`service.model.input_kinds`. scikit-learn is not involved at serving time (its per-call
+:mod:`service.model.inputs`. scikit-learn is not involved at serving time (its per-call
 overhead dominates at batch size 1).
 """
 
@@ -58,8 +58,8 @@ class Predictor:
     name : str
     inputs : InputKind
         What clients send and how it becomes items the measures compare, with the basis:
-        :class:`~service.model.input_kinds.DenseInputs` (transform, input mean and scale, array
-        basis) or :class:`~service.model.input_kinds.DocumentInputs` (idf, vocabulary, word
+        :class:`~service.model.inputs.dense.DenseInputs` (transform, input mean and scale, array
+        basis) or :class:`~service.model.inputs.documents.DocumentInputs` (idf, vocabulary, word
         count basis).
     classes : tuple of str, length K
     specs : tuple of SimilaritySpec, length M

@@ -102,7 +102,7 @@ with event.install_recorder("numba:compile") as recorder:
         grid_shape = (2, 3, 2) if kind.needs_grid else None
         for make, pair_work, applies in (
             (dense, spec.work(1, 1, 12), not kind.documents_only),
-            (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.on_documents is not None),
+            (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.documents is not None),
         ):
             if not applies:
                 continue
@@ -177,8 +177,8 @@ def serving_drivers() -> list[str]:
     names = [
         _name(driver)
         for kind in SIMILARITY_KINDS.values()
-        for driver in (kind.driver, kind.serial_driver)
-        if driver is not None
+        if kind.dense is not None
+        for driver in (kind.dense.parallel, kind.dense.serial)
     ]
     names += [
         _name(obj)

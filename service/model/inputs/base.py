@@ -179,7 +179,8 @@ class InputKind(ABC):
 
     def prepares_serially(self, n_samples: int) -> bool:
         """Whether :meth:`prepare` of ``n_samples`` items is light work that enters no
-        parallel region (see :meth:`service.model.transforms.BoundTransform.runs_serially`)."""
+        parallel region (see
+        :meth:`service.model.inputs.transforms.BoundTransform.runs_serially`)."""
         return True
 
     def normalized(self, X) -> np.ndarray:

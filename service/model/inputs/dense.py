@@ -119,12 +119,12 @@ class TransformedSpace:
 @dataclass(frozen=True, eq=False)
 class DenseInputs(InputKind):
     """Vectors and grids: transformed, then centred and scaled (BE-SVM paper, section 3.1), by
-    one scale or one per feature (see :mod:`service.model.preprocessing`).
+    one scale or one per feature (see :mod:`service.model.inputs.dense`).
 
     A model whose measures read different transforms of the same input
     (``hog(8): rbf + pixels: rbf``) holds one :class:`TransformedSpace` per transform besides its
     own; each request computes each transform once, and the prepared items are then
-    :class:`~service.model.spaces.Spaces`, one array per transform.
+    :class:`~service.model.inputs.spaces.Spaces`, one array per transform.
 
     Parameters
     ----------

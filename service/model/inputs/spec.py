@@ -72,7 +72,7 @@ class InputSpec:
         """Bag-of-words documents, raw (``text``) or counted (``counts(W)``), kept sparse.
 
         What a data set or a similarity check asks before a model exists; a model's own inputs
-        are described by its input kind (:mod:`service.model.input_kinds`).
+        are described by its input kind (:mod:`service.model.inputs`).
         """
         return self.kind in ("counts", "text")
 

@@ -16,6 +16,7 @@ must not be entered from two threads at once).
 import numba
 import numpy as np
 
+from service.model.kernels import Drivers
 from service.model.threads import FASTMATH
 
 
@@ -214,3 +215,7 @@ def rbf_similarities_blas(basis, X, gamma, out):
     np.exp(target, out=target)
     if target is not out:
         out[...] = target
+
+
+LINEAR = Drivers(linear_similarities_serial, linear_similarities, linear_similarities_blas)
+RBF = Drivers(rbf_similarities_serial, rbf_similarities, rbf_similarities_blas)

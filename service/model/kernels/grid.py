@@ -29,6 +29,7 @@ it. Accumulators are float64.
 import numba
 import numpy as np
 
+from service.model.kernels import Drivers
 from service.model.threads import FASTMATH
 
 # Shifts scored together per tile of 4 basis items in :func:`_max_dots`.
@@ -528,3 +529,7 @@ def deformable_similarities_serial(basis, X, height, width, channels, h_r, h_l, 
     prepared = deformable_basis(basis, channels, h_l)
     for i in range(X.shape[0]):
         deformable_row(prepared, X[i], height, width, channels, h_r, h_l, out[i])
+
+
+RIGID = Drivers(rigid_similarities_serial, rigid_similarities)
+DEFORMABLE = Drivers(deformable_similarities_serial, deformable_similarities)
