@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _serving import latencies, running_server
+from serving import latencies, running_server
 from sklearn.svm import SVC
 
 from service.model import Predictor

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _serving import latencies, running_server
+from serving import latencies, running_server
 
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec

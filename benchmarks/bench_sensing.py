@@ -52,8 +52,8 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from _serving import latencies, running_server
 from scipy.special import gammaln
+from serving import latencies, running_server
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC

@@ -220,7 +220,7 @@ def _score_fold(estimator, params: dict[str, Any], fold: _Fold, threads: int) ->
     return int(np.count_nonzero(predicted == fold.y_valid)), len(fold.y_valid)
 
 
-class _Scorer:
+class _FoldScorer:
     """Scores candidates on the folds, in parallel, within a deadline."""
 
     def __init__(self, estimator, folds: list[_Fold], n_jobs: int, deadline: float, progress):
@@ -334,7 +334,7 @@ def _rules_for(spec: InputSpec) -> _KindRules:
 class _Search:
     """The current setting of the searched parameters, its accuracy and the path so far."""
 
-    def __init__(self, scorer: _Scorer, start: dict[str, Any], margin: float, started: float):
+    def __init__(self, scorer: _FoldScorer, start: dict[str, Any], margin: float, started: float):
         self.scorer = scorer
         self.current = start
         self.accuracy = float("nan")
@@ -567,7 +567,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         base = clone(self.estimator).set_params(
             input_shape=None if spec.is_documents else str(spec)
         )
-        scorer = _Scorer(base, folds, jobs, started + self.budget, self.verbose)
+        scorer = _FoldScorer(base, folds, jobs, started + self.budget, self.verbose)
         search = _Search(scorer, start, self.margin, started)
         _run_stages(search, spec, folds, rules)
         chosen = dict(search.current)
