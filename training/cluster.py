@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +39,10 @@ __all__ = [
     "ClusterError",
     "ClusterSpec",
     "add_cluster_argument",
+    "check_versions",
+    "client_for",
     "connect",
+    "enclosing_client",
     "parse_cluster",
 ]
 
@@ -203,6 +208,7 @@ def connect(
         return
     try:
         from distributed import Client, LocalCluster
+        from distributed.versions import VersionMismatchWarning
     except ImportError:
         raise ClusterError(
             "--cluster needs Dask, which is not installed: pip install 'besvm[cluster]' "
@@ -216,7 +222,9 @@ def connect(
                 threads_per_worker=1,
                 processes=True,
                 memory_limit=memory,
-                dashboard_address=None,
+                # The scheduler serves /health and /metrics on this port (and the dashboard where
+                # bokeh is installed): any free one, rather than a warning that 8787 is taken.
+                dashboard_address="127.0.0.1:0",
                 env=_ONE_THREAD,
                 timeout=LOCAL_START_TIMEOUT_S,
             )
@@ -226,13 +234,43 @@ def connect(
             yield client
         return
     try:
-        client = Client(spec.address, timeout=timeout_s)
+        with warnings.catch_warnings():
+            # distributed's own table of mismatched versions: check_versions says it in a line.
+            warnings.simplefilter("ignore", VersionMismatchWarning)
+            client = Client(spec.address, timeout=timeout_s)
     except (OSError, TimeoutError) as error:
         raise ClusterError(
             f"no Dask scheduler answered at {spec.address} within {timeout_s:g} s ({error})"
         ) from None
     with client:
         check_versions(client, str(spec))
+        yield client
+
+
+def enclosing_client():
+    """The ``distributed.Client`` of an enclosing ``with Client(...)`` block, or None.
+
+    Only a client entered as a context counts (not one merely created somewhere in the
+    process), and Dask is not imported to find out: without it there is none.
+    """
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import Client
+
+    try:
+        return Client.current(allow_global=False)
+    except ValueError:
+        return None
+
+
+@contextmanager
+def client_for(cluster: str | None, *, worker_memory=None) -> Iterator[Any]:
+    """The client an estimator trains on: its ``cluster`` parameter's (started or connected to
+    for the block, :func:`connect`), else an enclosing ``with Client(...)``'s, else None."""
+    if cluster is None and enclosing_client() is not None:
+        yield enclosing_client()
+        return
+    with connect(cluster, worker_memory=worker_memory) as client:
         yield client
 
 

@@ -43,6 +43,9 @@ __all__ = [
     "DistributedSquaredHinge",
     "FeatureBlock",
     "fit_one_vs_rest_distributed",
+    "persist_blocks",
+    "shard_blocks",
+    "shard_classes",
     "tree_sum",
 ]
 
@@ -257,3 +260,46 @@ def fit_one_vs_rest_distributed(
     coef, intercept = one_vs_rest_weights(solution.W, n_classes)
     correct = client.map(_correct, blocks, coef=coef, intercept=intercept, pure=False)
     return coef, intercept, int(solution.n_iter.max()), sum(client.gather(correct)) / n_samples
+
+
+def _shard_block(shard, classes: np.ndarray, featurize) -> FeatureBlock:
+    """Read a shard and compute its features (a worker's task): its block."""
+    from training.shards import read_shard
+
+    X, y = read_shard(shard)
+    codes = np.searchsorted(classes, y)
+    unknown = (codes >= len(classes)) | (classes[np.minimum(codes, len(classes) - 1)] != y)
+    if unknown.any():
+        raise ValueError(f"{shard.path}: label {y[np.argmax(unknown)]!r} is not a known class")
+    return _block_of(X if featurize is None else featurize(X), codes)
+
+
+def _labels(shard) -> np.ndarray:
+    from training.shards import read_shard
+
+    return np.unique(read_shard(shard)[1])
+
+
+def shard_classes(client, shards: Sequence) -> np.ndarray:
+    """The sorted labels (as text) of every shard, each shard's found where it is read."""
+    return np.unique(np.concatenate(client.gather(client.map(_labels, shards, pure=False))))
+
+
+def shard_blocks(client, shards: Sequence, classes: np.ndarray, featurize=None) -> list:
+    """Futures of each shard's :class:`FeatureBlock`, computed and kept on the workers.
+
+    Each block is a task that reads its shard and computes its features, so that a lost
+    worker's blocks are computed again from the files (Dask keeps that lineage); Dask spills
+    blocks to disk when a worker's memory runs short.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    shards : sequence of training.shards.Shard
+    classes : ndarray of str
+        The sorted labels (:func:`shard_classes`): a row's class is its label's index.
+    featurize : callable, optional
+        Rows (n, d) to features (n, B), picklable (a fitted expansion's ``transform``); None:
+        the rows are the features.
+    """
+    return client.map(_shard_block, shards, classes=classes, featurize=featurize, pure=False)
