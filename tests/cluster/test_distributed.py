@@ -94,6 +94,10 @@ def test_two_classes_on_the_cluster_give_opposite_rows(dask_client, tmp_path):
     )
 
 
+def _executed(client) -> int:
+    return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+
+
 def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path):
     """Dask recomputes a lost worker's shards from their files (the blocks' lineage): the fit
     goes on and reaches the same model, within the solver's tolerance (BLAS's results may
@@ -101,7 +105,7 @@ def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path):
     predictions."""
     from distributed import Client
 
-    X, labels, data, featurize = _sharded(tmp_path, 6000, rows_per_shard=500, n_basis=150)
+    X, labels, data, featurize = _sharded(tmp_path, 10_000, rows_per_shard=1000, n_basis=200)
     with start_local_cluster() as cluster, Client(cluster) as client:
         _, expected = _on_cluster(client, data, featurize)
         pids = list(client.run(os.getpid).values())
@@ -109,8 +113,11 @@ def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path):
         fit = threading.Thread(
             target=lambda: result.setdefault("model", _on_cluster(client, data, featurize)[1])
         )
+        executed = _executed(client)
         fit.start()
-        time.sleep(1.0)
+        # Killed once the solver is iterating: its tasks have started to run.
+        while fit.is_alive() and _executed(client) < executed + 60:
+            time.sleep(0.02)
         assert fit.is_alive(), "the fit ended before a worker could be killed: make it longer"
         os.kill(pids[0], signal.SIGKILL)
         fit.join(timeout=300)
