@@ -24,6 +24,7 @@ Dense inputs only (vectors and images); documents need a vocabulary, fitted in o
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -154,20 +155,26 @@ def _class_counts(source, classes) -> np.ndarray:
     return np.bincount(np.searchsorted(classes, source[1]), minlength=len(classes))
 
 
-def _ranked_rows(source, first_rank, preparation, classes, wanted):
+@dataclass(frozen=True)
+class _Picks:
+    """The ranks to take of each class (one sorted array per class): one object in a task's
+    arguments, which Dask passes as it is (a list or a set there is a graph to walk)."""
+
+    ranks: tuple[np.ndarray, ...]
+
+
+def _ranked_rows(source, first_rank, preparation, classes, wanted: _Picks):
     """The rows of a shard whose rank within their class (over all shards, in order) is
     wanted, prepared, with their codes and ranks.
 
-    ``first_rank[c]``: the rank of the shard's first item of class c; ``wanted[c]``: the
-    ranks to take of class c."""
+    ``first_rank[c]``: the rank of the shard's first item of class c."""
     codes = np.searchsorted(classes, source[1])
     ranks = np.empty(len(codes), dtype=np.int64)
+    keep = np.zeros(len(codes), dtype=bool)
     for code in np.unique(codes):
         members = np.flatnonzero(codes == code)
         ranks[members] = first_rank[code] + np.arange(len(members))
-    keep = np.array(
-        [rank in wanted[code] for code, rank in zip(codes, ranks, strict=True)], dtype=bool
-    )
+        keep[members] = np.isin(ranks[members], wanted.ranks[code])
     if not keep.any():
         return None
     return preparation.prepare(source[0][keep]), codes[keep], ranks[keep]
@@ -185,7 +192,7 @@ def _sample(client, sources, preparation, classes, per_class: int, evenly: bool)
     wanted = []
     for total in totals:
         k = min(per_class, int(total))
-        wanted.append(set(((np.arange(k) * total) // k).tolist() if evenly else range(k)))
+        wanted.append((np.arange(k) * total) // k if evenly else np.arange(k))
     parts = client.gather(
         client.map(
             _ranked_rows,
@@ -193,7 +200,7 @@ def _sample(client, sources, preparation, classes, per_class: int, evenly: bool)
             list(first_rank),
             preparation=preparation,
             classes=classes,
-            wanted=wanted,
+            wanted=_Picks(tuple(wanted)),
             pure=False,
         )
     )
@@ -228,12 +235,13 @@ def _feature_statistics(client, sources, preparation, expansion, n_samples: int)
     features (expansion.normalization_statistics on the whole set, in one process)."""
     n_features = len(expansion.offset_)
     expansion.offset_, expansion.scale_ = np.zeros(n_features), np.ones(n_features)
+    raw = _shared(client, expansion)
     sums = client.map(
-        _raw_sums, sources, preparation=preparation, expansion=expansion, offset=None, pure=False
+        _raw_sums, sources, preparation=preparation, expansion=raw, offset=None, pure=False
     )
     mean = tree_sum(client, sums) / n_samples
     parts = client.map(
-        _raw_sums, sources, preparation=preparation, expansion=expansion, offset=mean, pure=False
+        _raw_sums, sources, preparation=preparation, expansion=raw, offset=mean, pure=False
     )
     squares, norms = tree_sum(client, parts)
     if expansion.normalization_ == "zscore":
@@ -244,6 +252,12 @@ def _feature_statistics(client, sources, preparation, expansion, n_samples: int)
         n_basis = n_features // len(mean_norms)
         scale = np.repeat(np.where(mean_norms > 0, mean_norms, 1.0), n_basis)
         expansion.offset_, expansion.scale_ = mean, scale
+
+
+def _shared(client, expansion: BasisExpansion):
+    """The fitted expansion on every worker, sent once (its basis and Gram matrices are
+    megabytes: inside each task they would travel once a shard)."""
+    return client.scatter(expansion, broadcast=True, hash=False)
 
 
 def _fit(estimator, client, X, y):
@@ -282,7 +296,7 @@ def _fit(estimator, client, X, y):
         _feature_block,
         sources,
         preparation=preparation,
-        expansion=expansion,
+        expansion=_shared(client, expansion),
         classes=classes,
         pure=False,
     )
