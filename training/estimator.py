@@ -52,6 +52,7 @@ from training.basis import BASIS_STRATEGIES
 from training.cluster import enclosing_client
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
+from training.distributed_fit import fit_on_cluster
 from training.expansion import BasisExpansion
 from training.preparation import preparation_for, preparation_for_spec
 from training.selection import DEFAULT_BUDGET_S, ForwardSelectionCV
@@ -249,8 +250,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
                 )
             return self._fit_selected(X, y)
         if sharded or self.cluster is not None or enclosing_client() is not None:
-            from training.distributed_fit import fit_on_cluster
-
             return fit_on_cluster(self, X, y)
         if y is None:
             raise ValueError(
