@@ -34,7 +34,10 @@ def dask_cluster():
 
 @pytest.fixture(scope="session")
 def dask_client(dask_cluster):
+    """A client that is not entered as a context (nor the default): a fit in a later test must
+    not find it and train on the cluster (BasisExpandingSVC uses an enclosing client)."""
     from distributed import Client
 
-    with Client(dask_cluster) as client:
-        yield client
+    client = Client(dask_cluster, set_as_default=False)
+    yield client
+    client.close()
