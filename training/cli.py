@@ -34,7 +34,7 @@ from training.diagnostics import format_ratio
 from training.dictionary import UnionOfSubspacesSVM
 from training.estimator import AUTO_SIMILARITY, BasisExpandingSVC, fit_dataset
 from training.evaluate import evaluate
-from training.options import add_estimator_arguments, estimator_params, given_options
+from training.options import add_estimator_arguments, estimator_params
 from training.report import (
     DEFAULT_CONFIGURATIONS,
     TEXT_CONFIGURATIONS,
@@ -72,6 +72,10 @@ FIT_OPTIONS = {
         "n_jobs": ("--jobs",),
     },
     "defaults": {"similarity": AUTO_SIMILARITY},
+    "default_help": {
+        "input_transform": "pixels for images, none otherwise",
+        "n_jobs": "-1, every core",
+    },
     "extra_help": {
         "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
     },
@@ -130,7 +134,7 @@ def _fit_epilog() -> str:
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
         description="Train and evaluate Basis Expanding SVMs offline; the artifacts they write "
@@ -155,8 +159,7 @@ def _build_parser() -> argparse.ArgumentParser:
     model = fit.add_argument_group(
         "model", "the estimator's parameters (training.BasisExpandingSVC; --seed sets random_state)"
     )
-    parameters = add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS)
-    fit.set_defaults(model_parameters=parameters)
+    fit.set_defaults(model_options=add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS))
     output = fit.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="artifact directory to write (default: models/<name>)"
@@ -445,9 +448,16 @@ def _load_data(args: argparse.Namespace, default_source=None):
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    params = estimator_params(args, args.model_parameters, FIT_OPTIONS["defaults"])
+    params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
     # Refused before anything is loaded: the selection would silently override them.
-    fixed = given_options(args, [p for p in SEARCHED_PARAMETERS if p != "similarity"])
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    fixed = [
+        option.as_written(argv)
+        for option in args.model_options
+        if option.parameter in SEARCHED_PARAMETERS
+        and option.parameter != "similarity"
+        and option.given(args)
+    ]
     if params["similarity"].strip().lower() == AUTO_SIMILARITY and fixed:
         raise ValueError(
             f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
@@ -762,7 +772,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
     try:

@@ -10,7 +10,6 @@ alike (that module's docstring has the formulas).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
@@ -27,6 +26,7 @@ from service.model.features import (
     raw_similarities,
     resolve_normalization,
 )
+from service.model.inputs.dense import bind_in_spaces
 from service.model.inputs.spaces import Spaces
 from service.model.inputs.words import Documents, canonical_counts, smooth_idf
 from service.model.similarity import BoundSimilarity, SimilaritySpec, format_spec, parse_specs
@@ -65,35 +65,6 @@ def bind_similarities(
         A measure does not apply to the items.
     """
     return tuple(spec.bind(n_features, grid_shape, documents) for spec in specs)
-
-
-def bind_in_spaces(
-    specs: Sequence[SimilaritySpec],
-    spaces: Sequence[tuple[str, int, tuple[int, int, int] | None]],
-) -> tuple[BoundSimilarity, ...]:
-    """Every measure bound to the transformed space it reads, for items given as
-    :class:`Spaces` (one space: plain arrays, measures bound as :func:`bind_similarities`).
-
-    Parameters
-    ----------
-    specs : sequence of SimilaritySpec, length M
-    spaces : sequence of (transform, n_features, grid_shape)
-        Each space's transform (canonical text), item length and layout, the model's own
-        transform first (measures without a transform read it).
-
-    Raises
-    ------
-    SpecError
-        A measure names a transform not among ``spaces``, or does not apply to its items.
-    """
-    names = [name for name, _, _ in spaces]
-    bound = []
-    for spec in specs:
-        space = spec.space_index(names)
-        _, n_features, grid_shape = spaces[space]
-        measure = spec.bind(n_features, grid_shape)
-        bound.append(replace(measure, space=space) if len(spaces) > 1 else measure)
-    return tuple(bound)
 
 
 def normalization_statistics(

@@ -22,6 +22,7 @@ from service.model.errors import SpecError
 from service.model.inputs.base import InputKind
 from service.model.inputs.dense import DenseInputs, TransformedSpace
 from service.model.inputs.documents import DocumentInputs
+from service.model.inputs.kinds import input_kind_for_data
 from service.model.inputs.spaces import Spaces
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
@@ -39,6 +40,12 @@ class InputPreparation(ABC):
     kind's, not repeated here."""
 
     spec: InputSpec
+
+    @classmethod
+    @abstractmethod
+    def of(cls, spec: InputSpec | None, estimator) -> InputPreparation:
+        """The preparation of data of ``spec`` for ``estimator``'s parameters (None: for
+        prediction inputs only)."""
 
     @abstractmethod
     def validate_fit(self, estimator, X, y) -> tuple[Any, np.ndarray]:
@@ -91,6 +98,12 @@ class DensePreparation(InputPreparation):
         self.spec = spec
         self.transform_text = transform
         self.input_normalization = input_normalization
+
+    @classmethod
+    def of(cls, spec, estimator):
+        if estimator is None:
+            return cls(spec)
+        return cls(spec, estimator.input_transform, estimator.input_normalization)
 
     def validate_fit(self, estimator, X, y):
         X = self._flat(estimator, X, fitting=True)
@@ -184,6 +197,12 @@ class DocumentPreparation(InputPreparation):
         self.stop_words = stop_words
         self.transform_text = transform
 
+    @classmethod
+    def of(cls, spec, estimator):
+        if estimator is None:
+            return cls()
+        return cls(estimator.min_df, estimator.stop_words, estimator.input_transform)
+
     def validate_fit(self, estimator, X, y):
         texts = as_texts(X)
         y = column_or_1d(np.asarray(y), warn=True)
@@ -210,27 +229,49 @@ class DocumentPreparation(InputPreparation):
         return as_texts(X)
 
 
-def preparation_for(X, estimator) -> InputPreparation:
-    """The input kind of a training set: documents for a sequence of texts, else dense."""
+# The preparation of each model input kind: training chooses through the model's kinds
+# (service.model.inputs.kinds.input_kind_for_data), never by a test of its own.
+PREPARATIONS: dict[type[InputKind], type[InputPreparation]] = {
+    DenseInputs: DensePreparation,
+    DocumentInputs: DocumentPreparation,
+}
+
+
+def data_spec(X, input_shape: str | None) -> InputSpec | None:
+    """What one item of a training set is: ``text`` for a sequence of texts; else the spec
+    ``input_shape`` names, or None to read it from the array (:meth:`InputPreparation.
+    validate_fit` sets it).
+
+    Raises
+    ------
+    ValueError
+        ``input_shape`` cannot be parsed, or does not fit the kind of data.
+    """
     if is_texts(X):
-        if estimator.input_shape not in (None, "text"):
-            raise ValueError(f"texts have no input_shape, got {estimator.input_shape!r}")
-        return DocumentPreparation(
-            estimator.min_df, estimator.stop_words, estimator.input_transform
-        )
-    spec = None
-    if estimator.input_shape is not None:
-        try:
-            spec = InputSpec.parse(estimator.input_shape)
-        except SpecError as error:
-            raise ValueError(f"input_shape: {error}") from None
-        if spec.is_documents:
-            raise ValueError(f"input_shape {spec} is for documents: pass a list of texts")
-    return DensePreparation(spec, estimator.input_transform, estimator.input_normalization)
+        if input_shape not in (None, "text"):
+            raise ValueError(f"texts have no input_shape, got {input_shape!r}")
+        return InputSpec("text", ())
+    if input_shape is None:
+        return None
+    try:
+        spec = InputSpec.parse(input_shape)
+    except SpecError as error:
+        raise ValueError(f"input_shape: {error}") from None
+    if spec.is_documents:
+        raise ValueError(f"input_shape {spec} is for documents: pass a list of texts")
+    return spec
+
+
+def preparation_for(X, estimator) -> InputPreparation:
+    """The preparation of a training set, by the input kind of the model it makes."""
+    spec = data_spec(X, estimator.input_shape)
+    kind = DenseInputs if spec is None else input_kind_for_data(spec)
+    return PREPARATIONS[kind].of(spec, estimator)
 
 
 def preparation_for_spec(spec: InputSpec) -> InputPreparation:
-    return DocumentPreparation() if spec.is_documents else DensePreparation(spec)
+    """The preparation that reads prediction inputs of a fitted model's ``spec``."""
+    return PREPARATIONS[input_kind_for_data(spec)].of(spec, None)
 
 
 def is_texts(X) -> bool:

@@ -56,6 +56,7 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
 # theirs with these, and the pinned version is checked by the estimator checks in the tests.
 from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
@@ -488,6 +489,8 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)
+    n_features_in_ : int
+        Numbers in one flattened dense input (not set for documents).
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -546,11 +549,19 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self._validate_params()
         started = time.monotonic()
         preparation = preparation_for(X, self.estimator)
-        X_checked, y_checked = preparation.validate_fit(clone(self.estimator), X, y)
+        probe = clone(self.estimator)
+        X_checked, y_checked = preparation.validate_fit(probe, X, y)
+        check_classification_targets(y_checked)
+        if hasattr(probe, "n_features_in_"):  # dense inputs
+            self.n_features_in_ = probe.n_features_in_
         spec = preparation.spec
-        labels = np.asarray(y_checked)
+        # The folds see the labels as the artifact names them: the classes' order, hence the
+        # items a random or k-medoids basis draws per class, is that of the text.
+        labels = np.asarray([str(label) for label in y_checked])
         if len(np.unique(labels)) < 2:
-            raise ValueError("the training set needs at least two classes")
+            raise ValueError(
+                f"a classifier needs at least two classes in y, got 1 class: {labels[0]!r}"
+            )
         jobs = available_cpus() if self.n_jobs is None or self.n_jobs < 0 else max(1, self.n_jobs)
         folds, n_items = _folds(X_checked, labels, self.cv, self.random_state, self.max_items)
         rules = _rules_for(spec)
@@ -564,8 +575,15 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             "C": 1.0,
         }
         # The folds read flat rows: the wrapped estimator must read them as the whole set's.
+        # Their bases are drawn with the selection's seed where the estimator has none, so that
+        # a seed gives one path.
         base = clone(self.estimator).set_params(
-            input_shape=None if spec.is_documents else str(spec)
+            input_shape=None if spec.is_documents else str(spec),
+            random_state=(
+                self.random_state
+                if self.estimator.get_params()["random_state"] is None
+                else self.estimator.get_params()["random_state"]
+            ),
         )
         scorer = _FoldScorer(base, folds, jobs, started + self.budget, self.verbose)
         search = _Search(scorer, start, self.margin, started)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.serving import ServerNotReady, ServerProcess
+from benchmarks.serving import ServerNotReady
 from benchmarks.serving import server_process as start_server
 from service.api import Settings, create_app
 
@@ -49,12 +49,9 @@ def serving(model_dir: Path | None = None, **settings: str):
         yield server.url
 
 
-RunningServer = ServerProcess
-
-
 @contextlib.contextmanager
 def server_process(model_dir: Path | None = None, **settings: str):
-    """As :func:`serving`, yielding a :class:`RunningServer`."""
+    """As :func:`serving`, yielding the :class:`benchmarks.serving.ServerProcess`."""
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
         "MAX_BATCH_SIZE": "50",

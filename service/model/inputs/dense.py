@@ -331,15 +331,11 @@ class DenseInputs(InputKind):
         return np.zeros((n_rows, self.spec.n_features))
 
     def bind(self, specs: Sequence[SimilaritySpec]) -> tuple[BoundSimilarity, ...]:
-        names = self.transform_names
-        several = len(names) > 1
-        bound = []
-        for spec in specs:
-            space = spec.space_index(names)
-            transform = self._spaces[space][0]
-            measure = spec.bind(transform.n_features, transform.grid_shape)
-            bound.append(replace(measure, space=space) if several else measure)
-        return tuple(bound)
+        spaces = [
+            (name, bound.n_features, bound.grid_shape)
+            for name, (bound, *_) in zip(self.transform_names, self._spaces, strict=True)
+        ]
+        return bind_in_spaces(specs, spaces)
 
     @classmethod
     def settle_transforms(
@@ -492,3 +488,33 @@ def _space_problems(d: int, n_basis: int, mean, scale, basis, suffix: str) -> li
             if not np.isfinite(array).all()
         ]
     return problems
+
+
+def bind_in_spaces(
+    specs: Sequence[SimilaritySpec],
+    spaces: Sequence[tuple[str, int, tuple[int, int, int] | None]],
+) -> tuple[BoundSimilarity, ...]:
+    """Every measure bound to the transformed space it reads, for items given as
+    :class:`Spaces` (one space: plain arrays, each measure as :meth:`SimilaritySpec.bind` binds
+    it). Training binds its measures through this too, before the model exists.
+
+    Parameters
+    ----------
+    specs : sequence of SimilaritySpec, length M
+    spaces : sequence of (transform, n_features, grid_shape)
+        Each space's transform (canonical text), item length and layout, the model's own
+        transform first (measures without a transform read it).
+
+    Raises
+    ------
+    SpecError
+        A measure names a transform not among ``spaces``, or does not apply to its items.
+    """
+    names = [name for name, _, _ in spaces]
+    bound = []
+    for spec in specs:
+        space = spec.space_index(names)
+        _, n_features, grid_shape = spaces[space]
+        measure = spec.bind(n_features, grid_shape)
+        bound.append(replace(measure, space=space) if len(spaces) > 1 else measure)
+    return tuple(bound)

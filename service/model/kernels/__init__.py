@@ -73,6 +73,8 @@ def row_drivers(rows: Callable[..., None], *, fastmath: bool = False):
     -------
     parallel, serial : numba dispatchers
     """
+    if rows.__closure__ or rows.__kwdefaults__:
+        raise TypeError(f"{rows.__name__}: a row loop is a module-level function, no closure")
     options = {"cache": True, "nogil": True, "fastmath": fastmath}
     copy = types.FunctionType(
         rows.__code__, rows.__globals__, f"{rows.__name__}_serial", rows.__defaults__
