@@ -18,12 +18,14 @@ health probes and scrapes at debug level.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
 import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +42,20 @@ REQUEST_ID_HEADER = "x-request-id"
 REQUEST_ID_PATTERN = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 UNMATCHED_ROUTE = "unmatched"
 # Answers to orchestrators and scrapers, every few seconds: logged at debug, not info.
-QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
+QUIET_PATHS = frozenset(
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    }
+)
 # Longest path an access line quotes.
 MAX_LOGGED_PATH = 1024
-ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "client")
+ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "client", "key")
 
 access_logger = logging.getLogger("service.api.access")
 
@@ -71,11 +83,13 @@ async def metrics(request: Request) -> Response:
 
 @dataclass(slots=True)
 class RequestContext:
-    """What the log lines and metrics of one request share: its id, and the model that
-    answered it (set by the data plane once it has the model's snapshot)."""
+    """What the log lines and metrics of one request share: its id, the model that answered it
+    (set by the data plane once it has the model's snapshot), and the fingerprint of the API key
+    that allowed it (set by :mod:`service.api.auth`; empty for open routes)."""
 
     request_id: str
     model: str = ""
+    key: str = ""
 
 
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
@@ -93,6 +107,20 @@ def answered_by(model: str) -> None:
     context = _current.get()
     if context is not None:
         context.model = model
+
+
+@contextlib.contextmanager
+def request_scope(request_id: str | None) -> Iterator[RequestContext]:
+    """The context of one request served outside the HTTP middleware (a gRPC call): the id
+    (a client's, if valid, else a fresh one) in its log lines, the model and key it names."""
+    if request_id is None or not REQUEST_ID_PATTERN.fullmatch(request_id.encode("latin-1")):
+        request_id = os.urandom(16).hex()
+    context = RequestContext(request_id)
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)
 
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
@@ -181,23 +209,41 @@ class RequestObservability:
 
 
 def _log_access(scope: Scope, status: int, seconds: float) -> None:
-    path = scope["path"]
+    client = scope.get("client")
+    context = _current.get()
+    log_access(
+        scope["method"],
+        scope["path"],
+        status,
+        seconds,
+        None if client is None else f"{client[0]}:{client[1]}",
+        "" if context is None else context.key,
+    )
+
+
+def log_access(
+    method: str, path: str, status: int | str, seconds: float, client: str | None, key: str = ""
+) -> None:
+    """One access line (HTTP, and gRPC with method ``GRPC``, the call's path and its status
+    code's name): at debug for probes and scrapes, else info; ``key`` is the fingerprint of the
+    API key that allowed the request, if any."""
     level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
     if not access_logger.isEnabledFor(level):
         return
-    client = scope.get("client")
     fields = {
-        "method": scope["method"],
+        "method": method,
         "path": path[:MAX_LOGGED_PATH],
         "status": status,
         "duration_ms": round(seconds * 1000.0, 3),
-        "client": None if client is None else f"{client[0]}:{client[1]}",
+        "client": client,
     }
+    if key:
+        fields["key"] = key
     access_logger.log(
         level,
-        '%s "%s %s" %d %.3f ms',
-        fields["client"],
-        fields["method"],
+        '%s "%s %s" %s %.3f ms',
+        client,
+        method,
         fields["path"],
         status,
         fields["duration_ms"],
