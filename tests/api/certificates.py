@@ -14,6 +14,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 _DAY = datetime.timedelta(days=1)
+_CA_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    key_cert_sign=True,
+    crl_sign=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    encipher_only=False,
+    decipher_only=False,
+)
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -57,14 +68,7 @@ class CertificateAuthority:
             .not_valid_before(now - _DAY)
             .not_valid_after(now + 30 * _DAY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
-                ),  # fmt: skip
-                critical=True,
-            )
+            .add_extension(_CA_USAGE, critical=True)
             .sign(self.key, hashes.SHA256())
         )
         self.cert_file = directory / f"{name}-ca.pem"

@@ -80,9 +80,18 @@ class RunningServer:
         return self.log()
 
 
+def free_port() -> int:
+    """A free localhost port (for GRPC_PORT)."""
+    return _free_port()
+
+
 @contextlib.contextmanager
-def server_process(model_dir: Path | None = None, **settings: str):
-    """As :func:`serving`, yielding a :class:`RunningServer`."""
+def server_process(
+    model_dir: Path | None = None, probe: dict[str, typing.Any] | None = None, **settings: str
+):
+    """As :func:`serving`, yielding a :class:`RunningServer`. With ``TLS_CERT_FILE`` the URL is
+    https, and ``probe`` the httpx options (``verify``, ``cert``) that its readiness is polled
+    with."""
     port = _free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
@@ -103,7 +112,8 @@ def server_process(model_dir: Path | None = None, **settings: str):
             stderr=subprocess.STDOUT,
             text=True,
         )
-        url = f"http://127.0.0.1:{port}"
+        scheme = "https" if "TLS_CERT_FILE" in settings else "http"
+        url = f"{scheme}://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         try:
             while True:
@@ -111,7 +121,8 @@ def server_process(model_dir: Path | None = None, **settings: str):
                     log.seek(0)
                     pytest.fail(f"server exited early:\n{log.read()}")
                 try:
-                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    ready = httpx.get(f"{url}/readyz", timeout=1, **(probe or {}))
+                    if ready.status_code == 200:
                         break
                 except httpx.TransportError:
                     pass
