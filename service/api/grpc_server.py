@@ -54,7 +54,7 @@ from service.api.tls import TlsFiles
 from service.api.v2 import ALL_CLASSES, EXTENSIONS, SERVER_NAME
 from service.api.v2_schemas import InferParameters, InferRequest, RequestInput, RequestOutput
 from service.api.v2_tensors import BINARY_DATA_SIZE, decode_request, model_metadata, output_tensors
-from service.model import InvalidInputError, ModelError, ModelNotReadyError
+from service.model import InvalidInputError, ModelError, ModelNotReadyError, NotFoundError
 
 logger = logging.getLogger("service.api")
 
@@ -274,7 +274,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def answer():
             try:
                 self.plane.snapshot(request.name, request.version or None)
-            except ModelNotReadyError:
+            except (ModelNotReadyError, NotFoundError):  # as REST answers tritonclient
                 return pb.ModelReadyResponse(ready=False)
             return pb.ModelReadyResponse(ready=True)
 
