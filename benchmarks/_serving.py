@@ -21,6 +21,24 @@ REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 
 
+# The process (session) id of each server :func:`serving` runs, by its port.
+SESSIONS: dict[int, int] = {}
+
+
+def session_cpu_seconds(session: int) -> float:
+    """CPU seconds (user + system) of the live processes of a session: a server and its
+    workers."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # the fields after the command: state, ppid, pgrp, sid
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
@@ -66,8 +84,10 @@ def serving(
                     except httpx.TransportError:
                         pass
                     time.sleep(0.1)
+            SESSIONS[port] = server.pid
             yield port
         finally:
+            SESSIONS.pop(port, None)
             server.terminate()
             try:
                 server.wait(timeout=10)

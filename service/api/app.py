@@ -20,6 +20,7 @@ from service.api.auth import AccessPolicy, KeyCheckMiddleware, KeyStore, documen
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
 from service.api.grpc_server import drain_on_signals, start_grpc_server
+from service.api.hotpath import HotRoutes
 from service.api.limits import install_limits
 from service.api.metrics import Metrics, PrometheusMetrics
 from service.api.registry import ModelRegistry, Repository
@@ -122,7 +123,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings, metrics)
     app.openapi = _openapi_with(app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS, policy)
     install_error_handlers(app)
-    # Added first, so innermost of the middleware: CORS preflights are answered before it.
+    # Added first, so innermost of the middleware: the hot routes are answered inside every
+    # limit and the key check, and CORS preflights before the key check.
+    app.add_middleware(
+        HotRoutes, routes=app.router.routes, handlers={**routes.HOT_HANDLERS, **v2.HOT_HANDLERS}
+    )
     app.add_middleware(KeyCheckMiddleware, policy=policy)
     install_limits(app, settings)
     # The routers' routes go straight into the app's route list: FastAPI matches an included

@@ -190,6 +190,19 @@ async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
     )
 
 
+async def error_answer(request: Request, error: Exception) -> JSONResponse:
+    """The answer to ``error`` raised by a route's code, as the handlers below give it, for code
+    that runs outside FastAPI's routing (:mod:`service.api.hotpath`); anything else is raised
+    again (the server's error middleware answers 500 and logs it)."""
+    if isinstance(error, ModelError):
+        return await _domain_error(request, error)
+    if isinstance(error, RequestValidationError):
+        return await _validation_error(request, error)
+    if isinstance(error, StarletteHTTPException):
+        return await _http_error(request, error)
+    raise error
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map the domain hierarchy and framework errors to HTTP responses."""
     app.add_exception_handler(ModelError, _domain_error)

@@ -174,6 +174,7 @@ class PrometheusMetrics(Metrics):
         )
         # Children by label values: .labels() costs a few microseconds a request otherwise.
         self._request_children: dict[tuple, tuple] = {}
+        self._batch_children: dict[str, Histogram] = {}
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -203,7 +204,10 @@ class PrometheusMetrics(Metrics):
         children[1].observe(seconds)
 
     def batch(self, model: str, size: int) -> None:
-        self.batch_size.labels(model).observe(size)
+        child = self._batch_children.get(model)
+        if child is None:
+            child = self._batch_children[model] = self.batch_size.labels(model)
+        child.observe(size)
 
     def search_rows(self, model: str, rows: int) -> None:
         self.rows_read.labels(model).inc(rows)

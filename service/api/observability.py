@@ -21,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime
+import itertools
 import logging
 import os
+import queue
 import re
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -114,13 +117,24 @@ def request_scope(request_id: str | None) -> Iterator[RequestContext]:
     """The context of one request served outside the HTTP middleware (a gRPC call): the id
     (a client's, if valid, else a fresh one) in its log lines, the model and key it names."""
     if request_id is None or not REQUEST_ID_PATTERN.fullmatch(request_id.encode("latin-1")):
-        request_id = os.urandom(16).hex()
+        request_id = fresh_request_id()
     context = RequestContext(request_id)
     token = _current.set(context)
     try:
         yield context
     finally:
         _current.reset(token)
+
+
+# Fresh ids: this process's random prefix and a counter, 32 hex digits as a random id would be,
+# unique across processes and restarts without a system call per request (os.urandom's).
+_ID_PREFIX = os.urandom(8).hex()
+_id_numbers = itertools.count()
+
+
+def fresh_request_id() -> str:
+    """A new request id (32 hex digits)."""
+    return f"{_ID_PREFIX}{next(_id_numbers) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
@@ -130,7 +144,7 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
             if REQUEST_ID_PATTERN.fullmatch(value):
                 return value.decode("ascii")
             break
-    return os.urandom(16).hex()
+    return fresh_request_id()
 
 
 def route_of(scope: Scope, routes: list) -> str:
@@ -301,6 +315,62 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+_CLOSE = object()
+
+
+class BackgroundStreamHandler(logging.StreamHandler):
+    """A stream handler that formats and writes on a thread of its own.
+
+    The thread that logs (the event loop, for access lines) only runs the filters (the request
+    id is read there, from the request's context) and queues the record; the writer thread
+    formats what has queued up and writes it with one write and one flush. Lines keep their
+    order. :meth:`close` (``logging.shutdown``, at exit) writes what is still queued; a process
+    killed outright loses the lines of its last milliseconds. A record's message is formatted
+    late, so its arguments must not change after the call (the service logs values).
+    """
+
+    def __init__(self, stream=None) -> None:
+        super().__init__(stream)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write, name="besvm-log-writer", daemon=True
+            )
+            self._writer.start()
+        self._queue.put(record)
+
+    def _write(self) -> None:
+        closing = False
+        while not closing:
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 1024:
+                    batch.append(self._queue.get_nowait())
+            lines = []
+            for record in batch:
+                if record is _CLOSE:
+                    closing = True
+                    continue
+                try:
+                    lines.append(self.format(record) + self.terminator)
+                except Exception:
+                    self.handleError(record)
+            if lines:
+                try:
+                    self.stream.write("".join(lines))
+                    self.stream.flush()
+                except Exception:  # a closed or broken stream: as logging does, go on
+                    self.handleError(batch[-1])
+
+    def close(self) -> None:
+        writer = self._writer
+        if writer is not None and writer.is_alive():
+            self._queue.put(_CLOSE)
+            writer.join(timeout=5)
+        super().close()
 
 
 def logging_config(level: str, log_format: str) -> dict[str, Any]:
@@ -319,7 +389,7 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
         "formatters": {"default": formatter},
         "handlers": {
             "default": {
-                "class": "logging.StreamHandler",
+                "class": f"{__name__}.BackgroundStreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "default",
                 "filters": ["request_id"],
