@@ -315,23 +315,29 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
-_CLOSE = object()
+# How often the log writer wakes to write what has queued up: rarely enough that a busy server
+# pays one wake-up, one format loop and one write for hundreds of lines, soon enough for a
+# reader of the log.
+LOG_FLUSH_INTERVAL_S = 0.05
 
 
 class BackgroundStreamHandler(logging.StreamHandler):
     """A stream handler that formats and writes on a thread of its own.
 
     The thread that logs (the event loop, for access lines) only runs the filters (the request
-    id is read there, from the request's context) and queues the record; the writer thread
-    formats what has queued up and writes it with one write and one flush. Lines keep their
+    id is read there, from the request's context) and queues the record. Every
+    :data:`LOG_FLUSH_INTERVAL_S` the writer thread formats what has queued up and writes it
+    with one write and one flush: a wake-up per line (a thread switch, the interpreter's lock
+    handed over and back) would cost a request more than formatting its line. Lines keep their
     order. :meth:`close` (``logging.shutdown``, at exit) writes what is still queued; a process
-    killed outright loses the lines of its last milliseconds. A record's message is formatted
-    late, so its arguments must not change after the call (the service logs values).
+    killed outright loses the lines of its last moments. A record's message is formatted late,
+    so its arguments must not change after the call (the service logs values).
     """
 
     def __init__(self, stream=None) -> None:
         super().__init__(stream)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = threading.Event()
         self._writer: threading.Thread | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -343,32 +349,29 @@ class BackgroundStreamHandler(logging.StreamHandler):
         self._queue.put(record)
 
     def _write(self) -> None:
-        closing = False
-        while not closing:
-            batch = [self._queue.get()]
+        while True:
+            closing = self._closing.wait(LOG_FLUSH_INTERVAL_S)
+            lines, last = [], None
             with contextlib.suppress(queue.Empty):
-                while len(batch) < 1024:
-                    batch.append(self._queue.get_nowait())
-            lines = []
-            for record in batch:
-                if record is _CLOSE:
-                    closing = True
-                    continue
-                try:
-                    lines.append(self.format(record) + self.terminator)
-                except Exception:
-                    self.handleError(record)
+                while True:
+                    last = self._queue.get_nowait()
+                    try:
+                        lines.append(self.format(last) + self.terminator)
+                    except Exception:
+                        self.handleError(last)
             if lines:
                 try:
                     self.stream.write("".join(lines))
                     self.stream.flush()
                 except Exception:  # a closed or broken stream: as logging does, go on
-                    self.handleError(batch[-1])
+                    self.handleError(last)
+            if closing:
+                return
 
     def close(self) -> None:
         writer = self._writer
         if writer is not None and writer.is_alive():
-            self._queue.put(_CLOSE)
+            self._closing.set()
             writer.join(timeout=5)
         super().close()
 
