@@ -1,4 +1,5 @@
-# The service image: serves the model repository $MODEL_REPOSITORY (/models) on port 8000; the
+# The service image: serves the model repository $MODEL_REPOSITORY (/models) on port 8000 (and
+# gRPC on 8081 with GRPC_PORT=8081); the
 # same image runs the trainer (`python -m training ...`). docker-compose.yml builds and runs it.
 #   BASE_IMAGE=besvm-base:bookworm docker compose build     (network and CA secret: docker-compose.yml)
 # or, where the docker CLI has buildx (BuildKit is needed for the secret):
@@ -70,7 +71,8 @@ USER 10001:10001
 # tmpfs in a read-only container), so that neither the server nor the trainer compiles on start.
 RUN NUMBA_CACHE_DIR=/var/cache/besvm/numba-seed python -m service.model.warmup
 
-EXPOSE 8000
+# 8000: HTTP; 8081: gRPC, when GRPC_PORT=8081 (docker-compose.yml sets it)
+EXPOSE 8000 8081
 # /readyz: 200 once the models are loaded. The probe prints nothing when it succeeds.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PORT', '8000')}/readyz\", timeout=4)"]
