@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -151,6 +152,17 @@ def worker_pids(supervisor: int) -> list[int]:
         if parent == supervisor and "spawn_main" in cmdline:
             pids.append(int(pid))
     return pids
+
+
+@pytest.fixture(scope="module")
+def protocol_repository(tmp_path_factory, digits_model_dir, text_model_dir):
+    """A repository for the protocol's tests: digits (images), topics (texts), and notes, a
+    directory that fails to load."""
+    root = tmp_path_factory.mktemp("protocol-repository")
+    shutil.copytree(digits_model_dir, root / "digits")
+    shutil.copytree(text_model_dir, root / "topics")
+    (root / "notes").mkdir()
+    return root
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ message size limit, several workers on one port, and the drain on SIGTERM."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import time
@@ -31,13 +30,8 @@ READER, ADMIN = "grpc-reader-0a1b2c3d4e", "grpc-admin-5f6a7b8c9d"
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory, digits_model_dir, text_model_dir):
-    """digits (images), topics (texts), and notes: a directory that fails to load."""
-    root = tmp_path_factory.mktemp("grpc-repository")
-    shutil.copytree(digits_model_dir, root / "digits")
-    shutil.copytree(text_model_dir, root / "topics")
-    (root / "notes").mkdir()
-    return root
+def repository(protocol_repository):
+    return protocol_repository
 
 
 @pytest.fixture(scope="module")
