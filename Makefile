@@ -92,7 +92,7 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 	$(BIN)/python benchmarks/bench_classify.py --http
 	$(BIN)/python benchmarks/bench_grid_kernels.py --hog
 
-bench-http: train  ## /classify over HTTP against a bare FastAPI endpoint at concurrency 1, 8, 64, then /search
+bench-http: train  ## REST and gRPC against a bare FastAPI endpoint at concurrency 1, 8, 64, keys on and off, then /search
 	$(BIN)/python benchmarks/bench_http.py --model $(MODEL_DIR)
 
 bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets (docs/model-selection.md)

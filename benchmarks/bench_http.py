@@ -1,23 +1,31 @@
-"""What HTTP costs the service: POST /classify against a bare FastAPI endpoint, in the same run.
+"""What serving costs: the service's REST routes and gRPC against a bare FastAPI endpoint, in the
+same run.
 
     .venv/bin/python benchmarks/bench_http.py [--concurrency 1,8,64] [--seconds 3] [--repeats 3]
-        [--workers 1] [--client-processes 1] [--no-search]
+        [--workers 1] [--client-processes 1] [--no-keys] [--no-grpc] [--no-search]
 
-Starts the real service (``python -m service.api`` on MODEL_DIR=--model, ACCESS_LOG=false,
-WORKERS=--workers, a free port) and the floor, benchmarks/bare_endpoint.py: the same uvicorn
-with the same settings and one ``async def`` FastAPI route that validates the same request body
-(one 8 x 8 digit, top_k 3) with pydantic and answers a fixed answer of the service's shape,
-without a model. Both are driven by benchmarks/loadgen.py, a keep-alive asyncio client in its
-own process(es) sending precomputed request bytes (one connection per concurrent client), for
---seconds per cell after --warmup seconds, cells interleaved service, floor, service, floor, ...
-and the whole grid repeated --repeats times. Non-200 answers are counted as errors and shown.
+Starts the floor, benchmarks/bare_endpoint.py (the same uvicorn with one ``async def`` FastAPI
+route that validates the same request body, one 8 x 8 digit and top_k 3, with pydantic and
+answers a fixed answer of the service's shape, without a model), and the real service as it is
+deployed (``python -m service.api`` on MODEL_DIR=--model, WORKERS=--workers, the access log on
+and written to a file, metrics on, GRPC_PORT set), twice: without keys, and with
+API_KEYS_FILE (every request then sends a key). The targets, one digit a request:
 
-Prints per concurrency the service's and the floor's req/s, p50 and p99 (medians over repeats)
-and the ratios service / floor (medians of the per-repeat ratios, each pair measured back to
-back), then the targets: p50 within 1.3x of (floor p50 + the in-process model time, the median
-of ``Predictor.classify([digit], 3)``), req/s at least 80% of the floor's, p99 within 2x the
-floor's, and whether req/s falls as concurrency rises (more than 10% below the best at a lower
-concurrency).
+- ``/classify`` (JSON) and ``/v2/models/digits/infer`` (the protocol's JSON, FP64), over HTTP;
+- gRPC ``ModelInfer`` (FP64 in raw_input_contents, as tritonclient.grpc sends it).
+
+All are driven by benchmarks/loadgen.py in its own process(es): keep-alive connections sending
+precomputed request bytes (one connection, or one gRPC channel, per concurrent client), for
+--seconds per cell after --warmup seconds; per repeat and concurrency the floor first, then every
+target back to back, the whole grid --repeats times. Non-OK answers are counted as errors.
+
+Prints per target and concurrency req/s, p50, p99 and the server's CPU microseconds per request
+(its processes' CPU time over the cell by the requests served: robust where a shared machine's
+neighbours move throughput), medians over repeats, and the ratios to the floor (medians of the
+per-repeat ratios); then the target, req/s at least 80% of the floor's on both REST routes
+(gRPC is shown beside them: its client library costs the shared cores far more than the raw
+HTTP client), and whether req/s falls as concurrency rises (more than 10% below the best at a
+lower concurrency).
 
 Unless --no-search: POST /search for a code query (10 non-zeros, top --search-top-k) on a
 synthetic catalogue of --search-n items (about 1 GB at 1,000,000; built in a temporary directory
