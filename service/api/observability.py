@@ -23,6 +23,7 @@ import contextvars
 import datetime
 import itertools
 import logging
+import math
 import os
 import queue
 import re
@@ -253,15 +254,13 @@ def log_access(
     }
     if key:
         fields["key"] = key
-    access_logger.log(
-        level,
-        '%s "%s %s" %s %.3f ms',
-        client,
-        method,
-        fields["path"],
-        status,
-        fields["duration_ms"],
-        extra=fields,
+    # The record made directly: Logger.log would first look for the caller's file and line in
+    # the stack, which an access line never shows.
+    arguments = (client, method, fields["path"], status, fields["duration_ms"])
+    access_logger.handle(
+        access_logger.makeRecord(
+            access_logger.name, level, "", 0, '%s "%s %s" %s %.3f ms', arguments, None, extra=fields
+        )
     )
 
 
@@ -291,14 +290,30 @@ class RequestIdFilter(logging.Filter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
-    ``request_id``; access lines add ``method``, ``path``, ``status``, ``duration_ms`` and
-    ``client``; errors add ``exception`` (the traceback)."""
+    ``request_id``; access lines add ``method``, ``path``, ``status``, ``duration_ms``,
+    ``client`` and ``key``; errors add ``exception`` (the traceback)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._second: int | None = None
+        self._second_text = ""
+
+    def _timestamp(self, created: float) -> str:
+        """``created`` in ISO 8601 to the millisecond, UTC, as ``datetime.isoformat`` writes
+        it; the date and time up to the second computed once a second (the writer formats
+        hundreds of lines a second)."""
+        fraction, whole = math.modf(created)
+        second, microseconds = int(whole), round(fraction * 1e6)  # as datetime rounds
+        if microseconds >= 1_000_000:
+            second, microseconds = second + 1, microseconds - 1_000_000
+        if second != self._second:
+            moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
+            self._second, self._second_text = second, moment.strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._second_text}.{microseconds // 1000:03d}+00:00"
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "ts": self._timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
