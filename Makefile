@@ -39,7 +39,7 @@ define lock
 endef
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search report report-fortunes report-fortunes-search clean
+.PHONY: help setup lock proto train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search report report-fortunes report-fortunes-search clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
@@ -66,6 +66,14 @@ lock: $(UV)  ## re-pin requirements-*.lock to pyproject.toml (UPGRADE=1: newest 
 	$(call lock,$(BENCH_LOCK),make bench-search: the runtime and the bench extra (faiss-cpu); the same pins as dev.lock.,pyproject.toml --extra bench -c $(DEV_LOCK))
 	$(call lock,$(BUILD_LOCK),pip and the build backend that install the project (--no-build-isolation); input: pip and pyproject.toml [build-system] requires on stdin.,- -c $(DEV_LOCK),$(BUILD_REQUIRES) |)
 
+# The gRPC protocol's Python modules, committed: regenerate them after changing the .proto. Their
+# messages go to a descriptor pool of their own (the sed): tritonclient's generated modules declare
+# the same package, `inference`, and one process (a test, a benchmark's client) may import both.
+PROTO := service/api/protocol/inference.proto
+proto: setup  ## regenerate service/api/protocol/inference_pb2*.py from $(PROTO)
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+	sed -i 's/_descriptor_pool\.Default()/_descriptor_pool.DescriptorPool()/' $(PROTO:.proto=_pb2.py)
+
 train: setup  ## train the default digits model, its search model and catalogue unless there
 	$(BIN)/python -m training fit --data digits --out $(MODEL_DIR) --if-missing
 	$(BIN)/python -m training dictionary --model $(MODEL_DIR) --if-missing
@@ -84,7 +92,7 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 	$(BIN)/python benchmarks/bench_classify.py --http
 	$(BIN)/python benchmarks/bench_grid_kernels.py --hog
 
-bench-http: train  ## /classify over HTTP against a bare FastAPI endpoint at concurrency 1, 8, 64, then /search
+bench-http: train  ## REST and gRPC against a bare FastAPI endpoint at concurrency 1, 8, 64, keys on and off, then /search
 	$(BIN)/python benchmarks/bench_http.py --model $(MODEL_DIR)
 
 bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets (docs/model-selection.md)
