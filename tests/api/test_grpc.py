@@ -20,9 +20,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from benchmarks.serving import free_port
 from service.api.protocol import inference_pb2, inference_pb2_grpc
 from service.model.artifact import manifest_digest
-from tests.api.conftest import free_port, server_process, worker_pids
+from tests.api.conftest import server_process, worker_pids
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from benchmarks.serving import free_port
 from tests.api.certificates import CertificateAuthority, serial_of
-from tests.api.conftest import free_port, server_process
+from tests.api.conftest import server_process
 
 DIGIT = {"instances": [[[0.0] * 8] * 8], "top_k": 3}
 
