@@ -203,12 +203,18 @@ class BoundBagOfFeatures:
     bag : BagOfFeatures
     input_spec : InputSpec
     layout : PyramidLayout
+
+    Attributes
+    ----------
+    geometry : tuple of int
+        The kernels' arguments after the images: height, width, channels, the spatial bin,
+        the step in bins, the patches down and across (:mod:`service.model.kernels.bof`).
     """
 
     bag: BagOfFeatures
     input_spec: InputSpec
     layout: PyramidLayout
-    _geometry: tuple = field(init=False, repr=False)
+    geometry: tuple = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         height, width, channels = self.input_spec.shape
@@ -217,7 +223,7 @@ class BoundBagOfFeatures:
             height, width, channels, layout.bin_size, layout.step_bins, layout.patch_rows,
             layout.patch_cols,
         )  # fmt: skip
-        object.__setattr__(self, "_geometry", geometry)
+        object.__setattr__(self, "geometry", geometry)
 
     @property
     def transform(self) -> InputTransform:
@@ -322,9 +328,9 @@ class BoundBagOfFeatures:
         driver = self.driver_for(X.shape[0], parallel, serial)
         if driver is parallel:
             with threads.PARALLEL_REGION:
-                driver(X, *self._geometry, *outputs)
+                driver(X, *self.geometry, *outputs)
         else:
-            driver(X, *self._geometry, *outputs)
+            driver(X, *self.geometry, *outputs)
 
 
 class BagSpace:
