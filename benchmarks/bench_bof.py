@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_defaults import SMALL_SVC_GRID, SVC_GRID
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
-from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from service.model.inputs.transforms import parse_transform
@@ -55,16 +55,6 @@ SETTINGS = {
     "L = 2, pyramid": "levels=2",
 }
 HOG = "hog(cell_size=8, orientations=9)"
-SVC_GRID = {
-    "scale": ["passthrough", StandardScaler()],
-    "svc__C": [0.1, 1.0, 10.0, 100.0],
-    "svc__gamma": ["scale", 1e-4, 1e-3, 1e-2, 1e-1, 1.0],
-}
-SMALL_SVC_GRID = {
-    "scale": ["passthrough", StandardScaler()],
-    "svc__C": [1.0, 10.0],
-    "svc__gamma": ["scale", 1e-3, 1e-2],
-}
 
 
 def _besvm(dataset: Dataset, similarity: str, args) -> dict:

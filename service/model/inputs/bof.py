@@ -39,7 +39,7 @@ from service.model import threads
 from service.model.errors import ArtifactIntegrityError, SpecError
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
-from service.model.inputs.words import CellDocuments, Documents
+from service.model.inputs.words import CellDocuments, Documents, stored_counts
 from service.model.kernels import bof as bof_kernels
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 
@@ -442,27 +442,18 @@ class BagSpace:
 
 def _cell_counts(path, arrays: dict, suffix: str, n_words: int, n_cells: int) -> sp.csr_matrix:
     """The basis cells from their three CSR arrays, checked before use."""
-    indptr, indices, counts = (
-        arrays[f"cell_basis_{name}{suffix}"] for name in ("indptr", "indices", "counts")
+    matrix = stored_counts(
+        *(arrays[f"cell_basis_{name}{suffix}"] for name in ("indptr", "indices", "counts")),
+        n_words,
     )
     if (
-        indptr.ndim != 1
-        or indptr.shape[0] < 1
-        or (indptr.shape[0] - 1) % n_cells
-        or indptr[0] != 0
-        or (np.diff(indptr) < 0).any()
-        or indptr[-1] != indices.shape[0]
-        or indices.ndim != 1
-        or indices.shape != counts.shape
-        or (indices.size and not 0 <= indices.min() <= indices.max() < n_words)
-        or not np.isfinite(counts).all()
-        or (counts < 0).any()
+        matrix is None
+        or matrix.shape[0] % n_cells
+        or not np.isfinite(matrix.data).all()
+        or (matrix.data < 0).any()
     ):
         raise ArtifactIntegrityError(
             f"{path}: cell_basis_indptr/indices/counts{suffix} are not word counts of "
             f"{n_cells} cells per image"
         )
-    matrix = sp.csr_matrix((counts, indices, indptr), shape=(indptr.shape[0] - 1, n_words))
-    matrix.indices = matrix.indices.astype(np.int64)
-    matrix.indptr = matrix.indptr.astype(np.int64)
     return matrix

@@ -160,6 +160,28 @@ def canonical_counts(counts, n_words: int | None = None) -> sp.csr_matrix:
     return matrix
 
 
+def stored_counts(
+    indptr: np.ndarray, indices: np.ndarray, counts: np.ndarray, n_words: int
+) -> sp.csr_matrix | None:
+    """Word counts from the three CSR arrays an artifact stores, or None if they do not form
+    a valid CSR matrix over ``n_words`` words (checked before scipy reads them)."""
+    if (
+        indptr.ndim != 1
+        or indptr.shape[0] < 1
+        or indptr[0] != 0
+        or (np.diff(indptr) < 0).any()
+        or indptr[-1] != indices.shape[0]
+        or indices.ndim != 1
+        or indices.shape != counts.shape
+        or (indices.size and not 0 <= indices.min() <= indices.max() < n_words)
+    ):
+        return None
+    matrix = sp.csr_matrix((counts, indices, indptr), shape=(indptr.shape[0] - 1, n_words))
+    matrix.indices = matrix.indices.astype(np.int64)
+    matrix.indptr = matrix.indptr.astype(np.int64)
+    return matrix
+
+
 def counts_from_pairs(
     documents: Sequence[Any], n_words: int, names: Sequence[str] | None = None
 ) -> sp.csr_matrix:
