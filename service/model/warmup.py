@@ -79,9 +79,10 @@ def compile_hog() -> list[str]:
 
 
 def compile_bof() -> list[str]:
-    """The bof transform's drivers (descriptors, words, serial and parallel, and the pyramid
-    counts) on grey and colour images, with the argument types of
-    :class:`service.model.inputs.bof.BoundBagOfFeatures` (Python ints)."""
+    """The bof transform's serving drivers (words, serial and parallel, and the pyramid counts)
+    on grey and colour images, with the argument types of
+    :class:`service.model.inputs.bof.BoundBagOfFeatures` (Python ints). The descriptors alone
+    are for training (the visual words), which compiles them when it needs them."""
     rng = np.random.default_rng(0)
     transform = parse_transform("bof(patch=4, step=1, words=2, levels=1)")
     bag = BagOfFeatures(transform, rng.uniform(size=(2, 128)), np.ones(2))
@@ -90,8 +91,6 @@ def compile_bof() -> list[str]:
         X = rng.uniform(0, 16, size=(2, 5 * 5 * channels))
         n_patches = bound.layout.n_patches
         words = np.empty((2, n_patches), dtype=np.int64)
-        for driver in (bof_kernels.bof_descriptors, bof_kernels.bof_descriptors_serial):
-            driver(X, *bound.geometry, np.empty((2, n_patches, 128)))
         for driver in (bof_kernels.bof_words, bof_kernels.bof_words_serial):
             driver(X, *bound.geometry, bag.centres, words, np.empty(2, dtype=np.bool_))
         bound.cells_of(words)
