@@ -82,9 +82,12 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         normalisation, the basis size and strategy and C, within selection_budget seconds
         (training.selection).
     input_transform : str or None, default=None
-        Input transform the service applies to raw instances first: none, pixels, or
-        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)');
-        unset: pixels for images, none otherwise.
+        Input transform the service applies to raw instances first: none, pixels,
+        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)'), or
+        'bof(patch, step, words, levels, single)' (images as bags of visual words on a spatial
+        pyramid, its words learned on the training images, e.g. 'bof(levels=2)': the sensing
+        measures and tf-idf linear and rbf read it cell by cell); unset: pixels for images,
+        none otherwise.
     basis_per_class : int, default=25
         Basis items taken from each class (all of a smaller class).
     basis_strategy : {"index", "random", "kmedoids"}, default="index"

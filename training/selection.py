@@ -99,6 +99,9 @@ RBF_GAMMAS = (0.25, 1.0, 4.0)
 BASIS_SIZES = (10, 25, 50, 100, 200, 400, 800)
 C_GRID = (0.1, 1.0, 10.0)
 STRATEGIES = ("index", "random", "kmedoids")
+# Images at least this many pixels a side are offered the bof transform (16 x 16 patches every 8
+# pixels: a 3 x 3 grid of patches at least).
+BOF_MIN_SIDE = 32
 SENSING_WORDS = (50, 150, 500)
 
 # The estimator's parameters the selection chooses: with ``similarity="auto"`` the command line
@@ -130,7 +133,7 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
     ``transform``: linear and rbf over :data:`RBF_GAMMAS` for vectors; those, ``rigid(1)`` and
     ``deformable(1, 1)`` on image grids (pixels or HOG cells); ``sensing1`` over
     :data:`SENSING_WORDS` and tf-idf ``linear`` for documents."""
-    if input_spec.is_documents:
+    if input_spec.is_documents or (transform is not None and transform.startswith("bof")):
         return [f"sensing1(n={n})" for n in SENSING_WORDS] + ["linear"]
     measures = ["linear"] + [f"rbf(gamma={gamma:g})" for gamma in RBF_GAMMAS]
     if input_spec.kind == "grid" and transform is not None:
@@ -140,12 +143,14 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
 
 def transform_candidates(input_spec: InputSpec) -> list[str | None]:
     """Input transforms to try: pixels and HOG cells at one or two cell sizes (about 4 x 4 and
-    7 x 7 cells) for images; none otherwise."""
+    7 x 7 cells) for images; and bags of visual words on a pyramid (``bof``, its defaults) for
+    images of at least :data:`BOF_MIN_SIDE` pixels a side; none otherwise."""
     if input_spec.kind != "grid" or input_spec.shape[2] not in (1, 3):
         return [None]
     side = min(input_spec.shape[:2])
     cells = sorted({c for c in (side // 4, side // 7) if c >= 2}, reverse=True)
-    return ["pixels"] + [f"hog({c})" for c in cells]
+    bof = ["bof"] if side >= BOF_MIN_SIDE else []
+    return ["pixels"] + [f"hog({c})" for c in cells] + bof
 
 
 def basis_size_candidates(
@@ -689,6 +694,8 @@ def _run_stages(search: _Search, spec: InputSpec, folds: list[_Fold], rules: _Ki
                 )
                 for transform in transform_candidates(spec)
                 for normalization in (GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION)
+                # word counts are not normalised: one candidate for bof
+                if transform != "bof" or normalization == GLOBAL_NORMALIZATION
             ],
             replace_current=True,
         )

@@ -133,3 +133,10 @@ def read_until_closed(sock: socket.socket, bound: float = 20.0) -> bytes:
     finally:
         sock.close()
     return received
+
+
+@pytest.fixture(scope="module")
+def bof_live_server(bof_model_dir):
+    """The glyphs model (bags of visual words beside pixels) served by a real server process."""
+    with serving(bof_model_dir) as url:
+        yield url
