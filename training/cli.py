@@ -38,7 +38,8 @@ from training.diagnostics import format_ratio
 from training.dictionary import UnionOfSubspacesSVM
 from training.estimator import AUTO_SIMILARITY, BasisExpandingSVC, fit_dataset
 from training.evaluate import evaluate
-from training.options import add_estimator_arguments, estimator_params, given_options
+from training.glyphs import FONTS_DIR, build_glyphs
+from training.options import add_estimator_arguments, estimator_params
 from training.report import (
     DEFAULT_CONFIGURATIONS,
     TEXT_CONFIGURATIONS,
@@ -77,6 +78,10 @@ FIT_OPTIONS = {
         "n_jobs": ("--jobs",),
     },
     "defaults": {"similarity": AUTO_SIMILARITY},
+    "default_help": {
+        "input_transform": "pixels for images, none otherwise",
+        "n_jobs": "-1, every core",
+    },
     "extra_help": {
         "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
     },
@@ -127,7 +132,8 @@ def _fit_epilog() -> str:
         [
             "similarity measures:",
             *kinds,
-            f"input transforms: {', '.join(TRANSFORMS)} (hog(cell_size, orientations))",
+            f"input transforms: {', '.join(TRANSFORMS)} (hog(cell_size, orientations), "
+            "bof(patch, step, words, levels, single))",
             f"normalizations: {', '.join(NORMALIZATIONS)},",
             f"  or auto: {AUTO_NORMALIZATION_KERNELS} when every measure is a kernel, "
             f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite",
@@ -135,7 +141,7 @@ def _fit_epilog() -> str:
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
         description="Train and evaluate Basis Expanding SVMs offline; the artifacts they write "
@@ -160,8 +166,7 @@ def _build_parser() -> argparse.ArgumentParser:
     model = fit.add_argument_group(
         "model", "the estimator's parameters (training.BasisExpandingSVC; --seed sets random_state)"
     )
-    parameters = add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS)
-    fit.set_defaults(model_parameters=parameters)
+    fit.set_defaults(model_options=add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS))
     output = fit.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="artifact directory to write (default: models/<name>)"
@@ -182,6 +187,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_index_parser(commands)
     _add_evaluate_search_parser(commands)
     _add_shard_parser(commands)
+    _add_build_glyphs_parser(commands)
 
     ev = commands.add_parser(
         "evaluate",
@@ -455,6 +461,67 @@ def _run_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_build_glyphs_parser(commands) -> None:
+    parser = commands.add_parser(
+        "build-glyphs",
+        help="render a notMNIST-like image set (letters A-J) from the installed fonts",
+        description=textwrap.fill(
+            "Render the letters A to J of every installed font (Debian's font packages: make "
+            "glyph-fonts) as size x size grey images, split by font into training and test "
+            "fonts, and write a .npz that --data reads as grid(size, size, 1): real images "
+            "large enough for the bof transform's 16 x 16 patches.",
+            width=88,
+        ),
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    parser.add_argument(
+        "--fonts-dir", type=Path, default=FONTS_DIR, help="where fonts are (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--train-per-class",
+        type=int,
+        default=100,
+        help="training fonts, i.e. images per letter (default: %(default)s, as the paper's 100 "
+        "images per class)",
+    )
+    parser.add_argument(
+        "--test-per-class",
+        type=int,
+        default=200,
+        help="test fonts at most (default: %(default)s)",
+    )
+    parser.add_argument("--size", type=int, default=64, help="image side (default: 64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
+    parser.add_argument("--force", action="store_true", help="replace an existing file")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.set_defaults(handler=_run_build_glyphs)
+
+
+def _run_build_glyphs(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.force:
+        raise DatasetError(f"{args.out} already exists: pass --force to replace it")
+    for name in ("train_per_class", "test_per_class", "size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.size < 16:
+        raise ValueError("--size must be at least 16 (a 16 x 16 patch)")
+    counts = build_glyphs(
+        args.out,
+        root=args.fonts_dir,
+        train_per_class=args.train_per_class,
+        test_per_class=args.test_per_class,
+        size=args.size,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    _status(
+        args,
+        f"wrote {args.out}: {counts['train']} training and {counts['test']} test images from "
+        f"{counts['fonts']} fonts ({counts['skipped']} font files left out)",
+    )
+    return 0
+
+
 def _status(args: argparse.Namespace, message: str) -> None:
     if not getattr(args, "quiet", False):
         print(message, file=sys.stderr, flush=True)
@@ -491,9 +558,16 @@ def _load_data(args: argparse.Namespace, default_source=None):
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    params = estimator_params(args, args.model_parameters, FIT_OPTIONS["defaults"])
+    params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
     # Refused before anything is loaded: the selection would silently override them.
-    fixed = given_options(args, [p for p in SEARCHED_PARAMETERS if p != "similarity"])
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    fixed = [
+        option.as_written(argv)
+        for option in args.model_options
+        if option.parameter in SEARCHED_PARAMETERS
+        and option.parameter != "similarity"
+        and option.given(args)
+    ]
     if params["similarity"].strip().lower() == AUTO_SIMILARITY and fixed:
         raise ValueError(
             f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
@@ -854,7 +928,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
     try:

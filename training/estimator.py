@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from joblib import effective_n_jobs
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.exceptions import ConvergenceWarning
 
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
@@ -85,9 +85,12 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         normalisation, the basis size and strategy and C, within selection_budget seconds
         (training.selection).
     input_transform : str or None, default=None
-        Input transform the service applies to raw instances first: none, pixels, or
-        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)');
-        None: pixels for images, none otherwise.
+        Input transform the service applies to raw instances first: none, pixels,
+        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)'), or
+        'bof(patch, step, words, levels, single)' (images as bags of visual words on a spatial
+        pyramid, its words learned on the training images, e.g. 'bof(levels=2)': the sensing
+        measures and tf-idf linear and rbf read it cell by cell); unset: pixels for images,
+        none otherwise.
     basis_per_class : int, default=25
         Basis items taken from each class (all of a smaller class).
     basis_strategy : {"index", "random", "kmedoids"}, default="index"
@@ -107,14 +110,14 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         configuration found.
     input_shape : str or None, default=None
         How to read a flat row: 'grid(H, W, C)' for images given as (n, H * W * C), or
-        'vector(d)'; None: from the array (2-d: vectors, 3-d or 4-d: images).
+        'vector(d)'; unset: from the array (2-d: vectors, 3-d or 4-d: images).
     min_df : int, default=2
         Documents: words found in fewer training texts are left out of the vocabulary.
     stop_words : {"english"} or None, default="english"
         Documents: leave out scikit-learn's English stop words, or keep every word (none).
     n_jobs : int or None, default=-1
         Cores training may use: the numba and BLAS threads of the expansion, and the classes'
-        SVMs trained side by side; -1 (or None): every core this process may run on.
+        SVMs trained side by side; -1: every core this process may run on.
     cluster : str or None, default=None
         Train on a Dask cluster (docs/cluster.md): ``"local:N"`` (N worker processes started
         for the fit) or a scheduler's address (``"tcp://host:8786"``); None: in this process,
@@ -270,9 +273,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
                 f"labels {list(self.classes_)} are not distinct as text, which the artifact "
                 "and the service use"
             )
-        similarity = self.similarity
         try:
-            specs = parse_specs(similarity)
+            specs = parse_specs(self.similarity)
             inputs.settle(specs)
         except SpecError as error:
             raise ValueError(str(error)) from None
@@ -282,7 +284,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
             items = inputs.fit_items(X)
             expansion = BasisExpansion(
-                similarities=similarity,
+                similarities=self.similarity,
                 n_basis_per_class=self.basis_per_class,
                 basis_strategy=self.basis_strategy,
                 normalization=self.normalization,
@@ -350,7 +352,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
         it; the parameters stay as given, the learned state is the chosen model's."""
         selection = ForwardSelectionCV(
-            self,
+            clone(self),
             budget=self.selection_budget,
             n_jobs=self.n_jobs,
             random_state=0 if self.random_state is None else self.random_state,
@@ -500,9 +502,6 @@ def _cores(n_jobs: int | None) -> int:
     if n_jobs is None or n_jobs < 0:
         return max(1, min(cpus, effective_n_jobs(-1 if n_jobs is None else n_jobs)))
     return int(n_jobs)
-
-
-# -- input kinds while training ------------------------------------------------------------
 
 
 # -- a data set's training split -----------------------------------------------------------
