@@ -1,17 +1,20 @@
 """Command line of the trainer: ``python -m training COMMAND --help``, COMMAND one of fit,
-dictionary, index, evaluate, evaluate-search and report."""
+dictionary, index, evaluate, evaluate-search, report and shard."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from service.model import ModelError, Predictor
 from service.model.features import (
@@ -22,6 +25,7 @@ from service.model.features import (
 from service.model.inputs.transforms import TRANSFORMS
 from service.model.search import UnionOfSubspacesModel, read_catalogue
 from service.model.similarity import SIMILARITY_KINDS
+from training.cluster import SCHEDULER_ENV, ClusterError
 from training.datasets import (
     DIGITS,
     FORTUNES,
@@ -60,6 +64,7 @@ from training.search import (
     write_search_report,
 )
 from training.selection import SEARCHED_PARAMETERS
+from training.shards import SHARD_FORMATS, is_sharded, open_shards, write_shards
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
 # set, older option names kept for scripts, and the one default of the command line's own (it
@@ -181,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dictionary_parser(commands)
     _add_index_parser(commands)
     _add_evaluate_search_parser(commands)
+    _add_shard_parser(commands)
     _add_build_glyphs_parser(commands)
 
     ev = commands.add_parser(
@@ -415,6 +421,46 @@ def _add_evaluate_search_parser(commands) -> None:
     parser.set_defaults(handler=_run_evaluate_search)
 
 
+def _add_shard_parser(commands) -> None:
+    parser = commands.add_parser(
+        "shard",
+        help="write one .npz (X, y) as a directory of shards that fit --cluster reads",
+        description="Split a .npz file's X and y into shards of --rows items, in one of the "
+        "layouts a sharded --data takes (docs/cluster.md): npz (DIR/0.npz, ...: X and y), "
+        "npy-stack (DIR/X/ and DIR/y/ as dask.array.to_npy_stack writes them) or parquet "
+        "(DIR/0.parquet, ...: columns x0, x1, ... and the label column).",
+    )
+    parser.add_argument("--data", type=Path, required=True, help="a .npz file with X and y")
+    parser.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+    parser.add_argument(
+        "--format", choices=SHARD_FORMATS, default="npz", help="layout (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--rows", type=int, default=100_000, help="items per shard (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--label-column", default="label", help="parquet: the label column (default: label)"
+    )
+    parser.set_defaults(handler=_run_shard)
+
+
+def _run_shard(args: argparse.Namespace) -> int:
+    with np.load(args.data, allow_pickle=False) as archive:
+        if "X" not in archive.files or "y" not in archive.files:
+            raise DatasetError(f"{args.data}: expected arrays X and y, found {archive.files}")
+        X, y = archive["X"], archive["y"]
+    written = write_shards(
+        X.reshape(len(X), -1),
+        y,
+        args.out,
+        format=args.format,
+        rows_per_shard=args.rows,
+        label_column=args.label_column,
+    )
+    print(f"wrote {written}")
+    return 0
+
+
 def _add_build_glyphs_parser(commands) -> None:
     parser = commands.add_parser(
         "build-glyphs",
@@ -528,8 +574,12 @@ def _run_fit(args: argparse.Namespace) -> int:
             f"too (e.g. --similarity '{BasisExpandingSVC().similarity}') to fix them yourself"
         )
 
+    if params.get("cluster") is None and os.environ.get(SCHEDULER_ENV):
+        params["cluster"] = os.environ[SCHEDULER_ENV]  # Dask's own variable, as its tools read it
     name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
     out = args.out or Path("models") / name
+    if args.data not in (DIGITS, FORTUNES) and is_sharded(args.data):
+        return _run_fit_sharded(args, params, name, out)
     if args.if_missing and out.exists():
         existing = Predictor.load(out)  # a broken artifact is an error, not "present"
         _status(args, f"{out} already holds model {existing.name!r}: nothing to do")
@@ -599,6 +649,48 @@ def _run_fit(args: argparse.Namespace) -> int:
                 for name, d in predictor.metadata["diagnostics"].items()
             ]
             + [f"warning          {note}" for note in result.warnings]
+        )
+    )
+    return 0
+
+
+def _run_fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Path) -> int:
+    """fit --data DIR of shards (docs/cluster.md): trained on every item, on the cluster named
+    (or, without one, in worker threads of this process)."""
+    if args.if_missing and out.exists():
+        existing = Predictor.load(out)
+        _status(args, f"{out} already holds model {existing.name!r}: nothing to do")
+        return 0
+    if out.exists() and not args.force:
+        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+    if args.test_data or args.test_fraction:
+        raise DatasetError("sharded data trains on every item: no --test-data or --test-fraction")
+    data = open_shards(args.data, args.label_column)
+    _status(args, f"fitting BE-SVM on {data} ...")
+    estimator = BasisExpandingSVC(
+        **params, input_shape=args.input_shape, random_state=args.seed, verbose=not args.quiet
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        estimator.fit(data)
+    record = {"dataset": {"path": str(args.data), "shards": data.format}}
+    predictor = estimator.to_predictor(name, record=record)
+    predictor.save(out, overwrite=args.force)
+    timings = estimator.timings_
+    print(
+        "\n".join(
+            [
+                f"model            {name}",
+                f"artifact         {out}",
+                f"data             {data}",
+                f"cluster          {params.get('cluster') or 'this process'}",
+                f"classes          {len(predictor.classes)}",
+                f"basis            {predictor.n_basis} items, {predictor.coef.shape[1]} features",
+                f"train accuracy   {estimator.train_accuracy_:.2%}",
+                f"train time       {timings['train_seconds']:.2f} s (expansion "
+                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
+            ]
+            + [f"warning          {w.message}" for w in caught]
         )
     )
     return 0
@@ -841,7 +933,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv
     try:
         return args.handler(args)
-    except (DatasetError, ModelError, ValueError) as error:
+    except (DatasetError, ModelError, ValueError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -49,18 +49,21 @@ from service.model.inputs.dense import INPUT_NORMALIZATIONS
 from service.model.similarity import parse_specs
 from service.model.threads import available_cpus, limit_threads
 from training.basis import BASIS_STRATEGIES
+from training.cluster import enclosing_client
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
+from training.distributed_fit import fit_on_cluster
 from training.expansion import BasisExpansion
 from training.preparation import preparation_for, preparation_for_spec
 from training.selection import DEFAULT_BUDGET_S, ForwardSelectionCV
+from training.shards import ShardedData
 from training.solver import fit_one_vs_rest
 
 # The value of ``similarity`` that asks for forward selection (training.selection).
 AUTO_SIMILARITY = "auto"
 # Parameters that say how a fit runs, not what model it makes: the artifact's training record
 # leaves them out.
-RUN_PARAMETERS = ("n_jobs", "verbose")
+RUN_PARAMETERS = ("n_jobs", "cluster", "verbose")
 
 
 class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
@@ -98,7 +101,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     C : float, default=1.0
         The SVM's regularisation constant.
     max_iter : int, default=10000
-        The SVM solver's iteration limit (Newton steps per group of classes).
+        The SVM solver's iteration limit (Newton steps per class).
     input_normalization : {"global", "per-feature"}, default="global"
         Dense inputs: centred and divided by their mean norm (the paper's), or standardised per
         feature first (for features on different scales).
@@ -115,6 +118,14 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     n_jobs : int or None, default=-1
         Cores training may use: the numba and BLAS threads of the expansion, and the classes'
         SVMs trained side by side; -1: every core this process may run on.
+    cluster : str or None, default=None
+        Train on a Dask cluster (docs/cluster.md): ``"local:N"`` (N worker processes started
+        for the fit) or a scheduler's address (``"tcp://host:8786"``); None: in this process,
+        unless ``fit`` runs inside ``with distributed.Client(...)``, whose cluster it uses.
+        On a cluster, each worker expands its own rows and the SVM's products are sums over
+        them; the model is the one-process fit's (the basis drawn per class from the first
+        items, as ``index`` does). ``fit`` also takes a :class:`training.shards.ShardedData`
+        (``X``, without ``y``) there, which no process loads whole.
     random_state : int or None, default=0
         Seed of the random and kmedoids basis strategies and of the selection's folds.
     verbose : bool, default=False
@@ -133,7 +144,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     predictor_ : Predictor
         The model as the service holds it (classes as text): what :meth:`save` writes.
     n_iter_ : int
-        The most solver iterations any group of classes took.
+        The most Newton steps any class's problem took.
     train_accuracy_ : float
         Accuracy on the training set.
     timings_ : dict of str to float
@@ -166,6 +177,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         "min_df": [Interval(Integral, 1, None, closed="left")],
         "stop_words": [StrOptions({"english"}), None],
         "n_jobs": [Integral, None],
+        "cluster": [str, None],
         "random_state": [Interval(Integral, 0, None, closed="left"), None],
         "verbose": ["boolean"],
     }
@@ -186,6 +198,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         min_df=2,
         stop_words="english",
         n_jobs=-1,
+        cluster=None,
         random_state=0,
         verbose=False,
     ):
@@ -202,12 +215,13 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         self.min_df = min_df
         self.stop_words = stop_words
         self.n_jobs = n_jobs
+        self.cluster = cluster
         self.random_state = random_state
         self.verbose = verbose
 
     # -- fitting ---------------------------------------------------------------------------
 
-    def fit(self, X, y):
+    def fit(self, X, y=None):
         """Choose the basis, expand the training set on it and train the SVMs.
 
         Parameters
@@ -229,8 +243,22 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             normalisation that cannot be parsed or does not apply to the inputs.
         """
         self._validate_params()
+        sharded = isinstance(X, ShardedData)
         if self.similarity.strip().lower() == AUTO_SIMILARITY:
+            if sharded or self.cluster is not None or enclosing_client() is not None:
+                raise ValueError(
+                    "similarity 'auto' (the selection) does not run on a cluster yet: give the "
+                    f"measures, e.g. similarity={BasisExpandingSVC().similarity!r} is selected "
+                    "from; or fit without a cluster"
+                )
             return self._fit_selected(X, y)
+        if sharded or self.cluster is not None or enclosing_client() is not None:
+            return fit_on_cluster(self, X, y)
+        if y is None:
+            raise ValueError(
+                "this estimator requires y to be passed, but the target y is None (only sharded "
+                "data holds its labels)"
+            )
         inputs = preparation_for(X, self)
         X, y = inputs.validate_fit(self, X, y)
         check_classification_targets(y)
@@ -284,6 +312,12 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         del features
         timings["svm_seconds"] = time.perf_counter() - started
         timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
+        self.set_fitted(inputs, expansion, class_names, coef, intercept, len(codes), timings)
+        return self
+
+    def set_fitted(self, inputs, expansion, class_names, coef, intercept, n_train, timings):
+        """Set the learned state from the fitted parts: what every way of fitting ends with
+        (in this process, or on a cluster: :mod:`training.distributed_fit`)."""
         self.timings_ = timings
         self.expansion_ = expansion
         self.input_spec_ = inputs.spec
@@ -306,14 +340,13 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
                     "per_class": self.basis_per_class,
                 },
                 "training": {
-                    "n_train": len(codes),
+                    "n_train": n_train,
                     "config": self.training_config(),
                     "timings": timings,
                     "train_accuracy": self.train_accuracy_,
                 },
             },
         )
-        return self
 
     def _fit_selected(self, X, y):
         """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit

@@ -188,6 +188,28 @@ class DensePreparation(InputPreparation):
             return Spaces(tuple(parts))
         return np.hstack(parts)
 
+    @property
+    def transforms(self) -> tuple[InputTransform, ...]:
+        """The transforms settled on (:meth:`settle`), one per space, the model's first."""
+        return self._transforms
+
+    def use_normalizers(self, normalizers: Sequence[InputNormalizer]) -> None:
+        """Take the normalisation of each space as fitted elsewhere, instead of
+        :meth:`fit_items` (a cluster's reductions over shards, :mod:`training.distributed_fit`).
+        """
+        if len(normalizers) != len(self._transforms):
+            raise ValueError(f"{len(normalizers)} normalisers for {len(self._transforms)} spaces")
+        self._normalizers = list(normalizers)
+
+    def prepare(self, X) -> np.ndarray:
+        """Rows prepared as :meth:`fit_items` prepares the training set, with the fitted
+        normalisation: what the basis expansion reads."""
+        parts = [
+            normalizer.transform(transform.apply(X, self.spec))
+            for transform, normalizer in zip(self._transforms, self._normalizers, strict=True)
+        ]
+        return parts[0] if len(parts) == 1 else np.hstack(parts)
+
     def model_inputs(self, expansion):
         basis = expansion.basis_
         bases = basis.arrays if isinstance(basis, Spaces) else (basis,)

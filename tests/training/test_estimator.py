@@ -83,9 +83,9 @@ def test_one_core_and_every_core_train_the_same_model(digits_arrays, digits_mode
     )
 
 
-def test_classes_solved_in_parallel_groups_give_the_model_of_one_core(digits_arrays, monkeypatch):
+def test_row_blocks_solved_in_threads_give_the_model_of_one_core(digits_arrays, monkeypatch):
     X, y, X_test, _ = digits_arrays
-    monkeypatch.setattr(solver, "WORK_PER_GROUP", 100_000)  # 4 groups of classes
+    monkeypatch.setattr(solver, "ROWS_PER_BLOCK", 100)  # 6 blocks of rows
     models = [BasisExpandingSVC(basis_per_class=8, n_jobs=n).fit(X, y) for n in (1, 2)]
     scores = [model.decision_function(X_test) for model in models]
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)
