@@ -197,16 +197,21 @@ class DensePreparation(InputPreparation):
         """Take the normalisation of each space as fitted elsewhere, instead of
         :meth:`fit_items` (a cluster's reductions over shards, :mod:`training.distributed_fit`).
         """
+        if any(t.is_fitted for t in self._transforms):
+            raise ValueError(
+                "transforms fitted on the training images (bof) are learned in one process: "
+                "train without a cluster"
+            )
         if len(normalizers) != len(self._transforms):
             raise ValueError(f"{len(normalizers)} normalisers for {len(self._transforms)} spaces")
-        self._normalizers = list(normalizers)
+        self._fitted = list(normalizers)
 
     def prepare(self, X) -> np.ndarray:
         """Rows prepared as :meth:`fit_items` prepares the training set, with the fitted
         normalisation: what the basis expansion reads."""
         parts = [
             normalizer.transform(transform.apply(X, self.spec))
-            for transform, normalizer in zip(self._transforms, self._normalizers, strict=True)
+            for transform, normalizer in zip(self._transforms, self._fitted, strict=True)
         ]
         return parts[0] if len(parts) == 1 else np.hstack(parts)
 
