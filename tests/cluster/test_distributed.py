@@ -138,16 +138,30 @@ def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_features_larger_than_a_worker_memory_limit_are_spilled_and_the_fit_completes(tmp_path):
     """Features of 1.3 times one worker's memory limit, in shards of 16 MB: Dask spills blocks
-    to disk past 60% of the limit and reads them back for each pass."""
+    to disk past 60% of the limit and reads them back for each pass.
+
+    Spilling is what is tested, so the workers neither pause nor get restarted: a worker whose
+    process alone (Python, numpy, numba) is past the pause fraction of a small limit on another
+    machine would wait forever for memory it cannot free."""
+    import dask
     from distributed import Client
 
     X, _labels, data, _ = _sharded(tmp_path, 70_000, rows_per_shard=2000, n_basis=1)
     featurize = functools.partial(rbf_kernel, Y=X[:1000], gamma=0.05)
     limit = 400 * 2**20
     assert 1.3 * limit < 70_000 * 1000 * 8
-    with start_local_cluster(memory_limit=limit) as cluster, Client(cluster) as client:
+    no_pause = {
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.terminate": False,
+    }
+    with (
+        dask.config.set(no_pause),
+        start_local_cluster(memory_limit=limit) as cluster,
+        Client(cluster) as client,
+    ):
         classes = shard_classes(client, data.shards)
         blocks = shard_blocks(client, data.shards, classes, featurize)
         coef, _, _, accuracy = fit_one_vs_rest_distributed(
