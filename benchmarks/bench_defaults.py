@@ -25,9 +25,10 @@ ships, never tuned on), 50% test, seed 0. Opt-in: ``--synthetic`` (10-class
 ``--digits-cv`` (digits in repeated stratified 5-fold CV, 2 repeats), ``--fortunes`` (text).
 ``--no-tuned-svc`` leaves the tuned SVC out (on fortunes its grid search takes hours on 2 cores):
 ``--sets none --fortunes --no-tuned-svc`` gives the fortunes row against tf-idf + LinearSVC.
-``--all`` (``make bench-defaults-all``) runs every set in one table, the tuned SVC on the small
-grid from 5,000 training items or 1,000,000 training numbers (synthetic, mnist5k, fortunes): hours
-on 2 shared cores, most of it fortunes' grid search. From 50,000 training items (the
+The tuned SVC takes the small grid from 5,000 training items or 1,000,000 training numbers
+(synthetic, mnist5k, fortunes; ``--svc-grid full`` forces the full one). ``--all`` (``make
+bench-defaults-all``) runs every set in one table: hours on 2 shared cores, most of it fortunes'
+grid search. From 50,000 training items (the
 100,000-item set) the grid search is always left out: it would take days.
 ``--models`` runs a subset (so that slow baselines can run as separate processes side by side);
 ``--svc-fixed C=2,gamma=1`` fits one SVC(RBF) on the raw inputs instead of the grid search, for the
@@ -218,11 +219,12 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
 
 
 def _grid_for(dataset: Dataset, args) -> str:
-    # --all keeps the full grid for the small sets and takes the small one for the large sets.
+    """--svc-grid, or by default the full grid for small sets and the small one for large sets."""
+    if args.svc_grid != "auto":
+        return args.svc_grid
     n = len(dataset.y_train)
     numbers = n * (1 if dataset.input_spec.is_documents else dataset.input_spec.n_features)
-    large = args.all and (n >= SMALL_GRID_FROM or numbers >= SMALL_GRID_FROM_NUMBERS)
-    return "small" if args.svc_grid == "small" or large else "full"
+    return "small" if n >= SMALL_GRID_FROM or numbers >= SMALL_GRID_FROM_NUMBERS else "full"
 
 
 def _fixed_svc(dataset: Dataset, parameters: str):
@@ -254,11 +256,13 @@ def main() -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="every set of issue 14 (--digits-cv --synthetic --large --fortunes), the small grid "
-        "from 5,000 training items",
+        help="every set (--digits-cv --synthetic --large --fortunes besides --sets)",
     )
     parser.add_argument(
-        "--svc-grid", choices=("full", "small"), default="full", help="the tuned SVC's grid"
+        "--svc-grid",
+        choices=("auto", "full", "small"),
+        default="auto",
+        help="the tuned SVC's grid; auto: small from 5,000 training items or 1,000,000 numbers",
     )
     parser.add_argument(
         "--no-tuned-svc", action="store_true", help="leave the tuned SVC out (fortunes: hours)"

@@ -58,6 +58,7 @@ from typing import Any, ClassVar
 import numpy as np
 from joblib import Parallel, delayed
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import RepeatedStratifiedKFold, train_test_split
 
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
@@ -112,6 +113,8 @@ MAX_SEARCH_ITEMS = 3000
 # items: 83.75% at 1,000, 83.85% at 2,000, 80.15% at 4,000; docs/model-selection.md).
 MAX_GROWN_FEATURES = 4000
 MAX_GROWN_SHARE = 0.2
+# The solver's iterations in a fold fit at most (the final fit keeps the estimator's max_iter).
+FOLD_MAX_ITER = 500
 # Rounds of the refinement stage at most (each moves the width, C or the basis one step).
 MAX_REFINEMENTS = 4
 # The work of a HOG transform per input pixel, in multiply-adds: about 3 µs for an 8 x 8 digit
@@ -351,11 +354,16 @@ def _folds(X, y: np.ndarray, n_splits: int, repeats: int, random_state: int, max
 
 def _score_fold(estimator, params: dict[str, Any], fold: _Fold, threads: int) -> np.ndarray:
     """Which validation items of a fold are predicted right, trained on the fold's rest."""
+    model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
+    # A candidate whose features are ill-conditioned (a wide rbf on one dominant feature) can
+    # keep the solver for thousands of iterations (breast cancer, rbf(gamma=1/16), C = 10: 10,000
+    # in 26 s, where others converge in 7 to 400): scored as it stands after FOLD_MAX_ITER.
+    model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
     # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
     # threads spin-wait, which costs far more than they save when another process holds a core
     # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
-    model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
-    with limit_threads(numba_threads=threads, blas_threads=1):
+    with limit_threads(numba_threads=threads, blas_threads=1), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
         predicted = model.fit(fold.X_train, fold.y_train).predict(fold.X_valid)
     return np.asarray(predicted == fold.y_valid)
 

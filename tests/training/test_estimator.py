@@ -213,7 +213,8 @@ def test_auto_selects_on_the_training_set_and_keeps_the_parameters_as_given(tmp_
     record = auto.predictor_.metadata["training"]["selection"]
     accuracies = [step["cv_accuracy"] for step in record["path"]]
     assert accuracies == sorted(accuracies)
-    assert record["chosen"]["input_normalization"] == "per-feature"  # features on many scales
+    assert (record["budget_s"], record["budget_rule"]) == (20.0, "given")
+    assert record["stages"][0]["stage"] == "widths and C"
     # The chosen model is what the estimator predicts with, and what it saves.
     reference = make_pipeline(StandardScaler(), SVC()).fit(X_train, y_train)
     assert auto.score(X_test, y_test) >= reference.score(X_test, y_test) - 0.05

@@ -74,23 +74,19 @@ def _without_times(path: list[dict]) -> list[dict]:
     return [{k: v for k, v in entry.items() if k != "elapsed_s"} for entry in path]
 
 
-def test_on_wine_it_standardises_features_and_matches_a_scaled_svc():
-    chosen, as_global, reference = [], [], []
+def test_on_wine_it_beats_the_fixed_default_and_matches_a_scaled_svc():
+    chosen, fixed, reference = [], [], []
     for seed in range(3):
         dataset = _wine(seed)
         result, selection = fit_selected(dataset, "wine")
-        # Wine's features have unrelated units: the global normalisation lets one dominate.
-        assert selection.best_params_["input_normalization"] == "per-feature"
+        assert selection.n_repeats_ == 3  # 133 items: the folds are shuffled three times
         chosen.append(_accuracy(result.predictor, dataset))
-        global_config = {**selection.best_params_, "input_normalization": "global"}
-        as_global.append(
-            _accuracy(
-                fit_dataset(dataset, "g", diagnostics=False, **global_config).predictor, dataset
-            )
-        )
+        # Wine's features have unrelated units: the fixed default (rbf on the global
+        # normalisation) lets one of them dominate.
+        fixed.append(_accuracy(fit_dataset(dataset, "f", diagnostics=False).predictor, dataset))
         svc = make_pipeline(StandardScaler(), SVC()).fit(dataset.X_train, dataset.y_train)
         reference.append(float(np.mean(svc.predict(dataset.X_test) == dataset.y_test)))
-    assert np.mean(chosen) > np.mean(as_global)
+    assert np.mean(chosen) > np.mean(fixed) + 0.03
     assert np.mean(chosen) >= np.mean(reference) - 0.03
 
 
