@@ -246,7 +246,7 @@ def main() -> None:
     parser.add_argument(
         "--budget", type=float, default=None, help="the selection's seconds (default: scaled)"
     )
-    parser.add_argument("--n-jobs", type=int, default=2)
+    parser.add_argument("--n-jobs", type=int, default=-1, help="default: as fit does")
     parser.add_argument("--repeats", type=int, default=5, help="timing runs at batch 1,000")
     parser.add_argument("--sets", default=DEFAULT_SETS, help="comma separated, or none")
     parser.add_argument("--synthetic", action="store_true", help="make_classification, 10,000")

@@ -28,10 +28,11 @@ they are searched together and revisited, not fixed one after the other:
 Only real gains change the model: a stage's best candidate is taken when its gain over the
 current configuration exceeds ``min_gain_se`` standard errors of the paired difference (each
 validation item's difference in correctness, averaged over the repeats), and a candidate that is
-cheaper to predict and not less accurate wins a tie. Stages of many candidates race them: after
-one fold, those clearly behind (:data:`RACE_Z` standard errors) are dropped, and at most a third
-go on. Everything stops when the time budget is spent (by default it grows with the items
-searched, :func:`budget_for`): a candidate whose folds are not all scored by then is not
+cheaper to predict and not less accurate wins a tie. Stages of many candidates race them, the
+most promising first, nine at a time: after one fold, those clearly behind the best so far
+(:data:`RACE_Z` standard errors) are dropped, and at most a third go on. Everything stops when
+the time budget is spent (by default it grows with the items searched, :func:`budget_for`): a
+candidate whose folds are not all scored by then is not
 considered, and the record says which stage was cut. The path (each step taken, its
 cross-validated accuracy, gain and standard error) is kept in ``path_``, every stage in
 ``stages_``, as plain data for the manifest (:meth:`ForwardSelectionCV.record`).
@@ -84,10 +85,12 @@ DEFAULT_MIN_GAIN_SE = 1.0
 # MAX_REPEATS), so that about this many validations back every comparison.
 MIN_VALIDATIONS = 1000
 MAX_REPEATS = 3
-# Racing: after one fold, a candidate this many standard errors behind the best is dropped; at
-# most a third of the candidates (and at least RACE_KEEP) go on to the other folds.
+# Racing, from RACE_FROM candidates, RACE_CHUNK at a time: after a first pass, a candidate this
+# many standard errors behind the best so far is dropped, and at most a third of a chunk goes on
+# to the other folds.
+RACE_FROM = 5
+RACE_CHUNK = 9
 RACE_Z = 2.0
-RACE_KEEP = 4
 RACE_SHARE = 1 / 3
 MAX_MEASURES = 3
 # Basis items times the measures' work per pair, relative to an rbf's (rigid(1) counts 9, the
@@ -113,6 +116,11 @@ MAX_SEARCH_ITEMS = 3000
 # items: 83.75% at 1,000, 83.85% at 2,000, 80.15% at 4,000; docs/model-selection.md).
 MAX_GROWN_FEATURES = 4000
 MAX_GROWN_SHARE = 0.2
+# Searches of fewer numbers than this (items searched times features) run their fold fits in the
+# calling process by default: starting worker processes (importing numpy, scikit-learn, numba)
+# costs more than their fits save, and on 2 cores at a load average of 20 it took the whole
+# 40 s budget of wine's search (one fold fit scored).
+PROCESSES_FROM_NUMBERS = 100_000
 # The solver's iterations in a fold fit at most (the final fit keeps the estimator's max_iter).
 FOLD_MAX_ITER = 500
 # Rounds of the refinement stage at most (each moves the width, C or the basis one step).
@@ -448,6 +456,7 @@ class _FoldScorer:
         folds: list[_Fold],
         n_items: int,
         n_jobs: int,
+        threads: int,
         deadline: float,
         progress,
     ):
@@ -455,7 +464,7 @@ class _FoldScorer:
         self.folds = folds
         self.n_items = n_items
         self.repeats = 1 + max(fold.repeat for fold in folds)
-        self.threads = max(1, available_cpus() // n_jobs)
+        self.threads = threads
         self.deadline = deadline
         self.progress = progress
         self.fits = 0
@@ -465,26 +474,31 @@ class _FoldScorer:
     def __call__(
         self, stage: str, candidates: Sequence[Candidate], reference: np.ndarray | None
     ) -> _Scored:
-        """Score every candidate on every fold, or race them when there are many: a first
-        pass (the first shuffle's folds when the folds are repeated, else the first fold), then
-        the other folds for the candidates not clearly behind the best of them and of
-        ``reference`` (the current configuration's correctness) on that pass."""
+        """Score every candidate on every fold, or race them when there are many, in chunks of
+        :data:`RACE_CHUNK` in the order given (the most promising first, so that a stage the
+        budget cuts still leaves its first chunks scored): a first pass (the first shuffle's
+        folds when the folds are repeated, else the first fold), then the other folds for the
+        chunk's candidates not clearly behind the best so far and ``reference`` (the current
+        configuration's correctness) on that pass, at most a third of the chunk."""
         results: list[dict[int, np.ndarray]] = [{} for _ in candidates]
         folds = range(len(self.folds))
         first = [f for f in folds if self.folds[f].repeat == 0] if self.repeats > 1 else [0]
-        everything = [(i, f) for i in range(len(candidates)) for f in folds]
+        if len(candidates) < RACE_FROM or len(first) == len(self.folds):
+            tasks = [(i, f) for i in range(len(candidates)) for f in folds]
+            self._run(stage, tasks, candidates, results)
+            return _Scored([self._matrix(done) for done in results], 0)
         raced_out = 0
-        if len(candidates) > RACE_KEEP and len(first) < len(self.folds):
-            self._run(
-                stage, [(i, f) for i in range(len(candidates)) for f in first], candidates, results
-            )
-            alive = self._survivors(candidates, results, reference, first)
-            # Dropped after a full first pass; the ones the budget cut are not "raced out".
-            raced_out = sum(
-                1 for i, done in enumerate(results) if len(done) == len(first) and i not in alive
-            )
-            everything = [(i, f) for i in alive for f in folds if f not in first]
-        self._run(stage, everything, candidates, results)
+        for start in range(0, len(candidates), RACE_CHUNK):
+            chunk = range(start, min(start + RACE_CHUNK, len(candidates)))
+            self._run(stage, [(i, f) for i in chunk for f in first], candidates, results)
+            if self.out_of_time:
+                break
+            alive = self._survivors(results, reference, first, chunk)
+            raced_out += len(chunk) - len(alive)
+            rest = [(i, f) for i in alive for f in folds if f not in first]
+            self._run(stage, rest, candidates, results)
+            if self.out_of_time:
+                break
         return _Scored([self._matrix(done) for done in results], raced_out)
 
     def _matrix(self, done: dict[int, np.ndarray]) -> np.ndarray | None:
@@ -498,13 +512,13 @@ class _FoldScorer:
 
     def _survivors(
         self,
-        candidates: Sequence[Candidate],
         results: list[dict[int, np.ndarray]],
         reference: np.ndarray | None,
         first: list[int],
+        chunk: range,
     ) -> list[int]:
-        """Candidates not :data:`RACE_Z` standard errors behind the best on the ``first``
-        folds, the best first, at most a share of them."""
+        """The candidates of ``chunk`` not :data:`RACE_Z` standard errors behind the best so
+        far on the ``first`` folds, the best first, at most :data:`RACE_SHARE` of the chunk."""
         index = np.concatenate([self.folds[f].valid_index for f in first])
         on_pass = {
             i: np.concatenate([done[f] for f in first])[None, :]
@@ -514,14 +528,11 @@ class _FoldScorer:
         contenders = list(on_pass.values())
         if reference is not None:
             contenders.append(reference[0, index][None, :])
-        if not contenders:
-            return []
         best = max(contenders, key=lambda right: right.mean())
-        kept = [i for i, right in on_pass.items() if _not_behind(best, right)]
-        keep = max(RACE_KEEP, math.ceil(RACE_SHARE * len(candidates)))
-        # Stable: among equals the earlier (cheaper, by construction) candidate goes on.
+        kept = [i for i in chunk if _not_behind(best, on_pass[i])]
+        # Stable: among equals the earlier (more promising) candidate goes on.
         kept.sort(key=lambda i: -on_pass[i].mean())
-        return sorted(kept[:keep])
+        return sorted(kept[: math.ceil(RACE_SHARE * len(chunk))])
 
     def _run(
         self,
@@ -779,8 +790,11 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         Shuffles of the folds; None: enough for about 1,000 validations, at most 3
         (:func:`repeats_for`: 3 below 334 items, 1 from 1,000).
     n_jobs : int or None, default=None
-        Fold fits run side by side (joblib processes); None or -1: one per available core.
-        Each gets ``cores // n_jobs`` numba threads and one BLAS thread.
+        Fold fits run side by side (joblib processes); None or negative: one per available
+        core, except for searches of fewer than 100,000 numbers (items searched times
+        features: wine, breast cancer, digits), which run in the calling process on one
+        thread, where starting workers costs more than it saves. Each process gets
+        ``cores // n_jobs`` numba threads and one BLAS thread.
     min_gain_se : float, default=1.0
         A step is taken when its gain in cross-validated accuracy exceeds this many standard
         errors of the paired difference (:func:`paired_gain`); a candidate cheaper to predict
@@ -898,8 +912,10 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         labels = np.asarray(y_checked)
         if len(np.unique(labels)) < 2:
             raise ValueError("the training set needs at least two classes")
-        jobs = available_cpus() if self.n_jobs is None or self.n_jobs < 0 else max(1, self.n_jobs)
         searched = min(len(labels), self.max_items)
+        jobs, threads = _jobs(
+            self.n_jobs, searched * (1 if spec.is_documents else spec.n_features), spec
+        )
         repeats = repeats_for(searched) if self.repeats is None else self.repeats
         folds, n_items = _folds(
             X_checked, labels, self.cv, repeats, self.random_state, self.max_items
@@ -922,7 +938,9 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         base = clone(self.estimator).set_params(
             input_shape=None if spec.is_documents else str(spec)
         )
-        scorer = _FoldScorer(base, folds, n_items, jobs, started + self.budget_s_, self.verbose)
+        scorer = _FoldScorer(
+            base, folds, n_items, jobs, threads, started + self.budget_s_, self.verbose
+        )
         search = _Search(
             scorer,
             start,
@@ -1056,6 +1074,20 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
 # -- the stages ----------------------------------------------------------------------------
 
 
+def _jobs(n_jobs: int | None, numbers: int, spec: InputSpec) -> tuple[int, int]:
+    """Processes for the fold fits and numba threads for each: ``n_jobs`` as given sharing
+    the cores, or by default one process per core, except for searches of fewer than
+    :data:`PROCESSES_FROM_NUMBERS` numbers (documents never count as few), which run in the
+    calling process on one thread (their fits are too small for a parallel region to pay: on 2
+    loaded cores a wine fit took 0.47 s with two threads, 0.31 s with one)."""
+    cpus = available_cpus()
+    if n_jobs is not None and n_jobs > 0:
+        return int(n_jobs), max(1, cpus // int(n_jobs))
+    if not spec.is_documents and numbers < PROCESSES_FROM_NUMBERS:
+        return 1, 1
+    return cpus, 1
+
+
 def _with_measure(params: dict[str, Any], similarity: str, n_classes: int, max_features: int):
     """``params`` with ``similarity``, the basis shrunk to fit the feature budget; None if the
     measures could not have :data:`MIN_BASIS_PER_CLASS` items a class."""
@@ -1080,23 +1112,39 @@ def _scaled(measure: str) -> tuple[Scale, float] | None:
 
 def _coarse_candidates(search: _Search, spec: InputSpec, rules: _KindRules, n_classes: int):
     """Every measure at the coarse grid of its scale, times the coarse grid of C, under each
-    input normalisation."""
+    input normalisation; the most promising first (the middle of each grid, the current
+    normalisation), so that a stage the budget cuts has scored those."""
     current = search.current
-    candidates = []
-    for normalization in rules.input_normalizations:
+    ranked = []
+    for n, normalization in enumerate(rules.input_normalizations):
+        if normalization == current["input_normalization"]:
+            n = -1
         for measure in measure_candidates(spec, current["input_transform"]):
             params = _with_measure(current, measure, n_classes, rules.max_features)
             if params is None:
                 continue
-            for C in rules.coarse_C(measure):
+            Cs = rules.coarse_C(measure)
+            for c, C in enumerate(Cs):
                 where = "" if rules.documents else f", {normalization}"
-                candidates.append(
-                    Candidate(
-                        f"{measure}, C = {C:g}{where}",
-                        {**params, "C": C, "input_normalization": normalization},
-                    )
+                priority = _rung(measure) + abs(c - len(Cs) // 2) + 0.5 * (n >= 0)
+                candidate = Candidate(
+                    f"{measure}, C = {C:g}{where}",
+                    {**params, "C": C, "input_normalization": normalization},
                 )
-    return candidates
+                ranked.append((priority, len(ranked), candidate))
+    return [candidate for *_, candidate in sorted(ranked, key=lambda r: r[:2])]
+
+
+def _rung(measure: str) -> float:
+    """How far a measure is from the middle of the coarse grids: 0 for the middle width, one
+    more a step away; linear 0.5, measures without a scale 2."""
+    scaled = _scaled(measure)
+    if scaled is None:
+        return 0.5 if parse_spec(measure).kind.linear_in_input else 2.0
+    scale, value = scaled
+    coarse = list(scale.coarse)
+    middle = coarse[len(coarse) // 2]
+    return abs(coarse.index(value) - coarse.index(middle)) if value in coarse else 2.0
 
 
 def _refinements(search: _Search, sizes: list[int]) -> list[Candidate]:
