@@ -97,6 +97,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=service.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # A path with a trailing slash is a 404: the redirect to the path without it would
+        # be built from the client's Host header.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = metrics
