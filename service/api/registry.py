@@ -80,8 +80,10 @@ async def off_loop(function: Callable[..., T], *args: Any, timeout_s: float | No
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(settle, *outcome)
 
-    threading.Thread(target=run, name="besvm-repository", daemon=True).start()
+    # The time counts from before the start: a thread that runs the whole call while this one
+    # waits to run again (the GIL, a busy host) is still late.
     async with asyncio.timeout(timeout_s):
+        threading.Thread(target=run, name="besvm-repository", daemon=True).start()
         return await future
 
 

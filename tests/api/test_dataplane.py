@@ -97,7 +97,8 @@ def test_every_part_of_a_search_counts_in_where_it_runs(search_model_dir):
         return off_the_loop
 
     async def scenario():
-        registry, plane = _plane(search_model_dir)
+        # 5 ms: a search is inline even on a busy host; one excluding 50,000 ids never is.
+        registry, plane = _plane(search_model_dir, budget_ms=5)
         await registry.sync()
         snapshot = plane.snapshot(None)
         for _ in range(3):
