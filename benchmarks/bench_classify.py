@@ -20,13 +20,15 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _serving import latencies, running_server
+from serving import latencies, running_server
 from sklearn.svm import SVC
 
-from service.model import InputNormalizer, Predictor, kernels
+from service.model import Predictor
+from service.model.kernels import dense as dense_kernels
 from service.model.threads import limit_threads
 from training.datasets import load_digits_dataset
 from training.evaluate import median_seconds
+from training.preprocessing import InputNormalizer
 
 
 def _http_latencies(model: Path, instance: list, requests: int) -> list[float]:
@@ -41,9 +43,13 @@ def _drivers(repeats: int) -> None:
     basis, X = rng.normal(size=(1000, 64)) / 8, rng.normal(size=(1000, 64)) / 8
     out = np.empty((1000, 1000))
     with limit_threads(numba_threads=1, blas_threads=1):
-        kernels.rbf_similarities_blas(basis, X, 1.0, out)
-        pairs = median_seconds(lambda: kernels.rbf_similarities_serial(basis, X, 1.0, out), repeats)
-        blas = median_seconds(lambda: kernels.rbf_similarities_blas(basis, X, 1.0, out), repeats)
+        dense_kernels.rbf_similarities_blas(basis, X, 1.0, out)
+        pairs = median_seconds(
+            lambda: dense_kernels.rbf_similarities_serial(basis, X, 1.0, out), repeats
+        )
+        blas = median_seconds(
+            lambda: dense_kernels.rbf_similarities_blas(basis, X, 1.0, out), repeats
+        )
     print(
         f"rbf, 1,000 x 1,000 bases of 64, one thread: pair kernels {1e3 * pairs:.2f} ms, "
         f"BLAS {1e3 * blas:.2f} ms, pairs / BLAS {pairs / blas:.2f}"

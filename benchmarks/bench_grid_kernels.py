@@ -21,7 +21,9 @@ import argparse
 import numpy as np
 from sklearn.datasets import load_digits
 
-from service.model import grid_kernels, hog_kernels, kernels
+from service.model.kernels import dense as dense_kernels
+from service.model.kernels import grid as grid_kernels
+from service.model.kernels import hog as hog_kernels
 from service.model.threads import limit_threads
 from training.evaluate import median_seconds
 
@@ -35,8 +37,8 @@ def _normalised_digits() -> np.ndarray:
 def _measures(shape: tuple[int, int, int]) -> list[tuple[str, object, object, tuple]]:
     """(name, parallel driver, serial driver, arguments after ``basis, X``) of each measure."""
     return [
-        ("linear", kernels.linear_similarities, kernels.linear_similarities_serial, ()),
-        ("rbf(1)", kernels.rbf_similarities, kernels.rbf_similarities_serial, (1.0,)),
+        ("linear", dense_kernels.linear_similarities, dense_kernels.linear_similarities_serial, ()),
+        ("rbf(1)", dense_kernels.rbf_similarities, dense_kernels.rbf_similarities_serial, (1.0,)),
         *(
             (
                 f"rigid({h})",

@@ -31,7 +31,7 @@ import numba
 import numpy as np
 from threadpoolctl import threadpool_info
 
-from service.model.search_kernels import search_top_k
+from service.model.kernels.search import search_top_k
 from service.model.threads import FASTMATH, SEARCH_PARALLEL_MIN_ENTRIES, limit_threads
 from training.evaluate import median_seconds
 

@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from service.model import InputSpec, SpecError
+from service.model import SpecError
 from service.model.artifact import read_npy_header
+from service.model.inputs.spec import InputSpec
 
 DIGITS = "digits"
 DIGITS_TRAIN_SIZE = 1000

@@ -21,7 +21,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.svm import LinearSVC
 
 from training.dictionary import UnionOfSubspacesSVM, prune_codes
-from training.fit import training_design
+from training.solver import training_design
 
 US_SVM_VARIANTS: dict[str, dict[str, Any]] = {
     "US-SVM": {"l1_ratio": 1.0, "nonnegative": False},
@@ -174,7 +174,7 @@ def fit_baseline(method: str, F_train: np.ndarray, y_train: np.ndarray):
     or with ``penalty="l1", dual=False`` (``"l1-SVM"``).
 
     Features that mostly equal their column's median (BE-SVM features of documents) are shifted
-    by it and trained on as a sparse matrix, as :func:`training.fit.training_design` does for the
+    by it and trained on as a sparse matrix, as :func:`training.solver.training_design` does for the
     BE-SVM: liblinear then runs several times faster; the shift is folded into the intercepts.
 
     Parameters

@@ -39,8 +39,8 @@ from service.api.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
-from service.model.documents import Vocabulary
 from service.model.errors import ArtifactChangedError, brief
+from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
@@ -48,6 +48,9 @@ T = TypeVar("T")
 
 # Weight of the newest measurement in a snapshot's running cost estimate.
 COST_SMOOTHING = 0.2
+# A measurement counts at most this many times the estimate: one request preempted on a busy
+# host (milliseconds, for microseconds of work) must not send the next ones off the loop.
+COST_OUTLIER_FACTOR = 4.0
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
 
@@ -285,7 +288,8 @@ class DataPlane:
                 if units and kind not in costs:
                     costs[kind] = left
             return
-        scale = seconds / expected if expected > 0 else 1.0
+        # A measurement counts at most COST_OUTLIER_FACTOR times the estimate.
+        scale = min(seconds / expected, COST_OUTLIER_FACTOR) if expected > 0 else 1.0
         for kind, units in parts.items():
             if units:
                 costs[kind] *= 1 - COST_SMOOTHING + COST_SMOOTHING * scale

@@ -39,10 +39,13 @@ FASTMATH = {"reassoc", "contract"}
 # thread: a parallel region costs tens of microseconds to start, and far more when another
 # process holds a core. rbf on 250 bases of 64 features: batches of up to 12 items run serially;
 # rigid(1) (cost 9): one item. Counted in arithmetic because these kernels are compute-bound.
+# The bof transform's nearest-word search counts against the same threshold (patches x words x
+# 128 per image: one 64 x 64 image at the defaults is 2.5 million, so every bof batch is heavy
+# work, and two images or more run in parallel).
 SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
 
 # Batches of at least this many inputs go through a measure's BLAS driver (linear and rbf as
-# one matrix product, see service.model.kernels) rather than the serial pair kernels; below it
+# one matrix product, see service.model.kernels.dense) rather than the serial pair kernels; below it
 # numpy's per-call overheads cost more than the product saves. Work above the parallel threshold
 # still runs in numba's parallel drivers when at least SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
 # numba threads share it: BLAS on one thread is about twice as fast as a pair kernel thread
@@ -55,7 +58,7 @@ SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
 # basis item plus a few shared words, each costing a log-Gamma (about ten multiply-adds).
 DOCUMENT_PAIR_MULTIPLY_ADDS = 32
 
-# The HOG transform (service.model.hog_kernels, BoundTransform.apply): below this many pixel
+# The HOG transform (service.model.kernels.hog, BoundTransform.apply): below this many pixel
 # values (n_samples * height * width * channels) a batch runs on the calling thread. The kernels
 # cost about 55 ns a grey pixel (one atan2 and one hypot; colour adds a hypot per channel):
 # 3.4 us an 8 x 8 digit, so this is 32 digits, about 110 us, where a parallel region's start (tens
@@ -70,7 +73,7 @@ HOG_PARALLEL_MIN_VALUES = 2_048
 # Measured on 2 idle cores (omp layer), parallel over serial: 0.7-1.0x below 50k, about 1.05x at
 # 250k, 1.3-1.5x at 500k, 1.6-2x from 1M up. The threshold sits above break-even because a
 # parallel region is far slower when another process holds a core (see
-# service.model.search_kernels), where the serial driver only shares its own core.
+# service.model.kernels.search), where the serial driver only shares its own core.
 SEARCH_PARALLEL_MIN_ENTRIES = 500_000
 
 

@@ -1,10 +1,11 @@
-"""Parsing and formatting of similarity specs, and dispatch to the kernels."""
+"""Parsing and formatting of similarity specs, and dispatch to the dense_kernels."""
 
 import numpy as np
 import pytest
 from sklearn.metrics.pairwise import rbf_kernel
 
-from service.model import SpecError, kernels, parse_spec, parse_specs, threads
+from service.model import SpecError, parse_spec, parse_specs, threads
+from service.model.kernels import dense as dense_kernels
 from service.model.similarity import format_spec, split_specs
 
 
@@ -79,11 +80,11 @@ def test_spec_compute_dispatches_to_the_right_kernel():
 @pytest.mark.parametrize(
     ("n", "driver"),
     [
-        (1, kernels.rbf_similarities_serial),
-        (3, kernels.rbf_similarities_serial),
-        (16, kernels.rbf_similarities_blas),
-        (400, kernels.rbf_similarities_blas),
-        (400, kernels.rbf_similarities),
+        (1, dense_kernels.rbf_similarities_serial),
+        (3, dense_kernels.rbf_similarities_serial),
+        (16, dense_kernels.rbf_similarities_blas),
+        (400, dense_kernels.rbf_similarities_blas),
+        (400, dense_kernels.rbf_similarities),
     ],
 )
 def test_every_driver_gives_the_same_similarities(n, driver, monkeypatch):
@@ -91,7 +92,7 @@ def test_every_driver_gives_the_same_similarities(n, driver, monkeypatch):
     # parallel driver when enough numba threads share them (here: as soon as one does).
     from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 
-    if driver is kernels.rbf_similarities:
+    if driver is dense_kernels.rbf_similarities:
         monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
     rng = np.random.default_rng(n)
     X, basis = rng.normal(size=(n, 64)), rng.normal(size=(20, 64))
@@ -108,15 +109,15 @@ def test_heavy_work_is_heavy_whichever_driver_computes_it(monkeypatch):
     # make a 4,000-item batch look light, nor may a measure without BLAS drivers take one.
     rbf, rigid = parse_spec("rbf(0.1)").bind(64), parse_spec("rigid(1)").bind(64, (8, 8, 1))
     with threads.limit_threads(numba_threads=1):
-        assert rbf.driver_for(4000, 100) is kernels.rbf_similarities_blas
+        assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities_blas
         assert not rbf.runs_serially(4000, 100)
-        assert rigid.driver_for(4000, 100) is rigid.driver
+        assert rigid.driver_for(4000, 100) is rigid.drivers.parallel
         assert not rigid.runs_serially(4000, 100)
         assert rbf.runs_serially(1, 100)
-        assert rigid.driver_for(1, 100) is rigid.serial_driver
+        assert rigid.driver_for(1, 100) is rigid.drivers.serial
     monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
     with threads.limit_threads(numba_threads=1):
-        assert rbf.driver_for(4000, 100) is kernels.rbf_similarities
+        assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities
 
 
 def test_grid_measures_need_a_grid_that_fits_the_items():

@@ -9,8 +9,8 @@ import scipy.sparse as sp
 from sklearn.svm import LinearSVC
 
 from service.model import ArtifactIntegrityError, InvalidInputError, Predictor
-from service.model.inputs import InputSpec
-from training.fit import training_design
+from service.model.inputs.spec import InputSpec
+from training.solver import training_design
 
 
 def test_a_text_model_learns_the_topics(text_fit, text_dataset):

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from service.model import InputSpec, SpecError
-from service.model.transforms import InputTransform, default_transform, parse_transform
-from tests.model.test_hog_kernels import reference
+from service.model import SpecError
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform, default_transform, parse_transform
+from tests.model.kernels.test_hog import reference
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,11 @@ from pathlib import Path
 import pytest
 from numba.core.dispatcher import Dispatcher
 
-from service.model import hog_kernels, kernels, search_kernels, sparse_kernels
+from service.model.kernels import bof as bof_kernels
+from service.model.kernels import dense as dense_kernels
+from service.model.kernels import hog as hog_kernels
+from service.model.kernels import search as search_kernels
+from service.model.kernels import sparse as sparse_kernels
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
 
@@ -43,10 +47,10 @@ rng = np.random.default_rng(0)
 
 with event.install_recorder("numba:compile") as recorder:
     from service.model import Predictor
-    from service.model.documents import Documents, canonical_counts, smooth_idf
-    from service.model.inputs import InputSpec
+    from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
+    from service.model.inputs.spec import InputSpec
     from service.model.search import SearchIndex, SearchQuery
-    from service.model.search_kernels import search_top_k
+    from service.model.kernels.search import search_top_k
     from service.model.similarity import SIMILARITY_KINDS, parse_spec
     from service.model.threads import (
         DOCUMENT_PAIR_MULTIPLY_ADDS,
@@ -55,7 +59,7 @@ with event.install_recorder("numba:compile") as recorder:
         SIMILARITY_BLAS_MIN_SAMPLES,
         SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
     )
-    from service.model.transforms import parse_transform
+    from service.model.inputs.transforms import parse_transform
 
     # What a server does with its models: load, warm up, answer one item and a large batch.
     for model_dir in args["models"]:
@@ -93,13 +97,17 @@ with event.install_recorder("numba:compile") as recorder:
         counts = sp.csr_matrix(rng.integers(0, 3, size=(n, 30)).astype(float))
         return Documents(canonical_counts(counts), idf)
 
+    def cells(n):  # images as bags of visual words, 2 cells each
+        return CellDocuments(documents(2 * n), np.array([0.5, 0.5]))
+
     idf = smooth_idf(canonical_counts(sp.csr_matrix(np.ones((2, 30)))))
     for kind in SIMILARITY_KINDS.values():
         spec = parse_spec(kind.name)
         grid_shape = (2, 3, 2) if kind.needs_grid else None
         for make, pair_work, applies in (
             (dense, spec.work(1, 1, 12), not kind.documents_only),
-            (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.on_documents is not None),
+            (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.documents is not None),
+            (cells, 2 * DOCUMENT_PAIR_MULTIPLY_ADDS, kind.cells is not None),
         ):
             if not applies:
                 continue
@@ -170,31 +178,36 @@ def _name(dispatcher: Dispatcher) -> str:
 
 def serving_drivers() -> list[str]:
     """The dispatchers that serving calls from Python: the dense drivers of every measure, the
-    documents drivers, the search drivers and the HOG transform's, each serial and parallel."""
+    documents and cells drivers, the search drivers and the HOG and bof transforms', each serial
+    and parallel."""
     names = [
         _name(driver)
         for kind in SIMILARITY_KINDS.values()
-        for driver in (kind.driver, kind.serial_driver)
-        if driver is not None
+        if kind.dense is not None
+        for driver in (kind.dense.parallel, kind.dense.serial)
     ]
     names += [
         _name(obj)
         for name, obj in vars(sparse_kernels).items()
         if isinstance(obj, Dispatcher) and name.endswith(("_similarities", "_similarities_serial"))
     ]
-    names += [_name(kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
+    names += [_name(dense_kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
     names += [_name(search_kernels.search_top_k_serial)]
     names += [_name(search_kernels.search_top_k_parallel)]
     names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]
+    names += [_name(bof_kernels.bof_words), _name(bof_kernels.bof_words_serial)]
+    names += [_name(bof_kernels.pyramid_counts)]
     return names
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, digits_model_dir, search_model_dir, text_model_dir) -> dict:
+def served(
+    tmp_path_factory, digits_model_dir, search_model_dir, text_model_dir, bof_model_dir
+) -> dict:
     return serve_from_a_warmed_cache(
         tmp_path_factory.mktemp("numba-cache"),
         tmp_path_factory.mktemp("serve"),
-        [digits_model_dir, search_model_dir, text_model_dir],
+        [digits_model_dir, search_model_dir, text_model_dir, bof_model_dir],
         [sys.executable, "-m", "service.model.warmup"],
     )
 

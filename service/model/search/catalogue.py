@@ -33,10 +33,10 @@ from service.model.errors import (
     InvalidInputError,
     brief,
 )
+from service.model.kernels.search import search_top_k
 from service.model.search.codes import SparseCode
 from service.model.search.layout import check_parent
 from service.model.search.model import UnionOfSubspacesModel
-from service.model.search_kernels import search_top_k
 
 CATALOGUE_TYPE = "catalogue"
 DEFAULT_NEGATIVES = 1000
@@ -144,7 +144,7 @@ class Catalogue:
 
     def top(self, code: SparseCode, k: int, excluded: np.ndarray | None = None):
         """The ``k`` best items for ``code``, best first (see
-        :func:`service.model.search_kernels.search_top_k`).
+        :func:`service.model.kernels.search.search_top_k`).
 
         Parameters
         ----------

@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, NotFoundError
+from service.model.kernels.search import search_runs_serially
 from service.model.predictor import Predictor
 from service.model.search.catalogue import Catalogue, read_catalogue
 from service.model.search.codes import SparseCode, sparse_svm_code
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
-from service.model.search_kernels import search_runs_serially
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
 # at most A terms, no score can overflow to infinity (which JSON cannot carry).

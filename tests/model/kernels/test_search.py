@@ -1,0 +1,203 @@
+"""search_top_k against an independent numpy reference, on both drivers."""
+
+import numpy as np
+import pytest
+
+from service.model import threads
+from service.model.kernels import search as search_kernels
+from service.model.kernels.search import (
+    search_top_k,
+    search_top_k_parallel,
+    search_top_k_serial,
+)
+
+SMALL_CHUNK = 64  # so that a catalogue of a thousand items spans many chunks
+
+
+def reference(projected, atoms, weights, bias, k, excluded=()):
+    """Top k by (-score, position) with numpy: a stable argsort of every score."""
+    scores = bias + weights @ projected[atoms].astype(np.float64)
+    keep = np.ones(projected.shape[1], dtype=bool)
+    keep[np.asarray(excluded, dtype=np.int64)] = False
+    candidates = np.flatnonzero(keep)
+    order = candidates[np.argsort(-scores[candidates], kind="stable")][:k]
+    return order, scores[order]
+
+
+def assert_matches(result, expected, tolerance=1e-12):
+    positions, scores = result
+    expected_positions, expected_scores = expected
+    assert positions.dtype == np.int64
+    assert scores.dtype == np.float64
+    np.testing.assert_array_equal(positions, expected_positions)
+    scale = max(1.0, float(np.abs(expected_scores).max(initial=0.0)))
+    np.testing.assert_allclose(scores, expected_scores, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.fixture(params=["serial", "parallel"])
+def mode(request, monkeypatch):
+    """Force search_top_k onto one driver, with small chunks."""
+    threshold = 0 if request.param == "parallel" else 10**18
+    monkeypatch.setattr(threads, "SEARCH_PARALLEL_MIN_ENTRIES", threshold)
+    monkeypatch.setattr(search_kernels, "CHUNK_ITEMS", SMALL_CHUNK)
+    return request.param
+
+
+def random_catalogue(seed=0, n_atoms=12, n_items=1000):
+    rng = np.random.default_rng(seed)
+    projected = rng.standard_normal((n_atoms, n_items)).astype(np.float32)
+    atoms = rng.choice(n_atoms, size=4, replace=False).astype(np.int64)
+    weights = rng.standard_normal(4)
+    return projected, atoms, weights
+
+
+def test_hand_computed_scores(mode):
+    projected = np.array([[1, 5, 3, 5], [0, 1, 2, -1], [9, 9, 9, 9]], dtype=np.float32)
+    # scores: 0.5 + (1, 5, 3, 5) - 2 (0, 1, 2, -1) = (1.5, 3.5, -0.5, 7.5)
+    positions, scores = search_top_k(projected, [0, 1], [1.0, -2.0], 0.5, 3)
+    np.testing.assert_array_equal(positions, [3, 1, 0])
+    np.testing.assert_array_equal(scores, [7.5, 3.5, 1.5])
+    assert projected.flags.writeable  # the caller's array is left as it was
+    assert projected[0, 1] == 5
+
+
+@pytest.mark.parametrize("k", [1, 10, 999, 1000, 1001, 5000])
+def test_matches_reference(mode, k):
+    projected, atoms, weights = random_catalogue()
+    result = search_top_k(projected, atoms, weights, 0.25, k)
+    assert result[0].shape == (min(k, 1000),)
+    assert_matches(result, reference(projected, atoms, weights, 0.25, k))
+
+
+def test_k_equal_n_is_a_full_ranking(mode):
+    projected, atoms, weights = random_catalogue(seed=1, n_items=300)
+    positions, scores = search_top_k(projected, atoms, weights, -1.0, 300)
+    assert sorted(positions.tolist()) == list(range(300))
+    assert np.all(np.diff(scores) <= 0)
+    assert_matches((positions, scores), reference(projected, atoms, weights, -1.0, 300))
+
+
+def test_negative_weights(mode):
+    projected, atoms, _ = random_catalogue(seed=2)
+    weights = -np.array([0.5, 1.5, 2.0, 0.25])
+    result = search_top_k(projected, atoms, weights, 3.0, 25)
+    assert_matches(result, reference(projected, atoms, weights, 3.0, 25))
+    # the best item under the negated (positive) weights is the worst under the negative ones
+    worst = np.argmin(weights @ projected[atoms].astype(np.float64))
+    assert search_top_k(projected, atoms, -weights, 0.0, 1)[0][0] == worst
+
+
+def test_no_atoms_scores_the_bias_and_keeps_the_lowest_positions(mode):
+    projected, _, _ = random_catalogue()
+    positions, scores = search_top_k(projected, np.empty(0, np.int64), np.empty(0), 1.75, 5)
+    np.testing.assert_array_equal(positions, [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(scores, [1.75] * 5)
+    positions, scores = search_top_k(projected, [], [], -2.0, 4, excluded=[0, 2, 3, 64, 65])
+    np.testing.assert_array_equal(positions, [1, 4, 5, 6])
+    np.testing.assert_array_equal(scores, [-2.0] * 4)
+
+
+def test_duplicated_scores_rank_by_position(mode):
+    rng = np.random.default_rng(3)
+    # small integers: every score is exact, and many items tie (also across chunks and threads)
+    projected = rng.integers(-2, 3, size=(6, 1000)).astype(np.float32)
+    atoms = np.array([1, 4, 5], dtype=np.int64)
+    weights = np.array([1.0, -2.0, 3.0])
+    for k in (1, 7, 150, 1000):
+        expected = reference(projected, atoms, weights, 0.0, k)
+        assert_matches(search_top_k(projected, atoms, weights, 0.0, k), expected, tolerance=0.0)
+    positions, scores = search_top_k(projected, atoms, weights, 0.0, 1000)
+    # the top score, 12, is held by several items, listed by increasing position
+    top = np.flatnonzero(weights @ projected[atoms] == 12.0)
+    assert top.size > 1
+    np.testing.assert_array_equal(positions[: top.size], top)
+    np.testing.assert_array_equal(scores[: top.size], 12.0)
+
+
+def test_exclusions_in_several_chunks(mode):
+    projected, atoms, weights = random_catalogue(seed=4)
+    best = reference(projected, atoms, weights, 0.0, 5)[0]
+    excluded = np.unique(np.concatenate([best, [0, 63, 64, 127, 500, 999]]))
+    positions, _ = result = search_top_k(projected, atoms, weights, 0.0, 20, excluded=excluded)
+    assert not np.isin(positions, excluded).any()
+    assert_matches(result, reference(projected, atoms, weights, 0.0, 20, excluded))
+
+
+def test_excluding_everything_or_nearly_everything(mode):
+    projected, atoms, weights = random_catalogue(seed=5, n_items=200)
+    positions, scores = search_top_k(projected, atoms, weights, 0.0, 10, excluded=np.arange(200))
+    assert positions.shape == (0,)
+    assert scores.shape == (0,)
+    assert positions.dtype == np.int64
+    assert scores.dtype == np.float64
+    kept = [3, 70, 199]
+    excluded = np.setdiff1d(np.arange(200), kept)
+    result = search_top_k(projected, atoms, weights, 0.0, 10, excluded=excluded)
+    assert sorted(result[0].tolist()) == kept
+    assert_matches(result, reference(projected, atoms, weights, 0.0, 10, excluded))
+
+
+def test_read_only_memmap_catalogue(mode, tmp_path):
+    projected, atoms, weights = random_catalogue(seed=6)
+    np.save(tmp_path / "projected.npy", projected)
+    mapped = np.load(tmp_path / "projected.npy", mmap_mode="r")
+    assert isinstance(mapped, np.memmap)
+    assert not mapped.flags.writeable
+    result = search_top_k(mapped, atoms, weights, 0.5, 30, excluded=[1, 2, 700])
+    assert_matches(result, reference(projected, atoms, weights, 0.5, 30, [1, 2, 700]))
+
+
+@pytest.mark.parametrize("n_groups", [1, 2, 3, 7])
+def test_drivers_directly(n_groups):
+    rng = np.random.default_rng(7)
+    # ties across group boundaries: few distinct values
+    projected = rng.integers(0, 4, size=(5, 701)).astype(np.float32)
+    atoms = np.array([0, 2, 3], dtype=np.int64)
+    weights = np.array([1.0, 0.5, 0.25])
+    excluded = np.array([0, 5, 100, 350, 351, 700], dtype=np.int64)
+    expected = reference(projected, atoms, weights, 1.0, 40, excluded)
+    projected.flags.writeable = False  # as search_top_k passes it: no second compilation
+    for chunk in (1, 13, 1000):
+        positions, scores = np.empty(40, np.int64), np.empty(40)
+        search_top_k_parallel(
+            projected, atoms, weights, 1.0, excluded, chunk, n_groups, positions, scores
+        )
+        assert_matches((positions, scores), expected, tolerance=0.0)
+        positions, scores = np.empty(40, np.int64), np.empty(40)
+        search_top_k_serial(projected, atoms, weights, 1.0, excluded, chunk, positions, scores)
+        assert_matches((positions, scores), expected, tolerance=0.0)
+
+
+def test_default_dispatch_on_a_large_catalogue():
+    # at the real constants: a catalogue over the threshold takes the parallel driver
+    n_items = threads.SEARCH_PARALLEL_MIN_ENTRIES // 4 + 3 * search_kernels.CHUNK_ITEMS + 5
+    rng = np.random.default_rng(8)
+    projected = rng.standard_normal((8, n_items), dtype=np.float32)
+    atoms = np.array([7, 0, 3, 5], dtype=np.int64)
+    weights = np.array([0.3, -1.2, 0.8, 2.0])
+    excluded = np.array([1, search_kernels.CHUNK_ITEMS, n_items - 1], dtype=np.int64)
+    result = search_top_k(projected, atoms, weights, 0.0, 100, excluded=excluded)
+    assert_matches(result, reference(projected, atoms, weights, 0.0, 100, excluded))
+
+
+@pytest.mark.parametrize("k", [0, -1, 2.5])
+def test_invalid_k(k):
+    projected, atoms, weights = random_catalogue()
+    with pytest.raises(ValueError, match="k must be"):
+        search_top_k(projected, atoms, weights, 0.0, k)
+
+
+def test_invalid_catalogue_and_exclusions():
+    projected, atoms, weights = random_catalogue()
+    with pytest.raises(ValueError, match="float32"):
+        search_top_k(projected.astype(np.float64), atoms, weights, 0.0, 3)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        search_top_k(np.asfortranarray(projected), atoms, weights, 0.0, 3)
+    with pytest.raises(ValueError, match="one length"):
+        search_top_k(projected, atoms, weights[:2], 0.0, 3)
+    for bad_atom in (-1, 12):
+        with pytest.raises(ValueError, match=r"atoms must be in 0\.\.11"):
+            search_top_k(projected, [0, bad_atom], [1.0, 1.0], 0.0, 3)
+    for excluded in ([5, 3], [2, 2], [-1], [1000]):
+        with pytest.raises(ValueError, match="sorted unique"):
+            search_top_k(projected, atoms, weights, 0.0, 3, excluded=excluded)
