@@ -964,7 +964,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except (DatasetError, ModelError, ValueError, ClusterError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+    except OSError as error:  # a file that cannot be read or written, a full disk
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"error: {where}{error.strerror or error}", file=sys.stderr)
+    except MemoryError:
+        print("error: out of memory: the data is too large for this machine", file=sys.stderr)
+    return 2
 
 
 def _other_transforms(measure_transforms: list[str], model_transform: str) -> str:

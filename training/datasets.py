@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import stat
 import zipfile
@@ -40,6 +41,7 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from service.model import SpecError
+from service.model.artifact import read_npy_header
 from service.model.inputs.spec import InputSpec
 from training.packaged import PACKAGED_SETS, PackagedDataError
 
@@ -293,18 +295,24 @@ def _split(X: np.ndarray, y: np.ndarray, test_fraction: float, seed: int):
     return train_test_split(X, y, test_size=test_fraction, random_state=seed, stratify=y)
 
 
+# A compressed member of an .npz larger than NPZ_INFLATION_FLOOR bytes that inflates to more
+# than this many times its stored size is refused: deflate reaches about 1,000 on runs of one
+# byte (a "zip bomb"), real arrays stay far below.
+MAX_NPZ_INFLATION = 200
+NPZ_INFLATION_FLOOR = 16 * 1024 * 1024
+
+
 def _read_npz(path: Path):
     if not zipfile.is_zipfile(path):
         raise DatasetError(f"{path}: not a readable .npz archive (not a zip file)")
     try:
+        _check_npz_members(path)
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (zipfile.BadZipFile, OSError, EOFError) as error:
         raise DatasetError(f"{path}: not a readable .npz archive ({error})") from None
     except ValueError as error:
-        raise DatasetError(
-            f"{path}: holds object arrays, which need pickle: refused ({error})"
-        ) from None
+        raise DatasetError(f"{path}: cannot read its arrays ({error})") from None
     missing = [key for key in ("X", "y") if key not in arrays]
     if missing:
         raise DatasetError(
@@ -318,6 +326,39 @@ def _read_npz(path: Path):
     if "X_test" in arrays:
         explicit_test = _check_xy(path, arrays["X_test"], arrays["y_test"], "X_test", "y_test")
     return X, y, explicit_test
+
+
+def _check_npz_members(path: Path) -> None:
+    """Check every array of an .npz before any is read: what its header claims (shape, dtype)
+    must be what its member holds, it may not need pickle, and a compressed member may not
+    inflate beyond :data:`MAX_NPZ_INFLATION` times its size. Nothing is allocated from a
+    header's claim."""
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            where = f"{path}: {info.filename}"
+            stored = max(info.compress_size, 1)
+            if info.file_size > max(NPZ_INFLATION_FLOOR, MAX_NPZ_INFLATION * stored):
+                raise DatasetError(
+                    f"{where} inflates from {info.compress_size:,} to {info.file_size:,} bytes, "
+                    f"more than {MAX_NPZ_INFLATION} times: refused as a decompression bomb (if "
+                    "the data is real, save it uncompressed with numpy.savez)"
+                )
+            if not info.filename.endswith(".npy"):
+                continue
+            with archive.open(info) as member:
+                try:
+                    shape, _, dtype = read_npy_header(member)
+                except ValueError as error:
+                    raise DatasetError(f"{where}: not a readable .npy array ({error})") from None
+                header_bytes = member.tell()
+            if dtype.hasobject:
+                raise DatasetError(f"{where} holds Python objects, which need pickle: refused")
+            claimed = math.prod(shape) * dtype.itemsize
+            if header_bytes + claimed != info.file_size:
+                raise DatasetError(
+                    f"{where}: its header claims shape {shape} of {dtype} ({claimed:,} bytes), "
+                    f"the file holds {info.file_size - header_bytes:,}"
+                )
 
 
 def _check_xy(path: Path, X: np.ndarray, y: np.ndarray, x_name: str, y_name: str):

@@ -117,7 +117,11 @@ def main() -> None:
         # host, and every replacement would be killed the same way.
         timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
         limits=ConnectionLimits(
-            settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
+            settings.header_timeout_s,
+            settings.body_timeout_s,
+            settings.max_connections,
+            max_header_bytes=settings.max_header_bytes,
+            send_timeout_s=settings.send_timeout_s,
         ),
         **({} if tls is None else tls.uvicorn_options()),
     )

@@ -60,9 +60,10 @@ routes (`/v2`, `/v2/health/...`, `/v2/models/...`), where they take the protocol
 
 def repository_of(settings: Settings) -> Repository:
     """The models a server with ``settings`` serves."""
+    links = settings.allow_external_symlinks
     if settings.model_repository is not None:
-        return Repository(settings.model_repository)
-    return Repository(settings.model_dir or DEFAULT_MODEL_DIR, single=True)
+        return Repository(settings.model_repository, allow_external_symlinks=links)
+    return Repository(settings.model_dir or DEFAULT_MODEL_DIR, True, links)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -81,7 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        registry = ModelRegistry(repository_of(settings), settings.default_model, metrics)
+        registry = ModelRegistry(
+            repository_of(settings), settings.default_model, metrics, settings.load_timeout_s
+        )
         plane = app.state.dataplane = DataPlane(registry, settings, metrics)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
         # final matrix product, and linear/rbf similarities of batches) stays single-threaded
@@ -115,6 +118,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=service.__version__,
         description=DESCRIPTION,
         lifespan=lifespan,
+        # A path with a trailing slash is a 404: the redirect to the path without it would
+        # be built from the client's Host header.
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -15,8 +15,18 @@ a protocol object) forever. These protocols add:
   after the app's answer; the app is told through the request's scope
   (:class:`service.api.limits.BodyDeadlineMiddleware` answers 408), and an app that does not
   answer soon after, or a body nobody reads any more, cannot hold the connection;
-- a **connection cap** (``MAX_CONNECTIONS``): a connection over it is answered 503 at once and
-  closed, before it costs more.
+- a **send deadline** (``SEND_TIMEOUT_S``): an answer the client has read nothing of for that
+  long (its bytes still in the server's write buffer), or a closing connection whose last bytes
+  the client never takes, is dropped (nginx's ``send_timeout``);
+- a **head limit** (``MAX_HEADER_BYTES``): a request line and headers larger than that are
+  answered 431 and the connection closes, counted as the bytes arrive (before the parser joins
+  them);
+- a **connection cap** (``MAX_CONNECTIONS``): at the cap, the connection idle the longest (no
+  request under way, nothing unsent) is closed to admit a new one, as nginx does; when none is
+  idle, the new one is answered 503 at once and closed, before it costs more.
+
+A request the parser refuses (malformed HTTP) gets the service's JSON error, after the answers
+to the requests before it on the connection (pipelining), then the connection closes.
 
 Deadlines are timestamps, checked a few times a second by one timer per server (see
 :attr:`ConnectionLimits.sweep_interval_s`), so a request costs no timer of its own.
@@ -29,7 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http
 import json
+import sys
+import time
 import weakref
 from typing import Any
 
@@ -57,19 +70,22 @@ class ConnectionLimits:
     header_timeout_s: float
     body_timeout_s: float
     max_connections: int
+    max_header_bytes: int = 32 * 1024
+    send_timeout_s: float = 60.0
 
     @property
     def sweep_interval_s(self) -> float:
         """How often deadlines are checked: a deadline passes at most this much late."""
-        return min(1.0, max(0.05, min(self.header_timeout_s, self.body_timeout_s) / 8))
+        shortest = min(self.header_timeout_s, self.body_timeout_s, self.send_timeout_s)
+        return min(1.0, max(0.05, shortest / 8))
 
 
-def raw_error(status: int, reason: str, type_: str, message: str, headers: dict | None = None):
+def raw_error(status: int, type_: str, message: str, headers: dict | None = None):
     """A complete HTTP/1.1 error response, in the service's error shape, that closes the
     connection (written by the protocol itself, where no ASGI app is running)."""
     body = json.dumps({"error": {"type": type_, "message": message}}).encode()
     lines = [
-        f"HTTP/1.1 {status} {reason}",
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
         "content-type: application/json",
         f"content-length: {len(body)}",
         "connection: close",
@@ -108,6 +124,8 @@ class _Deadlines:
     connections: set
     server_state: Any
     cycle: Any
+    timeout_keep_alive: float
+    timeout_keep_alive_task: Any
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -115,6 +133,7 @@ class _Deadlines:
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        self._idle_since = time.monotonic()
         if self._admit():
             self._arm_header_deadline()
 
@@ -122,31 +141,70 @@ class _Deadlines:
         self._stop_limits()
         super().connection_lost(exc)  # type: ignore[misc]
 
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._idle_since = time.monotonic()
+        if self._refusal is not None and not self._answers_due():
+            self._send_refusal()
+
     def _start_limits(self) -> None:
         self.limits = ConnectionLimits(**self.config.connection_limits)
         self._header_due: float | None = None
         self._body_due: float | None = None
         self._answer_due: float | None = None
+        self._send_due: float | None = None
+        self._unsent = 0
         self._partial_request = False
+        self._idle_since = 0.0
+        # An error answer that waits for the answers to the requests before it.
+        self._refusal: bytes | None = None
+
+    # -- the connection cap ----------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """No request under way or waiting on this connection, and nothing left to send
+        (``_idle_since``: since when, or since its last bytes arrived, on the monotonic clock:
+        the loop's is coarser, and ties would make "the oldest" arbitrary)."""
+        cycle = self.cycle
+        return (
+            (cycle is None or cycle.response_complete)
+            and not self._partial_request
+            and not getattr(self, "pipeline", None)
+            and not self.transport.is_closing()
+            and not self.transport.get_write_buffer_size()
+        )
 
     def _admit(self) -> bool:
-        """Whether this new connection stays open (it is in ``connections`` already)."""
+        """Whether this new connection stays open (it is in ``connections`` already): at the
+        cap, the connection idle the longest is closed for it, if there is one."""
         if len(self.connections) > self.limits.max_connections:
-            self.transport.write(
-                raw_error(
-                    503,
-                    "Service Unavailable",
-                    "overloaded",
-                    f"the server holds its limit of {self.limits.max_connections} connections "
-                    "(MAX_CONNECTIONS); try again later",
-                    {"retry-after": "1"},
-                )
-            )
-            self.transport.close()
-            return False
+            idle = [
+                connection
+                for connection in self.connections
+                if connection is not self
+                and isinstance(connection, _Deadlines)
+                and connection._idle()
+            ]
+            if idle:
+                min(idle, key=lambda connection: connection._idle_since).transport.close()
+            else:
+                self._refuse_connection()
+                return False
         if self.server_state not in _SWEEPS:
             _sweep(self.loop, self.server_state, self.limits.sweep_interval_s)
         return True
+
+    def _refuse_connection(self) -> None:
+        self.transport.write(
+            raw_error(
+                503,
+                "overloaded",
+                f"the server holds its limit of {self.limits.max_connections} connections, none "
+                "of them idle (MAX_CONNECTIONS); try again later",
+                {"retry-after": "1"},
+            )
+        )
+        self.transport.close()
 
     def _check_deadlines(self, now: float) -> None:
         if self._header_due is not None and now >= self._header_due:
@@ -158,6 +216,72 @@ class _Deadlines:
         if self._answer_due is not None and now >= self._answer_due:
             self._answer_due = None
             self._close_if_unanswered()
+        self._check_send_deadline(now)
+        if (
+            self.timeout_keep_alive_task is None
+            and time.monotonic() - self._idle_since >= self.timeout_keep_alive
+            and self._idle()
+        ):
+            # Idle with no keep-alive timer: uvicorn arms one when an answer completes, not
+            # when the rest of a body it answered early (a 413, a 503) has been read.
+            self.transport.close()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _check_send_deadline(self, now: float) -> None:
+        """Drop the connection when bytes have waited in its write buffer SEND_TIMEOUT_S
+        without the client taking any (the buffer shrinking re-arms the deadline)."""
+        unsent = self.transport.get_write_buffer_size()
+        if not unsent:
+            self._send_due, self._unsent = None, 0
+            return
+        if self._send_due is None or unsent < self._unsent:
+            self._send_due = now + self.limits.send_timeout_s
+        self._unsent = unsent
+        if now >= self._send_due:
+            self._send_due = None
+            self.transport.abort()
+
+    # -- malformed requests --------------------------------------------------------------------
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refused (called where it catches the
+        parser's error): the service's JSON error, with the parser's reason, once the requests
+        before it on the connection are answered."""
+        error = sys.exception()
+        if getattr(error, "error_status_hint", 400) == 431:  # h11's own limit on a head
+            self._refuse(*self._head_too_large())
+            return
+        self._refuse(400, "bad_request", f"malformed HTTP request: {error or msg}")
+
+    def _head_too_large(self) -> tuple[int, str, str]:
+        return (
+            431,
+            "headers_too_large",
+            "the request line and headers are larger than the limit of "
+            f"{self.limits.max_header_bytes:,} bytes (MAX_HEADER_BYTES)",
+        )
+
+    def _refuse(self, status: int, type_: str, message: str) -> None:
+        """Answer a request that cannot be read with an error and close the connection: now, or
+        once the requests before it (complete, being answered) have their answers."""
+        self._refusal = raw_error(status, type_, message)
+        self._disarm_header_deadline()
+        if self._answers_due():
+            self.transport.pause_reading()
+        else:
+            self._send_refusal()
+
+    def _answers_due(self) -> bool:
+        """Whether requests read in full before the one refused still wait for answers."""
+        cycle = self.cycle
+        under_way = cycle is not None and not cycle.response_complete and not cycle.more_body
+        return under_way or bool(getattr(self, "pipeline", None))
+
+    def _send_refusal(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(self._refusal or b"")
+            self.transport.close()
 
     # -- headers -------------------------------------------------------------------------------
 
@@ -181,7 +305,6 @@ class _Deadlines:
             self.transport.write(
                 raw_error(
                     408,
-                    "Request Timeout",
                     "request_timeout",
                     "the request's headers did not arrive within "
                     f"{self.limits.header_timeout_s:g} s (HEADER_TIMEOUT_S)",
@@ -232,7 +355,39 @@ class _Deadlines:
 if HttpToolsProtocol is not None:
 
     class LimitedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
-        """uvicorn's httptools protocol with :class:`ConnectionLimits`."""
+        """uvicorn's httptools protocol with :class:`ConnectionLimits`.
+
+        The head's size is counted as bytes arrive, before the parser sees them: httptools joins
+        the pieces of a header as they come, in time quadratic in its length.
+        """
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._start_head()
+
+        def _start_head(self, reading: bool = True) -> None:
+            self._in_head = reading
+            self._head_bytes = 0
+            self._head_tail = b""  # the last bytes seen, for an end of head split over reads
+
+        def data_received(self, data: bytes) -> None:
+            self._idle_since = time.monotonic()
+            if self._refusal is not None:
+                return  # the parser stopped at a malformed request: nothing after it is read
+            if self._in_head and not self._head_fits(data):
+                self._refuse(*self._head_too_large())
+                return
+            super().data_received(data)
+
+        def _head_fits(self, data: bytes) -> bool:
+            """Whether the head being read stays within MAX_HEADER_BYTES with ``data``: all of
+            it, or an end of the head (an empty line) within what is left."""
+            left = self.limits.max_header_bytes - self._head_bytes
+            if len(data) <= left:
+                self._head_bytes += len(data)
+                self._head_tail = (self._head_tail + data)[-3:]
+                return True
+            return b"\r\n\r\n" in self._head_tail + data[: max(left, 0)]
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -240,11 +395,13 @@ if HttpToolsProtocol is not None:
             self._arm_header_deadline()
 
         def on_headers_complete(self) -> None:
+            self._start_head(reading=False)
             self._disarm_header_deadline()
             self._arm_body_deadline()
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._start_head()
             self._disarm_body_deadline()
             super().on_message_complete()
 
@@ -263,6 +420,7 @@ class LimitedH11Protocol(_Deadlines, H11Protocol):
         self._timed_cycle = None
 
     def data_received(self, data: bytes) -> None:
+        self._idle_since = time.monotonic()
         super().data_received(data)
         self._follow_state()
 
@@ -291,6 +449,8 @@ def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicor
     if "http" not in options:
         name = "LimitedHttpToolsProtocol" if HttpToolsProtocol is not None else "LimitedH11Protocol"
         options["http"] = f"{__name__}:{name}"
+    # h11 keeps its own limit on the bytes of an incomplete head.
+    options.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
     config = uvicorn.Config(app, **options)
     config.connection_limits = dataclasses.asdict(limits)  # read by the protocols
     return config

@@ -10,13 +10,18 @@ plane only enforces what this server allows.
 - on the event loop, when the work stays on the calling thread (serial kernels only: no wait for
   the parallel-region lock) and its time, estimated from the same snapshot's earlier successful
   requests, is below ``INLINE_BUDGET_MS``: a thread-pool round trip costs more than a one-digit
-  prediction;
+  prediction. The estimate counts every part of a request (:data:`Parts`): instances, the
+  characters of texts, searches, and the ids a search excludes, each with its own learned cost;
 - on the compute thread, one dedicated thread, when the work runs parallel kernels: those take
   one process-wide lock anyway, and calling them from one thread keeps one warm OpenMP team
   (a new calling thread starts a new team);
 - on the thread pool otherwise: long serial work, and codes learned from examples (scikit-learn).
 
-The first request of each kind leaves the loop, since its cost is not known yet.
+The first request with a part of each kind leaves the loop, since its cost is not known yet.
+
+Decoding a request's body (:meth:`DataPlane.convert`) runs on the loop only for bodies up to
+``INLINE_BODY_BYTES``; larger ones are decoded on a worker thread, under the same bound on
+concurrent work.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import enum
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -48,6 +53,10 @@ COST_SMOOTHING = 0.2
 COST_OUTLIER_FACTOR = 4.0
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
+
+# A request's work by part, each counted in its own units ("instances", "text_chars",
+# "search", "ids", "atom"); an empty mapping, or None: no estimate, never inline.
+Parts = Mapping[str, int]
 
 
 class Placement(enum.Enum):
@@ -79,6 +88,8 @@ class DataPlane:
         self.default_search_top_k = settings.default_search_top_k
         self.max_search_top_k = settings.max_search_top_k
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
+        self.inline_body_bytes = settings.inline_body_bytes
+        self.max_json_values = settings.max_json_values
         # Seconds per unit of work by kind, per snapshot: a new version learns its own.
         self._costs: weakref.WeakKeyDictionary[ModelSnapshot, dict[str, float]] = (
             weakref.WeakKeyDictionary()
@@ -155,10 +166,12 @@ class DataPlane:
         self._check_batch(size, "instances")
         predictor = snapshot.predictor
         k = self.default_top_k if top_k is None else top_k
+        parts = {"instances": max(size, 1)}
+        if texts is not None:
+            parts["text_chars"] = sum(map(len, texts))
         answers = await self._run(
             snapshot,
-            "classify",
-            max(size, 1),
+            parts,
             predictor.runs_serially(max(size, 1)),
             lambda: predictor.classify(instances, k, texts=texts),
         )
@@ -180,13 +193,11 @@ class DataPlane:
         examples = len(query.positives or ()) + len(query.negatives or ())
         self._check_batch(examples, "positives and negatives")
         # Learning a code fits small SVMs: never on the loop, and no cost estimate to keep.
-        kind = "search" if query.positives is None else None
+        parts = None
+        if query.positives is None:
+            parts = {"search": 1 + query.strongest_atoms, "ids": len(query.exclude)}
         result = await self._run(
-            snapshot,
-            kind,
-            1 + query.strongest_atoms,
-            index.runs_serially(query),
-            lambda: index.run(query),
+            snapshot, parts, index.runs_serially(query), lambda: index.run(query)
         )
         # The ranking reads one catalogue row per atom of the code, each strongest atom one more.
         self.metrics.search_rows(snapshot.name, result.code.n_nonzero + len(result.strongest_atoms))
@@ -201,7 +212,7 @@ class DataPlane:
         k = self.default_search_top_k if top_k is None else top_k
         self._check_top_k(k)
         serially = index.runs_serially(SearchQuery(code=([atom], [1.0]), top_k=k))
-        items = await self._run(snapshot, "atom", 1, serially, lambda: index.atom_items(atom, k))
+        items = await self._run(snapshot, {"atom": 1}, serially, lambda: index.atom_items(atom, k))
         self.metrics.search_rows(snapshot.name, 1)
         return snapshot, items, index.atom_classes(atom)
 
@@ -219,48 +230,83 @@ class DataPlane:
 
     # -- scheduling ----------------------------------------------------------------------------
 
-    def placement(
-        self, snapshot: ModelSnapshot, kind: str | None, units: int, serially: bool
-    ) -> Placement:
-        """Where ``units`` of work of ``kind`` on ``snapshot`` run (see the module docstring).
+    def placement(self, snapshot: ModelSnapshot, parts: Parts | None, serially: bool) -> Placement:
+        """Where work of ``parts`` on ``snapshot`` runs (see the module docstring).
 
         Parameters
         ----------
         snapshot : ModelSnapshot
-        kind : str or None
-            The cost estimate that applies ("classify", "search", "atom"); None: no estimate,
-            never inline.
-        units : int
-            Instances of a batch, or searches of one query.
+        parts : Parts or None
+            The request's work by part; None (or nothing): no estimate, never inline.
         serially : bool
             Whether the work stays on the calling thread (serial kernels only).
         """
         if not serially:
             return Placement.COMPUTE_THREAD
-        per_unit = None if kind is None else self.estimate(snapshot, kind)
-        if per_unit is not None and per_unit * units <= self.inline_budget_s:
+        estimate = self.estimate_of(snapshot, parts)
+        if estimate is not None and estimate <= self.inline_budget_s:
             return Placement.INLINE
         return Placement.THREAD_POOL
+
+    def estimate_of(self, snapshot: ModelSnapshot, parts: Parts | None) -> float | None:
+        """Seconds the work of ``parts`` is estimated to take (None: a part of it has no
+        estimate yet)."""
+        if not parts:
+            return None
+        total = 0.0
+        for kind, units in parts.items():
+            if units:
+                per_unit = self.estimate(snapshot, kind)
+                if per_unit is None:
+                    return None
+                total += per_unit * units
+        return total
 
     def estimate(self, snapshot: ModelSnapshot, kind: str) -> float | None:
         """Seconds per unit of ``kind`` on ``snapshot`` learned so far (None: none yet)."""
         return self._costs.get(snapshot, {}).get(kind)
 
-    def observe(self, snapshot: ModelSnapshot, kind: str, seconds_per_unit: float) -> None:
-        """Fold one successful request's time into ``snapshot``'s estimate for ``kind``."""
+    def observe(self, snapshot: ModelSnapshot, parts: Parts, seconds: float) -> None:
+        """Fold one successful request's time into ``snapshot``'s estimates of its parts.
+
+        The parts with an estimate are scaled together by how far the time was from their sum;
+        parts without one share what the others' estimates leave of the time (at least half of
+        it: an estimate of nothing could never grow again), by units.
+        """
         costs = self._costs.setdefault(snapshot, {})
-        previous = costs.get(kind)
-        if previous is None:
-            costs[kind] = seconds_per_unit
+        expected, new_units = 0.0, 0
+        for kind, units in parts.items():
+            if units:
+                per_unit = costs.get(kind)
+                if per_unit is None:
+                    new_units += units
+                else:
+                    expected += per_unit * units
+        if new_units:
+            left = max(seconds - expected, seconds / 2) / new_units
+            for kind, units in parts.items():
+                if units and kind not in costs:
+                    costs[kind] = left
             return
-        measured = min(seconds_per_unit, COST_OUTLIER_FACTOR * previous)
-        costs[kind] = (1 - COST_SMOOTHING) * previous + COST_SMOOTHING * measured
+        # A measurement counts at most COST_OUTLIER_FACTOR times the estimate.
+        scale = min(seconds / expected, COST_OUTLIER_FACTOR) if expected > 0 else 1.0
+        for kind, units in parts.items():
+            if units:
+                costs[kind] *= 1 - COST_SMOOTHING + COST_SMOOTHING * scale
+
+    async def convert(self, size: int, work: Callable[[], T]) -> T:
+        """Decode or convert a request's body of ``size`` bytes with ``work``: on the event loop
+        up to INLINE_BODY_BYTES, else on a worker thread under a slot of :attr:`work`
+        (OverloadedError when none is free, WorkTimeoutError past REQUEST_TIMEOUT_S)."""
+        if size <= self.inline_body_bytes:
+            return work()
+        self.work.admit()
+        return await self.work.run(self.work.pool(), work)
 
     async def _run(
         self,
         snapshot: ModelSnapshot,
-        kind: str | None,
-        units: int,
+        parts: Parts | None,
         serially: bool,
         work: Callable[[], T],
     ) -> T:
@@ -270,7 +316,7 @@ class DataPlane:
         work on a thread is waited for at most REQUEST_TIMEOUT_S (WorkTimeoutError), work
         inline is short by construction (INLINE_BUDGET_MS).
         """
-        place = self.placement(snapshot, kind, units, serially)
+        place = self.placement(snapshot, parts, serially)
         self.work.admit()
         seconds: list[float] = []
 
@@ -297,6 +343,6 @@ class DataPlane:
             # any new version would be (or refused, the message says why in the log).
             self.registry.recheck(snapshot.name)
             raise
-        if kind is not None:
-            self.observe(snapshot, kind, seconds[0] / units)
+        if parts:
+            self.observe(snapshot, parts, seconds[0])
         return result

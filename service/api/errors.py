@@ -18,6 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
 
 from service.api.schemas import ErrorResponse
 from service.model.errors import (
@@ -41,6 +43,15 @@ class OverloadedError(ModelError):
     """The server holds its limit of concurrent work (MAX_CONCURRENT_REQUESTS)."""
 
 
+class MemoryLimitError(OverloadedError):
+    """The process holds its limit of request bytes at once (MAX_BUFFERED_BYTES)."""
+
+
+class RequestTooLargeError(ModelError):
+    """A request larger than this server ever takes: more JSON values than MAX_JSON_VALUES, or
+    more memory than MAX_BUFFERED_BYTES on its own."""
+
+
 class WorkTimeoutError(ModelError):
     """A request's work did not finish within its time limit (REQUEST_TIMEOUT_S)."""
 
@@ -60,6 +71,7 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
     (LoadRefusedError, 409, "load_refused"),
     (BatchTooLargeError, 413, "batch_too_large"),
+    (RequestTooLargeError, 413, "request_too_large"),
     (InvalidInputError, 422, "invalid_input"),
     (SpecError, 422, "invalid_input"),
     (NotFoundError, 404, "not_found"),
@@ -78,7 +90,11 @@ _HTTP_TYPES = {
     408: "request_timeout",
     413: "request_too_large",
     415: "unsupported_media_type",
+    503: "overloaded",
 }
+# What the server records for a request whose client went away before its answer (nginx's
+# convention): no answer is sent, the metrics and the access line say so.
+CLIENT_CLOSED_REQUEST = 499
 
 
 # Statuses the protocol routes answer instead: a malformed request is a 400 there.
@@ -178,9 +194,22 @@ async def _validation_error(request: Request, error: RequestValidationError) -> 
 
 async def _http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
     type_ = _HTTP_TYPES.get(error.status_code, "http_error")
-    response = error_response(error.status_code, type_, str(error.detail), path=request.url.path)
+    message = str(error.detail)
+    path = request.url.path
+    if error.status_code == 404 and len(path) > 1 and path.endswith("/"):
+        # No redirect to the path without the slash: its Location would be built from the
+        # client's Host header.
+        message = f"no route {path[:100]}: the routes have no trailing slash"
+    response = error_response(error.status_code, type_, message, path=path)
     response.headers.update(error.headers or {})  # e.g. Allow, on 405
     return response
+
+
+async def _client_gone(request: Request, error: ClientDisconnect) -> Response:
+    logger.debug(
+        "%s %s: the client went away before its request was read", request.method, request.url.path
+    )
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
@@ -190,7 +219,7 @@ async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
     )
 
 
-async def error_answer(request: Request, error: Exception) -> JSONResponse:
+async def error_answer(request: Request, error: Exception) -> Response:
     """The answer to ``error`` raised by a route's code, as the handlers below give it, for code
     that runs outside FastAPI's routing (:mod:`service.api.hotpath`); anything else is raised
     again (the server's error middleware answers 500 and logs it)."""
@@ -200,6 +229,8 @@ async def error_answer(request: Request, error: Exception) -> JSONResponse:
         return await _validation_error(request, error)
     if isinstance(error, StarletteHTTPException):
         return await _http_error(request, error)
+    if isinstance(error, ClientDisconnect):
+        return await _client_gone(request, error)
     raise error
 
 
@@ -208,6 +239,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ModelError, _domain_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(ClientDisconnect, _client_gone)
     app.add_exception_handler(Exception, _unexpected_error)
 
 
@@ -223,15 +255,16 @@ ERROR_MEANINGS: dict[int, str] = {
     "configured (ADMIN_TOKEN, or an admin key in API_KEYS_FILE).",
     404: "No model of that name.",
     409: "The version on disk was refused; the old one (if any) keeps serving.",
-    413: "The body is larger than MAX_REQUEST_BYTES, or the batch larger than MAX_BATCH_SIZE.",
+    413: "The body is larger than MAX_REQUEST_BYTES, holds more than MAX_JSON_VALUES JSON "
+    "values, or the batch is larger than MAX_BATCH_SIZE.",
     415: "The body was declared (Content-Type) as something other than JSON.",
     422: "Valid JSON that breaks the schema (a type, a required or unknown field, a bound it "
     "states) or the model's rules (an instance's shape or values, a class or id it does not "
     "know); the message says what, details locate each problem.",
     408: "The body did not arrive within BODY_TIMEOUT_S; the connection is closed.",
     503: "The model is not loaded (yet), its search artifacts are not available, or the server "
-    "is at its limit of concurrent requests (MAX_CONCURRENT_REQUESTS); says which (with "
-    "Retry-After).",
+    "is at its limit of concurrent requests (MAX_CONCURRENT_REQUESTS) or of request bytes held "
+    "at once (MAX_BUFFERED_BYTES); says which (with Retry-After).",
     504: "The work took longer than REQUEST_TIMEOUT_S.",
 }
 

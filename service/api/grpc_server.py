@@ -53,7 +53,13 @@ from service.api.settings import Settings
 from service.api.tls import TlsFiles
 from service.api.v2 import ALL_CLASSES, EXTENSIONS, SERVER_NAME
 from service.api.v2_schemas import InferParameters, InferRequest, RequestInput, RequestOutput
-from service.api.v2_tensors import BINARY_DATA_SIZE, decode_request, model_metadata, output_tensors
+from service.api.v2_tensors import (
+    BINARY_DATA_SIZE,
+    ModelInputs,
+    decode_request,
+    model_metadata,
+    output_tensors,
+)
 from service.model import InvalidInputError, ModelError, ModelNotReadyError, NotFoundError
 
 logger = logging.getLogger("service.api")
@@ -214,6 +220,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 )
                 identify(key)
                 remaining = context.time_remaining()
+                if remaining is not None and remaining <= 0:
+                    # No work for a call already late: work that never yields (a small batch
+                    # run inline) would finish before the timeout below could interrupt it.
+                    raise TimeoutError
                 async with asyncio.timeout(remaining):
                     result = await answer()
                 version = getattr(result, "model_version", "")
@@ -299,9 +309,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         async def answer():
             name, version = request.model_name, request.model_version or None
-            body, binary = infer_request(request)
             plane = self.plane
-            inputs, names = decode_request(body, binary, plane.snapshot(name, version).predictor)
+            predictor = plane.snapshot(name, version).predictor
+
+            def decoded() -> tuple[InferRequest, ModelInputs, tuple[str, ...]]:
+                body, binary = infer_request(request)
+                return body, *decode_request(body, binary, predictor, plane.max_batch_size)
+
+            # A large message's values are converted off the event loop, as REST's are.
+            body, inputs, names = await plane.convert(request.ByteSize(), decoded)
             snapshot, answers = await plane.classify(
                 name, inputs.instances, inputs.texts, ALL_CLASSES, version=version
             )

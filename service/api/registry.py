@@ -8,19 +8,28 @@ in place with one reference assignment on the event loop. A version that fails t
 refused: the old one keeps serving and the entry records why.
 
 All state changes happen on the event loop's thread, each model's under its own lock; only the
-loading itself runs elsewhere.
+reading of the repository runs elsewhere, each call on a daemon thread of its own and waited for
+at most ``LOAD_TIMEOUT_S`` (:func:`off_loop`): a file system that never answers costs a thread,
+never a rescan, the rescans after it, or the process's exit.
+
+What the repository may hold: directories whose names are not UTF-8 are skipped (they could not
+be named in any answer) and logged once; symbolic links that lead out of the repository, the
+model directory itself or anything in it, are refused unless ``ALLOW_EXTERNAL_SYMLINKS`` is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from service.api.metrics import Metrics
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
@@ -37,6 +46,45 @@ LOAD_RETRY_PAUSE_S = 0.2
 # A model missing from a scan is looked for once more after this pause before it is retired, so
 # that a replacement by two renames (where the kernel cannot exchange them) never retires it.
 MISSING_RECHECK_S = 0.05
+# Default of LOAD_TIMEOUT_S: seconds one read of the repository (a scan, a version's files, the
+# loading and warm-up of a version) may take.
+DEFAULT_LOAD_TIMEOUT_S = 300.0
+
+T = TypeVar("T")
+
+
+async def off_loop(function: Callable[..., T], *args: Any, timeout_s: float | None = None) -> T:
+    """``function(*args)``, run on a daemon thread of its own; TimeoutError after ``timeout_s``.
+
+    Not the loop's thread pool: a call that never returns (a file on a hung file system) would
+    hold one of its threads, and the interpreter waits for those at exit. A daemon thread is
+    left behind instead.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (function(*args), None)
+        except BaseException as error:
+            outcome = (None, error)
+        # A closed loop (RuntimeError) has nobody waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    # The time counts from before the start: a thread that runs the whole call while this one
+    # waits to run again (the GIL, a busy host) is still late.
+    async with asyncio.timeout(timeout_s):
+        threading.Thread(target=run, name="besvm-repository", daemon=True).start()
+        return await future
 
 
 class ModelState(enum.StrEnum):
@@ -66,7 +114,7 @@ def fingerprint(path: Path) -> tuple:
                 for entry in sorted(os.scandir(directory), key=lambda e: e.name)
                 if entry.is_file() and (stat := entry.stat())
             )
-        except OSError:
+        except (OSError, ArtifactError):  # loading says what is wrong
             levels.append(None)
             continue
         levels.append((digest, files))
@@ -246,25 +294,66 @@ class Repository:
         first looks (else by its directory).
     """
 
-    def __init__(self, root: Path, single: bool = False) -> None:
+    def __init__(
+        self, root: Path, single: bool = False, allow_external_symlinks: bool = False
+    ) -> None:
         self.root = Path(root)
         self.single = single
+        self.allow_external_symlinks = allow_external_symlinks
         self._single_name: str | None = None
+        self._skipped: set[str] = set()  # names logged as skipped, so logged once
 
     def scan(self) -> dict[str, Path]:
-        """The models there now, by name."""
+        """The models there now, by name (directories whose names are not UTF-8 left out)."""
         if self.single:
             if self._single_name is None:
                 self._single_name = self._manifest_name() or self.root.name
             return {self._single_name: self.root}
         if not self.root.is_dir():
             return {}
-        return {
-            child.name: child
-            for child in sorted(self.root.iterdir())
+        found, skipped = {}, set()
+        for child in sorted(self.root.iterdir()):
             # Staging and retired directories of an artifact being written start with a dot.
-            if child.is_dir() and not child.name.startswith(".")
-        }
+            if child.name.startswith(".") or not child.is_dir():
+                continue
+            if _is_utf8(child.name):
+                found[child.name] = child
+                continue
+            skipped.add(child.name)
+            if child.name not in self._skipped:
+                logger.warning(
+                    "skipping %s in the %s: its name is not UTF-8, so no answer could name it; "
+                    "rename it",
+                    ascii(child.name),
+                    self.describe(),
+                )
+        self._skipped = skipped
+        return found
+
+    def check_links(self, path: Path) -> None:
+        """Refuse a model directory that is, or holds, a symbolic link to a place outside the
+        repository (the model's directory, for one model), unless ALLOW_EXTERNAL_SYMLINKS.
+
+        Raises
+        ------
+        ArtifactError
+            Naming the link and where it leads.
+        """
+        if self.allow_external_symlinks:
+            return
+        inside = os.path.realpath(self.root)
+        links = [path] if path.is_symlink() else []
+        for directory, subdirectories, files in os.walk(path):
+            for name in subdirectories + files:
+                if os.path.islink(os.path.join(directory, name)):
+                    links.append(Path(directory, name))
+        for link in links:
+            target = os.path.realpath(link)
+            if os.path.commonpath([inside, target]) != inside:
+                raise ArtifactError(
+                    f"{link} is a symbolic link to {target}, outside the "
+                    f"{self.describe()}: refused (ALLOW_EXTERNAL_SYMLINKS=true serves it)"
+                )
 
     def _manifest_name(self) -> str | None:
         try:
@@ -272,13 +361,19 @@ class Repository:
         except ArtifactError:
             return None
 
-    def path_of(self, name: str) -> Path | None:
-        """The directory of model ``name``, if the repository has it now."""
-        return self.scan().get(name)
-
     def describe(self) -> str:
         """In words, for messages: "repository <path>" or "model <path>"."""
         return f"model {self.root}" if self.single else f"repository {self.root}"
+
+
+def _is_utf8(name: str) -> bool:
+    """Whether a file name read from the system was valid UTF-8 (undecodable bytes come back
+    as lone surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class ModelRegistry:
@@ -291,6 +386,9 @@ class ModelRegistry:
         Answers the routes without a model name; default: the only model.
     metrics : Metrics, optional
         Told of loads (their time and the version served), failed loads and retirements.
+    load_timeout_s : float
+        Seconds one read of the repository may take (a scan, or loading one version); a
+        version that takes longer is refused.
     """
 
     def __init__(
@@ -298,10 +396,12 @@ class ModelRegistry:
         repository: Repository,
         default_model: str | None = None,
         metrics: Metrics | None = None,
+        load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
     ) -> None:
         self.repository = repository
         self.default_model = default_model
         self.metrics = metrics or Metrics()
+        self.load_timeout_s = load_timeout_s
         self.entries: dict[str, ModelEntry] = {}
         self._sync_lock = asyncio.Lock()
         self._rechecks: dict[str, asyncio.Task] = {}
@@ -375,11 +475,11 @@ class ModelRegistry:
         """Bring the registry in line with the repository: load new and changed models,
         retire removed ones. Models unloaded on request stay unloaded."""
         async with self._sync_lock:
-            found = await asyncio.to_thread(self.repository.scan)
+            found = await self._scan()
             missing = self.entries.keys() - found.keys()
             if missing:
                 await asyncio.sleep(MISSING_RECHECK_S)
-                found = await asyncio.to_thread(self.repository.scan)
+                found = await self._scan()
                 missing = self.entries.keys() - found.keys()
             for name in sorted(missing):
                 entry = self.entries[name]
@@ -391,6 +491,15 @@ class ModelRegistry:
                 await self.load(name, path=path, force=False)
             self.synced = True
             return self.entries_by_name()
+
+    async def _scan(self) -> dict[str, Path]:
+        try:
+            return await off_loop(self.repository.scan, timeout_s=self.load_timeout_s)
+        except TimeoutError:
+            raise ModelNotReadyError(
+                f"the {self.repository.describe()} could not be listed within "
+                f"{self.load_timeout_s:g} s (LOAD_TIMEOUT_S)"
+            ) from None
 
     async def load(self, name: str, path: Path | None = None, force: bool = True) -> ModelEntry:
         """Load model ``name``'s version on disk and swap it in; the old one keeps serving if
@@ -412,7 +521,7 @@ class ModelRegistry:
             No such model in the repository.
         """
         if path is None:
-            path = await asyncio.to_thread(self.repository.path_of, name)
+            path = (await self._scan()).get(name)
             if path is None:
                 raise NotFoundError(
                     f"no model named {brief(name)} in the {self.repository.describe()}"
@@ -425,7 +534,11 @@ class ModelRegistry:
                 raise NotFoundError(f"model {name!r} was removed from the repository")
             if not force and entry.held_unloaded:
                 return entry
-            on_disk = await asyncio.to_thread(fingerprint, path)
+            try:
+                on_disk = await off_loop(fingerprint, path, timeout_s=self.load_timeout_s)
+            except TimeoutError:
+                self._refuse(entry, None, self._too_slow(path, "reading"))
+                return entry
             if not force and on_disk == entry.attempted:
                 return entry
             entry.held_unloaded = False
@@ -451,23 +564,38 @@ class ModelRegistry:
         """The new snapshot, or None after recording why it was refused."""
         for attempt in range(LOAD_ATTEMPTS):
             try:
-                return await asyncio.to_thread(
-                    load_snapshot, entry.name, path, entry.snapshot, force
+                return await off_loop(
+                    self._checked_load, entry, path, force, timeout_s=self.load_timeout_s
                 )
             except ModelChangedWhileLoadingError:
                 if attempt + 1 < LOAD_ATTEMPTS:
                     await asyncio.sleep(LOAD_RETRY_PAUSE_S)
-                    on_disk = await asyncio.to_thread(fingerprint, path)
+                    try:
+                        on_disk = await off_loop(fingerprint, path, timeout_s=self.load_timeout_s)
+                    except TimeoutError:
+                        self._refuse(entry, None, self._too_slow(path, "reading"))
+                        return None
                     continue
                 # Not recorded as attempted: the next scan tries again.
                 self._refuse(entry, None, f"{path} kept changing while loading it")
             except ArtifactError as error:
                 self._refuse(entry, on_disk, str(error))
+            except TimeoutError:
+                # Recorded as attempted: the next scan does not start another such load.
+                self._refuse(entry, on_disk, self._too_slow(path, "loading"))
             except Exception as error:  # one model's bug must not take down the others
                 logger.exception("model %r: loading %s failed", entry.name, path)
                 self._refuse(entry, on_disk, f"loading failed: {error!r}")
             return None
         return None
+
+    def _checked_load(self, entry: ModelEntry, path: Path, force: bool) -> ModelSnapshot:
+        """Load a version (on a thread) once its links are known to stay in the repository."""
+        self.repository.check_links(path)
+        return load_snapshot(entry.name, path, entry.snapshot, force)
+
+    def _too_slow(self, path: Path, doing: str) -> str:
+        return f"{doing} {path} took longer than {self.load_timeout_s:g} s (LOAD_TIMEOUT_S)"
 
     def _refuse(self, entry: ModelEntry, attempted: tuple | None, reason: str) -> None:
         entry.attempted = attempted

@@ -1,8 +1,15 @@
 """Bodies in and answers out: validated in one pass over the bytes, serialised once with
-orjson, with the version that answered in a header."""
+orjson, with the version that answered in a header.
+
+A body is decoded only within the server's limits (:func:`decode_json`): its JSON values are
+counted first (MAX_JSON_VALUES), what decoding them may hold is counted against the process's
+memory budget (MAX_BUFFERED_BYTES), and a body over INLINE_BODY_BYTES is decoded on a worker
+thread, never on the event loop.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import orjson
@@ -16,6 +23,7 @@ from service.api.errors import (
     UnsupportedMediaTypeError,
     malformed_body_message,
 )
+from service.api.limits import DECODED_BYTES_PER_VALUE, HOLD_KEY, json_values
 from service.api.registry import ModelSnapshot
 from service.model.errors import brief
 
@@ -31,6 +39,27 @@ def json_answer(payload: Any, snapshot: ModelSnapshot | None = None) -> Response
 
 
 Body = TypeVar("Body", bound=BaseModel)
+T = TypeVar("T")
+
+
+async def decode_json(
+    request: Request, raw: bytes, decode: Callable[[], T], size: int | None = None
+) -> T:
+    """``decode()`` of the JSON ``raw``, once its values are counted (RequestTooLargeError, a
+    413, over MAX_JSON_VALUES) and what decoding them may hold is counted against the memory
+    budget (MemoryLimitError, a 503, when it has no room): on the event loop for a body up to
+    INLINE_BODY_BYTES (``size``, default the length of ``raw``), else on a worker thread (see
+    :meth:`DataPlane.convert`)."""
+    plane = request.app.state.dataplane
+    hold = request.scope.get(HOLD_KEY)
+
+    def bounded() -> T:
+        values = json_values(raw, plane.max_json_values)
+        if hold is not None:
+            hold.add(DECODED_BYTES_PER_VALUE * values + len(raw), f"decoding {values:,} values")
+        return decode()
+
+    return await plane.convert(len(raw) if size is None else size, bounded)
 
 
 def _declared_json(content_type: str) -> bool:
@@ -55,6 +84,8 @@ async def read_body(request: Request, schema: type[Body]) -> Body:
         Bytes that are not a JSON document (400): see :func:`malformed_body_message`.
     RequestValidationError
         JSON that does not fit ``schema`` (422, located by field).
+    RequestTooLargeError, MemoryLimitError
+        See :func:`decode_json`.
     """
     content_type = request.headers.get("content-type", "")
     if not _declared_json(content_type):
@@ -62,6 +93,10 @@ async def read_body(request: Request, schema: type[Body]) -> Body:
             f"the body must be JSON: send Content-Type: application/json, not {brief(content_type)}"
         )
     raw = await request.body()
+    return await decode_json(request, raw, lambda: _validated(schema, raw))
+
+
+def _validated(schema: type[Body], raw: bytes) -> Body:
     try:
         return schema.model_validate_json(raw)
     except ValidationError as error:

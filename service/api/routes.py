@@ -360,8 +360,9 @@ def state_limits(document: dict[str, Any], settings: Settings) -> None:
         if field in properties:
             _bound(properties[field], bound)
     too_large = (
-        f"The body is larger than {settings.max_request_bytes:,} bytes (MAX_REQUEST_BYTES), or "
-        f"the batch (instances, texts, or positives and negatives together) holds more than "
+        f"The body is larger than {settings.max_request_bytes:,} bytes (MAX_REQUEST_BYTES), "
+        f"holds more than {settings.max_json_values:,} JSON values (MAX_JSON_VALUES), or the "
+        f"batch (instances, texts, or positives and negatives together) holds more than "
         f"{batch:,} (MAX_BATCH_SIZE)."
     )
     (answer_422,) = documented_errors(422).values()

@@ -96,6 +96,52 @@ class Settings(BaseSettings):
         description="On SIGTERM, seconds to let requests in flight finish before they are "
         "cancelled (SHUTDOWN_TIMEOUT_S).",
     )
+    # -- memory and hostile clients (docs/limits.md, "Memory") -----------------------------------
+    max_buffered_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Request bytes this process holds at once, over all requests: bodies as "
+        "they arrive (counted twice: the chunks and the joined body) and what they decode into "
+        "(MAX_BUFFERED_BYTES). A request beyond it gets 503 with Retry-After; the first 64 KiB "
+        "of each request are not counted. Bounds the process's memory: see the README.",
+    )
+    max_json_values: int = Field(
+        262_144,
+        ge=1024,
+        description="Most JSON values (numbers, strings, arrays, objects) one request body may "
+        "hold, counted before it is decoded; more get 413 (MAX_JSON_VALUES). 1,000 digits "
+        "nested 8 x 8 are 73,000 values; larger tensors travel as binary data (/v2).",
+    )
+    inline_body_bytes: int = Field(
+        16 * 1024,
+        ge=0,
+        description="Bodies up to this size are decoded on the event loop, larger ones on a "
+        "worker thread (INLINE_BODY_BYTES).",
+    )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="Largest request head (request line and headers); larger get 431 and the "
+        "connection closes (MAX_HEADER_BYTES).",
+    )
+    send_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds an answer may wait for a client that reads none of it; then the "
+        "connection is dropped (SEND_TIMEOUT_S).",
+    )
+    load_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="Seconds loading and warming up one model version may take; a version that "
+        "takes longer is refused, the old one keeps serving (LOAD_TIMEOUT_S).",
+    )
+    allow_external_symlinks: bool = Field(
+        False,
+        description="Serve model directories and artifact files that are symbolic links to "
+        "places outside the repository (ALLOW_EXTERNAL_SYMLINKS); by default they are refused "
+        "with a logged reason.",
+    )
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Origins allowed to call the API from a browser, comma-separated or a JSON "
@@ -199,6 +245,11 @@ class Settings(BaseSettings):
     def _one_source(self) -> Settings:
         if self.model_repository is not None and self.model_dir is not None:
             raise ValueError("set MODEL_REPOSITORY or MODEL_DIR, not both")
+        if self.max_buffered_bytes < 2 * self.max_request_bytes:
+            raise ValueError(
+                "MAX_BUFFERED_BYTES must be at least twice MAX_REQUEST_BYTES: a body is held "
+                "twice while it is read"
+            )
         if self.tls_cert_file is None and (self.tls_key_file or self.tls_client_ca_file):
             raise ValueError("TLS_KEY_FILE and TLS_CLIENT_CA_FILE need TLS_CERT_FILE")
         if self.metrics_require_key and self.api_keys_file is None and self.admin_token is None:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.responses import ModelName, json_answer
+from service.api.responses import ModelName, decode_json, json_answer
 from service.api.v2_schemas import (
     InferRequest,
     InferResponse,
@@ -28,7 +28,7 @@ from service.api.v2_schemas import (
     ReadyResponse,
     ServerMetadata,
 )
-from service.api.v2_tensors import decode_request, model_metadata, output_tensors
+from service.api.v2_tensors import ModelInputs, decode_request, model_metadata, output_tensors
 from service.model import InvalidInputError, ModelNotReadyError
 
 router = APIRouter(tags=["open inference protocol"])
@@ -54,7 +54,10 @@ _INFER_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ProtocolError, "description": "Malformed request; the message says why."},
     **_MODEL_ERRORS,
     408: {"model": ProtocolError, "description": "The body did not arrive in time."},
-    413: {"model": ProtocolError, "description": "Batch or body over the configured limit."},
+    413: {
+        "model": ProtocolError,
+        "description": "Batch, body or JSON values over the configured limit.",
+    },
     503: {
         "model": ProtocolError,
         "description": "The model is not loaded (yet), or the server is at its limit of "
@@ -140,34 +143,44 @@ async def model_version_ready(request: Request, name: ModelName, version: ModelV
     return await _ready(request, name, version)
 
 
-async def _read_infer_request(request: Request) -> tuple[InferRequest, bytes]:
+def _json_header(request: Request, body: bytes) -> tuple[bytes, bytes]:
     """The JSON request and the binary tensor data after it (empty if none)."""
-    body = await request.body()
     declared = request.headers.get(HEADER_LENGTH)
-    length = len(body)
-    if declared is not None:
-        # isdigit alone takes other digits ("²", read from a latin-1 header) that int() refuses.
-        if not (declared.isascii() and declared.isdigit()) or int(declared) > len(body):
-            raise InvalidInputError(
-                f"{HEADER_LENGTH} must be the length of the JSON header, at most the body's "
-                f"{len(body):,} bytes"
-            )
-        length = int(declared)
+    if declared is None:
+        return body, b""
+    # isdigit alone takes other digits ("²", read from a latin-1 header) that int() refuses.
+    if not (declared.isascii() and declared.isdigit()) or int(declared) > len(body):
+        raise InvalidInputError(
+            f"{HEADER_LENGTH} must be the length of the JSON header, at most the body's "
+            f"{len(body):,} bytes"
+        )
+    length = int(declared)
+    return body[:length], body[length:]
+
+
+def _parsed(header: bytes) -> InferRequest:
     try:
-        parsed = InferRequest.model_validate_json(body[:length])
+        return InferRequest.model_validate_json(header)
     except ValidationError as error:
         # The context carries the parser's reason, which the 400's message names.
         problems = error.errors(include_url=False, include_input=False)
         raise RequestValidationError(problems) from None
-    return parsed, body[length:]
 
 
 async def _infer(request: Request, name: str, version: str | None) -> Response:
-    body, binary = await _read_infer_request(request)
     plane = _plane(request)
+    header, binary = _json_header(request, await request.body())
     # Decoded for the version served now; should another be swapped in before classify takes
     # its snapshot, that version validates the batch as it does any (and names itself).
-    inputs, outputs = decode_request(body, binary, plane.snapshot(name, version).predictor)
+    predictor = plane.snapshot(name, version).predictor
+
+    def decoded() -> tuple[InferRequest, ModelInputs, tuple[str, ...]]:
+        body = _parsed(header)
+        return body, *decode_request(body, binary, predictor, plane.max_batch_size)
+
+    body, inputs, outputs = await decode_json(
+        request, header, decoded, size=len(header) + len(binary)
+    )
     top_k = body.parameters.top_k if body.parameters is not None else None
     snapshot, answers = await plane.classify(
         name, inputs.instances, inputs.texts, ALL_CLASSES, version=version

@@ -13,6 +13,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.api.schemas import VERSION_DESCRIPTION
 
+# Most dimensions of a tensor (numpy's own limit is 64).
+MAX_TENSOR_DIMENSIONS = 32
+# Outputs a model answers: label, scores, top_k_labels and top_k_scores.
+MAX_OUTPUTS = 4
+
 # Item 1,009 of scikit-learn's digits, flattened row-major: a 7.
 _DIGIT_SEVEN_FLAT = [
     *(0, 0, 4, 15, 16, 13, 13, 10),
@@ -53,7 +58,9 @@ class RequestInput(BaseModel):
     """One input tensor."""
 
     name: str = Field(..., description="The input's name, as the model metadata lists it.")
-    shape: list[Annotated[JsonInt, Field(ge=0)]] = Field(..., description="[n, ...]: n instances.")
+    shape: list[Annotated[JsonInt, Field(ge=0)]] = Field(
+        ..., max_length=MAX_TENSOR_DIMENSIONS, description="[n, ...]: n instances."
+    )
     datatype: str = Field(..., description="FP64 or FP32 (any numeric type), or BYTES for texts.")
     parameters: dict[str, Any] | None = Field(
         None,
@@ -114,8 +121,9 @@ class InferRequest(BaseModel):
     inputs: list[RequestInput] = Field(..., description="Exactly one tensor.")
     outputs: list[RequestOutput] | None = Field(
         None,
-        description="The outputs to answer, in this order (default: label and scores, and "
-        "top_k_labels and top_k_scores when parameters.top_k is given).",
+        max_length=MAX_OUTPUTS,
+        description="The outputs to answer, in this order, each at most once (default: label "
+        "and scores, and top_k_labels and top_k_scores when parameters.top_k is given).",
     )
 
 

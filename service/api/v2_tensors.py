@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from service.api.v2_schemas import InferRequest, RequestInput
-from service.model import InvalidInputError
+from service.model import BatchTooLargeError, InvalidInputError
 from service.model.errors import brief
 from service.model.inputs.base import InputKind
 from service.model.inputs.dense import DenseInputs
@@ -191,7 +191,7 @@ class TextTensor(TensorCodec):
                 f"{where} has shape {brief(tensor.shape)}, expected [-1] or [-1, 1]: one text "
                 "per instance"
             )
-        texts = _binary_texts(raw, where) if raw is not None else _json_texts(tensor, where)
+        texts = _binary_texts(raw, where, n) if raw is not None else _json_texts(tensor, where)
         if len(texts) != n:
             raise InvalidInputError(
                 f"{where} has {len(texts):,} texts; shape {tensor.shape} takes {n:,}"
@@ -208,9 +208,13 @@ def _json_texts(tensor: RequestInput, where: str) -> list[str]:
     return texts
 
 
-def _binary_texts(raw: bytes, where: str) -> list[str]:
+def _binary_texts(raw: bytes, where: str, n: int) -> list[str]:
+    """The texts of binary BYTES data: each a 4-byte little-endian length, then its bytes.
+    Reading stops past ``n`` texts (the shape's): the data's length bounds nothing."""
     texts, at = [], 0
     while at < len(raw):
+        if len(texts) == n:
+            raise InvalidInputError(f"{where}: binary BYTES data holds more than {n:,} texts")
         if at + _LENGTH_PREFIX > len(raw):
             raise InvalidInputError(f"{where}: binary BYTES data ends inside a length prefix")
         length = int.from_bytes(raw[at : at + _LENGTH_PREFIX], "little")
@@ -268,9 +272,11 @@ def model_metadata(predictor: Predictor, name: str, version: str) -> dict[str, A
 
 
 def decode_request(
-    request: InferRequest, binary: bytes, predictor: Predictor
+    request: InferRequest, binary: bytes, predictor: Predictor, max_batch_size: int
 ) -> tuple[ModelInputs, tuple[str, ...]]:
     """The request's one input tensor, decoded for ``predictor``, and the outputs it wants.
+
+    The outputs and the batch size are checked before the tensor is decoded.
 
     Parameters
     ----------
@@ -278,12 +284,16 @@ def decode_request(
     binary : bytes
         What follows the JSON header (binary tensor data; empty if none).
     predictor : Predictor
+    max_batch_size : int
+        The most instances a request may hold (MAX_BATCH_SIZE).
 
     Raises
     ------
     InvalidInputError
         Not one input, an input of another name, a tensor the model cannot read, binary data
-        that does not add up, or an unknown output.
+        that does not add up, or an unknown or repeated output.
+    BatchTooLargeError
+        The tensor's first dimension is over ``max_batch_size``.
     """
     codec = codec_for(predictor)
     if len(request.inputs) != 1:
@@ -295,8 +305,13 @@ def decode_request(
         raise InvalidInputError(
             f"unknown input {brief(tensor.name)}: the model's input is {codec.input_name!r}"
         )
+    outputs = _outputs_wanted(request)
+    if tensor.shape and tensor.shape[0] > max_batch_size:
+        raise BatchTooLargeError(
+            f"the request holds {tensor.shape[0]:,} instances; the limit is {max_batch_size}"
+        )
     raw = _binary_part(tensor, binary)
-    return codec.decode(tensor, raw), _outputs_wanted(request)
+    return codec.decode(tensor, raw), outputs
 
 
 def _binary_part(tensor: RequestInput, binary: bytes) -> bytes | None:
@@ -328,6 +343,8 @@ def _outputs_wanted(request: InferRequest) -> tuple[str, ...]:
             raise InvalidInputError(
                 f"unknown output {brief(output.name)}; outputs: {', '.join(OUTPUT_NAMES)}"
             )
+        if output.name in names:
+            raise InvalidInputError(f"output {output.name!r} is asked for twice")
         if "classification" in (output.parameters or {}):
             raise InvalidInputError(
                 "the classification extension is not supported: ask for top_k_labels and "

@@ -8,20 +8,27 @@
         *.npy           arrays, loaded with allow_pickle=False
 
 Reading verifies every checksum, shape and dtype before anything is used, and refuses artifacts
-of a newer schema. Writing goes to a temporary sibling directory first and is renamed into place,
-so a crash never leaves half an artifact where a server would look for one.
+of a newer schema. Every file is checked before it is read: a regular file (never a FIFO, a
+device or a directory, which could block or never end), of a bounded size (a manifest, or the
+size its array's manifest entry gives). Writing goes to a temporary sibling directory first and
+is renamed into place, so a crash never leaves half an artifact where a server would look for
+one; the next writer removes what a crashed one left. Space for an array written through a
+memory map is reserved before it is written: a full disk is an error, not a SIGBUS.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import hashlib
 import json
+import math
 import os
 import platform
 import re
 import shutil
+import stat
 import uuid
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -47,6 +54,14 @@ FORMAT = "besvm-artifact"
 MANIFEST_NAME = "manifest.json"
 _ARRAY_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 _HASH_BLOCK = 1 << 20
+# A manifest names arrays and settings: kilobytes. A larger file is not read.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+# Room for an .npy file's header beyond the data its manifest entry describes.
+MAX_NPY_HEADER_BYTES = 64 * 1024
+# What staging and retired directories of an artifact at ``path`` are named (dot names: a
+# repository scan skips them).
+_STAGING = ".{name}.tmp-"
+_RETIRED = ".{name}.old-"
 
 # Manifest keys of the format itself: never part of an artifact's metadata.
 FORMAT_KEYS = frozenset({"model_type", "schema_version", "format", "arrays"})
@@ -142,6 +157,45 @@ def _sha256(path: Path) -> str:
         return _sha256_of(handle)
 
 
+_FILE_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def open_regular(path: Path, max_bytes: int) -> BinaryIO:
+    """Open an artifact's file for reading once the open file is known to be a regular file of
+    at most ``max_bytes``: opened without blocking (a FIFO would wait for a writer), then
+    checked (a device or a FIFO could be read for ever, a sparse file of a terabyte too).
+
+    Raises
+    ------
+    ArtifactIntegrityError
+        Not a regular file, or larger than ``max_bytes``.
+    OSError
+        It cannot be opened.
+    """
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            kind = _FILE_KINDS.get(stat.S_IFMT(status.st_mode), "not a regular file")
+            raise ArtifactIntegrityError(f"{path} is {kind}, not a regular file: refused")
+        if status.st_size > max_bytes:
+            raise ArtifactIntegrityError(
+                f"{path} holds {status.st_size:,} bytes, more than the {max_bytes:,} it may: "
+                "refused"
+            )
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
 def _sha256_of(handle: BinaryIO) -> str:
     digest = hashlib.sha256()
     while block := handle.read(_HASH_BLOCK):
@@ -177,10 +231,17 @@ def write_artifact(
     path = Path(path)
     if path.exists() and not overwrite:
         raise ArtifactError(f"{path} already exists; choose another path or allow overwriting")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    staging.mkdir()
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_staging(path)
+        staging = path.parent / f"{_STAGING.format(name=path.name)}{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        # Locked while it is written: a later writer removes only directories nobody locks.
+        lock = os.open(staging, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as error:
+        raise _write_error(path, error) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         entries = {}
         for name, array in arrays.items():
             if not _ARRAY_NAME.match(name):
@@ -207,10 +268,53 @@ def write_artifact(
             _replace_directory(staging, path)
         else:
             staging.rename(path)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise _write_error(path, error) from None
         raise
+    finally:
+        os.close(lock)
     return path
+
+
+def _write_error(path: Path, error: OSError) -> ArtifactError:
+    """An artifact that could not be written, saying why (and how much room is left)."""
+    # numpy reports a short write without an errno: "62500 requested and 16368 written"
+    reason = error.strerror or f"{error} (is the disk full?)"
+    try:
+        free = f"; {shutil.disk_usage(path.parent).free:,} bytes free on its file system"
+    except OSError:
+        free = ""
+    return ArtifactError(f"cannot write {path}: {reason}{free}")
+
+
+def remove_stale_staging(path: Path) -> list[Path]:
+    """Remove what writers of the artifact at ``path`` that died left beside it: staging and
+    retired directories that no live writer holds locked. Returns those removed."""
+    removed = []
+    prefixes = (_STAGING.format(name=path.name), _RETIRED.format(name=path.name))
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for sibling in siblings:
+        if not sibling.name.startswith(prefixes) or sibling.is_symlink() or not sibling.is_dir():
+            continue
+        try:
+            descriptor = os.open(sibling, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a writer at work
+        else:
+            shutil.rmtree(sibling, ignore_errors=True)
+            removed.append(sibling)
+        finally:
+            os.close(descriptor)
+    return removed
 
 
 def _replace_directory(new: Path, old: Path) -> None:
@@ -224,7 +328,7 @@ def _replace_directory(new: Path, old: Path) -> None:
     if exchange_paths(new, old):
         shutil.rmtree(new, ignore_errors=True)
         return
-    retired = old.parent / f".{old.name}.old-{uuid.uuid4().hex[:8]}"
+    retired = old.parent / f"{_RETIRED.format(name=old.name)}{uuid.uuid4().hex[:8]}"
     old.rename(retired)
     new.rename(old)
     shutil.rmtree(retired, ignore_errors=True)
@@ -258,6 +362,7 @@ def _save_array(file: Path, name: str, array) -> tuple[tuple[int, ...], np.dtype
             raise ArtifactError(f"array {name!r} holds Python objects; artifacts hold no pickles")
         mapped = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=array.shape)
         try:
+            _reserve_space(file)
             array.fill(mapped)
             mapped.flush()
         finally:
@@ -268,6 +373,25 @@ def _save_array(file: Path, name: str, array) -> tuple[tuple[int, ...], np.dtype
         raise ArtifactError(f"array {name!r} holds Python objects; artifacts hold no pickles")
     np.save(file, array, allow_pickle=False)
     return array.shape, array.dtype
+
+
+def _reserve_space(file: Path) -> None:
+    """Give every byte of ``file`` (created sparse) its disk blocks now: a memory map writing
+    to a sparse file on a full disk kills the process with SIGBUS; this raises OSError
+    (ENOSPC) instead. Where the file system cannot reserve space, zeros are written."""
+    with file.open("r+b") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
+            os.posix_fallocate(handle.fileno(), 0, size)
+            return
+        except OSError as error:
+            if error.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+        block = bytes(_HASH_BLOCK)
+        for start in range(0, size, len(block)):
+            handle.write(block[: size - start])
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -281,7 +405,8 @@ def _fsync_tree(directory: Path) -> None:
 def manifest_digest(path: str | os.PathLike) -> str:
     """sha256 of an artifact's manifest: it names every array by checksum, so it identifies the
     whole artifact (artifacts derived from it record it to detect a replaced parent)."""
-    return _sha256(Path(path) / MANIFEST_NAME)
+    with open_regular(Path(path) / MANIFEST_NAME, MAX_MANIFEST_BYTES) as handle:
+        return _sha256_of(handle)
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -300,10 +425,13 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     manifest_path = path / MANIFEST_NAME
     if not path.is_dir():
         raise ArtifactError(f"no model artifact at {path}: directory does not exist")
-    if not manifest_path.is_file():
+    if not os.path.lexists(manifest_path):
         raise ArtifactError(f"no model artifact at {path}: {MANIFEST_NAME} is missing")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        with open_regular(manifest_path, MAX_MANIFEST_BYTES) as handle:
+            manifest = json.loads(handle.read())
+    except OSError as error:
+        raise ArtifactError(f"cannot read {manifest_path}: {error.strerror or error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ArtifactIntegrityError(f"{manifest_path} is not valid JSON: {error}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -465,17 +593,30 @@ def _load_arrays(
     return arrays, mapped
 
 
-def _array_file(root: Path, name: str, entry: Any) -> tuple[Path, str]:
+def _array_file(root: Path, name: str, entry: Any) -> tuple[Path, BinaryIO, str]:
+    """The array's file, open once checked (see :func:`open_regular`): at most the size of
+    the data its manifest entry describes and a header."""
     where = f"{root}: array {name!r}"
     if not isinstance(entry, dict) or not {"file", "sha256", "shape", "dtype"} <= entry.keys():
         raise ArtifactIntegrityError(f"{where}: manifest entry needs file, sha256, shape, dtype")
     file_name = entry["file"]
     if not isinstance(file_name, str) or Path(file_name).name != file_name:
         raise ArtifactIntegrityError(f"{where}: file must be a plain name, got {file_name!r}")
+    try:
+        dtype = np.dtype(entry["dtype"])
+        data_bytes = math.prod(int(n) for n in entry["shape"]) * dtype.itemsize
+    except (TypeError, ValueError):
+        raise ArtifactIntegrityError(
+            f"{where}: manifest entry has a malformed shape or dtype"
+        ) from None
     file = root / file_name
-    if not file.is_file():
-        raise ArtifactIntegrityError(f"{where}: file {file_name} is missing")
-    return file, where
+    try:
+        handle = open_regular(file, data_bytes + MAX_NPY_HEADER_BYTES)
+    except FileNotFoundError:
+        raise ArtifactIntegrityError(f"{where}: file {file_name} is missing") from None
+    except OSError as error:
+        raise ArtifactIntegrityError(f"{where}: cannot open {file_name}: {error}") from None
+    return file, handle, where
 
 
 def _check_checksum(handle: BinaryIO, file: Path, entry: dict, where: str) -> None:
@@ -495,8 +636,8 @@ def _check_layout(array: np.ndarray, file: Path, entry: dict, where: str) -> Non
 
 
 def _load_array(root: Path, name: str, entry: Any) -> np.ndarray:
-    file, where = _array_file(root, name, entry)
-    with file.open("rb") as handle:
+    file, handle, where = _array_file(root, name, entry)
+    with handle:
         _check_checksum(handle, file, entry, where)
         handle.seek(0)
         try:
@@ -507,25 +648,36 @@ def _load_array(root: Path, name: str, entry: Any) -> np.ndarray:
     return array
 
 
+def read_npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Shape, Fortran order and dtype from the header of the .npy file at ``handle``'s
+    position, which is left where the data begins (nothing of the data is read).
+
+    Raises
+    ------
+    ValueError
+        Not an .npy header, or a format version other than 1.0 and 2.0.
+    """
+    version = np.lib.format.read_magic(handle)
+    read_header = {
+        (1, 0): np.lib.format.read_array_header_1_0,
+        (2, 0): np.lib.format.read_array_header_2_0,
+    }.get(version)
+    if read_header is None:
+        raise ValueError(f"format version {version} is not read here")
+    return read_header(handle)
+
+
 def _map_array(root: Path, name: str, entry: Any) -> MappedFile:
     """Verify and memory-map one array file through one open file, kept open: the checksum,
     the map and the later checks (:meth:`MappedFile.check`) all read the same file, whatever
     is renamed to its path meanwhile."""
-    file, where = _array_file(root, name, entry)
-    handle = file.open("rb")
+    file, handle, where = _array_file(root, name, entry)
     try:
         _check_checksum(handle, file, entry, where)
         modified_ns = os.fstat(handle.fileno()).st_mtime_ns
         handle.seek(0)
         try:
-            version = np.lib.format.read_magic(handle)
-            read_header = {
-                (1, 0): np.lib.format.read_array_header_1_0,
-                (2, 0): np.lib.format.read_array_header_2_0,
-            }.get(version)
-            if read_header is None:
-                raise ValueError(f"format version {version} cannot be memory-mapped")
-            shape, fortran_order, dtype = read_header(handle)
+            shape, fortran_order, dtype = read_npy_header(handle)
             if dtype.hasobject:
                 raise ValueError("it holds Python objects; artifacts hold no pickles")
             offset = handle.tell()

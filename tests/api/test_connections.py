@@ -1,5 +1,7 @@
 """The limited HTTP protocols, both implementations (httptools and h11), in a real uvicorn
-server on a loopback port, with an app that has no deadlines of its own."""
+server on a loopback port, with an app that has no deadlines of its own: deadlines, the
+connection cap (the oldest idle connection makes room), the head limit, the send deadline, and
+malformed requests answered in the service's JSON after the requests before them."""
 
 from __future__ import annotations
 
@@ -23,7 +25,17 @@ from tests.api.conftest import read_until_closed
 pytestmark = pytest.mark.slow
 
 HELD = 20.0
-LIMITS = ConnectionLimits(header_timeout_s=0.5, body_timeout_s=1.0, max_connections=4)
+LIMITS = ConnectionLimits(
+    header_timeout_s=0.5,
+    body_timeout_s=1.0,
+    max_connections=4,
+    max_header_bytes=1024,
+    send_timeout_s=1.0,
+)
+# Deadlines far away: what closes a connection here is the cap.
+PATIENT = ConnectionLimits(header_timeout_s=30, body_timeout_s=30, max_connections=4)
+# Bytes of the answer to GET /big: more than the kernel's socket buffers hold on loopback.
+BIG_ANSWER = 16 * 2**20
 PROTOCOLS = [
     pytest.param(LimitedH11Protocol, id="h11"),
     pytest.param(
@@ -35,33 +47,34 @@ PROTOCOLS = [
 
 
 async def reading_app(scope, receive, send) -> None:
-    """Reads the whole body, however long it takes, then answers 200."""
+    """Reads the whole body, however long it takes, then answers 200 (GET /big: with
+    BIG_ANSWER bytes)."""
     if scope["type"] != "http":
         return
     while True:
         message = await receive()
         if message["type"] == "http.disconnect" or not message.get("more_body"):
             break
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
-    )
-    await send({"type": "http.response.body", "body": b"ok"})
+    body = bytes(BIG_ANSWER) if scope["path"] == "/big" else b"ok"
+    headers = [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 @contextlib.contextmanager
-def running(protocol):
+def running(protocol, limits: ConnectionLimits = LIMITS, keep_alive_s: float = 1.0):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = limited_config(
         reading_app,
-        LIMITS,
+        limits,
         http=protocol,
         host="127.0.0.1",
         port=port,
         lifespan="off",
         log_level="warning",
-        timeout_keep_alive=1,
+        timeout_keep_alive=keep_alive_s,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -100,7 +113,10 @@ def test_deadlines_and_cap(protocol):
         assert answers.startswith(b"HTTP/1.1 200 ")
         assert b"HTTP/1.1 408 " in answers
 
+        # Connections busy with a request each (none idle): one more is refused.
         held = [socket.create_connection(address) for _ in range(LIMITS.max_connections)]
+        for sock in held:
+            sock.sendall(b"GET / HTTP/1.1\r\n")
         over = socket.create_connection(address)
         head, _, body = read_until_closed(over).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 ")
@@ -108,3 +124,126 @@ def test_deadlines_and_cap(protocol):
         assert json.loads(body)["error"]["type"] == "overloaded"
         for sock in held:
             sock.close()
+
+
+def _status(sock: socket.socket) -> int:
+    """The status of the next answer on ``sock``, read whole (head and Content-Length body)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(4096)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(
+        next(line for line in head.lower().split(b"\r\n") if b"content-length" in line)[15:]
+    )
+    while len(body) < length:
+        body += sock.recv(4096)
+    return int(head.split(b" ", 2)[1])
+
+
+def _still_open(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1) != b""
+    except BlockingIOError:
+        return True
+    except ConnectionResetError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_at_the_cap_the_oldest_idle_connection_makes_room(protocol):
+    """Issue 22, defect 11: idle connections at the cap locked every new client out (503)."""
+    with running(protocol, PATIENT, keep_alive_s=30) as address:
+        answered = socket.create_connection(address)  # idle after an answer: a keep-alive
+        answered.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(answered) == 200
+        silent = [socket.create_connection(address) for _ in range(PATIENT.max_connections - 1)]
+        time.sleep(0.2)
+        newcomer = socket.create_connection(address)
+        newcomer.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(newcomer) == 200
+        # The oldest idle connection went, the others stay.
+        assert read_until_closed(answered, 5) == b""
+        assert all(_still_open(sock) for sock in silent)
+        # A connection with a request under way is never closed for another.
+        for sock in silent:
+            sock.sendall(b"GET / HT")
+        another = socket.create_connection(address)
+        another.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(another) == 200
+        assert read_until_closed(newcomer, 5) == b""  # idle since its answer: the oldest idle
+        assert all(_still_open(sock) for sock in silent)
+        for sock in [*silent, another]:
+            sock.close()
+
+
+def _error(answer: bytes) -> tuple[int, dict, bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), head
+    return int(head.split(b" ", 2)[1]), json.loads(body)["error"], head
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_malformed_requests_get_the_json_error(protocol):
+    """Issue 22, defect 12: parse errors answered text/plain, not the documented JSON error."""
+    with running(protocol) as address:
+        sock = socket.create_connection(address)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nBad Header\r\n\r\n")
+        status, error, head = _error(read_until_closed(sock))
+        assert status == 400
+        assert error["type"] == "bad_request"
+        assert error["message"].startswith("malformed HTTP request")
+        assert b"connection: close" in head.lower()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_malformed_request_after_pipelined_ones_is_answered_after_them(protocol):
+    """Issue 22, defect 12: the requests before a malformed one on a connection got no answer
+    (one of them was executed)."""
+    with running(protocol) as address:
+        sock = socket.create_connection(address)
+        sock.sendall(
+            b"GET / HTTP/1.1\r\nHost: t\r\n\r\n" * 2 + b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"
+        )
+        answers = read_until_closed(sock)
+        assert answers.count(b"HTTP/1.1 200 ") == 2, answers
+        last = answers[answers.index(b"HTTP/1.1 400 ") :]
+        assert _error(last)[0] == 400
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_head_over_the_limit_gets_431(protocol):
+    """Issue 22, defect 3: no limit on a header's size (a 96 MiB value answered 200)."""
+    with running(protocol) as address:
+        sock = socket.create_connection(address)
+        # Refused while it is still being sent: the answer comes first.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n")
+        answer = read_until_closed(sock)
+        status, error, _ = _error(answer)
+        assert status == 431
+        assert error["type"] == "headers_too_large"
+        assert "MAX_HEADER_BYTES" in error["message"]
+        # A head within the limit, sent a byte at a time, is read as ever.
+        sock = socket.create_connection(address)
+        for byte in b"GET / HTTP/1.1\r\nHost: t\r\nX-Small: abc\r\n\r\n":
+            sock.sendall(bytes([byte]))
+        assert _status(sock) == 200
+        sock.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_answer_nobody_reads_is_dropped_after_the_send_deadline(protocol):
+    """Issue 22, defect 5: clients that never read their answer were held for ever."""
+    with running(protocol) as address:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(address)
+        sock.sendall(b"GET /big HTTP/1.1\r\nHost: t\r\n\r\n")
+        time.sleep(LIMITS.send_timeout_s + 2.0)  # read nothing meanwhile
+        received = read_until_closed(sock)
+        # What the kernel's buffers held, then the connection was dropped: never all of it.
+        assert received.startswith(b"HTTP/1.1 200 ")
+        assert len(received) < BIG_ANSWER

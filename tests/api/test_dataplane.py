@@ -40,34 +40,34 @@ def test_small_serial_work_goes_inline_once_its_cost_is_known(search_model_dir, 
         predictor = snapshot.predictor
         # Unknown cost: off the loop, onto the pool (the work is serial).
         assert predictor.runs_serially(1)
-        assert plane.placement(snapshot, "classify", 1, True) is Placement.THREAD_POOL
+        assert plane.placement(snapshot, {"instances": 1}, True) is Placement.THREAD_POOL
         _, answers = await plane.classify(None, [image], None, 3)
         assert answers[0].label == str(digits.y_test[0])
-        per_instance = plane.estimate(snapshot, "classify")
+        per_instance = plane.estimate(snapshot, "instances")
         assert 0 < per_instance < budget_s
-        assert plane.placement(snapshot, "classify", 1, True) is Placement.INLINE
+        assert plane.placement(snapshot, {"instances": 1}, True) is Placement.INLINE
         # A batch whose estimate passes the budget leaves the loop, serial or not.
         too_many = int(budget_s / per_instance) + 1
-        assert plane.placement(snapshot, "classify", too_many, True) is Placement.THREAD_POOL
+        assert plane.placement(snapshot, {"instances": too_many}, True) is Placement.THREAD_POOL
         # Parallel kernels always run on the one compute thread, never on the loop.
         assert not predictor.runs_serially(200)
-        assert plane.placement(snapshot, "classify", 1, False) is Placement.COMPUTE_THREAD
+        assert plane.placement(snapshot, {"instances": 1}, False) is Placement.COMPUTE_THREAD
         await plane.classify(None, digits.X_test[:200].reshape(200, 8, 8).tolist(), None, 3)
         assert _compute_threads() == 1
         # Failed requests teach the estimate nothing.
-        learned = plane.estimate(snapshot, "classify")
+        learned = plane.estimate(snapshot, "instances")
         with pytest.raises(InvalidInputError):
             await plane.classify(None, [[[1.0]]] * 500, None, 3)
-        assert plane.estimate(snapshot, "classify") == learned
+        assert plane.estimate(snapshot, "instances") == learned
         # Codes learned from examples are never placed inline, whatever is known.
         query = SearchQuery(positives=["test-0", "test-1"], top_k=3)
         assert not snapshot.search.runs_serially(query)
-        plane.observe(snapshot, "search", 1e-9)
-        assert plane.placement(snapshot, None, 1, True) is Placement.THREAD_POOL
+        plane.observe(snapshot, {"search": 1}, 1e-9)
+        assert plane.placement(snapshot, None, True) is Placement.THREAD_POOL
         # A new snapshot (a reload) learns its own costs.
         await registry.load(snapshot.name, force=True)
         assert plane.snapshot(None) is not snapshot
-        assert plane.estimate(plane.snapshot(None), "classify") is None
+        assert plane.estimate(plane.snapshot(None), "instances") is None
         plane.close()  # does not wait for the thread: it ends once idle
         deadline = time.monotonic() + 10
         while _compute_threads() and time.monotonic() < deadline:
@@ -82,8 +82,60 @@ def test_a_zero_budget_keeps_everything_off_the_loop(digits_model_dir):
         registry, plane = _plane(digits_model_dir, budget_ms=0)
         await registry.sync()
         snapshot = plane.snapshot(None)
-        plane.observe(snapshot, "classify", 1e-6)
-        assert plane.placement(snapshot, "classify", 1, True) is Placement.THREAD_POOL
+        plane.observe(snapshot, {"instances": 1}, 1e-6)
+        assert plane.placement(snapshot, {"instances": 1}, True) is Placement.THREAD_POOL
+
+    asyncio.run(scenario())
+
+
+def test_every_part_of_a_search_counts_in_where_it_runs(search_model_dir):
+    """Issue 22, defect 1: the estimate that decides what runs inline ignored ``exclude``: once
+    searches were known to be fast, one excluding 50,000 ids ran on the event loop."""
+
+    async def runs_off_the_loop(plane: DataPlane, query: SearchQuery) -> bool:
+        # Inline work completes within the task's first step; work on a thread does not.
+        task = asyncio.ensure_future(plane.search(None, query))
+        await asyncio.sleep(0)
+        off_the_loop = not task.done()
+        await task
+        return off_the_loop
+
+    async def scenario():
+        # 5 ms: a search is inline even on a busy host; one excluding 50,000 ids never is.
+        registry, plane = _plane(search_model_dir, budget_ms=5)
+        await registry.sync()
+        snapshot = plane.snapshot(None)
+        for _ in range(3):
+            await plane.search(None, SearchQuery(class_label="7", top_k=3))
+        assert plane.placement(snapshot, {"search": 1}, True) is Placement.INLINE
+        assert not await runs_off_the_loop(plane, SearchQuery(class_label="7", top_k=3))
+        excluded = [f"test-{i % 797}" for i in range(50_000)]
+        query = SearchQuery(class_label="7", top_k=3, exclude=excluded)
+        assert await runs_off_the_loop(plane, query)
+        # Its cost per id learned, such a search still leaves the loop, a short one does not.
+        assert plane.estimate(snapshot, "ids") is not None
+        assert await runs_off_the_loop(plane, query)
+        assert plane.placement(snapshot, {"search": 1, "ids": 1}, True) is Placement.INLINE
+        plane.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_characters_of_texts_count_in_where_a_classification_runs(text_model_dir):
+    """A text's cost grows with its length, not with the number of texts."""
+
+    async def scenario():
+        registry, plane = _plane(text_model_dir, budget_ms=50)
+        await registry.sync()
+        snapshot = plane.snapshot(None)
+        for _ in range(3):
+            await plane.classify(None, None, ["the moon and the rocket"], 3)
+        assert plane.placement(snapshot, {"instances": 1, "text_chars": 23}, True) is (
+            Placement.INLINE
+        )
+        long_text = {"instances": 1, "text_chars": 10_000_000}
+        assert plane.placement(snapshot, long_text, True) is Placement.THREAD_POOL
+        plane.close()
 
     asyncio.run(scenario())
 
@@ -93,12 +145,12 @@ def test_one_preempted_request_does_not_send_the_next_ones_off_the_loop(digits_m
         registry, plane = _plane(digits_model_dir, budget_ms=0.5)
         await registry.sync()
         snapshot = plane.snapshot(None)
-        plane.observe(snapshot, "classify", 30e-6)
-        plane.observe(snapshot, "classify", 5e-3)  # a busy host parked the thread for 5 ms
-        assert plane.placement(snapshot, "classify", 1, True) is Placement.INLINE
+        plane.observe(snapshot, {"instances": 1}, 30e-6)
+        plane.observe(snapshot, {"instances": 1}, 5e-3)  # a busy host parked the thread for 5 ms
+        assert plane.placement(snapshot, {"instances": 1}, True) is Placement.INLINE
         # Work that really costs more still leaves the loop after a few requests.
         for _ in range(10):
-            plane.observe(snapshot, "classify", 5e-3)
-        assert plane.placement(snapshot, "classify", 1, True) is Placement.THREAD_POOL
+            plane.observe(snapshot, {"instances": 1}, 5e-3)
+        assert plane.placement(snapshot, {"instances": 1}, True) is Placement.THREAD_POOL
 
     asyncio.run(scenario())
