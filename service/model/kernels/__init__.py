@@ -5,7 +5,9 @@ r"""Every numba kernel of the model, one module per kind of item:
 - :mod:`~service.model.kernels.grid`: rigid and deformable matching of cell grids;
 - :mod:`~service.model.kernels.sparse`: the sensing kernels and tf-idf measures on bags of words;
 - :mod:`~service.model.kernels.hog`: the HOG transform's cells;
-- :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code.
+- :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code;
+- :mod:`~service.model.kernels.l1svm`: the l1 squared-hinge SVM path that learns a code from
+  examples (a solver: Newton steps on small dense problems, no parallel driver).
 
 Each module keeps the same layout: small pure kernels on one pair (or one input row) with a
 ``.. math::`` docstring, then a parallel driver over rows and a serial one beside it, both

@@ -9,6 +9,7 @@ many items or examples a client may ask for) are the HTTP layer's.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 from collections.abc import Sequence
@@ -17,7 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from service.model.errors import ArtifactIntegrityError, InvalidInputError, NotFoundError
+from service.model.errors import (
+    ArtifactIntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    brief,
+)
 from service.model.kernels.search import search_runs_serially
 from service.model.predictor import Predictor
 from service.model.search.catalogue import Catalogue, read_catalogue
@@ -292,6 +298,7 @@ class SearchIndex:
         catalogue = self.require_catalogue()
         if len(positives) == 0:  # a SearchQuery never holds one; direct callers may
             raise InvalidInputError("positives is empty: give at least one id or instance")
+        _refuse_shared_ids(positives, negatives)
         positive_rows, positive_positions = self._example_rows(positives, "positive")
         if negatives is None:
             negative_rows = catalogue.negative_rows(positive_positions)
@@ -361,8 +368,8 @@ class SearchIndex:
     def warm_up(self) -> None:
         """Make the first query of every kind as fast as the next: compile and page in the
         scoring path (serial and parallel) with the first class, and learn one code from the
-        first catalogue items as positives, which imports scikit-learn and fits its first
-        LinearSVCs (a first query by positives otherwise pays for both)."""
+        first catalogue items as positives (the path solver's first call otherwise loads its
+        compiled code)."""
         if self.catalogue is None:
             return
         code = self.model.class_code(self.model.classes[0])
@@ -370,8 +377,31 @@ class SearchIndex:
         if code.n_nonzero:
             self.catalogue.top(code.pruned(1), 10)
         positions = np.arange(min(WARM_UP_POSITIVES, self.catalogue.n_items), dtype=np.int64)
-        ids = self.catalogue.ids[positions].tolist()
-        # In a catalogue no larger than that, the default sample may have no negatives left:
-        # the same items then stand on both sides, which sparse_svm_code accepts.
-        negatives = None if len(self.catalogue.negative_rows(positions)) else ids
-        self.learn_code(ids, negatives, None)
+        positives = self.catalogue.rows(positions)
+        negatives = self.catalogue.negative_rows(positions)
+        if not len(negatives):
+            # A catalogue no larger than that: every sampled item is a positive.
+            negatives = -positives
+        X = np.vstack([positives, negatives])
+        y = np.r_[np.ones(len(positives)), -np.ones(len(negatives))]
+        n_nonzero = self.model.metadata.get("n_nonzero") or self.model.n_atoms
+        # The same rows on both sides (an all-zero catalogue) are refused, compiled all the same.
+        with contextlib.suppress(InvalidInputError):
+            sparse_svm_code(X, y, n_nonzero)
+
+
+def _example_ids(examples: Sequence[Any] | None) -> set[str]:
+    """The catalogue ids among examples (strings or integers), as strings."""
+    return {str(e) for e in examples or () if isinstance(e, str | int) and not isinstance(e, bool)}
+
+
+def _refuse_shared_ids(positives: Sequence[Any], negatives: Sequence[Any] | None) -> None:
+    """An id among both positives and negatives makes the code meaningless: InvalidInputError
+    naming it."""
+    shared = sorted(_example_ids(positives) & _example_ids(negatives))
+    if shared:
+        named = ", ".join(brief(i) for i in shared[:5])
+        more = "" if len(shared) <= 5 else f" (and {len(shared) - 5} more)"
+        raise InvalidInputError(
+            f"id(s) among both positives and negatives: {named}{more}; an item is one or the other"
+        )
