@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,17 @@ from tqdm.auto import tqdm
 from service.model import InvalidInputError, Predictor
 from service.model.search import (
     DEFAULT_NEGATIVES,
+    DEFAULT_SHARD_ITEMS,
+    ShardItems,
     UnionOfSubspacesModel,
     catalogue_dir,
     feature_space_for,
     search_dir,
     search_features,
-    write_catalogue,
 )
+from service.model.search import build_catalogue as store_build_catalogue
+from service.model.search.filters import columns_from_records
+from service.model.search.store import ShardWriter
 from training.datasets import Dataset
 from training.dictionary import UnionOfSubspacesSVM, prune_codes
 from training.retrieval import (
@@ -146,8 +151,12 @@ def build_catalogue(
     source: dict[str, Any] | None = None,
     progress: bool = True,
     overwrite: bool = False,
+    attributes: Sequence[Mapping[str, Any] | None] | None = None,
+    shard_items: int = DEFAULT_SHARD_ITEMS,
+    write_shards: ShardWriter | None = None,
 ) -> Path:
-    """Compute ``D^T x`` of every item chunk by chunk and write the catalogue.
+    """Compute ``D^T x`` of every item chunk by chunk and write the catalogue, in shards of
+    ``shard_items`` items (see :func:`service.model.search.build_catalogue`).
 
     Parameters
     ----------
@@ -166,42 +175,78 @@ def build_catalogue(
         Where the items came from (recorded).
     progress : bool
         Show a progress bar.
+    overwrite : bool
+    attributes : sequence of mapping or None, optional
+        Each item's attributes (strings or numbers by key).
+    shard_items : int
+        Items per shard.
+    write_shards : callable, optional
+        Writes the shards elsewhere (a cluster's workers); default here.
     """
     n_items = len(ids)
     if len(items) != n_items:
         raise InvalidInputError(f"{len(items)} items but {n_items} ids")
-    if chunk_size < 1:
-        raise InvalidInputError(f"chunk size must be at least 1, got {chunk_size}")
-
-    def fill(projected: np.ndarray) -> None:
-        with tqdm(total=n_items, desc="indexing", unit="item", disable=not progress) as bar:
-            for start in range(0, n_items, chunk_size):
-                stop = min(start + chunk_size, n_items)
-                chunk = _chunk(items, start, stop)
-                rows = model.project(search_features(predictor, model.feature_space, chunk))
-                if not np.isfinite(rows).all():
-                    bad = start + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
-                    raise InvalidInputError(f"item {bad} ({ids[bad]!r}) has non-finite features")
-                projected[:, start:stop] = rows.T
-                bar.update(stop - start)
-
+    if attributes is not None and len(attributes) != n_items:
+        raise InvalidInputError(f"{len(attributes)} attributes but {n_items} ids")
+    if chunk_size < 1 or shard_items < 1:
+        raise InvalidInputError("chunk size and shard items must be at least 1")
     started = time.perf_counter()
-    path = write_catalogue(
-        catalogue_dir(model_dir),
-        model,
-        search_dir(model_dir),
-        ids,
-        fill,
-        labels=labels,
-        n_negatives=n_negatives,
-        seed=seed,
-        metadata={"source": source or {}, "chunk_size": chunk_size},
-        overwrite=overwrite,
-    )
+    with tqdm(total=n_items, desc="indexing", unit="item", disable=not progress) as bar:
+        shards = []
+        for lo in range(0, n_items, shard_items):
+            hi = min(lo + shard_items, n_items)
+            _, columns = columns_from_records(
+                [None] * (hi - lo) if attributes is None else attributes[lo:hi], {}, "catalogue"
+            )
+            fill = projector(predictor, model, items, ids, chunk_size, lo, bar)
+            shard_labels = None if labels is None else labels[lo:hi]
+            shards.append(ShardItems(np.asarray(ids[lo:hi]), fill, columns, shard_labels))
+        path = catalogue_dir(model_dir)
+        store_build_catalogue(
+            path,
+            search_dir(model_dir),
+            model.n_atoms,
+            shards,
+            n_negatives=n_negatives,
+            seed=seed,
+            metadata={"source": source or {}, "chunk_size": chunk_size},
+            overwrite=overwrite,
+            write_shards=write_shards,
+        )
     if progress:
         seconds = time.perf_counter() - started
         print(f"indexed {n_items:,} items in {seconds:.1f} s", flush=True)
     return path
+
+
+def projector(
+    predictor: Predictor,
+    model: UnionOfSubspacesModel,
+    items,
+    ids: np.ndarray,
+    chunk_size: int,
+    first: int = 0,
+    bar: tqdm | None = None,
+) -> Callable[[np.ndarray, int], None]:
+    """A :attr:`service.model.search.ShardItems.fill` computing ``D^T x`` of items ``first +
+    start ..`` chunk by chunk (memory stays bounded); non-finite features raise
+    InvalidInputError naming the item."""
+
+    def fill(block: np.ndarray, start: int) -> None:
+        n = block.shape[1]
+        for lo in range(0, n, chunk_size):
+            hi = min(lo + chunk_size, n)
+            at = first + start + lo
+            chunk = _chunk(items, at, at + hi - lo)
+            rows = model.project(search_features(predictor, model.feature_space, chunk))
+            if not np.isfinite(rows).all():
+                bad = at + int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+                raise InvalidInputError(f"item {bad} ({ids[bad]!r}) has non-finite features")
+            block[:, lo:hi] = rows.T
+            if bar is not None:
+                bar.update(hi - lo)
+
+    return fill
 
 
 def _chunk(items, start: int, stop: int):

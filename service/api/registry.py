@@ -27,6 +27,7 @@ from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Pred
 from service.model.artifact import manifest_digest, read_manifest
 from service.model.errors import brief
 from service.model.search import SearchIndex, catalogue_dir, search_dir
+from service.model.search.catalogue import SHARDS_DIR
 
 logger = logging.getLogger("service.api")
 
@@ -49,28 +50,46 @@ class ModelState(enum.StrEnum):
     UNLOADED = "unloaded"
 
 
+# The levels of a model on disk, as _level_paths lists them.
+MODEL_LEVEL, SEARCH_LEVEL, CATALOGUE_LEVEL = 0, 1, 2
+
+
 def _level_paths(path: Path) -> tuple[Path, Path, Path]:
     return path, search_dir(path), catalogue_dir(path)
 
 
 def fingerprint(path: Path) -> tuple:
     """What identifies the model, search model and catalogue at ``path`` as they are on disk:
-    their manifests' checksums, and every file's size, modification time and inode. Any new
-    version, and any file still being copied or changed in place, changes it."""
+    their manifests' checksums, and every file's size, modification time and inode (the
+    catalogue's shards' files included; names starting with a dot, a writer's staging files,
+    left out). Any new version, and any file still being copied or changed in place, changes
+    it."""
     levels = []
-    for directory in _level_paths(path):
+    for level, directory in enumerate(_level_paths(path)):
         try:
             digest = manifest_digest(directory)
-            files = tuple(
-                (entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino)
-                for entry in sorted(os.scandir(directory), key=lambda e: e.name)
-                if entry.is_file() and (stat := entry.stat())
-            )
+            files = _file_stats(directory)
+            shards = directory / SHARDS_DIR
+            if level == CATALOGUE_LEVEL and shards.is_dir():
+                files += tuple(
+                    (f"{entry.name}/{name}", *stat)
+                    for entry in sorted(os.scandir(shards), key=lambda e: e.name)
+                    if entry.is_dir() and not entry.name.startswith(".")
+                    for name, *stat in _file_stats(Path(entry.path))
+                )
         except OSError:
             levels.append(None)
             continue
         levels.append((digest, files))
     return tuple(levels)
+
+
+def _file_stats(directory: Path) -> tuple:
+    return tuple(
+        (entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name)
+        if entry.is_file() and not entry.name.startswith(".") and (stat := entry.stat())
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,12 +187,22 @@ def load_snapshot(
 def _load(
     name: str, path: Path, before: tuple, previous: ModelSnapshot | None, force: bool
 ) -> ModelSnapshot:
-    predictor = Predictor.load(path)
-    predictor.warm_up()
+    # Only the catalogue changed (an update of its items): the model and search model served
+    # stay, and the catalogue's new version loads only the shards it adds.
+    catalogue_only = (
+        previous is not None
+        and previous.search is not None
+        and before[:CATALOGUE_LEVEL] == previous.fingerprint[:CATALOGUE_LEVEL]
+    )
+    if catalogue_only:
+        predictor = previous.predictor
+    else:
+        predictor = Predictor.load(path)
+        predictor.warm_up()
     search, search_problem = None, None
     try:
-        search = SearchIndex.load(path, predictor)
-        if search is not None:
+        search = SearchIndex.load(path, predictor, None if previous is None else previous.search)
+        if search is not None and not catalogue_only:
             search.warm_up()
     except ArtifactError as error:
         if previous is not None:
