@@ -20,14 +20,15 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-from _serving import latencies, running_server
+from serving import latencies, running_server
 from sklearn.svm import SVC
 
-from service.model import InputNormalizer, Predictor
+from service.model import Predictor
 from service.model.kernels import dense as dense_kernels
 from service.model.threads import limit_threads
 from training.datasets import load_digits_dataset
 from training.evaluate import median_seconds
+from training.preprocessing import InputNormalizer
 
 
 def _http_latencies(model: Path, instance: list, requests: int) -> list[float]:

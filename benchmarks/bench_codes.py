@@ -136,7 +136,7 @@ def precision(index: SearchIndex, draws: int) -> dict[tuple[str, int], float]:
 def over_http(model: Path, index: SearchIndex, requests: int) -> dict[str, float]:
     """p50 ms of each kind of query on two servers, the service and the baseline, in turn."""
     import httpx
-    from _serving import HOST, service_env, serving
+    from serving import HOST, service_env, serving
 
     label = index.model.classes[7]
     rng = np.random.default_rng(0)

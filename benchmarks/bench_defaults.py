@@ -55,7 +55,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, LinearSVC
 
-from service.model import InputSpec
+from service.model.inputs.spec import InputSpec
 from service.model.threads import limit_threads
 from training.datasets import Dataset, load_dataset, load_digits_dataset
 from training.evaluate import median_seconds

@@ -45,9 +45,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-from _serving import HOST, REPO, running_server, service_env, serving
 from bench_search_http import build_search_fixture, check_http_matches
 from loadgen import LoadResult, http_request, run_load
+from serving import HOST, REPO, running_server, service_env, serving
 from threadpoolctl import threadpool_limits
 
 from service.model import Predictor

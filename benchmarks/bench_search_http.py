@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from _serving import latencies, running_server
+from serving import latencies, running_server
 
-from service.model import InputSpec, Predictor
+from service.model import Predictor
+from service.model.inputs.spec import InputSpec
 from service.model.search import SearchIndex, SearchQuery
 from training.datasets import Dataset
-from training.fit import FitConfig, fit_besvm
+from training.estimator import fit_dataset
 from training.search import build_catalogue, estimator_for, fit_search_model, search_dir
 
 
@@ -87,7 +88,7 @@ def build_search_fixture(
     model_dir = work / "model"
     data = _synthetic(2000, 500, dim, seed)
     started = time.perf_counter()
-    fit_besvm(data, FitConfig(similarities="linear"), name="synthetic").predictor.save(model_dir)
+    fit_dataset(data, "synthetic", similarity="linear").predictor.save(model_dir)
     predictor = Predictor.load(model_dir)
     estimator = estimator_for(n_atoms=atoms, n_epochs=2, random_state=seed)
     search_model = fit_search_model(predictor, data, estimator, sparsity=nnz)

@@ -52,22 +52,23 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from _serving import latencies, running_server
 from scipy.special import gammaln
+from serving import latencies, running_server
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 
 from service.model import Predictor
-from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.inputs.words import Documents, canonical_counts, smooth_idf
 from service.model.similarity import SimilaritySpec, parse_spec
 from service.model.threads import (
     DOCUMENT_PAIR_MULTIPLY_ADDS,
     SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
 )
 from training.datasets import Dataset, DatasetError, load_dataset
+from training.estimator import fit_dataset
 from training.evaluate import median_seconds
-from training.fit import FitConfig, fit_besvm, fit_vocabulary
+from training.preparation import fit_vocabulary
 
 MEASURES = ("linear", "sensing0", "sensing1(n=150)", "sensing2(n_words=150)")
 BATCH1_DOCS = 200
@@ -86,7 +87,7 @@ def _driver(n_rows: int, n_basis: int) -> str:
 
 def _compute(spec: SimilaritySpec, serial: bool) -> Callable[..., np.ndarray]:
     """``spec.compute(basis, X, out)``, or the same forced onto the serial driver (the calling
-    thread) through the measure's documented ``on_documents`` entry."""
+    thread) through the measure's serial documents driver."""
     if not serial:
         return spec.compute
     args = [
@@ -95,7 +96,7 @@ def _compute(spec: SimilaritySpec, serial: bool) -> Callable[..., np.ndarray]:
     ]
 
     def serial_compute(basis: Documents, X: Documents, out: np.ndarray) -> np.ndarray:
-        spec.kind.on_documents(basis, X, *args, out, False)
+        spec.kind.documents.serial(basis, X, *args, out)
         return out
 
     return serial_compute
@@ -352,8 +353,8 @@ def bench_classify(data: Dataset, model: Path | None, requests: int, skip_http: 
     with tempfile.TemporaryDirectory(prefix="bench-sensing-") as tmp:
         if model is None:
             started = time.perf_counter()
-            config = FitConfig(similarities="sensing1(n=150)", basis_per_class=25)
-            predictor = fit_besvm(data, config, "fortunes-sensing1-bench").predictor
+            config = dict(similarity="sensing1(n=150)", basis_per_class=25)
+            predictor = fit_dataset(data, "fortunes-sensing1-bench", **config).predictor
             model = Path(tmp) / "model"
             predictor.save(model)
             trained = f"trained in {time.perf_counter() - started:.1f} s into a temporary dir"

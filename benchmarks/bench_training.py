@@ -57,8 +57,9 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
     import numpy as np
     from sklearn.svm import LinearSVC
 
-    from service.model import BasisExpansion, InputNormalizer
     from training import BasisExpandingSVC
+    from training.expansion import BasisExpansion
+    from training.preprocessing import InputNormalizer
 
     if method.startswith("selection"):
         return _run_selection(int(method.split("=")[1]))

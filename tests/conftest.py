@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from service.model import Predictor
-from service.model.inputs import InputSpec
+from service.model.inputs.spec import InputSpec
 from training.datasets import Dataset, load_digits_dataset
-from training.fit import FitConfig, fit_besvm
+from training.estimator import fit_dataset
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +21,7 @@ def digits() -> Dataset:
 @pytest.fixture(scope="session")
 def digits_fit(digits: Dataset):
     """The default configuration, trained on the fixed digits split."""
-    return fit_besvm(digits, FitConfig(), name="digits")
+    return fit_dataset(digits, "digits")
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +68,8 @@ def text_dataset() -> Dataset:
 
 @pytest.fixture(scope="session")
 def text_fit(text_dataset):
-    config = FitConfig(similarities="sensing1(n=150) + linear", basis_per_class=8, min_df=1)
-    return fit_besvm(text_dataset, config, name="topics")
+    config = dict(similarity="sensing1(n=150) + linear", basis_per_class=8, min_df=1)
+    return fit_dataset(text_dataset, "topics", **config)
 
 
 @pytest.fixture(scope="session")

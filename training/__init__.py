@@ -1,9 +1,12 @@
-"""Offline training of Basis Expanding SVMs: data sets, fitting, evaluation, the command line.
+"""Offline training of Basis Expanding SVMs: data sets, fitting, selection, evaluation, the
+command line.
 
 The Python API: :class:`BasisExpandingSVC`, a scikit-learn classifier whose ``save`` writes the
-artifact the service loads.
+artifact the service loads, and :class:`ForwardSelectionCV`, which chooses its configuration by
+cross-validation (``BasisExpandingSVC(similarity="auto")`` delegates to it).
 """
 
 from training.estimator import BasisExpandingSVC
+from training.selection import ForwardSelectionCV
 
-__all__ = ["BasisExpandingSVC"]
+__all__ = ["BasisExpandingSVC", "ForwardSelectionCV"]

@@ -7,22 +7,21 @@ import argparse
 import json
 import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 
 from service.model import ModelError, Predictor
-from service.model.basis import BASIS_STRATEGIES
-from service.model.expansion import (
+from service.model.features import (
     AUTO_NORMALIZATION_INDEFINITE,
     AUTO_NORMALIZATION_KERNELS,
     NORMALIZATIONS,
 )
-from service.model.preprocessing import INPUT_NORMALIZATIONS
+from service.model.inputs.transforms import TRANSFORMS
 from service.model.search import UnionOfSubspacesModel, read_catalogue
 from service.model.similarity import SIMILARITY_KINDS
-from service.model.transforms import TRANSFORMS
 from training.datasets import (
     DIGITS,
     FORTUNES,
@@ -33,9 +32,9 @@ from training.datasets import (
 )
 from training.diagnostics import format_ratio
 from training.dictionary import UnionOfSubspacesSVM
-from training.estimator import AUTO_SIMILARITY
+from training.estimator import AUTO_SIMILARITY, BasisExpandingSVC, fit_dataset
 from training.evaluate import evaluate
-from training.fit import FitConfig, fit_besvm
+from training.options import add_estimator_arguments, estimator_params, given_options
 from training.report import (
     DEFAULT_CONFIGURATIONS,
     TEXT_CONFIGURATIONS,
@@ -59,16 +58,23 @@ from training.search import (
     search_dir,
     write_search_report,
 )
+from training.selection import SEARCHED_PARAMETERS
 
-_DEFAULTS = FitConfig()
-# What `fit --similarity auto` chooses itself: the command line's option and its attribute.
-SELECTED_OPTIONS = {
-    "--transform": "transform",
-    "--input-normalization": "input_normalization",
-    "--basis-per-class": "basis_per_class",
-    "--basis-strategy": "basis_strategy",
-    "--normalization": "normalization",
-    "-C": "C",
+# How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
+# set, older option names kept for scripts, and the one default of the command line's own (it
+# selects the configuration unless told the measures).
+FIT_OPTIONS = {
+    "skip": ("input_shape", "random_state", "verbose"),
+    "aliases": {
+        "C": ("--C",),
+        "input_transform": ("--transform",),
+        "selection_budget": ("--budget",),
+        "n_jobs": ("--jobs",),
+    },
+    "defaults": {"similarity": AUTO_SIMILARITY},
+    "extra_help": {
+        "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
+    },
 }
 DEFAULT_TEST_FRACTION = 0.25
 
@@ -108,6 +114,22 @@ def _add_data_arguments(parser: argparse.ArgumentParser, default: str | None) ->
     )
 
 
+def _fit_epilog() -> str:
+    """The measures, transforms and normalisations that --similarity, --transform and
+    --normalization take, from the tables that define them."""
+    kinds = [f"  {k.name}: {k.description}" for k in SIMILARITY_KINDS.values()]
+    return "\n".join(
+        [
+            "similarity measures:",
+            *kinds,
+            f"input transforms: {', '.join(TRANSFORMS)} (hog(cell_size, orientations))",
+            f"normalizations: {', '.join(NORMALIZATIONS)},",
+            f"  or auto: {AUTO_NORMALIZATION_KERNELS} when every measure is a kernel, "
+            f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite",
+        ]
+    )
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
@@ -119,103 +141,22 @@ def _build_parser() -> argparse.ArgumentParser:
     fit = commands.add_parser(
         "fit",
         help="train a model and write its artifact directory",
-        description="Choose a class-balanced basis, expand the training set on it under one or "
-        "more similarity measures, fit a one-vs-rest linear SVM, and write the artifact.",
+        description=textwrap.fill(
+            "Choose a class-balanced basis, expand the training set on it under one or more "
+            "similarity measures, fit a one-vs-rest linear SVM, and write the artifact. With "
+            "--similarity auto (the default) the configuration is chosen by cross-validation "
+            "first.",
+            width=88,
+        ),
+        epilog=_fit_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_data_arguments(fit, default=DIGITS)
-    model = fit.add_argument_group("model")
-    kinds = "; ".join(f"{k.name}: {k.description}" for k in SIMILARITY_KINDS.values())
-    model.add_argument(
-        "--similarity",
-        default=AUTO_SIMILARITY,
-        help=f"similarity measure(s) joined with '+', sharing one basis, e.g. "
-        f"'rbf(gamma=0.5) + rigid(1)'; known: {kinds}; a measure may read a transform of its "
-        "own, 'hog(2): rbf + pixels: rbf' (each transform computed once, one basis). 'auto' "
-        "(the default): forward selection by cross-validation on the training split of the "
-        "measures, the transform, the input normalisation, the basis size and strategy and C, "
-        "within --budget seconds; the options that fix those need a fixed --similarity",
+    model = fit.add_argument_group(
+        "model", "the estimator's parameters (training.BasisExpandingSVC; --seed sets random_state)"
     )
-    model.add_argument(
-        "--budget",
-        dest="selection_budget_s",
-        type=float,
-        default=_DEFAULTS.selection_budget_s,
-        help="with --similarity auto: seconds the selection may take before it keeps the best "
-        f"configuration found (default: {_DEFAULTS.selection_budget_s:g})",
-    )
-    model.add_argument(
-        "--input-normalization",
-        choices=INPUT_NORMALIZATIONS,
-        default=None,
-        help="dense inputs: centred and divided by their mean norm (global, the paper's), or "
-        "standardised per feature first "
-        f"(with fixed measures; default: {_DEFAULTS.input_normalization})",
-    )
-    model.add_argument(
-        "--transform",
-        default=None,
-        help=f"input transform the service applies to raw instances: {', '.join(TRANSFORMS)}; "
-        "'hog(cell_size, orientations)' turns images into a grid of HOG cells, e.g. 'hog(2, 9)' "
-        "(with fixed measures; default: pixels for images, none otherwise)",
-    )
-    model.add_argument(
-        "--basis-per-class",
-        type=int,
-        default=None,
-        help=f"basis items per class (with fixed measures; default: {_DEFAULTS.basis_per_class})",
-    )
-    model.add_argument(
-        "--basis-strategy",
-        choices=BASIS_STRATEGIES,
-        default=None,
-        help="how basis items are chosen within a class (with fixed measures; default: "
-        f"{_DEFAULTS.basis_strategy})",
-    )
-    model.add_argument(
-        "--normalization",
-        default=None,
-        help=f"normalisation of the similarities: {', '.join(NORMALIZATIONS)}, or auto: "
-        f"{AUTO_NORMALIZATION_KERNELS} when every measure is a kernel (linear, rbf), "
-        f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite (rigid, deformable, sensing) "
-        f"(with fixed measures; default: {_DEFAULTS.normalization})",
-    )
-    model.add_argument(
-        "-C",
-        "--C",
-        dest="C",
-        type=float,
-        default=None,
-        help=f"SVM regularisation constant (with fixed measures; default: {_DEFAULTS.C:g})",
-    )
-    model.add_argument(
-        "--jobs",
-        dest="n_jobs",
-        type=int,
-        default=_DEFAULTS.n_jobs,
-        help="cores training uses: the expansion's threads and the classes' SVMs trained side "
-        f"by side; -1: every core (default: {_DEFAULTS.n_jobs})",
-    )
-    model.add_argument(
-        "--max-iter",
-        type=int,
-        default=_DEFAULTS.max_iter,
-        help=f"SVM solver iteration limit (default: {_DEFAULTS.max_iter})",
-    )
-    text = fit.add_argument_group("text data sets")
-    text.add_argument(
-        "--min-df",
-        type=int,
-        default=_DEFAULTS.min_df,
-        help="vocabulary: leave out words found in fewer training texts than this "
-        f"(default: {_DEFAULTS.min_df})",
-    )
-    text.add_argument(
-        "--stop-words",
-        choices=("english", "none"),
-        default=_DEFAULTS.stop_words,
-        help="vocabulary: leave out scikit-learn's English stop words, or keep every word "
-        f"(default: {_DEFAULTS.stop_words})",
-    )
+    parameters = add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS)
+    fit.set_defaults(model_parameters=parameters)
     output = fit.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="artifact directory to write (default: models/<name>)"
@@ -504,13 +445,13 @@ def _load_data(args: argparse.Namespace, default_source=None):
 
 
 def _run_fit(args: argparse.Namespace) -> int:
+    params = estimator_params(args, args.model_parameters, FIT_OPTIONS["defaults"])
     # Refused before anything is loaded: the selection would silently override them.
-    chosen = {option: getattr(args, name) for option, name in SELECTED_OPTIONS.items()}
-    fixed = [option for option, value in chosen.items() if value is not None]
-    if args.similarity.strip().lower() == AUTO_SIMILARITY and fixed:
+    fixed = given_options(args, [p for p in SEARCHED_PARAMETERS if p != "similarity"])
+    if params["similarity"].strip().lower() == AUTO_SIMILARITY and fixed:
         raise ValueError(
             f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
-            f"too (e.g. --similarity '{_DEFAULTS.similarities}') to fix them yourself"
+            f"too (e.g. --similarity '{BasisExpandingSVC().similarity}') to fix them yourself"
         )
 
     name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
@@ -524,27 +465,8 @@ def _run_fit(args: argparse.Namespace) -> int:
     if out.exists() and not args.force:
         raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
 
-    def given(name: str, default):
-        value = getattr(args, name)
-        return default if value is None else value
-
-    config = FitConfig(
-        similarities=args.similarity,
-        transform=args.transform,
-        basis_per_class=given("basis_per_class", _DEFAULTS.basis_per_class),
-        basis_strategy=given("basis_strategy", _DEFAULTS.basis_strategy),
-        normalization=given("normalization", _DEFAULTS.normalization),
-        C=given("C", _DEFAULTS.C),
-        max_iter=args.max_iter,
-        seed=args.seed,
-        min_df=args.min_df,
-        stop_words=None if args.stop_words == "none" else args.stop_words,
-        n_jobs=args.n_jobs,
-        input_normalization=given("input_normalization", _DEFAULTS.input_normalization),
-        selection_budget_s=args.selection_budget_s,
-    )
     _status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
-    result = fit_besvm(dataset, config, name=name, verbose=not args.quiet)
+    result = fit_dataset(dataset, name, random_state=args.seed, verbose=not args.quiet, **params)
     predictor = result.predictor
     n_test = len(dataset.y_test)
     test_accuracy = predict_seconds = None

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from service.model import InputSpec, SpecError
+from service.model import SpecError
+from service.model.inputs.spec import InputSpec
 
 DIGITS = "digits"
 DIGITS_TRAIN_SIZE = 1000

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.model.expansion import eigenvalue_tolerance
+from training.expansion import eigenvalue_tolerance
 
 
 def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:

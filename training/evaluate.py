@@ -25,9 +25,10 @@ from sklearn.naive_bayes import MultinomialNB
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import SVC, LinearSVC
 
-from service.model import InputNormalizer, Predictor
-from service.model.documents import Vocabulary
+from service.model import Predictor
+from service.model.inputs.words import Vocabulary
 from training.datasets import Dataset
+from training.preprocessing import InputNormalizer
 
 
 @dataclass

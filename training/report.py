@@ -32,18 +32,20 @@ from sklearn.model_selection import StratifiedKFold
 from tqdm.auto import tqdm
 
 from service.model import SpecError, parse_specs
-from service.model.basis import BASIS_STRATEGIES
-from service.model.expansion import parse_normalization
+from service.model.features import parse_normalization
+from service.model.inputs.kinds import input_kind_for_data
 from service.model.similarity import format_spec
+from training.basis import BASIS_STRATEGIES
 from training.datasets import Dataset
 from training.diagnostics import format_ratio
+from training.estimator import BasisExpandingSVC, fit_dataset
 from training.evaluate import (
     evaluate_baselines,
     evaluate_text_baselines,
     median_seconds,
     predictor_parameters,
 )
-from training.fit import FitConfig, fit_besvm, fit_vocabulary, resolve_transform
+from training.preparation import fit_vocabulary
 from training.report_data import (
     Configuration,
     FitRecord,
@@ -99,7 +101,11 @@ def parse_configuration(text: str, dataset: Dataset) -> Configuration:
         # Measures on transforms of their own ("hog(8): rbf + pixels: rbf"): no model-wide one.
         transform_text, sep, similarities = "", "", text
     specs = parse_specs(similarities)
-    transform = resolve_transform(transform_text if sep else None, dataset.input_spec, specs)
+    spec = dataset.input_spec
+    settled = input_kind_for_data(spec).settle_transforms(
+        spec, specs, transform_text if sep else None
+    )
+    transform = settled[0]
     return Configuration(str(transform), " + ".join(format_spec(s) for s in specs), C)
 
 
@@ -123,24 +129,24 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
     for configuration, size, strategy, normalization in tqdm(
         fits, desc="report grid", unit="fit", disable=not verbose
     ):
-        config = FitConfig(
-            similarities=configuration.similarities,
-            transform=configuration.transform,
+        config = dict(
+            similarity=configuration.similarities,
+            input_transform=configuration.transform,
             basis_per_class=size,
             basis_strategy=strategy,
             normalization=normalization,
             C=configuration.C,
-            seed=grid.seed,
+            random_state=grid.seed,
         )
         correct = sum(
             _accuracy(
-                fit_besvm(fit_part, config, name="fold", diagnostics=False).predictor, held_out
+                fit_dataset(fit_part, "fold", diagnostics=False, **config).predictor, held_out
             )
             * len(held_out.y_test)
             for fit_part, held_out in folds
         )
         validation_accuracy = correct / len(dataset.y_train)
-        result = fit_besvm(dataset, config, name="report")
+        result = fit_dataset(dataset, "report", **config)
         predictor = result.predictor
         predictor.warm_up()
         records.append(
@@ -164,13 +170,14 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
             )
         )
     n_classes = len(dataset.classes)
+    defaults = BasisExpandingSVC().get_params()
     if dataset.input_spec.kind == "text":
         baselines = evaluate_text_baselines(
             dataset.X_train,
             dataset.y_train,
             dataset.X_test,
             dataset.y_test,
-            fit_vocabulary(dataset.X_train, FitConfig.min_df, FitConfig.stop_words),
+            fit_vocabulary(dataset.X_train, defaults["min_df"], defaults["stop_words"]),
             repeats=grid.repeats,
         )
     else:

@@ -1,58 +1,67 @@
-"""``--similarity auto``: choosing a model's configuration by forward selection (issue 14).
+"""Forward selection of a :class:`~training.estimator.BasisExpandingSVC`'s configuration by
+cross-validation: :class:`ForwardSelectionCV`, a wrapper like scikit-learn's ``GridSearchCV``.
 
-:func:`select` cross-validates candidate configurations on the *training* split of a data set
-(stratified k-fold; the test split is never read) and improves one configuration step by step,
-the BE-SVM paper's greedy answer (section 3.5) to "which measures, at which resolution":
+It clones the estimator it wraps, scores candidate settings of its parameters by stratified
+k-fold cross-validation on the training set it is given, and improves one configuration step by
+step, the BE-SVM paper's greedy answer (section 3.5) to "which measures, at which resolution":
 
 1. **Input preparation.** Dense inputs: the input normalisation (``global``, the paper's: centre
    and divide by the mean norm; or ``per-feature``: z-scores first, see
-   :mod:`service.model.preprocessing`) and, for images, the transform (pixels, or HOG cells at
+   :mod:`service.model.inputs.dense`) and, for images, the transform (pixels, or HOG cells at
    one or two cell sizes), each tried with the default measure ``rbf(gamma=1)``. The best one
    fixes the transform for every later step. Documents: nothing to choose here.
 2. **The first measure**: every candidate measure of the input kind in place of ``rbf(gamma=1)``.
-3. **Added measures**: the candidate whose ``+``-combination with the measures chosen so far
-   improves the cross-validated accuracy most, repeatedly, up to :data:`MAX_MEASURES`.
-4. **Basis size per class**: a grid (10, 25, 50, 100, 200, ...) capped by the largest class of a
+3. **Basis size per class**: a grid (10, 25, 50, 100, 200, ...) capped by the largest class of a
    fold and by a feature budget (:data:`MAX_FEATURES` basis items times measures), so that it
    grows with the training set. Documents have a larger budget (:data:`MAX_DOCUMENT_FEATURES`)
-   and the ``besvm`` normalisation. The chosen basis grows from the folds to the whole split
+   and the ``besvm`` normalisation. The chosen basis grows from the folds to the whole set
    (:func:`grown_basis_per_class`): always for documents, and for dense inputs when the search
-   ran on a sample of a larger split (up to :data:`MAX_GROWN_FEATURES`).
+   ran on a sample of a larger set (up to :data:`MAX_GROWN_FEATURES`).
+4. **Added measures**: the candidate whose ``+``-combination with the measures chosen so far
+   improves the cross-validated accuracy most, repeatedly, up to :data:`MAX_MEASURES`.
 5. **The SVM's C**: 0.1 and 10 against 1.
 6. **The basis strategy**: ``random`` and ``kmedoids`` against ``index``.
 
 A step is taken only when its best candidate beats the current configuration by at least
 ``margin`` (0.25 points by default), or, for C and the basis strategy, which cost nothing when
 serving, by any gain; the similarity normalisation follows the ``auto`` rule
-(:func:`service.model.expansion.resolve_normalization`). Everything stops when the time budget
-is spent: a candidate whose folds are not all scored by then is not considered. The path (each
-step taken, its candidate and cross-validated accuracy) is returned in the :class:`Selection`,
-as plain data for the manifest.
+(:func:`service.model.features.resolve_normalization`). Everything stops when the time budget is
+spent: a candidate whose folds are not all scored by then is not considered. The path (each step
+taken, its candidate and cross-validated accuracy) is kept in ``path_``, as plain data for the
+manifest (:meth:`ForwardSelectionCV.record`).
 
-Candidates and folds are scored in parallel with joblib (``n_jobs`` processes), each process
-limiting its threads through :func:`service.model.threads.limit_threads` (numba: its share of
-the cores; BLAS: one) so that together they use the cores once.
+The parameters it chooses are :data:`SEARCHED_PARAMETERS`; every other parameter of the wrapped
+estimator (``max_iter``, ``min_df``, ``stop_words``, ``input_shape``, ...) is the user's, in the
+folds as in the final model. Candidates and folds are scored in parallel with joblib
+(``n_jobs`` processes), each process limiting its threads through
+:func:`service.model.threads.limit_threads` (numba: its share of the cores; BLAS: one) so that
+together they use the cores once.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 from joblib import Parallel, delayed
+from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
-from service.model import InputSpec
-from service.model.preprocessing import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
+# scikit-learn has no public form of its parameter constraints; its own estimators declare
+# theirs with these, and the pinned version is checked by the estimator checks in the tests.
+from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils.validation import check_is_fitted
+
+from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
+from service.model.inputs.spec import InputSpec
 from service.model.threads import available_cpus, limit_threads
-from training.datasets import Dataset
-from training.fit import FitConfig, FitResult, fit_besvm
+from training.preparation import preparation_for
 
 # Seconds the whole search may take by default: digits (1,000 training images) selects and fits
 # in under a minute on 2 busy cores (docs/model-selection.md has the measurements).
@@ -91,108 +100,25 @@ C_GRID = (0.1, 1.0, 10.0)
 STRATEGIES = ("index", "random", "kmedoids")
 SENSING_WORDS = (50, 150, 500)
 
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration to cross-validate, with what it changes, in words."""
-
-    change: str
-    config: FitConfig
-
-
-@dataclass
-class Selection:
-    """What :func:`select` chose and how.
-
-    Attributes
-    ----------
-    config : FitConfig
-        The chosen configuration, ready for :func:`training.fit.fit_besvm`.
-    cv_accuracy : float
-        Its cross-validated accuracy on the training split (a fraction).
-    path : list of dict
-        The steps taken, in order: ``step``, ``stage``, ``change`` (the candidate, in words),
-        ``similarities``, ``cv_accuracy`` (a fraction), ``candidates`` (how many were scored),
-        ``elapsed_s``. Plain JSON, for the manifest. ``cv_accuracy`` increases along it.
-    stopped : str
-        Why the search ended.
-    seconds : float
-    fits : int
-        Fold fits run (candidates times folds).
-    folds : int
-    n_items : int
-        Training items the search cross-validated on (a sample when the split is larger than
-        ``max_items``).
-    budget_s : float
-    documents : bool
-        Whether the inputs are documents (no input normalisation to choose).
-    searched_basis_per_class : int or None
-        The basis size per class the search chose on its folds; for documents, and dense
-        splits searched on a sample, ``config`` grows it to the whole training split
-        (:func:`grown_basis_per_class`).
-    """
-
-    config: FitConfig
-    cv_accuracy: float
-    path: list[dict[str, Any]] = field(default_factory=list)
-    stopped: str = ""
-    seconds: float = 0.0
-    fits: int = 0
-    folds: int = 3
-    n_items: int = 0
-    budget_s: float = DEFAULT_BUDGET_S
-    documents: bool = False
-    searched_basis_per_class: int | None = None
-
-    def record(self) -> dict[str, Any]:
-        """The selection as plain JSON data, for the manifest's ``training`` entry."""
-        chosen = dataclasses.asdict(self.config)
-        return {
-            "method": "forward selection, stratified k-fold cross-validation on the training split",
-            "folds": self.folds,
-            "n_items": self.n_items,
-            "budget_s": self.budget_s,
-            "seconds": round(self.seconds, 2),
-            "fits": self.fits,
-            "stopped": self.stopped,
-            # NaN is no JSON: the budget ran out before any candidate was scored.
-            "cv_accuracy": None if np.isnan(self.cv_accuracy) else self.cv_accuracy,
-            "chosen": {k: chosen[k] for k in CHOSEN_FIELDS},
-            "searched_basis_per_class": self.searched_basis_per_class,
-            "path": self.path,
-        }
-
-    def describe(self) -> str:
-        """The path as lines of text, one per step, then the choice."""
-        lines = [
-            f"  {entry['step']}. {entry['stage']:<14} {entry['change']:<44} "
-            f"CV {100 * entry['cv_accuracy']:.2f}%"
-            for entry in self.path
-        ]
-        config = self.config
-        grown = (
-            f", grown from {self.searched_basis_per_class} on the folds"
-            if self.searched_basis_per_class not in (None, config.basis_per_class)
-            else ""
-        )
-        lines.append(
-            f"  chosen: {config.similarities} on {config.transform or 'the inputs'}"
-            + ("" if self.documents else f", {config.input_normalization} input normalisation")
-            + f", {config.basis_per_class} bases per class ({config.basis_strategy}{grown}),"
-            f" C = {config.C:g}; {self.stopped}; {self.fits} fold fits in {self.seconds:.1f} s"
-        )
-        return "\n".join(lines)
-
-
-CHOSEN_FIELDS = (
-    "similarities",
-    "transform",
+# The estimator's parameters the selection chooses: with ``similarity="auto"`` the command line
+# refuses options that would set them, since the search would override them.
+SEARCHED_PARAMETERS = (
+    "similarity",
+    "input_transform",
     "input_normalization",
     "basis_per_class",
     "basis_strategy",
     "normalization",
     "C",
 )
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting to cross-validate: the searched parameters, with what it changes, in words."""
+
+    change: str
+    params: dict[str, Any]
 
 
 # -- the candidates ------------------------------------------------------------------------
@@ -257,62 +183,49 @@ def grown_basis_per_class(
 # -- cross-validation ----------------------------------------------------------------------
 
 
-def _fold_datasets(
-    dataset: Dataset, folds: int, random_state: int, max_items: int
-) -> tuple[list[Dataset], int]:
-    """The training split as ``folds`` (train, validation) data sets; only training items."""
-    X, y = dataset.X_train, dataset.y_train
+@dataclass(frozen=True)
+class _Fold:
+    """One fold's training part and validation part."""
+
+    X_train: Any
+    y_train: np.ndarray
+    X_valid: Any
+    y_valid: np.ndarray
+
+
+def _folds(X, y: np.ndarray, n_splits: int, random_state: int, max_items: int):
+    """The training set as ``n_splits`` stratified folds, on a stratified sample of at most
+    ``max_items`` items; the folds and the number of items they share."""
     if len(y) > max_items:
         X, _, y, _ = train_test_split(
             X, y, train_size=max_items, stratify=y, random_state=random_state
         )
     smallest = min(np.unique(y, return_counts=True)[1])
-    folds = max(2, min(folds, int(smallest)))
-    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=random_state)
+    n_splits = max(2, min(n_splits, int(smallest)))
+    splitter = StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=random_state)
     return [
-        Dataset(
-            f"{dataset.name}-fold{k}",
-            dataset.input_spec,
-            X[train],
-            y[train],
-            X[valid],
-            y[valid],
-            source={},
-        )
-        for k, (train, valid) in enumerate(splitter.split(np.zeros(len(y)), y))
+        _Fold(X[train], y[train], X[valid], y[valid])
+        for train, valid in splitter.split(np.zeros(len(y)), y)
     ], len(y)
 
 
-def _score_fold(fold: Dataset, config: FitConfig, threads: int) -> tuple[int, int]:
+def _score_fold(estimator, params: dict[str, Any], fold: _Fold, threads: int) -> tuple[int, int]:
     """Correct predictions and items of one validation fold, trained on the fold's rest."""
     # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
     # threads spin-wait, which costs far more than they save when another process holds a core
     # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
+    model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
     with limit_threads(numba_threads=threads, blas_threads=1):
-        result = fit_besvm(fold, _with_threads(config, threads), fold.name, diagnostics=False)
-        predicted = result.predictor.predict(fold.X_test)
-    return int(np.count_nonzero(np.asarray(predicted) == fold.y_test)), len(fold.y_test)
+        predicted = model.fit(fold.X_train, fold.y_train).predict(fold.X_valid)
+    return int(np.count_nonzero(predicted == fold.y_valid)), len(fold.y_valid)
 
 
-def _with_threads(config: FitConfig, threads: int) -> FitConfig:
-    # Where the trainer takes its own core count (FitConfig.n_jobs), give it this worker's share.
-    if "n_jobs" in {f.name for f in dataclasses.fields(config)}:
-        return replace(config, n_jobs=threads)
-    return config
-
-
-class _Scorer:
+class _FoldScorer:
     """Scores candidates on the folds, in parallel, within a deadline."""
 
-    def __init__(
-        self,
-        folds: list[Dataset],
-        n_jobs: int,
-        deadline: float,
-        progress: bool,
-    ):
+    def __init__(self, estimator, folds: list[_Fold], n_jobs: int, deadline: float, progress):
+        self.estimator = estimator
         self.folds = folds
-        self.n_jobs = n_jobs
         self.threads = max(1, available_cpus() // n_jobs)
         self.deadline = deadline
         self.progress = progress
@@ -329,7 +242,7 @@ class _Scorer:
             self.out_of_time = True
             return [None] * len(candidates)
         tasks = (
-            delayed(_indexed)(i, _score_fold, fold, candidate.config, self.threads)
+            delayed(_indexed)(i, _score_fold, self.estimator, candidate.params, fold, self.threads)
             for i, candidate in enumerate(candidates)
             for fold in self.folds
         )
@@ -377,160 +290,6 @@ def _progress_bar(total: int, stage: str, enabled: bool):
 # -- forward selection ---------------------------------------------------------------------
 
 
-def select(
-    dataset: Dataset,
-    *,
-    budget_s: float = DEFAULT_BUDGET_S,
-    folds: int = 3,
-    n_jobs: int | None = None,
-    random_state: int = 0,
-    progress: bool = True,
-    margin: float = DEFAULT_MARGIN,
-    max_items: int = MAX_SEARCH_ITEMS,
-    base: FitConfig | None = None,
-) -> Selection:
-    """Choose a configuration for ``dataset`` by forward selection (see the module docstring).
-
-    Only ``dataset.X_train`` and ``dataset.y_train`` are read: the test split plays no part.
-
-    Parameters
-    ----------
-    dataset : Dataset
-    budget_s : float, default=DEFAULT_BUDGET_S
-        Seconds the search may take; it stops, keeping the best configuration found, when they
-        are spent (the fits running then are finished or cancelled, so it may overrun by about
-        one fold fit).
-    folds : int, default=3
-        Stratified folds (fewer if the smallest class has fewer items; at least 2).
-    n_jobs : int or None, default=None
-        Fold fits run side by side (joblib processes); None or -1: one per available core.
-        Each gets ``cores // n_jobs`` numba threads and one BLAS thread.
-    random_state : int, default=0
-        Seed of the folds, the sample and the trainer.
-    progress : bool, default=True
-        A progress bar per stage on a terminal (never when stderr is not a tty).
-    margin : float, default=0.0025
-        Accuracy a step must gain to be taken (0.0025: a quarter of a point); C and the basis
-        strategy are taken on any gain.
-    max_items : int, default=MAX_SEARCH_ITEMS
-        Larger training splits are cross-validated on a stratified sample of this many items.
-    base : FitConfig, optional
-        Settings the search does not choose (``max_iter``, ``min_df``, ``stop_words``, ...).
-
-    Returns
-    -------
-    Selection
-
-    Raises
-    ------
-    ValueError
-        Fewer than two classes, a non-positive budget or fold count.
-    """
-    if not budget_s > 0:
-        raise ValueError(f"budget_s must be positive, got {budget_s!r}")
-    if folds < 2:
-        raise ValueError(f"folds must be at least 2, got {folds!r}")
-    if len(set(dataset.y_train.tolist())) < 2:
-        raise ValueError("the training split needs at least two classes")
-    started = time.monotonic()
-    jobs = available_cpus() if n_jobs is None or n_jobs < 0 else max(1, int(n_jobs))
-    fold_sets, n_items = _fold_datasets(dataset, folds, random_state, max_items)
-    spec = dataset.input_spec
-    rules = _rules_for(spec)
-    current = replace(
-        base or FitConfig(),
-        similarities=START_MEASURE if not spec.is_documents else "linear",
-        transform=None,
-        input_normalization=GLOBAL_NORMALIZATION,
-        basis_per_class=START_BASIS_PER_CLASS,
-        basis_strategy="index",
-        normalization=rules.normalization,
-        C=1.0,
-        seed=random_state,
-    )
-    search = _Search(
-        _Scorer(fold_sets, jobs, started + budget_s, progress), current, margin, started
-    )
-
-    if spec.is_documents:
-        search.step(
-            "first measure",
-            [
-                Candidate(m, replace(current, similarities=m))
-                for m in measure_candidates(spec, None)
-            ],
-            replace_current=True,
-        )
-    else:
-        search.step(
-            "inputs",
-            [
-                Candidate(
-                    f"{normalization} normalisation, {transform or 'no transform'}",
-                    replace(current, input_normalization=normalization, transform=transform),
-                )
-                for transform in transform_candidates(spec)
-                for normalization in (GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION)
-            ],
-            replace_current=True,
-        )
-        search.vary(
-            "first measure",
-            "similarities",
-            measure_candidates(spec, search.current.transform),
-            lambda measure: measure,
-        )
-    # The basis size before more measures: on large training sets it matters most, and an
-    # added measure must then fit in the feature budget with the basis chosen.
-    n_classes = len(set(fold_sets[0].y_train.tolist()))
-    largest = int(max(np.unique(fold_sets[0].y_train, return_counts=True)[1]))
-    search.vary(
-        "basis size",
-        "basis_per_class",
-        basis_size_candidates(largest, 1, n_classes, rules.max_features),
-        lambda size: f"{size} bases per class",
-    )
-    _add_measures(search, spec, n_classes, rules.max_features)
-    # C and the basis strategy cost nothing when serving: any gain takes them.
-    search.vary("C", "C", C_GRID, lambda C: f"C = {C:g}", free=True)
-    search.vary(
-        "basis strategy",
-        "basis_strategy",
-        STRATEGIES,
-        lambda strategy: f"{strategy} basis",
-        free=True,
-    )
-    stopped = f"budget of {budget_s:g} s spent" if search.scorer.out_of_time else "every stage done"
-    chosen = search.current
-    if rules.grows_basis(n_items, len(dataset.y_train)):
-        classes, counts = np.unique(dataset.y_train, return_counts=True)
-        chosen = replace(
-            chosen,
-            basis_per_class=grown_basis_per_class(
-                chosen.basis_per_class,
-                len(fold_sets[0].y_train),
-                len(dataset.y_train),
-                int(counts.max()),
-                len(chosen.similarities.split("+")),
-                len(classes),
-                rules.grown_features(len(dataset.y_train)),
-            ),
-        )
-    return Selection(
-        config=chosen,
-        cv_accuracy=search.accuracy,
-        path=search.path,
-        stopped=stopped,
-        seconds=time.monotonic() - started,
-        fits=search.scorer.fits,
-        folds=len(fold_sets),
-        n_items=n_items,
-        budget_s=float(budget_s),
-        documents=spec.is_documents,
-        searched_basis_per_class=search.current.basis_per_class,
-    )
-
-
 @dataclass(frozen=True)
 class _KindRules:
     """What the search does differently for a kind of input."""
@@ -572,38 +331,10 @@ def _rules_for(spec: InputSpec) -> _KindRules:
     return _DOCUMENT_RULES if spec.is_documents else _DENSE_RULES
 
 
-def _add_measures(
-    search: _Search, spec: InputSpec, n_classes: int, max_features: int = MAX_FEATURES
-) -> None:
-    """Add the measure that helps most, while one helps by the margin; the basis shrinks if the
-    measures would otherwise exceed ``max_features`` features."""
-    while len(search.current.similarities.split("+")) < MAX_MEASURES:
-        chosen = {m.strip() for m in search.current.similarities.split("+")}
-        fitting = max(1, max_features // ((len(chosen) + 1) * n_classes))
-        per_class = min(search.current.basis_per_class, fitting)
-        shrunk = (
-            f" ({per_class} bases per class)" if per_class < search.current.basis_per_class else ""
-        )
-        candidates = [
-            Candidate(
-                f"+ {m}{shrunk}",
-                replace(
-                    search.current,
-                    similarities=f"{search.current.similarities} + {m}",
-                    basis_per_class=per_class,
-                ),
-            )
-            for m in measure_candidates(spec, search.current.transform)
-            if m not in chosen
-        ]
-        if not candidates or not search.step("add measure", candidates):
-            return
-
-
 class _Search:
-    """The current configuration, its accuracy and the path so far."""
+    """The current setting of the searched parameters, its accuracy and the path so far."""
 
-    def __init__(self, scorer: _Scorer, start: FitConfig, margin: float, started: float):
+    def __init__(self, scorer: _FoldScorer, start: dict[str, Any], margin: float, started: float):
         self.scorer = scorer
         self.current = start
         self.accuracy = float("nan")
@@ -614,18 +345,17 @@ class _Search:
     def vary(
         self,
         stage: str,
-        field_name: str,
+        name: str,
         values: Sequence[Any],
         describe: Callable[[Any], str],
         free: bool = False,
     ) -> bool:
-        """:meth:`step` over the current configuration with one field set to each of
+        """:meth:`step` over the current setting with parameter ``name`` set to each of
         ``values`` but its current one; ``describe`` names a value in the path."""
-        current = self.current
         candidates = [
-            Candidate(describe(value), replace(current, **{field_name: value}))
+            Candidate(describe(value), {**self.current, name: value})
             for value in values
-            if value != getattr(current, field_name)
+            if value != self.current[name]
         ]
         return self.step(stage, candidates, free=free)
 
@@ -636,9 +366,9 @@ class _Search:
         replace_current: bool = False,
         free: bool = False,
     ) -> bool:
-        """Score ``candidates``; take the best if it beats the current configuration by the
-        margin (or, with ``replace_current``, in any case: the starting step; with ``free``,
-        for changes that cost nothing when serving, by any gain). Whether a step was taken."""
+        """Score ``candidates``; take the best if it beats the current setting by the margin
+        (or, with ``replace_current``, in any case: the starting step; with ``free``, for
+        changes that cost nothing when serving, by any gain). Whether a step was taken."""
         if not candidates or self.scorer.out_of_time:
             return False
         scores = self.scorer(stage, candidates)
@@ -650,14 +380,14 @@ class _Search:
         gained = best_score > self.accuracy if free else best_score >= self.accuracy + self.margin
         if not replace_current and not gained:
             return False
-        self.current = candidates[best].config
+        self.current = candidates[best].params
         self.accuracy = best_score
         self.path.append(
             {
                 "step": len(self.path) + 1,
                 "stage": stage,
                 "change": candidates[best].change,
-                "similarities": self.current.similarities,
+                "similarity": self.current["similarity"],
                 "cv_accuracy": best_score,
                 "candidates": len(scored),
                 "elapsed_s": round(time.monotonic() - self.started, 2),
@@ -666,62 +396,319 @@ class _Search:
         return True
 
 
-def select_on(X, y, input_spec: InputSpec, name: str = "data", **options) -> Selection:
-    """:func:`select` on a training set given as arrays (for an estimator's ``fit``).
+def _add_measures(
+    search: _Search, spec: InputSpec, n_classes: int, max_features: int = MAX_FEATURES
+) -> None:
+    """Add the measure that helps most, while one helps by the margin; the basis shrinks if the
+    measures would otherwise exceed ``max_features`` features."""
+    while len(search.current["similarity"].split("+")) < MAX_MEASURES:
+        chosen = {m.strip() for m in search.current["similarity"].split("+")}
+        fitting = max(1, max_features // ((len(chosen) + 1) * n_classes))
+        per_class = min(search.current["basis_per_class"], fitting)
+        shrunk = (
+            f" ({per_class} bases per class)"
+            if per_class < search.current["basis_per_class"]
+            else ""
+        )
+        candidates = [
+            Candidate(
+                f"+ {m}{shrunk}",
+                {
+                    **search.current,
+                    "similarity": f"{search.current['similarity']} + {m}",
+                    "basis_per_class": per_class,
+                },
+            )
+            for m in measure_candidates(spec, search.current["input_transform"])
+            if m not in chosen
+        ]
+        if not candidates or not search.step("add measure", candidates):
+            return
+
+
+# -- the wrapper ---------------------------------------------------------------------------
+
+
+class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
+    """Choose the configuration of a BE-SVM by forward selection, cross-validated on the
+    training set (see the module docstring), then fit it on the whole set.
 
     Parameters
     ----------
-    X : ndarray of shape (n_samples, n_features), float64, or (n_samples,) of str for documents
-        Flat rows as :class:`Dataset` holds them.
-    y : ndarray of shape (n_samples,)
-        Labels as text.
-    input_spec : InputSpec
-        What a row is: ``vector(d)``, ``grid(H, W, C)`` or ``text``.
-    name : str
-    **options
-        As :func:`select` takes them.
+    estimator : BasisExpandingSVC
+        The estimator whose :data:`SEARCHED_PARAMETERS` are chosen; its other parameters are
+        kept. Cloned, never fitted itself.
+    budget : float, default=DEFAULT_BUDGET_S
+        Seconds the search may take; it stops, keeping the best configuration found, when they
+        are spent (the fits running then are finished or cancelled, so it may overrun by about
+        one fold fit).
+    cv : int, default=3
+        Stratified folds (fewer if the smallest class has fewer items; at least 2).
+    n_jobs : int or None, default=None
+        Fold fits run side by side (joblib processes); None or -1: one per available core.
+        Each gets ``cores // n_jobs`` numba threads and one BLAS thread.
+    margin : float, default=DEFAULT_MARGIN
+        Accuracy a step must gain to be taken (0.0025: a quarter of a point); C and the basis
+        strategy are taken on any gain.
+    max_items : int, default=MAX_SEARCH_ITEMS
+        Larger training sets are cross-validated on a stratified sample of this many items.
+    random_state : int, default=0
+        Seed of the folds and the sample.
+    refit : bool, default=True
+        Fit the chosen configuration on the whole training set (``best_estimator_``).
+    verbose : bool, default=False
+        A progress bar per stage on a terminal (never when stderr is not a tty).
+
+    Attributes
+    ----------
+    best_params_ : dict
+        The chosen :data:`SEARCHED_PARAMETERS`, the basis grown to the whole set where the
+        rules say so.
+    best_score_ : float
+        Cross-validated accuracy of the chosen configuration on the folds (NaN if the budget
+        ran out before any candidate was scored).
+    best_estimator_ : BasisExpandingSVC
+        The chosen configuration fitted on the whole training set (with ``refit``).
+    path_ : list of dict
+        The steps taken, in order: ``step``, ``stage``, ``change`` (the candidate, in words),
+        ``similarity``, ``cv_accuracy`` (a fraction), ``candidates`` (how many were scored),
+        ``elapsed_s``. Plain JSON, for the manifest. ``cv_accuracy`` increases along it.
+    stopped_ : str
+        Why the search ended.
+    seconds_ : float
+        The search's time (the refit not counted).
+    n_fits_ : int
+        Fold fits run (candidates times folds).
+    n_splits_ : int
+    n_items_ : int
+        Training items the search cross-validated on (a sample when the set is larger than
+        ``max_items``).
+    searched_basis_per_class_ : int
+        The basis size per class chosen on the folds, before it grew.
+    documents_ : bool
+        Whether the inputs are documents (no input normalisation to choose).
+    classes_ : ndarray of shape (n_classes,)
     """
-    X, y = np.asarray(X), np.asarray(y)
-    training = Dataset(name, input_spec, X, y, X[:0], y[:0])
-    return select(training, **options)
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "estimator": [HasMethods(["fit", "predict", "set_params"])],
+        "budget": [Interval(Real, 0, None, closed="neither")],
+        "cv": [Interval(Integral, 2, None, closed="left")],
+        "n_jobs": [Integral, None],
+        "margin": [Interval(Real, 0, None, closed="left")],
+        "max_items": [Interval(Integral, 2, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "refit": ["boolean"],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        estimator,
+        *,
+        budget=DEFAULT_BUDGET_S,
+        cv=3,
+        n_jobs=None,
+        margin=DEFAULT_MARGIN,
+        max_items=MAX_SEARCH_ITEMS,
+        random_state=0,
+        refit=True,
+        verbose=False,
+    ):
+        self.estimator = estimator
+        self.budget = budget
+        self.cv = cv
+        self.n_jobs = n_jobs
+        self.margin = margin
+        self.max_items = max_items
+        self.random_state = random_state
+        self.refit = refit
+        self.verbose = verbose
+
+    def fit(self, X, y):
+        """Select a configuration on (X, y) and, with ``refit``, fit it on all of (X, y).
+
+        Parameters
+        ----------
+        X : array-like or sequence of str
+            Training inputs, as the wrapped estimator's ``fit`` takes them.
+        y : array-like of shape (n_samples,)
+
+        Returns
+        -------
+        self : ForwardSelectionCV
+
+        Raises
+        ------
+        ValueError
+            Fewer than two classes, or inputs the estimator refuses.
+        """
+        self._validate_params()
+        started = time.monotonic()
+        preparation = preparation_for(X, self.estimator)
+        X_checked, y_checked = preparation.validate_fit(clone(self.estimator), X, y)
+        spec = preparation.spec
+        labels = np.asarray(y_checked)
+        if len(np.unique(labels)) < 2:
+            raise ValueError("the training set needs at least two classes")
+        jobs = available_cpus() if self.n_jobs is None or self.n_jobs < 0 else max(1, self.n_jobs)
+        folds, n_items = _folds(X_checked, labels, self.cv, self.random_state, self.max_items)
+        rules = _rules_for(spec)
+        start = {
+            "similarity": START_MEASURE if not spec.is_documents else "linear",
+            "input_transform": None,
+            "input_normalization": GLOBAL_NORMALIZATION,
+            "basis_per_class": START_BASIS_PER_CLASS,
+            "basis_strategy": "index",
+            "normalization": rules.normalization,
+            "C": 1.0,
+        }
+        # The folds read flat rows: the wrapped estimator must read them as the whole set's.
+        base = clone(self.estimator).set_params(
+            input_shape=None if spec.is_documents else str(spec)
+        )
+        scorer = _FoldScorer(base, folds, jobs, started + self.budget, self.verbose)
+        search = _Search(scorer, start, self.margin, started)
+        _run_stages(search, spec, folds, rules)
+        chosen = dict(search.current)
+        if rules.grows_basis(n_items, len(labels)):
+            classes, counts = np.unique(labels, return_counts=True)
+            chosen["basis_per_class"] = grown_basis_per_class(
+                chosen["basis_per_class"],
+                len(folds[0].y_train),
+                len(labels),
+                int(counts.max()),
+                len(chosen["similarity"].split("+")),
+                len(classes),
+                rules.grown_features(len(labels)),
+            )
+        self.best_params_ = chosen
+        self.best_score_ = search.accuracy
+        self.path_ = search.path
+        self.stopped_ = (
+            f"budget of {self.budget:g} s spent" if scorer.out_of_time else "every stage done"
+        )
+        self.seconds_ = time.monotonic() - started
+        self.n_fits_ = scorer.fits
+        self.n_splits_ = len(folds)
+        self.n_items_ = n_items
+        self.searched_basis_per_class_ = search.current["basis_per_class"]
+        self.documents_ = spec.is_documents
+        self.classes_ = np.unique(labels)
+        if self.refit:
+            self.best_estimator_ = clone(self.estimator).set_params(**chosen).fit(X, y)
+            self.classes_ = self.best_estimator_.classes_
+        return self
+
+    def predict(self, X):
+        """Labels predicted by ``best_estimator_``."""
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_.predict(X)
+
+    def decision_function(self, X):
+        """Scores of ``best_estimator_``."""
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_.decision_function(X)
+
+    def record(self) -> dict[str, Any]:
+        """The selection as plain JSON data, for the manifest's ``training`` entry."""
+        check_is_fitted(self, "best_params_")
+        return {
+            "method": "forward selection, stratified k-fold cross-validation on the training split",
+            "folds": self.n_splits_,
+            "n_items": self.n_items_,
+            "budget_s": float(self.budget),
+            "seconds": round(self.seconds_, 2),
+            "fits": self.n_fits_,
+            "stopped": self.stopped_,
+            # NaN is no JSON: the budget ran out before any candidate was scored.
+            "cv_accuracy": None if np.isnan(self.best_score_) else self.best_score_,
+            "chosen": dict(self.best_params_),
+            "searched_basis_per_class": self.searched_basis_per_class_,
+            "path": self.path_,
+        }
+
+    def describe(self) -> str:
+        """The path as lines of text, one per step, then the choice."""
+        check_is_fitted(self, "best_params_")
+        lines = [
+            f"  {entry['step']}. {entry['stage']:<14} {entry['change']:<44} "
+            f"CV {100 * entry['cv_accuracy']:.2f}%"
+            for entry in self.path_
+        ]
+        chosen = self.best_params_
+        grown = (
+            f", grown from {self.searched_basis_per_class_} on the folds"
+            if self.searched_basis_per_class_ != chosen["basis_per_class"]
+            else ""
+        )
+        lines.append(
+            f"  chosen: {chosen['similarity']} on {chosen['input_transform'] or 'the inputs'}"
+            + ("" if self.documents_ else f", {chosen['input_normalization']} input normalisation")
+            + f", {chosen['basis_per_class']} bases per class ({chosen['basis_strategy']}{grown}),"
+            f" C = {chosen['C']:g}; {self.stopped_}; {self.n_fits_} fold fits in"
+            f" {self.seconds_:.1f} s"
+        )
+        return "\n".join(lines)
 
 
-# -- fitting with the selection ------------------------------------------------------------
-
-
-def fit_selected(
-    dataset: Dataset,
-    name: str,
-    *,
-    verbose: bool = False,
-    diagnostics: bool = True,
-    **select_options,
-) -> tuple[FitResult, Selection]:
-    """Select a configuration (:func:`select`), fit it on the whole training split, and record
-    the selection in the model's metadata (``training.selection``).
-
-    Returns
-    -------
-    result : FitResult
-    selection : Selection
-    """
-    selection = select(dataset, **select_options)
-    result = fit_besvm(dataset, selection.config, name, verbose=verbose, diagnostics=diagnostics)
-    result.predictor.metadata["training"]["selection"] = selection.record()
-    result.timings["selection_seconds"] = selection.seconds
-    return result, selection
+def _run_stages(search: _Search, spec: InputSpec, folds: list[_Fold], rules: _KindRules) -> None:
+    """The stages of the module docstring, in order, on ``search``."""
+    current = search.current
+    if spec.is_documents:
+        search.step(
+            "first measure",
+            [Candidate(m, {**current, "similarity": m}) for m in measure_candidates(spec, None)],
+            replace_current=True,
+        )
+    else:
+        search.step(
+            "inputs",
+            [
+                Candidate(
+                    f"{normalization} normalisation, {transform or 'no transform'}",
+                    {**current, "input_normalization": normalization, "input_transform": transform},
+                )
+                for transform in transform_candidates(spec)
+                for normalization in (GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION)
+            ],
+            replace_current=True,
+        )
+        search.vary(
+            "first measure",
+            "similarity",
+            measure_candidates(spec, search.current["input_transform"]),
+            lambda measure: measure,
+        )
+    # The basis size before more measures: on large training sets it matters most, and an
+    # added measure must then fit in the feature budget with the basis chosen.
+    n_classes = len(np.unique(folds[0].y_train))
+    largest = int(max(np.unique(folds[0].y_train, return_counts=True)[1]))
+    search.vary(
+        "basis size",
+        "basis_per_class",
+        basis_size_candidates(largest, 1, n_classes, rules.max_features),
+        lambda size: f"{size} bases per class",
+    )
+    _add_measures(search, spec, n_classes, rules.max_features)
+    # C and the basis strategy cost nothing when serving: any gain takes them.
+    search.vary("C", "C", C_GRID, lambda C: f"C = {C:g}", free=True)
+    search.vary(
+        "basis strategy",
+        "basis_strategy",
+        STRATEGIES,
+        lambda strategy: f"{strategy} basis",
+        free=True,
+    )
 
 
 __all__ = [
-    "CHOSEN_FIELDS",
     "DEFAULT_BUDGET_S",
+    "SEARCHED_PARAMETERS",
     "Candidate",
-    "Selection",
+    "ForwardSelectionCV",
     "basis_size_candidates",
-    "fit_selected",
     "grown_basis_per_class",
     "measure_candidates",
-    "select",
-    "select_on",
     "transform_candidates",
 ]

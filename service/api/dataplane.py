@@ -34,8 +34,8 @@ from service.api.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
-from service.model.documents import Vocabulary
 from service.model.errors import ArtifactChangedError, brief
+from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 

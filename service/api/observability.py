@@ -83,11 +83,6 @@ _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar
 )
 
 
-def current_request() -> RequestContext | None:
-    """The request being served in this context (None outside requests)."""
-    return _current.get()
-
-
 def answered_by(model: str) -> None:
     """Record that model ``model`` answers the current request (its metrics' model label)."""
     context = _current.get()

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.model.documents import MAX_WORDS
-from service.model.preprocessing import MAX_INPUT_DISTANCE
+from service.model.inputs.dense import MAX_INPUT_DISTANCE
+from service.model.inputs.words import MAX_WORDS
 
 # Item 1,009 of scikit-learn's digits (held out from the default model's training split): a 7.
 _DIGIT_SEVEN = [

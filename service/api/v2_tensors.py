@@ -2,7 +2,7 @@
 answers as output tensors.
 
 One codec per input kind, chosen once per model version (:func:`codec_for`), beside the model's
-own strategies (:mod:`service.model.input_kinds`):
+own strategies (:mod:`service.model.inputs`):
 
 ===============  =================================  =========================================
 input kind       :class:`DenseInputs`               :class:`DocumentInputs`
@@ -35,7 +35,9 @@ import numpy as np
 from service.api.v2_schemas import InferRequest, RequestInput
 from service.model import InvalidInputError
 from service.model.errors import brief
-from service.model.input_kinds import DenseInputs, DocumentInputs, InputKind
+from service.model.inputs.base import InputKind
+from service.model.inputs.dense import DenseInputs
+from service.model.inputs.documents import DocumentInputs
 from service.model.predictor import Answer, Predictor
 
 # The numeric datatypes of the protocol, by name: their values are read as this dtype, then

@@ -8,7 +8,7 @@ normalisation folded in gives the one-vs-rest scores (measures linear in the inp
 ``linear``, are folded further into weights on the input and never computed).
 Everything that depends only on the model (which input kind, which drivers, the grid, the folded
 weights) is settled once when the predictor is built or loaded; see
-:mod:`service.model.input_kinds`. scikit-learn is not involved at serving time (its per-call
+:mod:`service.model.inputs`. scikit-learn is not involved at serving time (its per-call
 overhead dominates at batch size 1).
 """
 
@@ -26,14 +26,15 @@ from service.model.artifact import (
     read_typed_artifact,
     write_artifact,
 )
-from service.model.documents import Documents, Vocabulary
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
-from service.model.expansion import NORMALIZATIONS, expand, raw_similarities
-from service.model.input_kinds import MANIFEST_KEYS, InputKind, input_arrays, read_inputs
-from service.model.inputs import InputSpec
+from service.model.features import NORMALIZATIONS, expand, raw_similarities
+from service.model.inputs.base import MANIFEST_KEYS, InputKind
+from service.model.inputs.kinds import input_arrays, read_inputs
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform
+from service.model.inputs.words import Documents, Vocabulary
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
 from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
-from service.model.transforms import InputTransform
 
 MODEL_TYPE = "besvm"
 
@@ -57,8 +58,8 @@ class Predictor:
     name : str
     inputs : InputKind
         What clients send and how it becomes items the measures compare, with the basis:
-        :class:`~service.model.input_kinds.DenseInputs` (transform, input mean and scale, array
-        basis) or :class:`~service.model.input_kinds.DocumentInputs` (idf, vocabulary, word
+        :class:`~service.model.inputs.dense.DenseInputs` (transform, input mean and scale, array
+        basis) or :class:`~service.model.inputs.documents.DocumentInputs` (idf, vocabulary, word
         count basis).
     classes : tuple of str, length K
     specs : tuple of SimilaritySpec, length M

@@ -3,8 +3,8 @@
 A measure is written as ``name`` or ``name(value, key=value, ...)``; several measures on one
 basis are joined with ``+``: ``rbf(gamma=1) + linear``. A term may name the input transform it
 reads, ``transform: measure`` (``hog(8): rbf + pixels: rigid(1)``, see
-:mod:`service.model.transforms`); a term without one reads the model's transform. The same text
-is used by the command line, stored in the manifest and shown by the API. :func:`format_spec`
+:mod:`service.model.inputs.transforms`); a term without one reads the model's transform. The same
+text is used by the command line, stored in the manifest and shown by the API. :func:`format_spec`
 gives the canonical form (lower case, every parameter named), so parsing the canonical form
 gives back the same spec.
 """
@@ -18,13 +18,15 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from service.model import documents, threads
-from service.model.documents import Documents
+from service.model import threads
 from service.model.errors import SpecError
+from service.model.inputs import words
+from service.model.inputs.transforms import InputTransform, parse_transform
+from service.model.inputs.words import Documents
+from service.model.kernels import Drivers
 from service.model.kernels import dense as dense_kernels
 from service.model.kernels import grid as grid_kernels
 from service.model.notation import bind_arguments, parse_call
-from service.model.transforms import InputTransform, parse_transform
 
 
 @dataclass(frozen=True)
@@ -57,33 +59,30 @@ def _unit_cost(*_params: float) -> float:
 
 @dataclass(frozen=True)
 class SimilarityKind:
-    """A family of similarity measures: its name, parameters and drivers (parallel, serial).
+    """A family of similarity measures: its name, parameters, and its drivers on each kind of
+    item it reads.
 
-    A grid kind's drivers take the grid's ``height, width, channels`` after ``basis, X``;
-    ``cost`` gives the multiply-adds per feature pair as a function of the parameters.
-    ``on_documents`` computes the measure on bag-of-words :class:`Documents`
-    (``basis, X, *params, out, parallel``); a kind without dense drivers reads documents only.
-    ``blas_driver``, for measures that are a matrix product at heart, computes a batch on the
-    calling thread through BLAS (see :meth:`BoundSimilarity.compute` for when).
+    ``dense`` computes the measure on dense arrays (a grid kind's drivers take the grid's
+    ``height, width, channels`` after ``basis, X``), ``documents`` on bag-of-words
+    :class:`~service.model.inputs.words.Documents`; a kind reads the items it has drivers for.
+    ``cost`` gives the multiply-adds per dense feature pair as a function of the parameters.
     ``linear_in_input``: on dense items the measure is the inner product of b and x, so a linear
     function of its similarities is one of the input (see :meth:`BoundSimilarity.input_weights`).
     """
 
     name: str
     parameters: tuple[Parameter, ...]
-    driver: Callable[..., None] | None
-    serial_driver: Callable[..., None] | None
     description: str
+    dense: Drivers | None
+    documents: Drivers | None = None
     needs_grid: bool = False
     cost: Callable[..., float] = _unit_cost
     positive_definite: bool = True
-    on_documents: Callable[..., None] | None = None
-    blas_driver: Callable[..., None] | None = None
     linear_in_input: bool = False
 
     @property
     def documents_only(self) -> bool:
-        return self.driver is None
+        return self.dense is None
 
 
 def _shifts(h: float) -> float:
@@ -100,28 +99,23 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
         SimilarityKind(
             name="linear",
             parameters=(),
-            driver=dense_kernels.linear_similarities,
-            serial_driver=dense_kernels.linear_similarities_serial,
             description="inner product b . x (documents: of their tf-idf vectors)",
-            on_documents=documents.tfidf_linear,
-            blas_driver=dense_kernels.linear_similarities_blas,
+            dense=dense_kernels.LINEAR,
+            documents=words.TFIDF_LINEAR,
             linear_in_input=True,
         ),
         SimilarityKind(
             name="rbf",
             parameters=(Parameter("gamma", 1.0, minimum=0.0, exclusive_minimum=True),),
-            driver=dense_kernels.rbf_similarities,
-            serial_driver=dense_kernels.rbf_similarities_serial,
             description="exp(-gamma ||b - x||^2) (documents: of their tf-idf vectors)",
-            on_documents=documents.tfidf_rbf,
-            blas_driver=dense_kernels.rbf_similarities_blas,
+            dense=dense_kernels.RBF,
+            documents=words.TFIDF_RBF,
         ),
         SimilarityKind(
             name="rigid",
             parameters=(Parameter("h", 1, minimum=0, integer=True),),
-            driver=grid_kernels.rigid_similarities,
-            serial_driver=grid_kernels.rigid_similarities_serial,
             description="max over shifts z in {-h..h}^2 of sum_cells <b_c, x_(c+z)> (grids)",
+            dense=grid_kernels.RIGID,
             needs_grid=True,
             cost=_shifts,
             positive_definite=False,
@@ -132,12 +126,11 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
                 Parameter("h_r", 1, minimum=0, integer=True),
                 Parameter("h_l", 1, minimum=0, integer=True),
             ),
-            driver=grid_kernels.deformable_similarities,
-            serial_driver=grid_kernels.deformable_similarities_serial,
             description=(
                 "rigid shift h_r plus an independent local shift h_l per cell, "
                 "max over both (grids)"
             ),
+            dense=grid_kernels.DEFORMABLE,
             needs_grid=True,
             cost=_deformable_cost,
             positive_definite=False,
@@ -145,29 +138,26 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
         SimilarityKind(
             name="sensing0",
             parameters=(),
-            driver=None,
-            serial_driver=None,
             description="log of the multinomial sensing kernel on word counts (documents)",
+            dense=None,
+            documents=words.SENSING0,
             positive_definite=False,
-            on_documents=documents.sensing0,
         ),
         SimilarityKind(
             name="sensing1",
             parameters=(Parameter("n", 150.0, minimum=0.0, exclusive_minimum=True),),
-            driver=None,
-            serial_driver=None,
             description="sensing kernel on word frequencies scaled to n words (documents)",
+            dense=None,
+            documents=words.SENSING1,
             positive_definite=False,
-            on_documents=documents.sensing1,
         ),
         SimilarityKind(
             name="sensing2",
             parameters=(Parameter("n_words", 150, minimum=1, integer=True),),
-            driver=None,
-            serial_driver=None,
             description="sensing0 after resampling each document to n_words words (documents)",
+            dense=None,
+            documents=words.SENSING2,
             positive_definite=False,
-            on_documents=documents.sensing2,
         ),
     )
 }
@@ -245,7 +235,7 @@ class SimilaritySpec:
 
     def check_documents(self, inputs_are_documents: bool, inputs: str = "the inputs") -> None:
         """Refuse a documents-only measure on dense inputs, and a dense-only one on documents."""
-        if inputs_are_documents and self.kind.on_documents is None:
+        if inputs_are_documents and self.kind.documents is None:
             raise SpecError(f"{self} does not apply to bag-of-words documents ({inputs})")
         if not inputs_are_documents and self.kind.documents_only:
             raise SpecError(f"{self} compares bag-of-words documents; {inputs} are not documents")
@@ -326,37 +316,17 @@ class SimilaritySpec:
             for p, (_, value) in zip(kind.parameters, self.params, strict=True)
         )
         if documents:
-            return BoundSimilarity(
-                self,
-                args,
-                threads.DOCUMENT_PAIR_MULTIPLY_ADDS,
-                _DocumentDriver(kind.on_documents, parallel=False),
-                _DocumentDriver(kind.on_documents, parallel=True),
-            )
+            return BoundSimilarity(self, args, threads.DOCUMENT_PAIR_MULTIPLY_ADDS, kind.documents)
         if self.needs_grid:
             self.check_grid(grid_shape, n_features)
             args = (*(int(s) for s in grid_shape), *args)
-        pair_work = self.work(1, 1, n_features)
         return BoundSimilarity(
             self,
             args,
-            pair_work,
-            kind.serial_driver,
-            kind.driver,
-            blas_driver=kind.blas_driver,
+            self.work(1, 1, n_features),
+            kind.dense,
             linear_in_input=kind.linear_in_input,
         )
-
-
-@dataclass(frozen=True)
-class _DocumentDriver:
-    """A documents measure called like a dense driver: ``(basis, X, *params, out)``."""
-
-    measure: Callable[..., None]
-    parallel: bool
-
-    def __call__(self, basis: Documents, X: Documents, *args) -> None:
-        self.measure(basis, X, *args, self.parallel)
 
 
 @dataclass(frozen=True, eq=False)
@@ -377,14 +347,11 @@ class BoundSimilarity:
     pair_work : float
         Multiply-adds of one (input, basis item) pair, the measure for choosing the serial
         driver (see :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS`).
-    serial_driver, driver : callable
-        ``(basis, X, *args, out)``, on the calling thread and in a parallel region.
+    drivers : Drivers
+        The measure's drivers on these items, ``(basis, X, *args, out)``.
     space : int or None, default=None
-        For items in several transformed spaces (:class:`~service.model.spaces.Spaces`), the
-        index of the one the measure reads; None for items of one space (plain arrays).
-    blas_driver : callable or None, default=None
-        ``(basis, X, *args, out)`` through BLAS on the calling thread, for measures that have
-        one (linear, rbf).
+        For items in several transformed spaces (:class:`~service.model.inputs.spaces.Spaces`),
+        the index of the one the measure reads; None for items of one space (plain arrays).
     linear_in_input : bool, default=False
         The similarities are ``X @ basis.T`` (dense linear).
     """
@@ -392,10 +359,8 @@ class BoundSimilarity:
     spec: SimilaritySpec
     args: tuple
     pair_work: float
-    serial_driver: Callable[..., None]
-    driver: Callable[..., None]
+    drivers: Drivers
     space: int | None = None
-    blas_driver: Callable[..., None] | None = None
     linear_in_input: bool = False
 
     def items_of(self, items):
@@ -436,12 +401,13 @@ class BoundSimilarity:
         and at least :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS`
         numba threads share it (then the parallel pair kernels); else the serial pair kernels
         for light work and the parallel ones for heavy work."""
-        blas = self.blas_driver is not None and n_samples >= threads.SIMILARITY_BLAS_MIN_SAMPLES
+        drivers = self.drivers
+        blas = drivers.blas is not None and n_samples >= threads.SIMILARITY_BLAS_MIN_SAMPLES
         if self.runs_serially(n_samples, n_basis):
-            return self.blas_driver if blas else self.serial_driver
+            return drivers.blas if blas else drivers.serial
         if blas and numba.get_num_threads() < threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS:
-            return self.blas_driver
-        return self.driver
+            return drivers.blas
+        return drivers.parallel
 
     def compute(
         self,
@@ -467,7 +433,7 @@ class BoundSimilarity:
         if out is None:
             out = np.empty((X.shape[0], basis.shape[0]), dtype=np.float64)
         driver = self.driver_for(X.shape[0], basis.shape[0])
-        if driver is self.driver:
+        if driver is self.drivers.parallel:
             with threads.PARALLEL_REGION:
                 driver(basis, X, *self.args, out)
         else:

@@ -6,7 +6,7 @@ Run at image build time so that a container starts without compiling anything.
 import numpy as np
 import scipy.sparse as sp
 
-from service.model.documents import Documents, canonical_counts, smooth_idf
+from service.model.inputs.words import Documents, canonical_counts, smooth_idf
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.search import search_top_k
 from service.model.search.codes import sparse_svm_code
@@ -27,10 +27,10 @@ def compile_kernels() -> list[str]:
     names = []
     for kind in SIMILARITY_KINDS.values():
         args = [int(p.default) if p.integer else float(p.default) for p in kind.parameters]
-        if kind.on_documents is not None:
-            for parallel in (True, False):
-                kind.on_documents(basis_documents, documents, *args, np.empty((2, 3)), parallel)
-                kind.on_documents(basis_documents, documents, *args, wide[:, :3], parallel)
+        if kind.documents is not None:
+            for driver in (kind.documents.serial, kind.documents.parallel):
+                driver(basis_documents, documents, *args, np.empty((2, 3)))
+                driver(basis_documents, documents, *args, wide[:, :3])
         if kind.documents_only:
             names.append(kind.name)
             continue
@@ -38,7 +38,7 @@ def compile_kernels() -> list[str]:
         # grid dimensions (a 2 x 2 grid of one-number cells here), floats otherwise.
         if kind.needs_grid:
             args = [2, 2, 1, *args]
-        drivers = (kind.driver, kind.serial_driver, kind.blas_driver)
+        drivers = (kind.dense.parallel, kind.dense.serial, kind.dense.blas)
         for driver in filter(None, drivers):
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
@@ -67,7 +67,7 @@ def compile_codes() -> list[str]:
 
 def compile_hog() -> list[str]:
     """The HOG transform's drivers, serial and parallel, on grey and colour images, with the
-    argument types of :meth:`service.model.transforms.BoundTransform.apply` (Python ints)."""
+    argument types of :meth:`service.model.inputs.transforms.BoundTransform.apply` (Python ints)."""
     rng = np.random.default_rng(0)
     for channels in (1, 3):
         X = rng.uniform(0, 16, size=(2, 4 * 4 * channels))

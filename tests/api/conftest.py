@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
-import subprocess
 import sys
-import tempfile
-import time
-import typing
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from benchmarks.serving import ServerNotReady, ServerProcess
+from benchmarks.serving import server_process as start_server
 from service.api import Settings, create_app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,12 +40,6 @@ def client(make_client) -> TestClient:
     return make_client()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serving(model_dir: Path | None = None, **settings: str):
     """``python -m service.api`` in its own process on a free localhost port; yields its URL.
@@ -59,72 +49,26 @@ def serving(model_dir: Path | None = None, **settings: str):
         yield server.url
 
 
-@dataclasses.dataclass
-class RunningServer:
-    """A server process started by :func:`server_process`, and its log so far."""
-
-    url: str
-    process: subprocess.Popen
-    log_file: typing.IO[str]
-
-    def log(self) -> str:
-        self.log_file.flush()
-        self.log_file.seek(0)
-        return self.log_file.read()
-
-    def stop(self, timeout: float = 30) -> str:
-        """Stop the server (SIGTERM: it drains) and return its whole log: lines written after
-        an answer was sent, such as its access line, are in it only then."""
-        self.process.terminate()
-        self.process.wait(timeout=timeout)
-        return self.log()
+RunningServer = ServerProcess
 
 
 @contextlib.contextmanager
 def server_process(model_dir: Path | None = None, **settings: str):
     """As :func:`serving`, yielding a :class:`RunningServer`."""
-    port = _free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
-        "HOST": "127.0.0.1",
-        "PORT": str(port),
         "MAX_BATCH_SIZE": "50",
         "ACCESS_LOG": "false",
         **({} if model_dir is None else {"MODEL_DIR": str(model_dir)}),
         **settings,
     }
-    # The log goes to a file, not a pipe nobody reads: a chatty server must never block on it.
-    with tempfile.TemporaryFile(mode="w+") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "service.api"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        try:
-            while True:
-                if process.poll() is not None:
-                    log.seek(0)
-                    pytest.fail(f"server exited early:\n{log.read()}")
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail("server did not become ready within 60 s")
-                time.sleep(0.1)
-            yield RunningServer(url, process, log)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+    try:
+        with start_server(
+            [sys.executable, "-m", "service.api"], env, ready_timeout=60, new_session=False
+        ) as server:
+            yield server
+    except ServerNotReady as error:
+        pytest.fail(str(error))
 
 
 def worker_pids(supervisor: int) -> list[int]:

@@ -22,7 +22,7 @@ from service.model.artifact import exchange_paths, manifest_digest
 from service.model.search import SearchIndex, SearchQuery, catalogue_dir
 from tests.api.conftest import serving
 from training.cli import main
-from training.fit import FitConfig, fit_besvm
+from training.estimator import fit_dataset
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(scope="module")
 def other_digits_version(digits):
     """A second version of the digits model: other scores for the same inputs."""
-    config = FitConfig(similarities="linear", basis_per_class=10)
-    return fit_besvm(digits, config, name="digits", diagnostics=False).predictor
+    config = dict(similarity="linear", basis_per_class=10)
+    return fit_dataset(digits, "digits", diagnostics=False, **config).predictor
 
 
 def _write(predictor, path, revision: int) -> str:

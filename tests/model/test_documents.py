@@ -8,7 +8,7 @@ from scipy.special import gammaln
 from sklearn.feature_extraction.text import CountVectorizer, TfidfTransformer
 
 from service.model import InvalidInputError, SpecError, parse_spec
-from service.model.documents import (
+from service.model.inputs.words import (
     Documents,
     Vocabulary,
     canonical_counts,
@@ -198,7 +198,7 @@ def test_tfidf_measures_need_the_idf(corpus):
 
 
 def test_basis_expansion_on_word_counts(corpus):
-    from service.model import BasisExpansion
+    from training.expansion import BasisExpansion
 
     dense, _, _ = corpus
     counts = sp.csr_matrix(dense)

@@ -6,11 +6,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from service.model import ArtifactIntegrityError, InputSpec, InvalidInputError, Predictor, SpecError
+from service.model import ArtifactIntegrityError, InvalidInputError, Predictor, SpecError
 from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
-from service.model.input_kinds import DenseInputs, DocumentInputs, input_kind_for
-from service.model.preprocessing import MAX_INPUT_DISTANCE
-from service.model.transforms import parse_transform
+from service.model.inputs.dense import MAX_INPUT_DISTANCE, DenseInputs
+from service.model.inputs.documents import DocumentInputs
+from service.model.inputs.kinds import input_kind_for
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import parse_transform
 
 
 def test_the_kind_is_chosen_from_the_input_spec(digits_predictor, text_fit):

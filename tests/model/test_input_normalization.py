@@ -11,11 +11,13 @@ from sklearn.datasets import load_wine
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
-from service.model import ArtifactIntegrityError, InputNormalizer, InputSpec, Predictor
+from service.model import ArtifactIntegrityError, Predictor
 from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
+from service.model.inputs.spec import InputSpec
 from tests.api.conftest import serving
 from training.datasets import Dataset
-from training.fit import FitConfig, fit_besvm
+from training.estimator import fit_dataset
+from training.preprocessing import InputNormalizer
 
 pytestmark = pytest.mark.slow  # trains models and starts a server
 
@@ -31,9 +33,9 @@ def wine() -> Dataset:
 
 @pytest.fixture(scope="module")
 def per_feature_dir(wine, tmp_path_factory):
-    config = FitConfig(input_normalization="per-feature")
+    config = dict(input_normalization="per-feature")
     path = tmp_path_factory.mktemp("artifacts") / "wine"
-    fit_besvm(wine, config, "wine", diagnostics=False).predictor.save(path)
+    fit_dataset(wine, "wine", diagnostics=False, **config).predictor.save(path)
     return path
 
 
@@ -64,7 +66,7 @@ def test_a_per_feature_model_round_trips_through_its_artifact(wine, per_feature_
         (wine.X_test - wine.X_train.mean(axis=0)) / reference.scale_,
         rtol=1e-10,
     )
-    fitted = fit_besvm(wine, FitConfig(input_normalization="per-feature"), "w", diagnostics=False)
+    fitted = fit_dataset(wine, "w", diagnostics=False, input_normalization="per-feature")
     np.testing.assert_allclose(
         loaded.decision_function(wine.X_test),
         fitted.predictor.decision_function(wine.X_test),

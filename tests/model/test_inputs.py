@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from service.model import InputSpec, InvalidInputError, SpecError
+from service.model import InvalidInputError, SpecError
+from service.model.inputs.spec import InputSpec
 
 GRID = InputSpec("grid", (3, 2, 1))
 

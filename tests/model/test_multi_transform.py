@@ -12,12 +12,13 @@ import httpx
 import numpy as np
 import pytest
 
-from service.model import InputSpec, InvalidInputError, Predictor, SpecError
-from service.model.input_kinds import DenseInputs, TransformedSpace
+from service.model import InvalidInputError, Predictor, SpecError
+from service.model.inputs.dense import DenseInputs, TransformedSpace
+from service.model.inputs.spaces import Spaces
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import BoundTransform, InputTransform, parse_transform
 from service.model.search import SearchIndex, SearchQuery
 from service.model.similarity import parse_spec, parse_specs
-from service.model.spaces import Spaces
-from service.model.transforms import BoundTransform, InputTransform, parse_transform
 from tests.api.conftest import serving
 from training import BasisExpandingSVC
 from training.cli import main

@@ -8,20 +8,14 @@ from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.pipeline import make_pipeline
 from sklearn.svm import SVC, LinearSVC
 
-from service.model import (
-    ArtifactIntegrityError,
-    BasisExpansion,
-    InputNormalizer,
-    InputSpec,
-    InvalidInputError,
-    Predictor,
-    parse_specs,
-    threads,
-)
-from service.model.input_kinds import DenseInputs
-from service.model.transforms import InputTransform
+from service.model import ArtifactIntegrityError, InvalidInputError, Predictor, parse_specs, threads
+from service.model.inputs.dense import DenseInputs
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform
 from training.datasets import Dataset
-from training.fit import FitConfig, fit_besvm
+from training.estimator import fit_dataset
+from training.expansion import BasisExpansion
+from training.preprocessing import InputNormalizer
 
 # The trainer minimises LinearSVC's objective with its own solver (on the shared feature matrix),
 # to a tighter tolerance than LinearSVC's default (whose scores are up to 2e-3 from the optimum's);
@@ -86,7 +80,7 @@ def test_two_classes_score_and_predict_like_linear_svc(digits):
         digits.X_test[keep_test],
         digits.y_test[keep_test],
     )
-    predictor = fit_besvm(binary, FitConfig(basis_per_class=10), name="b").predictor
+    predictor = fit_dataset(binary, "b", basis_per_class=10).predictor
     assert predictor.classes == ("3", "8")
     pipeline = make_pipeline(
         InputNormalizer(),
@@ -156,13 +150,13 @@ def test_flat_inputs_of_the_wrong_width_are_refused(digits_predictor):
 
 @pytest.fixture(scope="module")
 def hog_nystroem_fit(digits):
-    config = FitConfig(
-        similarities="rbf(gamma=1) + rigid(1)",
-        transform="hog(2, 6)",
+    config = dict(
+        similarity="rbf(gamma=1) + rigid(1)",
+        input_transform="hog(2, 6)",
         basis_per_class=4,
         normalization="nystroem(flip)",
     )
-    return fit_besvm(digits, config, name="hog")
+    return fit_dataset(digits, "hog", **config)
 
 
 def hog_cells(X):
@@ -265,10 +259,10 @@ def test_the_input_kind_checks_its_own_arrays(digits_fit):
 
 @pytest.fixture(scope="module", params=["auto", "besvm", "zscore"])
 def linear_rbf_fit(digits, request):
-    config = FitConfig(
-        similarities="linear + rbf(gamma=0.5)", basis_per_class=6, normalization=request.param
+    config = dict(
+        similarity="linear + rbf(gamma=0.5)", basis_per_class=6, normalization=request.param
     )
-    return fit_besvm(digits, config, name="linear-rbf", diagnostics=False)
+    return fit_dataset(digits, "linear-rbf", diagnostics=False, **config)
 
 
 def _scores_by_formula(predictor, X, measures):
@@ -304,8 +298,8 @@ def test_scores_of_a_linear_and_an_rbf_measure_equal_the_formula(
 
 
 def test_a_model_of_linear_measures_only_scores_without_computing_similarities(digits):
-    config = FitConfig(similarities="linear", basis_per_class=6, normalization="besvm")
-    predictor = fit_besvm(digits, config, name="linear", diagnostics=False).predictor
+    config = dict(similarity="linear", basis_per_class=6, normalization="besvm")
+    predictor = fit_dataset(digits, "linear", diagnostics=False, **config).predictor
     X = digits.X_test[:40]
     expected = _scores_by_formula(predictor, X, [_linear])
     np.testing.assert_allclose(predictor.decision_function(X), expected, rtol=1e-9, atol=1e-9)
@@ -316,8 +310,8 @@ def test_a_batch_whose_hog_runs_in_parallel_is_heavy_work_for_the_scheduler(digi
     # The similarities of 64 digits against 20 bases are light (64 x 20 x 144 multiply-adds),
     # but their HOG cells (64 x 64 pixel values) take the parallel driver: the data plane must
     # not run that on its event loop, where it could wait for the parallel-region lock.
-    config = FitConfig(similarities="rbf(gamma=1)", transform="hog(2)", basis_per_class=2)
-    predictor = fit_besvm(digits, config, name="hog", diagnostics=False).predictor
+    config = dict(similarity="rbf(gamma=1)", input_transform="hog(2)", basis_per_class=2)
+    predictor = fit_dataset(digits, "hog", diagnostics=False, **config).predictor
     (measure,) = predictor.inputs.bind(predictor.specs)
     assert measure.runs_serially(64, predictor.n_basis)
     assert predictor.runs_serially(16)

@@ -111,10 +111,10 @@ def test_heavy_work_is_heavy_whichever_driver_computes_it(monkeypatch):
     with threads.limit_threads(numba_threads=1):
         assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities_blas
         assert not rbf.runs_serially(4000, 100)
-        assert rigid.driver_for(4000, 100) is rigid.driver
+        assert rigid.driver_for(4000, 100) is rigid.drivers.parallel
         assert not rigid.runs_serially(4000, 100)
         assert rbf.runs_serially(1, 100)
-        assert rigid.driver_for(1, 100) is rigid.serial_driver
+        assert rigid.driver_for(1, 100) is rigid.drivers.serial
     monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
     with threads.limit_threads(numba_threads=1):
         assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities

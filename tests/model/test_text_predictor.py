@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from sklearn.svm import LinearSVC
 
 from service.model import ArtifactIntegrityError, InvalidInputError, Predictor
-from service.model.inputs import InputSpec
+from service.model.inputs.spec import InputSpec
 from training.solver import training_design
 
 

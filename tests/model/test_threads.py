@@ -74,7 +74,7 @@ def test_parallel_drivers_run_inside_a_one_thread_limit(monkeypatch):
     X, basis = rng.normal(size=(7, 5)), rng.normal(size=(4, 5))
     spec = parse_spec("rbf(0.5)")
     expected = np.empty((7, 4))
-    spec.kind.serial_driver(basis, X, 0.5, expected)
+    spec.kind.dense.serial(basis, X, 0.5, expected)
     with limit_threads(numba_threads=1, blas_threads=1):
         np.testing.assert_allclose(spec.compute(basis, X), expected, rtol=1e-12)
 

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from service.model import InputSpec, SpecError
-from service.model.transforms import InputTransform, default_transform, parse_transform
+from service.model import SpecError
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import InputTransform, default_transform, parse_transform
 from tests.model.kernels.test_hog import reference
 
 

@@ -47,8 +47,8 @@ rng = np.random.default_rng(0)
 
 with event.install_recorder("numba:compile") as recorder:
     from service.model import Predictor
-    from service.model.documents import Documents, canonical_counts, smooth_idf
-    from service.model.inputs import InputSpec
+    from service.model.inputs.words import Documents, canonical_counts, smooth_idf
+    from service.model.inputs.spec import InputSpec
     from service.model.search import SearchIndex, SearchQuery
     from service.model.kernels.search import search_top_k
     from service.model.similarity import SIMILARITY_KINDS, parse_spec
@@ -59,7 +59,7 @@ with event.install_recorder("numba:compile") as recorder:
         SIMILARITY_BLAS_MIN_SAMPLES,
         SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
     )
-    from service.model.transforms import parse_transform
+    from service.model.inputs.transforms import parse_transform
 
     # What a server does with its models: load, warm up, answer one item and a large batch.
     for model_dir in args["models"]:
@@ -103,7 +103,7 @@ with event.install_recorder("numba:compile") as recorder:
         grid_shape = (2, 3, 2) if kind.needs_grid else None
         for make, pair_work, applies in (
             (dense, spec.work(1, 1, 12), not kind.documents_only),
-            (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.on_documents is not None),
+            (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.documents is not None),
         ):
             if not applies:
                 continue
@@ -178,8 +178,8 @@ def serving_drivers() -> list[str]:
     names = [
         _name(driver)
         for kind in SIMILARITY_KINDS.values()
-        for driver in (kind.driver, kind.serial_driver)
-        if driver is not None
+        if kind.dense is not None
+        for driver in (kind.dense.parallel, kind.dense.serial)
     ]
     names += [
         _name(obj)

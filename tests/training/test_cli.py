@@ -166,6 +166,6 @@ def test_fit_selects_by_default_and_records_the_path(tmp_path, capsys):
     assert path == sorted(path)
     chosen = selection["chosen"]
     predictor = Predictor.load(out)
-    assert predictor.similarity_names == [str(s) for s in parse_specs(chosen["similarities"])]
+    assert predictor.similarity_names == [str(s) for s in parse_specs(chosen["similarity"])]
     assert predictor.n_basis == chosen["basis_per_class"] * len(predictor.classes)
     assert json.loads((out / "manifest.json").read_text())["training"]["test_accuracy"] > 0.9

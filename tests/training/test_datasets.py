@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from service.model import InputSpec
+from service.model.inputs.spec import InputSpec
 from training.datasets import DatasetError, load_dataset
 
 

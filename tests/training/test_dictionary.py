@@ -92,7 +92,7 @@ def test_prune_keeps_the_largest_magnitudes_of_each_code():
 
 @pytest.fixture(scope="module")
 def normalised_digits(digits):
-    from service.model import InputNormalizer
+    from training.preprocessing import InputNormalizer
 
     normalizer = InputNormalizer().fit(digits.X_train)
     return normalizer.transform(digits.X_train), normalizer.transform(digits.X_test)

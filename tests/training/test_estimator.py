@@ -15,9 +15,11 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from service.model import ArtifactError, BasisExpansion, InputNormalizer, Predictor
+from service.model import ArtifactError, Predictor
 from tests.api.conftest import serving
 from training import BasisExpandingSVC, solver
+from training.expansion import BasisExpansion
+from training.preprocessing import InputNormalizer
 
 
 @parametrize_with_checks([BasisExpandingSVC(basis_per_class=5)])
@@ -203,9 +205,9 @@ def test_auto_selects_on_the_training_set_and_keeps_the_parameters_as_given(tmp_
 
     X, y = load_wine(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
-    model = BasisExpandingSVC(selection_budget_s=20).fit(X_train, y_train)
+    model = BasisExpandingSVC(selection_budget=20).fit(X_train, y_train)
     assert model.get_params()["similarity"] == "rbf(gamma=1)"  # the default, not auto
-    auto = BasisExpandingSVC(similarity="auto", selection_budget_s=20, n_jobs=1)
+    auto = BasisExpandingSVC(similarity="auto", selection_budget=20, n_jobs=1)
     auto.fit(X_train, y_train)
     assert auto.get_params()["similarity"] == "auto"
     record = auto.predictor_.metadata["training"]["selection"]
@@ -275,9 +277,9 @@ def test_a_saved_model_loads_and_is_served_as_it_is(digits_model, digits_arrays,
 
 def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset):
     texts, labels = list(text_dataset.X_train), text_dataset.y_train
-    auto = BasisExpandingSVC(similarity="auto", min_df=1, stop_words=None, selection_budget_s=10)
+    auto = BasisExpandingSVC(similarity="auto", min_df=1, stop_words=None, selection_budget=10)
     auto.fit(texts, labels)
-    searched = auto.selection_.config
+    searched = auto.selection_.estimator  # what every fold's model is cloned from
     assert (searched.min_df, searched.stop_words) == (1, None)
     # Words every text shares ("the", "of") are kept by both: stop words are not removed.
     assert "the" in auto.predictor_.vocabulary.terms

@@ -14,17 +14,16 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
-from service.model import InputSpec, Predictor
+from service.model import Predictor
+from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
+from training import BasisExpandingSVC, ForwardSelectionCV
 from training.datasets import Dataset
-from training.fit import fit_besvm
+from training.estimator import fit_dataset
 from training.selection import (
     basis_size_candidates,
-    fit_selected,
     grown_basis_per_class,
     measure_candidates,
-    select,
-    select_on,
     transform_candidates,
 )
 
@@ -49,6 +48,22 @@ def _digits_subset(digits: Dataset, n: int = 400) -> Dataset:
     return dataclasses.replace(digits, X_train=digits.X_train[:n], y_train=digits.y_train[:n])
 
 
+def select(dataset: Dataset, *, budget=GENEROUS_BUDGET_S, n_jobs=1, **options):
+    """The selection on a data set's training split, without the final fit."""
+    spec = dataset.input_spec
+    estimator = BasisExpandingSVC(input_shape=None if spec.is_documents else str(spec))
+    search = ForwardSelectionCV(estimator, budget=budget, n_jobs=n_jobs, refit=False, **options)
+    return search.fit(dataset.X_train, dataset.y_train)
+
+
+def fit_selected(dataset: Dataset, name: str, *, budget=GENEROUS_BUDGET_S, **options):
+    """The command line's way: the default estimator on a data set, selection and final fit."""
+    result = fit_dataset(
+        dataset, name, similarity="auto", selection_budget=budget, n_jobs=1, **options
+    )
+    return result, result.estimator.selection_
+
+
 def _without_times(path: list[dict]) -> list[dict]:
     return [{k: v for k, v in entry.items() if k != "elapsed_s"} for entry in path]
 
@@ -57,15 +72,15 @@ def test_on_wine_it_standardises_features_and_matches_a_scaled_svc():
     chosen, as_global, reference = [], [], []
     for seed in range(3):
         dataset = _wine(seed)
-        result, selection = fit_selected(
-            dataset, "wine", budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False
-        )
+        result, selection = fit_selected(dataset, "wine")
         # Wine's features have unrelated units: the global normalisation lets one dominate.
-        assert selection.config.input_normalization == "per-feature"
+        assert selection.best_params_["input_normalization"] == "per-feature"
         chosen.append(_accuracy(result.predictor, dataset))
-        global_config = dataclasses.replace(selection.config, input_normalization="global")
+        global_config = {**selection.best_params_, "input_normalization": "global"}
         as_global.append(
-            _accuracy(fit_besvm(dataset, global_config, "g", diagnostics=False).predictor, dataset)
+            _accuracy(
+                fit_dataset(dataset, "g", diagnostics=False, **global_config).predictor, dataset
+            )
         )
         svc = make_pipeline(StandardScaler(), SVC()).fit(dataset.X_train, dataset.y_train)
         reference.append(float(np.mean(svc.predict(dataset.X_test) == dataset.y_test)))
@@ -75,26 +90,22 @@ def test_on_wine_it_standardises_features_and_matches_a_scaled_svc():
 
 def test_on_digits_it_returns_a_valid_configuration_that_predicts_well(digits):
     dataset = _digits_subset(digits)
-    result, selection = fit_selected(
-        dataset, "digits", budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False, diagnostics=False
-    )
-    config = selection.config
-    assert parse_specs(config.similarities)
-    assert config.transform in transform_candidates(dataset.input_spec)
-    assert 1 <= config.basis_per_class <= 40
+    result, selection = fit_selected(dataset, "digits", diagnostics=False)
+    config = selection.best_params_
+    assert parse_specs(config["similarity"])
+    assert config["input_transform"] in transform_candidates(dataset.input_spec)
+    assert 1 <= config["basis_per_class"] <= 40
     assert _accuracy(result.predictor, dataset) >= 0.9
     # The search's record travels with the model, as plain JSON.
     recorded = result.predictor.metadata["training"]["selection"]
     assert json.loads(json.dumps(recorded)) == recorded
-    assert recorded["chosen"]["similarities"] == config.similarities
-    assert recorded["path"] == selection.path
+    assert recorded["chosen"]["similarity"] == config["similarity"]
+    assert recorded["path"] == selection.path_
 
 
 def test_the_path_is_recorded_and_improves_at_every_step(digits):
-    selection = select(
-        _digits_subset(digits, 300), budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False
-    )
-    path = selection.path
+    selection = select(_digits_subset(digits, 300))
+    path = selection.path_
     assert path[0]["stage"] == "inputs"
     assert [entry["step"] for entry in path] == list(range(1, len(path) + 1))
     accuracies = [entry["cv_accuracy"] for entry in path]
@@ -103,24 +114,25 @@ def test_the_path_is_recorded_and_improves_at_every_step(digits):
             assert entry["cv_accuracy"] > previous["cv_accuracy"]
         else:
             assert entry["cv_accuracy"] >= previous["cv_accuracy"] + 0.0025
-    assert selection.cv_accuracy == accuracies[-1]
-    assert path[-1]["similarities"] == selection.config.similarities
-    assert selection.stopped == "every stage done"
+    assert selection.best_score_ == accuracies[-1]
+    assert path[-1]["similarity"] == selection.best_params_["similarity"]
+    assert selection.stopped_ == "every stage done"
     text = selection.describe()
     assert all(entry["change"] in text for entry in path)
 
 
 def test_the_budget_stops_the_search(digits):
-    selection = select(digits, budget_s=1.0, n_jobs=1, progress=False)
-    assert selection.stopped.startswith("budget of 1 s spent")
+    selection = select(digits, budget=1.0)
+    assert selection.stopped_.startswith("budget of 1 s spent")
     # Bounded, not timed: the fits running at the deadline finish, nothing new starts.
-    assert selection.seconds < 120
-    assert selection.fits < 60
+    assert selection.seconds_ < 120
+    assert selection.n_fits_ < 60
     assert json.dumps(selection.record(), allow_nan=False)
-    fit_besvm(digits, selection.config, "d", diagnostics=False)  # still a valid configuration
+    fit_dataset(digits, "d", diagnostics=False, **selection.best_params_)  # still valid
 
 
 def test_the_test_split_is_never_read():
+    """The command line's path (fit_dataset) selects on the training split alone."""
     dataset = _wine(0)
     rng = np.random.default_rng(0)
     blinded = dataclasses.replace(
@@ -130,45 +142,38 @@ def test_the_test_split_is_never_read():
             np.array(["a", "b", "c"] * len(dataset.y_test))[: len(dataset.y_test)]
         ),
     )
-    first = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
-    second = select(blinded, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
-    assert second.config == first.config
-    assert _without_times(second.path) == _without_times(first.path)
+    _, first = fit_selected(dataset, "first", diagnostics=False)
+    _, second = fit_selected(blinded, "second", diagnostics=False)
+    assert second.best_params_ == first.best_params_
+    assert _without_times(second.path_) == _without_times(first.path_)
 
 
 def test_documents_choose_among_document_measures(text_dataset):
-    selection = select(text_dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
-    measures = {m.strip() for m in selection.config.similarities.split("+")}
+    selection = select(text_dataset)
+    measures = {m.strip() for m in selection.best_params_["similarity"].split("+")}
     assert measures <= set(measure_candidates(text_dataset.input_spec, None))
-    assert selection.path[0]["stage"] == "first measure"
+    assert selection.path_[0]["stage"] == "first measure"
 
 
 def test_documents_grow_the_basis_from_the_folds_to_the_split(text_dataset):
-    result, selection = fit_selected(
-        text_dataset,
-        "topics",
-        budget_s=GENEROUS_BUDGET_S,
-        n_jobs=1,
-        progress=False,
-        diagnostics=False,
-    )
-    config = selection.config
-    assert config.normalization == "besvm"
+    result, selection = fit_selected(text_dataset, "topics", diagnostics=False)
+    config = selection.best_params_
+    assert config["normalization"] == "besvm"
     # Each fold trains on two thirds of the 40 documents per class, the final fit on all 40: the
     # basis chosen on the folds keeps its share of each class.
-    searched = selection.searched_basis_per_class
-    assert searched < config.basis_per_class <= 40
-    assert result.predictor.n_basis == 3 * config.basis_per_class
+    searched = selection.searched_basis_per_class_
+    assert searched < config["basis_per_class"] <= 40
+    assert result.predictor.n_basis == 3 * config["basis_per_class"]
     recorded = result.predictor.metadata["training"]["selection"]
     assert recorded["searched_basis_per_class"] == searched
-    assert recorded["chosen"]["basis_per_class"] == config.basis_per_class
+    assert recorded["chosen"]["basis_per_class"] == config["basis_per_class"]
     assert f"grown from {searched}" in selection.describe()
 
 
 def test_dense_inputs_keep_the_basis_the_folds_chose():
-    selection = select(_wine(0), budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
-    assert selection.config.basis_per_class == selection.searched_basis_per_class
-    assert selection.config.normalization == "auto"
+    selection = select(_wine(0))
+    assert selection.best_params_["basis_per_class"] == selection.searched_basis_per_class_
+    assert selection.best_params_["normalization"] == "auto"
 
 
 def test_dense_inputs_searched_on_a_sample_grow_the_basis_up_to_a_fifth_of_the_items():
@@ -176,14 +181,14 @@ def test_dense_inputs_searched_on_a_sample_grow_the_basis_up_to_a_fifth_of_the_i
         n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
     )
     dataset = Dataset("blobs", InputSpec("vector", (8,)), X, y.astype(str), X[:0], y[:0])
-    selection = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False, max_items=300)
-    assert selection.n_items == 300
-    searched = selection.searched_basis_per_class
-    measures = len(selection.config.similarities.split("+"))
+    selection = select(dataset, max_items=300)
+    assert selection.n_items_ == 300
+    searched = selection.searched_basis_per_class_
+    measures = len(selection.best_params_["similarity"].split("+"))
     # Folds of 200 items, a split of 1,200 (400 per class): six times the share, but at most
     # 240 features (a fifth of the items) over the measures and 3 classes.
     expected = max(searched, min(6 * searched, 400, 240 // (3 * measures)))
-    assert selection.config.basis_per_class == expected
+    assert selection.best_params_["basis_per_class"] == expected
 
 
 def test_a_grown_basis_keeps_each_class_share_within_its_caps():
@@ -201,10 +206,10 @@ def test_a_grown_basis_keeps_each_class_share_within_its_caps():
 
 def test_parallel_folds_choose_as_one_process_does():
     dataset = _wine(1)
-    alone = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
-    side_by_side = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=2, progress=False)
-    assert side_by_side.config == alone.config
-    assert _without_times(side_by_side.path) == _without_times(alone.path)
+    alone = select(dataset, n_jobs=1)
+    side_by_side = select(dataset, n_jobs=2)
+    assert side_by_side.best_params_ == alone.best_params_
+    assert _without_times(side_by_side.path_) == _without_times(alone.path_)
 
 
 def test_the_candidates_follow_the_inputs():
@@ -225,31 +230,31 @@ def test_the_candidates_follow_the_inputs():
 
 
 def test_bad_settings_are_refused(digits):
-    with pytest.raises(ValueError, match="budget_s must be positive"):
-        select(digits, budget_s=0)
-    with pytest.raises(ValueError, match="folds must be at least 2"):
-        select(digits, folds=1)
+    with pytest.raises(ValueError, match=r"'budget' parameter .* must be a float in the range"):
+        select(digits, budget=0)
+    with pytest.raises(ValueError, match=r"'cv' parameter .* must be an int in the range"):
+        select(digits, cv=1)
 
 
-def test_arrays_select_as_a_dataset_does():
+def test_the_estimators_auto_chooses_as_the_wrapper_does():
     dataset = _wine(2)
-    on_arrays = select_on(
-        dataset.X_train,
-        dataset.y_train,
-        dataset.input_spec,
-        budget_s=GENEROUS_BUDGET_S,
-        n_jobs=1,
-        progress=False,
-    )
-    on_dataset = select(dataset, budget_s=GENEROUS_BUDGET_S, n_jobs=1, progress=False)
-    assert on_arrays.config == on_dataset.config
+    auto = BasisExpandingSVC(similarity="auto", selection_budget=GENEROUS_BUDGET_S, n_jobs=1)
+    auto.fit(dataset.X_train, dataset.y_train)
+    wrapper = select(dataset)
+    assert auto.selection_.best_params_ == wrapper.best_params_
+    assert auto.get_params()["similarity"] == "auto"
+    chosen = {k: auto.expansion_.get_params()[k] for k in ("n_basis_per_class", "basis_strategy")}
+    assert chosen == {
+        "n_basis_per_class": wrapper.best_params_["basis_per_class"],
+        "basis_strategy": wrapper.best_params_["basis_strategy"],
+    }
 
 
 def test_a_budget_spent_before_any_candidate_keeps_the_start(digits):
-    selection = select(_digits_subset(digits, 200), budget_s=1e-9, n_jobs=1, progress=False)
-    assert selection.path == []
-    assert selection.fits == 0
-    assert selection.config.similarities == "rbf(gamma=1)"
+    selection = select(_digits_subset(digits, 200), budget=1e-9)
+    assert selection.path_ == []
+    assert selection.n_fits_ == 0
+    assert selection.best_params_["similarity"] == "rbf(gamma=1)"
     record = json.loads(json.dumps(selection.record(), allow_nan=False))
     assert record["cv_accuracy"] is None
     assert "budget" in selection.describe()

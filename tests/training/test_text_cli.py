@@ -10,7 +10,7 @@ import pytest
 from service.model import Predictor
 from training.cli import main
 from training.datasets import FORTUNES_DIR, load_dataset
-from training.fit import FitConfig, fit_besvm
+from training.estimator import fit_dataset
 from training.report import parse_configuration, run_report
 from training.report_data import ReportGrid
 
@@ -110,7 +110,7 @@ def _fortunes_or_skip():
 def test_sensing1_learns_fortunes_well_above_chance():
     _fortunes_or_skip()
     dataset = load_dataset("fortunes")
-    result = fit_besvm(dataset, FitConfig(similarities="sensing1(n=150)", basis_per_class=10), "f")
+    result = fit_dataset(dataset, "f", similarity="sensing1(n=150)", basis_per_class=10)
     accuracy = (result.predictor.predict(dataset.X_test) == dataset.y_test).mean()
     # 32 classes, the largest 8.5% of the test split; tf-idf + LinearSVC reaches about 44%.
     assert accuracy > 0.25

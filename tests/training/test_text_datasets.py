@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.model import InputSpec
+from service.model.inputs.spec import InputSpec
 from training.datasets import (
     FORTUNES,
     FORTUNES_DIR,

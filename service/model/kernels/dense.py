@@ -16,6 +16,7 @@ must not be entered from two threads at once).
 import numba
 import numpy as np
 
+from service.model.kernels import Drivers, row_drivers
 from service.model.threads import FASTMATH
 
 
@@ -92,7 +93,6 @@ def rbf_row(basis, x, gamma, out_row):
         out_row[j] = rbf_pair(basis[j], x, gamma)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def linear_similarities(basis, X, out):
     """Fill ``out[i, j] = linear_pair(basis[j], X[i])``, rows in parallel.
 
@@ -107,14 +107,11 @@ def linear_similarities(basis, X, out):
         linear_row(basis, X[i], out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def linear_similarities_serial(basis, X, out):
-    """:func:`linear_similarities` on the calling thread, for small batches."""
-    for i in range(X.shape[0]):
-        linear_row(basis, X[i], out[i])
+linear_similarities, linear_similarities_serial = row_drivers(
+    linear_similarities, fastmath=FASTMATH
+)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_similarities(basis, X, gamma, out):
     """Fill ``out[i, j] = rbf_pair(basis[j], X[i], gamma)``, rows in parallel.
 
@@ -130,11 +127,7 @@ def rbf_similarities(basis, X, gamma, out):
         rbf_row(basis, X[i], gamma, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def rbf_similarities_serial(basis, X, gamma, out):
-    """:func:`rbf_similarities` on the calling thread, for small batches."""
-    for i in range(X.shape[0]):
-        rbf_row(basis, X[i], gamma, out[i])
+rbf_similarities, rbf_similarities_serial = row_drivers(rbf_similarities, fastmath=FASTMATH)
 
 
 # -- drivers through BLAS, for batches on one thread -------------------------------------------
@@ -214,3 +207,7 @@ def rbf_similarities_blas(basis, X, gamma, out):
     np.exp(target, out=target)
     if target is not out:
         out[...] = target
+
+
+LINEAR = Drivers(linear_similarities_serial, linear_similarities, linear_similarities_blas)
+RBF = Drivers(rbf_similarities_serial, rbf_similarities, rbf_similarities_blas)

@@ -29,6 +29,7 @@ it. Accumulators are float64.
 import numba
 import numpy as np
 
+from service.model.kernels import Drivers, row_drivers
 from service.model.threads import FASTMATH
 
 # Shifts scored together per tile of 4 basis items in :func:`_max_dots`.
@@ -231,7 +232,6 @@ def rigid_row(basis, x, height, width, channels, h, out_row):
     _write(_rigid_scores(basis, x, height, width, channels, h), out_row)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def rigid_similarities(basis, X, height, width, channels, h, out):
     """Fill ``out[i, j] = rigid_pair(basis[j], X[i], height, width, channels, h)``, in parallel.
 
@@ -248,11 +248,7 @@ def rigid_similarities(basis, X, height, width, channels, h, out):
         rigid_row(basis, X[i], height, width, channels, h, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def rigid_similarities_serial(basis, X, height, width, channels, h, out):
-    """:func:`rigid_similarities` on the calling thread, for small batches."""
-    for i in range(X.shape[0]):
-        rigid_row(basis, X[i], height, width, channels, h, out[i])
+rigid_similarities, rigid_similarities_serial = row_drivers(rigid_similarities, fastmath=FASTMATH)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
@@ -504,7 +500,6 @@ def deformable_row(prepared, x, height, width, channels, h_r, h_l, out_row):
     _write(scores, out_row)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def deformable_similarities(basis, X, height, width, channels, h_r, h_l, out):
     """Fill ``out[i, j] = deformable_pair(basis[j], X[i], ...)``, rows in parallel.
 
@@ -522,9 +517,10 @@ def deformable_similarities(basis, X, height, width, channels, h_r, h_l, out):
         deformable_row(prepared, X[i], height, width, channels, h_r, h_l, out[i])
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def deformable_similarities_serial(basis, X, height, width, channels, h_r, h_l, out):
-    """:func:`deformable_similarities` on the calling thread, for small batches."""
-    prepared = deformable_basis(basis, channels, h_l)
-    for i in range(X.shape[0]):
-        deformable_row(prepared, X[i], height, width, channels, h_r, h_l, out[i])
+deformable_similarities, deformable_similarities_serial = row_drivers(
+    deformable_similarities, fastmath=FASTMATH
+)
+
+
+RIGID = Drivers(rigid_similarities_serial, rigid_similarities)
+DEFORMABLE = Drivers(deformable_similarities_serial, deformable_similarities)

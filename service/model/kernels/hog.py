@@ -38,7 +38,7 @@ Layout: an image is a flat row of ``height * width * channels`` numbers, row-maj
 orientations`` numbers, row-major as ``(cell row, cell column, bin)``. As elsewhere (see
 :mod:`service.model.kernels.dense`): pure serial kernels on one image, a parallel driver over
 images and a serial one beside it, both writing into a preallocated output; callers go through
-:meth:`service.model.transforms.BoundTransform.apply`, which picks one and takes
+:meth:`service.model.inputs.transforms.BoundTransform.apply`, which picks one and takes
 :data:`service.model.threads.PARALLEL_REGION` for the parallel one. No fastmath: the votes and
 bins must come out as scikit-image's.
 """

@@ -23,6 +23,7 @@ import math
 import numba
 import numpy as np
 
+from service.model.kernels import row_drivers
 from service.model.threads import FASTMATH
 
 
@@ -209,7 +210,6 @@ def rbf_row(
 # -- drivers: out[i, :] for every row i of a CSR batch ------------------------------------------
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def sensing0_similarities(
     post_indptr, post_items, post_values, post_lgamma1, basis_totals, basis_lgamma_totals1,
     X_indptr, X_indices, X_values, vocabulary_size, out,
@@ -235,22 +235,11 @@ def sensing0_similarities(
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def sensing0_similarities_serial(
-    post_indptr, post_items, post_values, post_lgamma1, basis_totals, basis_lgamma_totals1,
-    X_indptr, X_indices, X_values, vocabulary_size, out,
-):  # fmt: skip
-    """:func:`sensing0_similarities` on the calling thread, for small batches."""
-    for i in range(X_indptr.shape[0] - 1):
-        start, stop = X_indptr[i], X_indptr[i + 1]
-        sensing0_row(
-            post_indptr, post_items, post_values, post_lgamma1, basis_totals,
-            basis_lgamma_totals1, X_indices[start:stop], X_values[start:stop], vocabulary_size,
-            out[i],
-        )  # fmt: skip
+sensing0_similarities, sensing0_similarities_serial = row_drivers(
+    sensing0_similarities, fastmath=FASTMATH
+)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def sensing1_similarities(
     post_indptr, post_items, post_values, post_lgamma1, X_indptr, X_indices, X_values, n, out
 ):
@@ -263,20 +252,11 @@ def sensing1_similarities(
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def sensing1_similarities_serial(
-    post_indptr, post_items, post_values, post_lgamma1, X_indptr, X_indices, X_values, n, out
-):
-    """:func:`sensing1_similarities` on the calling thread, for small batches."""
-    for i in range(X_indptr.shape[0] - 1):
-        start, stop = X_indptr[i], X_indptr[i + 1]
-        sensing1_row(
-            post_indptr, post_items, post_values, post_lgamma1,
-            X_indices[start:stop], X_values[start:stop], n, out[i],
-        )  # fmt: skip
+sensing1_similarities, sensing1_similarities_serial = row_drivers(
+    sensing1_similarities, fastmath=FASTMATH
+)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def dot_similarities(post_indptr, post_items, post_values, X_indptr, X_indices, X_values, out):
     """Fill ``out[i]`` with :func:`dot_row` of CSR row i, rows in parallel."""
     for i in numba.prange(X_indptr.shape[0] - 1):
@@ -287,20 +267,9 @@ def dot_similarities(post_indptr, post_items, post_values, X_indptr, X_indices, 
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def dot_similarities_serial(
-    post_indptr, post_items, post_values, X_indptr, X_indices, X_values, out
-):
-    """:func:`dot_similarities` on the calling thread, for small batches."""
-    for i in range(X_indptr.shape[0] - 1):
-        start, stop = X_indptr[i], X_indptr[i + 1]
-        dot_row(
-            post_indptr, post_items, post_values, X_indices[start:stop], X_values[start:stop],
-            out[i],
-        )  # fmt: skip
+dot_similarities, dot_similarities_serial = row_drivers(dot_similarities, fastmath=FASTMATH)
 
 
-@numba.njit(parallel=True, cache=True, nogil=True, fastmath=FASTMATH)
 def rbf_similarities(
     post_indptr, post_items, post_values, basis_sq_norms, X_indptr, X_indices, X_values, gamma,
     out,
@@ -314,18 +283,7 @@ def rbf_similarities(
         )  # fmt: skip
 
 
-@numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def rbf_similarities_serial(
-    post_indptr, post_items, post_values, basis_sq_norms, X_indptr, X_indices, X_values, gamma,
-    out,
-):  # fmt: skip
-    """:func:`rbf_similarities` on the calling thread, for small batches."""
-    for i in range(X_indptr.shape[0] - 1):
-        start, stop = X_indptr[i], X_indptr[i + 1]
-        rbf_row(
-            post_indptr, post_items, post_values, basis_sq_norms,
-            X_indices[start:stop], X_values[start:stop], gamma, out[i],
-        )  # fmt: skip
+rbf_similarities, rbf_similarities_serial = row_drivers(rbf_similarities, fastmath=FASTMATH)
 
 
 # -- deterministic resampling (sensing2) --------------------------------------------------------

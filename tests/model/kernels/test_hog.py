@@ -16,7 +16,8 @@ import pytest
 from skimage.feature import hog
 from sklearn.datasets import load_digits
 
-from service.model import InputSpec
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import parse_transform
 from service.model.kernels.hog import (
     cell_votes,
     hog_cells,
@@ -26,7 +27,6 @@ from service.model.kernels.hog import (
     orientation_edges,
 )
 from service.model.threads import HOG_PARALLEL_MIN_VALUES, limit_threads
-from service.model.transforms import parse_transform
 
 
 def reference(X, height, width, channels, cell, orientations):

@@ -25,7 +25,7 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,8 @@ import scipy.sparse as sp
 from scipy.special import gammaln
 
 from service.model.errors import InvalidInputError, brief
-from service.model.inputs import instance_name
+from service.model.inputs.spec import instance_name
+from service.model.kernels import Drivers
 from service.model.kernels import sparse as sparse_kernels
 
 # scikit-learn's CountVectorizer default: runs of two or more word characters.
@@ -377,52 +378,94 @@ class Documents:
         return cached
 
 
-def _driver(measure: str, parallel: bool):
-    """The parallel or serial driver of a measure in :mod:`service.model.kernels.sparse`."""
-    suffix = "" if parallel else "_serial"
-    return getattr(sparse_kernels, f"{measure}_similarities{suffix}")
+# -- the measures' drivers ----------------------------------------------------------------
+#
+# Each documents measure reads cached views of the documents (counts, frequencies, tf-idf,
+# resampled counts) and their postings, then calls a kernel of service.model.kernels.sparse. Its
+# drivers are called as the dense ones are, ``(basis, X, *params, out)``, and listed beside them
+# in service.model.similarity.SIMILARITY_KINDS.
 
 
-def sensing0(basis: Documents, X: Documents, out: np.ndarray, parallel: bool) -> None:
-    """Sensing 0 of every input against every basis item, into ``out`` (n, n_basis)."""
-    _sensing0_on(basis.postings("counts"), X.view("counts"), out, parallel)
+@dataclass(frozen=True)
+class DocumentDriver:
+    """A sparse kernel called on documents: ``arguments(basis, X, *params)`` gives the kernel's
+    arguments before ``out`` from the documents' views."""
+
+    arguments: Callable[..., tuple]
+    kernel: Callable[..., None]
+
+    def __call__(self, basis: Documents, X: Documents, *args) -> None:
+        *params, out = args
+        self.kernel(*self.arguments(basis, X, *params), out)
 
 
-def sensing2(basis: Documents, X: Documents, n_words: float, out: np.ndarray, parallel: bool):
+def _drivers(arguments: Callable[..., tuple], serial, parallel) -> Drivers:
+    return Drivers(DocumentDriver(arguments, serial), DocumentDriver(arguments, parallel))
+
+
+def _sensing0_arguments(basis: Documents, X: Documents) -> tuple:
+    """Sensing 0 of every input against every basis item."""
+    return _sensing0_of(basis.postings("counts"), X.view("counts"))
+
+
+def _sensing2_arguments(basis: Documents, X: Documents, n_words: float) -> tuple:
     """Sensing 2: Sensing 0 of the documents resampled to ``n_words`` words."""
-    _sensing0_on(basis.postings("resampled", n_words), X.view("resampled", n_words), out, parallel)
+    return _sensing0_of(basis.postings("resampled", n_words), X.view("resampled", n_words))
 
 
-def _sensing0_on(post: Postings, view: sp.csr_matrix, out: np.ndarray, parallel: bool) -> None:
-    driver = _driver("sensing0", parallel)
-    driver(
+def _sensing0_of(post: Postings, view: sp.csr_matrix) -> tuple:
+    return (
         post.indptr, post.items, post.values, post.lgamma1, post.totals, post.lgamma_totals1,
-        view.indptr, view.indices, view.data, float(view.shape[1]), out,
+        view.indptr, view.indices, view.data, float(view.shape[1]),
     )  # fmt: skip
 
 
-def sensing1(basis: Documents, X: Documents, n: float, out: np.ndarray, parallel: bool) -> None:
+def _sensing1_arguments(basis: Documents, X: Documents, n: float) -> tuple:
     """Sensing 1 on word frequencies scaled by ``n``."""
     post, view = basis.postings("frequencies", n), X.view("counts")
-    driver = _driver("sensing1", parallel)
-    driver(
+    return (
         post.indptr, post.items, post.values, post.lgamma1,
-        view.indptr, view.indices, view.data, float(n), out,
+        view.indptr, view.indices, view.data, float(n),
     )  # fmt: skip
 
 
-def tfidf_linear(basis: Documents, X: Documents, out: np.ndarray, parallel: bool) -> None:
+def _tfidf_linear_arguments(basis: Documents, X: Documents) -> tuple:
     """Inner products of the tf-idf vectors."""
     post, view = basis.postings("tfidf"), X.view("tfidf")
-    driver = _driver("dot", parallel)
-    driver(post.indptr, post.items, post.values, view.indptr, view.indices, view.data, out)
+    return post.indptr, post.items, post.values, view.indptr, view.indices, view.data
 
 
-def tfidf_rbf(basis: Documents, X: Documents, gamma: float, out: np.ndarray, parallel: bool):
+def _tfidf_rbf_arguments(basis: Documents, X: Documents, gamma: float) -> tuple:
     """Gaussian RBF of the tf-idf vectors."""
     post, view = basis.postings("tfidf"), X.view("tfidf")
-    driver = _driver("rbf", parallel)
-    driver(
+    return (
         post.indptr, post.items, post.values, post.sq_norms,
-        view.indptr, view.indices, view.data, float(gamma), out,
+        view.indptr, view.indices, view.data, float(gamma),
     )  # fmt: skip
+
+
+SENSING0 = _drivers(
+    _sensing0_arguments,
+    sparse_kernels.sensing0_similarities_serial,
+    sparse_kernels.sensing0_similarities,
+)
+SENSING1 = _drivers(
+    _sensing1_arguments,
+    sparse_kernels.sensing1_similarities_serial,
+    sparse_kernels.sensing1_similarities,
+)
+SENSING2 = _drivers(
+    _sensing2_arguments,
+    sparse_kernels.sensing0_similarities_serial,
+    sparse_kernels.sensing0_similarities,
+)
+TFIDF_LINEAR = _drivers(
+    _tfidf_linear_arguments,
+    sparse_kernels.dot_similarities_serial,
+    sparse_kernels.dot_similarities,
+)
+TFIDF_RBF = _drivers(
+    _tfidf_rbf_arguments,
+    sparse_kernels.rbf_similarities_serial,
+    sparse_kernels.rbf_similarities,
+)

@@ -5,14 +5,10 @@ import pytest
 import scipy.linalg
 from sklearn.metrics.pairwise import rbf_kernel
 
-from service.model import BasisExpansion, SpecError, parse_specs
-from service.model.expansion import (
-    NORMALIZATIONS,
-    nystroem_projection,
-    parse_normalization,
-    resolve_normalization,
-)
+from service.model import SpecError, parse_specs
+from service.model.features import NORMALIZATIONS, parse_normalization, resolve_normalization
 from training.diagnostics import eigen_diagnostics
+from training.expansion import BasisExpansion, nystroem_projection
 
 
 @pytest.fixture

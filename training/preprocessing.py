@@ -1,23 +1,9 @@
-r"""Input normalisation (BE-SVM paper, section 3.1), globally or per feature.
+r"""Fitting the input normalisation of dense inputs (BE-SVM paper, section 3.1): the mean and
+the scale a model stores, by the rules of :mod:`service.model.inputs.dense`, which applies them.
 
-``global`` (the paper's): dense inputs are centred by the training mean and divided by the mean
-L2 norm of the centred training vectors:
-
-.. math:: \hat x = \frac{x - \mu}{\frac{1}{n}\sum_i \lVert x_i - \mu \rVert_2}
-
-One scalar scale for all features keeps the geometry of the input space (unlike a z-score), so
-``rbf(gamma=1)`` is a sensible default on data whose features share a unit (pixels).
-
-``per-feature``: each feature is first divided by its training standard deviation (a z-score),
-then the z-scores by their mean norm, so that the mean norm is 1 here too and the same gammas
-mean the same:
-
-.. math:: \hat x_j = \frac{x_j - \mu_j}{\sigma_j\, m}, \qquad
-          m = \frac{1}{n}\sum_i \Bigl\lVert \frac{x_i - \mu}{\sigma} \Bigr\rVert_2
-
-It wins where features have unrelated units (``load_wine``: one feature in the hundreds would
-otherwise dominate every distance). Either way the model stores a mean and a scale (a scalar, or
-one per feature) and the service applies ``(x - mean) / scale``.
+``global`` (the paper's): the mean L2 norm of the centred training vectors; ``per-feature``:
+each feature's standard deviation times the mean norm of the z-scores, so that the mean norm is
+1 under both and the same rbf widths mean the same.
 """
 
 from __future__ import annotations
@@ -26,18 +12,12 @@ import numpy as np
 from sklearn.base import BaseEstimator, OneToOneFeatureMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-# The farthest a client's instance may lie from the training mean, in units of the scale (the
-# training items' mean distance from it, so they lie near 1). Beyond about 1e6 a code learned
-# from such an example keeps one atom (the example's direction alone counts), beyond about 1e13
-# learning it takes seconds; up to 1e5 the answers are those of the instance's direction, and
-# inputs on another scale than the training data's still fit (0..65535 images for a model of
-# 0..16 digits lie at about 8,000).
-MAX_INPUT_DISTANCE = 1e5
-
-# The input normalisations a dense model may use (the manifest's ``input_normalization``).
-GLOBAL_NORMALIZATION = "global"
-PER_FEATURE_NORMALIZATION = "per-feature"
-INPUT_NORMALIZATIONS = (GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION)
+from service.model.inputs.dense import (
+    GLOBAL_NORMALIZATION,
+    INPUT_NORMALIZATIONS,
+    PER_FEATURE_NORMALIZATION,
+    normalize_inputs,
+)
 
 
 class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
@@ -105,19 +85,3 @@ class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)
         return normalize_inputs(X, self.mean_, self.scale_)
-
-
-def normalize_inputs(X: np.ndarray, mean: np.ndarray, scale: float | np.ndarray) -> np.ndarray:
-    """``(X - mean) / scale`` as a new C-contiguous float64 array: the serving path's step.
-
-    ``scale`` is a float (global normalisation) or an array of shape (n_features,).
-    """
-    out = np.subtract(X, mean, dtype=np.float64)
-    out /= scale
-    return out
-
-
-def input_normalization_of(scale: float | np.ndarray) -> str:
-    """The normalisation a stored scale belongs to: a scalar is ``global``, a vector
-    ``per-feature``."""
-    return GLOBAL_NORMALIZATION if np.ndim(scale) == 0 else PER_FEATURE_NORMALIZATION

@@ -21,7 +21,7 @@ import numpy as np
 
 from service.model import threads
 from service.model.errors import SpecError
-from service.model.inputs import InputSpec
+from service.model.inputs.spec import InputSpec
 from service.model.kernels import hog as hog_kernels
 from service.model.notation import bind_arguments, parse_call
 

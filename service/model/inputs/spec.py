@@ -4,7 +4,7 @@
 ``H x W`` cells holding ``C`` numbers each (pixels: C = 1 or 3), flattened row-major (H, W, C)
 before any similarity sees it. A grid with C = 1 may also be sent as ``H x W``.
 ``counts(W)`` is a bag-of-words document: word counts over a vocabulary of ``W`` words, kept
-sparse (see :mod:`service.model.documents`). ``text`` is a raw text document, the kind of a text
+sparse (see :mod:`service.model.inputs.words`). ``text`` is a raw text document, the kind of a text
 data set before a vocabulary turns it into ``counts(W)``.
 """
 
@@ -72,7 +72,7 @@ class InputSpec:
         """Bag-of-words documents, raw (``text``) or counted (``counts(W)``), kept sparse.
 
         What a data set or a similarity check asks before a model exists; a model's own inputs
-        are described by its input kind (:mod:`service.model.input_kinds`).
+        are described by its input kind (:mod:`service.model.inputs`).
         """
         return self.kind in ("counts", "text")
 

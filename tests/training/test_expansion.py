@@ -5,8 +5,9 @@ import pytest
 from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from service.model import BasisExpansion, InputNormalizer
-from service.model.basis import select_basis
+from training.basis import select_basis
+from training.expansion import BasisExpansion
+from training.preprocessing import InputNormalizer
 
 
 @pytest.fixture

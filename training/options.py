@@ -1,0 +1,146 @@
+"""Command-line options derived from an estimator's parameters, so that the estimator's
+signature, constraints and docstring are the one place a parameter is declared.
+
+Each keyword-only parameter of ``__init__`` becomes ``--name-with-dashes`` (``-C`` for a
+one-letter name; ``dest`` the parameter's name): its type or choices come from the estimator's
+``_parameter_constraints``, its help from the numpydoc ``Parameters`` section, its default from
+the signature. An option left out is not set, so the estimator's own default applies and a
+caller can tell what was given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from collections.abc import Collection, Mapping
+from numbers import Integral, Real
+from typing import Any
+
+# scikit-learn has no public form of its parameter constraints; reading the estimator's own
+# declaration is what keeps the options from listing the parameters a second time.
+from sklearn.utils._param_validation import Interval, StrOptions
+
+NONE_CHOICE = "none"
+
+
+def option_name(parameter: str) -> str:
+    """The option of a parameter: ``--name-with-dashes``, or ``-C`` for a one-letter one."""
+    return f"-{parameter}" if len(parameter) == 1 else "--" + parameter.replace("_", "-")
+
+
+def parameter_docs(cls: type) -> dict[str, str]:
+    """Each parameter's description in ``cls``'s numpydoc ``Parameters`` section, as one line."""
+    doc = inspect.getdoc(cls) or ""
+    match = re.search(r"^Parameters\n-+\n(.*?)(?:^\S[^\n]*\n-+\n|\Z)", doc, re.M | re.S)
+    if match is None:
+        return {}
+    docs: dict[str, list[str]] = {}
+    name = None
+    for line in match.group(1).splitlines():
+        header = re.match(r"^(\w+) :", line)
+        if header:
+            name = header.group(1)
+            docs[name] = []
+        elif name is not None and line.strip():
+            docs[name].append(line.strip())
+    return {key: " ".join(lines) for key, lines in docs.items()}
+
+
+def _kind(constraints: list[Any]) -> tuple[type | None, list[str] | None, bool]:
+    """The argparse type, the choices, and whether None is allowed, from a constraint list."""
+    allows_none = None in constraints
+    for constraint in constraints:
+        if isinstance(constraint, StrOptions):
+            return str, sorted(constraint.options), allows_none
+        if isinstance(constraint, Interval):
+            return (int if constraint.type is Integral else float), None, allows_none
+        if constraint is Integral:
+            return int, None, allows_none
+        if constraint is Real:
+            return float, None, allows_none
+        if constraint is str:
+            return str, None, allows_none
+    return None, None, allows_none
+
+
+def add_estimator_arguments(
+    group,
+    cls: type,
+    *,
+    skip: Collection[str] = (),
+    aliases: Mapping[str, tuple[str, ...]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    extra_help: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Add one option per parameter of ``cls`` to ``group`` (a parser or an argument group).
+
+    Parameters
+    ----------
+    group : argparse parser or argument group
+    cls : type
+        A scikit-learn estimator class: keyword-only ``__init__`` parameters, a
+        ``_parameter_constraints`` dict and a numpydoc docstring.
+    skip : collection of str
+        Parameters that get no option (set by other options, or not the user's to set).
+    aliases : mapping of str to tuple of str, optional
+        More option strings for a parameter (kept for scripts written against older names).
+    defaults : mapping of str to object, optional
+        Defaults of this command that differ from the estimator's (they are applied by
+        :func:`estimator_params`, and named in the help).
+    extra_help : mapping of str to str, optional
+        Text appended to a parameter's help.
+
+    Returns
+    -------
+    list of str
+        The parameters that got an option, in the signature's order.
+    """
+    aliases, defaults, extra_help = aliases or {}, defaults or {}, extra_help or {}
+    docs = parameter_docs(cls)
+    constraints = getattr(cls, "_parameter_constraints", {})
+    added = []
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if parameter.kind is not inspect.Parameter.KEYWORD_ONLY or name in skip:
+            continue
+        value_type, choices, allows_none = _kind(constraints.get(name, []))
+        if value_type is None:
+            raise TypeError(f"{cls.__name__}.{name}: no option type can be derived")
+        default = defaults.get(name, parameter.default)
+        shown = NONE_CHOICE if default is None and choices else default
+        help_text = docs.get(name, "").rstrip(".")
+        if name in extra_help:
+            help_text = f"{help_text}; {extra_help[name]}"
+        if choices is not None and allows_none:
+            choices = [*choices, NONE_CHOICE]
+        group.add_argument(
+            option_name(name),
+            *aliases.get(name, ()),
+            dest=name,
+            type=value_type,
+            choices=choices,
+            default=None,
+            help=f"{help_text} (default: {shown})".replace("%", "%%"),
+        )
+        added.append(name)
+    return added
+
+
+def estimator_params(
+    args: argparse.Namespace,
+    names: list[str],
+    defaults: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The parameters given on the command line (``none`` choices read as None), with this
+    command's ``defaults`` for the ones left out; the estimator's defaults apply to the rest."""
+    params = dict(defaults or {})
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            params[name] = None if value == NONE_CHOICE else value
+    return params
+
+
+def given_options(args: argparse.Namespace, names: Collection[str]) -> list[str]:
+    """The options among ``names`` that the command line set, as written (``--basis-per-class``)."""
+    return [option_name(name) for name in names if getattr(args, name) is not None]
