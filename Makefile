@@ -17,6 +17,7 @@ FORTUNES_CONFIGURATIONS := sensing0; sensing1(n=150); sensing1(n=150) [C=3]; sen
 DEV_LOCK := requirements-dev.lock
 SERVICE_LOCK := requirements-service.lock
 BENCH_LOCK := requirements-bench.lock
+CLUSTER_LOCK := requirements-cluster.lock
 BUILD_LOCK := requirements-build.lock
 # `make lock` runs this uv from a scratch venv of its own, never from .venv. The locks are universal
 # (environment markers) from LOCK_PYTHON up to requires-python's bound, with every file's hash.
@@ -61,8 +62,9 @@ $(UV):
 	$(LOCK_VENV)/bin/python -m pip install --quiet uv==$(UV_VERSION)
 
 lock: $(UV)  ## re-pin requirements-*.lock to pyproject.toml (UPGRADE=1: newest versions)
-	$(call lock,$(DEV_LOCK),make setup and CI: the service with the dev and report extras.,pyproject.toml --extra dev --extra report)
+	$(call lock,$(DEV_LOCK),make setup and CI: the service with the dev and report and cluster extras.,pyproject.toml --extra dev --extra report --extra cluster)
 	$(call lock,$(SERVICE_LOCK),The service image (Dockerfile): runtime dependencies only; the same pins as dev.lock.,pyproject.toml -c $(DEV_LOCK))
+	$(call lock,$(CLUSTER_LOCK),The cluster image (docker-compose.yml profile cluster): the runtime and the cluster extra (Dask) with the same pins as dev.lock.,pyproject.toml --extra cluster -c $(DEV_LOCK))
 	$(call lock,$(BENCH_LOCK),make bench-search: the runtime and the bench extra (faiss-cpu); the same pins as dev.lock.,pyproject.toml --extra bench -c $(DEV_LOCK))
 	$(call lock,$(BUILD_LOCK),pip and the build backend that install the project (--no-build-isolation); input: pip and pyproject.toml [build-system] requires on stdin.,- -c $(DEV_LOCK),$(BUILD_REQUIRES) |)
 
