@@ -30,7 +30,8 @@ router = APIRouter(prefix="/v2/repository", tags=["repository"])
 _ADMIN_ERRORS = documented_errors(401, 403, 422)
 
 
-def _authorize(request: Request, authorization: str | None) -> ModelRegistry:
+def authorize(request: Request, authorization: str | None) -> ModelRegistry:
+    """The registry, for a request that carries the admin token (401, 403 otherwise)."""
     token = request.app.state.settings.admin_token
     if token is None:
         raise AdminDisabledError(
@@ -68,7 +69,7 @@ async def repository_index(request: Request, authorization: Authorization = None
     """Rescan the repository (new models are loaded, changed ones replaced, removed ones
     retired), then list every model with its state; ``{"ready": true}`` lists only the ready
     ones."""
-    registry = _authorize(request, authorization)
+    registry = authorize(request, authorization)
     # The body is optional, and read only once the token has been checked.
     only_ready = (
         bool(await request.body()) and (await read_body(request, RepositoryIndexRequest)).ready
@@ -92,7 +93,7 @@ async def repository_index(request: Request, authorization: Authorization = None
 async def load_model(request: Request, name: ModelName, authorization: Authorization = None):
     """Load (or reload) the version of model ``name`` on disk, warm it up and swap it in.
     Answers once it serves, or 409 with the reason if it was refused."""
-    registry = _authorize(request, authorization)
+    registry = authorize(request, authorization)
     entry = await registry.load(name)
     if entry.reason is not None:
         raise LoadRefusedError(entry.reason)
@@ -105,6 +106,6 @@ async def load_model(request: Request, name: ModelName, authorization: Authoriza
 )
 async def unload_model(request: Request, name: ModelName, authorization: Authorization = None):
     """Stop serving model ``name`` (until it is loaded again on request)."""
-    registry = _authorize(request, authorization)
+    registry = authorize(request, authorization)
     await registry.unload(name)
     return json_answer({})

@@ -27,7 +27,9 @@ from service.model.errors import (
     ModelError,
     ModelNotReadyError,
     NotFoundError,
+    ShardsUnavailableError,
     SpecError,
+    VersionConflictError,
 )
 
 logger = logging.getLogger("service.api")
@@ -69,11 +71,13 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (UnauthorizedError, 401, "unauthorized"),
     (AdminDisabledError, 403, "forbidden"),
     (LoadRefusedError, 409, "load_refused"),
+    (VersionConflictError, 409, "version_conflict"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (InvalidInputError, 422, "invalid_input"),
     (SpecError, 422, "invalid_input"),
     (NotFoundError, 404, "not_found"),
     (ModelNotReadyError, 503, "not_ready"),
+    (ShardsUnavailableError, 503, "shards_unavailable"),
     (ArtifactError, 503, "not_ready"),
     (OverloadedError, 503, "overloaded"),
     (WorkTimeoutError, 504, "timeout"),

@@ -28,6 +28,7 @@ from service.model.artifact import manifest_digest, read_manifest
 from service.model.errors import brief
 from service.model.search import SearchIndex, catalogue_dir, search_dir
 from service.model.search.catalogue import SHARDS_DIR
+from service.model.search.remote import CatalogueSource
 
 logger = logging.getLogger("service.api")
 
@@ -149,7 +150,11 @@ class ModelChangedWhileLoadingError(ArtifactError):
 
 
 def load_snapshot(
-    name: str, path: Path, previous: ModelSnapshot | None = None, force: bool = False
+    name: str,
+    path: Path,
+    previous: ModelSnapshot | None = None,
+    force: bool = False,
+    source: CatalogueSource | None = None,
 ) -> ModelSnapshot:
     """Load, verify and warm up one version of a model (blocking: run it on a thread).
 
@@ -164,6 +169,8 @@ def load_snapshot(
         and catalogue are not rebuilt yet), so that an update never takes /search away.
     force : bool
         Accept a version with fewer search levels than ``previous`` (an explicit load).
+    source : CatalogueSource, optional
+        Where catalogues are searched (this process, or a cluster's workers).
 
     Raises
     ------
@@ -174,7 +181,7 @@ def load_snapshot(
     """
     before = fingerprint(path)
     try:
-        snapshot = _load(name, path, before, previous, force)
+        snapshot = _load(name, path, before, previous, force, source)
     except ArtifactError as error:
         if fingerprint(path) != before:
             raise ModelChangedWhileLoadingError(f"{path} changed while loading it") from error
@@ -185,7 +192,12 @@ def load_snapshot(
 
 
 def _load(
-    name: str, path: Path, before: tuple, previous: ModelSnapshot | None, force: bool
+    name: str,
+    path: Path,
+    before: tuple,
+    previous: ModelSnapshot | None,
+    force: bool,
+    source: CatalogueSource | None,
 ) -> ModelSnapshot:
     # Only the catalogue changed (an update of its items): the model and search model served
     # stay, and the catalogue's new version loads only the shards it adds.
@@ -201,7 +213,8 @@ def _load(
         predictor.warm_up()
     search, search_problem = None, None
     try:
-        search = SearchIndex.load(path, predictor, None if previous is None else previous.search)
+        reuse = None if previous is None else previous.search
+        search = SearchIndex.load(path, predictor, reuse, source)
         if search is not None and not catalogue_only:
             search.warm_up()
     except ArtifactError as error:
@@ -320,6 +333,8 @@ class ModelRegistry:
         Answers the routes without a model name; default: the only model.
     metrics : Metrics, optional
         Told of loads (their time and the version served), failed loads and retirements.
+    source : CatalogueSource, optional
+        Where the models' catalogues are searched; default: in this process.
     """
 
     def __init__(
@@ -327,10 +342,12 @@ class ModelRegistry:
         repository: Repository,
         default_model: str | None = None,
         metrics: Metrics | None = None,
+        source: CatalogueSource | None = None,
     ) -> None:
         self.repository = repository
         self.default_model = default_model
         self.metrics = metrics or Metrics()
+        self.source = source
         self.entries: dict[str, ModelEntry] = {}
         self._sync_lock = asyncio.Lock()
         self._rechecks: dict[str, asyncio.Task] = {}
@@ -481,7 +498,7 @@ class ModelRegistry:
         for attempt in range(LOAD_ATTEMPTS):
             try:
                 return await asyncio.to_thread(
-                    load_snapshot, entry.name, path, entry.snapshot, force
+                    load_snapshot, entry.name, path, entry.snapshot, force, self.source
                 )
             except ModelChangedWhileLoadingError:
                 if attempt + 1 < LOAD_ATTEMPTS:

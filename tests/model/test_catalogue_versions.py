@@ -16,29 +16,15 @@ from service.model.search import (
     CatalogueUpdate,
     SearchIndex,
     SearchQuery,
-    UnionOfSubspacesModel,
     catalogue_dir,
     read_catalogue,
     rows_filler,
     search_dir,
 )
 from service.model.search import store as store_module
-from training.search import build_catalogue
+from tests.catalogues import attributes_of, rebuild_catalogue
 
 PREVIOUS = Path(__file__).resolve().parents[1] / "fixtures" / "previous-layout"
-SOURCES = ("scan", "photo", "sketch")
-
-
-def attributes_of(n: int, seed: int = 0) -> list[dict]:
-    """Random attributes: a string (sometimes absent) and a number of every item."""
-    rng = np.random.default_rng(seed)
-    records = []
-    for j in range(n):
-        record = {"year": int(rng.integers(1990, 2030)), "weight": float(rng.normal())}
-        if j % 7:
-            record["source"] = SOURCES[int(rng.integers(0, 3))]
-        records.append(record)
-    return records
 
 
 @pytest.fixture
@@ -49,13 +35,8 @@ def model_copy(search_model_dir, tmp_path) -> Path:
 
 
 def rebuild(path: Path, digits, shard_items: int, attributes=None) -> SearchIndex:
-    predictor = Predictor.load(path)
-    model = UnionOfSubspacesModel.load(search_dir(path), path)
-    ids = np.array([f"test-{j}" for j in range(len(digits.y_test))])
-    build_catalogue(path, predictor, model, digits.X_test, ids, labels=digits.y_test,
-                    progress=False, overwrite=True, attributes=attributes,
-                    shard_items=shard_items)  # fmt: skip
-    return SearchIndex.load(path, predictor)
+    return SearchIndex.load(rebuild_catalogue(path, digits, shard_items, attributes),
+                            Predictor.load(path))  # fmt: skip
 
 
 def ranked(index: SearchIndex, **query) -> list[tuple[str, float]]:

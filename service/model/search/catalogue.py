@@ -60,6 +60,7 @@ __all__ = [
     "CATALOGUE_TYPE",
     "DEFAULT_NEGATIVES",
     "Catalogue",
+    "CatalogueQueries",
     "Ranking",
     "narrow_strings",
     "read_catalogue",
@@ -88,8 +89,48 @@ class Ranking:
     missing_shards: tuple[str, ...] = ()
 
 
+class CatalogueQueries:
+    """What every catalogue version answers the same way, from its ``lookup``, attributes,
+    negatives sample and shards: held here (:class:`Catalogue`) or by a cluster's workers
+    (:class:`service.model.search.remote.RemoteCatalogue`)."""
+
+    def positions(self, ids: Sequence[Any], what: str = "id") -> np.ndarray:
+        """Global positions of ``ids``, shape (n,); unknown ids raise InvalidInputError."""
+        texts = [str(i) for i in ids]
+        if not texts:
+            return np.zeros(0, dtype=np.int64)
+        found = self.lookup(texts)
+        if (found < 0).any():
+            missing = np.flatnonzero(found < 0)
+            unknown = ", ".join(brief(texts[i]) for i in missing[:5])
+            more = "" if missing.size <= 5 else f" (and {missing.size - 5} more)"
+            raise InvalidInputError(f"unknown catalogue {what}(s): {unknown}{more}")
+        return found
+
+    def negative_rows(self, excluded: np.ndarray) -> np.ndarray:
+        """The fixed negatives sample, without the items at ``excluded``, shape (n, A)."""
+        keep = ~np.isin(self.negatives, excluded)
+        return self._negative_rows[keep]
+
+    def check_filter(self, query_filter: Filter) -> None:
+        """InvalidInputError unless every condition names one of the attributes, with an
+        operand of its kind."""
+        query_filter.check(self.attributes)
+
+    def describe(self) -> dict[str, Any]:
+        """Version, sizes, shards and attributes, for clients."""
+        return {
+            "version": self.version,
+            "n_items": self.n_items,
+            "n_removed": int(self.tombstones.size),
+            "n_shards": len(self.shards),
+            "shard_sizes": [shard.n_items for shard in self.shards],
+            "attributes": dict(sorted(self.attributes.items())),
+        }
+
+
 @dataclass(frozen=True, eq=False)
-class Catalogue:
+class Catalogue(CatalogueQueries):
     """One version of a catalogue: its shards, the positions removed from them, the negatives
     sample and the attributes' kinds. Immutable: a request that took it answers from it
     throughout, whatever versions follow.
@@ -214,19 +255,6 @@ class Catalogue:
             found[missing[hit][live]] = positions[live]
         return found
 
-    def positions(self, ids: Sequence[Any], what: str = "id") -> np.ndarray:
-        """Global positions of ``ids``, shape (n,); unknown ids raise InvalidInputError."""
-        texts = [str(i) for i in ids]
-        if not texts:
-            return np.zeros(0, dtype=np.int64)
-        found = self.lookup(texts)
-        if (found < 0).any():
-            missing = np.flatnonzero(found < 0)
-            unknown = ", ".join(brief(texts[i]) for i in missing[:5])
-            more = "" if missing.size <= 5 else f" (and {missing.size - 5} more)"
-            raise InvalidInputError(f"unknown catalogue {what}(s): {unknown}{more}")
-        return found
-
     def _gather(self, positions: np.ndarray) -> np.ndarray:
         rows = np.empty((len(positions), self.n_atoms), dtype=np.float64)
         shard, local = self._locate(np.asarray(positions, dtype=np.int64))
@@ -238,11 +266,6 @@ class Catalogue:
     def rows(self, positions: np.ndarray) -> np.ndarray:
         """Projected items at global ``positions``, shape (n, A), float64."""
         return self._gather(positions)
-
-    def negative_rows(self, excluded: np.ndarray) -> np.ndarray:
-        """The fixed negatives sample, without the items at ``excluded``, shape (n, A)."""
-        keep = ~np.isin(self.negatives, excluded)
-        return self._negative_rows[keep]
 
     def ids_at(self, positions: np.ndarray) -> list[str]:
         """The ids at global ``positions``."""
@@ -288,11 +311,6 @@ class Catalogue:
         return self._concatenation("labels", [shard.labels for shard in self.shards])
 
     # -- ranking -------------------------------------------------------------------------------
-
-    def check_filter(self, query_filter: Filter) -> None:
-        """InvalidInputError unless every condition names one of the attributes, with an
-        operand of its kind."""
-        query_filter.check(self.attributes)
 
     def allowed_bits(self, query_filter: Filter | None) -> np.ndarray | None:
         """The bitmap of live items the filter allows (None: every item, none removed)."""
@@ -346,17 +364,6 @@ class Catalogue:
             self.allowed_bits(query_filter), after,
         )  # fmt: skip
         return Ranking(positions, sums, self.ids_at(positions))
-
-    def describe(self) -> dict[str, Any]:
-        """Version, sizes, shards and attributes, for clients."""
-        return {
-            "version": self.version,
-            "n_items": self.n_items,
-            "n_removed": int(self.tombstones.size),
-            "n_shards": len(self.shards),
-            "shard_sizes": [shard.n_items for shard in self.shards],
-            "attributes": dict(sorted(self.attributes.items())),
-        }
 
 
 def sample_positions(n: int, m: int, rng: np.random.Generator) -> np.ndarray:

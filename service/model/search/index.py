@@ -27,12 +27,13 @@ from service.model.errors import (
 )
 from service.model.kernels.search import search_runs_serially
 from service.model.predictor import Predictor
-from service.model.search.catalogue import Catalogue, read_catalogue
+from service.model.search.catalogue import Catalogue
 from service.model.search.codes import SparseCode, sparse_svm_code
 from service.model.search.filters import Filter
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
 from service.model.search.pages import Cursor, query_digest
+from service.model.search.remote import CatalogueSource
 from service.model.search.store import CatalogueUpdate, UpdateResult, check_ids, rows_filler
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
@@ -191,6 +192,9 @@ class SearchIndex:
         Without one, only the model's codes are known: searches are refused.
     model_dir : path-like, optional
         Where the model lives: updates of the catalogue are written there.
+    answers_elsewhere : bool
+        The catalogue's shards are searched by other processes (a cluster's workers): a query
+        waits for them, and must never run on an event loop.
     """
 
     def __init__(
@@ -199,11 +203,13 @@ class SearchIndex:
         model: UnionOfSubspacesModel,
         catalogue: Catalogue | None,
         model_dir: str | os.PathLike | None = None,
+        answers_elsewhere: bool = False,
     ):
         self.predictor = predictor
         self.model = model
         self.catalogue = catalogue
         self.model_dir = None if model_dir is None else Path(model_dir)
+        self.answers_elsewhere = answers_elsewhere
 
     @classmethod
     def load(
@@ -211,6 +217,7 @@ class SearchIndex:
         model_dir: str | os.PathLike,
         predictor: Predictor,
         reuse: SearchIndex | None = None,
+        source: CatalogueSource | None = None,
     ) -> SearchIndex | None:
         """The search index under ``model_dir``, or None if the model has none.
 
@@ -222,21 +229,24 @@ class SearchIndex:
             The index loaded before from the same model (the one served): its search model
             is kept if its manifest is unchanged, and the catalogue shards it holds are taken
             as they are (a new catalogue version loads only its new shards).
+        source : CatalogueSource, optional
+            Where the catalogue's shards are searched; default: in this process.
         """
         model_path, catalogue_path = search_dir(model_dir), catalogue_dir(model_dir)
         if not model_path.exists():
             return None
         model = UnionOfSubspacesModel.load(model_path, model_dir)
+        source = source or CatalogueSource()
         catalogue = None
         if catalogue_path.exists():
             previous = None if reuse is None else reuse.catalogue
-            catalogue = read_catalogue(catalogue_path, model_path, reuse=previous)
+            catalogue = source.open(catalogue_path, model_path, previous)
             if catalogue.n_atoms != model.n_atoms:
                 raise ArtifactIntegrityError(
                     f"{catalogue_path}: {catalogue.n_atoms} atoms, the dictionary has "
                     f"{model.n_atoms}"
                 )
-        return cls(predictor, model, catalogue, model_dir)
+        return cls(predictor, model, catalogue, model_dir, source.remote)
 
     def require_catalogue(self) -> Catalogue:
         if self.catalogue is None:
@@ -252,6 +262,8 @@ class SearchIndex:
         learn. False without a catalogue: such a query fails anyway."""
         if self.catalogue is None or query.positives is not None:
             return False
+        if self.answers_elsewhere:
+            return True  # no parallel region here: the shards are searched elsewhere
         return search_runs_serially(self.model.n_atoms, self.catalogue.n_positions)
 
     def run(self, query: SearchQuery) -> SearchResult:
@@ -478,6 +490,8 @@ class SearchIndex:
             Ids and instances of other lengths, empty or repeated ids, malformed instances,
             attributes of the wrong kind.
         """
+        if not len(ids):
+            raise InvalidInputError("ids is empty: give at least one item")
         if len(ids) != len(instances):
             raise InvalidInputError(f"{len(ids)} ids but {len(instances)} instances")
         if attributes is not None and len(attributes) != len(ids):

@@ -343,6 +343,7 @@ class CatalogueUpdate:
         self.current = reuse
         self.manifest: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
+        self._stale = False
 
     def __enter__(self) -> CatalogueUpdate:
         self._stack.enter_context(catalogue_lock(self.search_path))
@@ -356,12 +357,22 @@ class CatalogueUpdate:
     def __exit__(self, *exc_info) -> None:
         self._stack.close()
 
+    def _fresh(self) -> None:
+        """The version on disk, if a change of this update came after the one read."""
+        if self._stale:
+            self._read()
+            self._stale = False
+
     def _read(self) -> None:
         if not (self.path / MANIFEST_NAME).is_file():
             self.current, self.manifest = None, None
             return
         self.manifest = read_manifest(self.path)
-        self.current = read_catalogue(self.path, self.search_path, reuse=self.current)
+        served = self.current
+        if served is None or served.digest != manifest_digest(self.path):
+            # A newer version than the one served (another process wrote it): read it here.
+            local = served if isinstance(served, Catalogue) else None
+            self.current = read_catalogue(self.path, self.search_path, reuse=local)
         if self.current.n_atoms != self.n_atoms:
             raise ArtifactError(
                 f"{self.path}: {self.current.n_atoms} atoms, the dictionary has {self.n_atoms}"
@@ -394,6 +405,7 @@ class CatalogueUpdate:
         InvalidInputError
             No items, bad ids, attributes of the wrong kind.
         """
+        self._fresh()
         ids = check_ids(ids)
         if not ids.size:
             raise InvalidInputError("ids is empty: give at least one item")
@@ -407,7 +419,7 @@ class CatalogueUpdate:
                 self.path, self.search_path, self.n_atoms, [items], DEFAULT_NEGATIVES, 0, {},
                 write_shards_here,
             )  # fmt: skip
-            self._read()
+            self._stale = True
             return UpdateResult(version=1, n_items=n_items, written=len(ids), n_shards=1)
         shards = self._shard_entries()
         replaced = self.current.lookup(ids.tolist())
@@ -427,6 +439,7 @@ class CatalogueUpdate:
     def delete(self, ids: Sequence[Any]) -> UpdateResult:
         """Remove the live items of ``ids`` (tombstones, applied in the kernel); ids no live
         item has are reported, not refused. Nothing to remove writes no version."""
+        self._fresh()
         texts = [str(i) for i in ids]
         if not texts or not all(texts):
             raise InvalidInputError("ids must be non-empty strings, at least one")
@@ -452,6 +465,7 @@ class CatalogueUpdate:
         """Merge runs of small shards (fewer than ``shard_items / 2`` live items) into shards
         of up to ``shard_items``, and rewrite every shard with removed items without them: a
         version with no tombstones, its live items in the same order."""
+        self._fresh()
         if self.current is None:
             raise InvalidInputError(f"{self.path} holds no catalogue to compact")
         if shard_items < 1:
@@ -518,7 +532,7 @@ class CatalogueUpdate:
             int(previous.get("negatives_seed", 0)), previous,
         )  # fmt: skip
         _remove_unreferenced(self.path, [previous, manifest])
-        self._read()
+        self._stale = True  # read again only if this update goes on (the CLI's several changes)
         return manifest
 
 
