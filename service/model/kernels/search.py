@@ -309,8 +309,7 @@ def bit_is_set(allowed, base, j):
 
 @numba.njit(cache=True, nogil=True)
 def count_allowed(allowed, base, lo, hi):
-    r"""The set bits ``lo <= j < hi`` of the bitmap starting at word ``base`` (``lo`` a multiple
-    of 64).
+    r"""The set bits ``lo <= j < hi`` of the bitmap starting at word ``base``.
 
     .. math:: \sum_{j = lo}^{hi - 1} \operatorname{bit}_j
 
@@ -324,14 +323,13 @@ def count_allowed(allowed, base, lo, hi):
     int
     """
     count = 0
-    full = (hi - lo) >> 6
-    first = base + (lo >> 6)
-    for w in range(first, first + full):
-        count += np.int64(popcount(allowed[w]))
-    rest = (hi - lo) & 63
-    if rest:
-        mask = (_ONE << np.uint64(rest)) - _ONE
-        count += np.int64(popcount(allowed[first + full] & mask))
+    for w in range(lo >> 6, (hi + 63) >> 6):
+        word = allowed[base + w]
+        if w == lo >> 6:
+            word &= ~((_ONE << np.uint64(lo & 63)) - _ONE)  # the bits before lo
+        if w == (hi - 1) >> 6 and hi & 63:
+            word &= (_ONE << np.uint64(hi & 63)) - _ONE  # the bits from hi on
+        count += np.int64(popcount(word))
     return count
 
 
@@ -447,7 +445,6 @@ def feed_sparse(
     projected, atoms, weights
         As :func:`accumulate_chunk`.
     offset, lo, hi : int
-        ``lo`` a multiple of 64.
     excluded : ndarray, int64, sorted global positions
     e : int
         The first index of ``excluded`` at or after ``offset + lo``.
@@ -460,14 +457,14 @@ def feed_sparse(
     -------
     int
     """
-    first = base + (lo >> 6)
-    last = base + ((hi + 63) >> 6)
-    for w in range(first, last):
-        word = allowed[w]
+    for w in range(lo >> 6, (hi + 63) >> 6):
+        word = allowed[base + w]
         while word != 0:
             low = word & (~word + _ONE)
-            j = lo + (w - first) * 64 + np.int64(popcount(low - _ONE))
+            j = w * 64 + np.int64(popcount(low - _ONE))
             word ^= low
+            if j < lo:
+                continue
             if j >= hi:
                 break
             position = offset + j

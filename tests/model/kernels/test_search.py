@@ -233,12 +233,15 @@ def test_count_allowed_counts_bits_in_a_range():
     mask = rng.random(1000) < 0.3
     shards = ShardSet([np.zeros((1, 1000), dtype=np.float32)])
     bitmap = bitmap_of(shards, mask)
-    for lo, hi in [(0, 1000), (64, 65), (128, 1000), (0, 63), (960, 1000), (64, 64)]:
+    for lo, hi in [(0, 1000), (64, 65), (128, 1000), (0, 63), (960, 1000), (64, 64), (3, 70),
+                   (13, 26), (65, 127), (999, 1000)]:  # fmt: skip
         assert count_allowed(bitmap, 0, lo, hi) == mask[lo:hi].sum()
 
 
+@pytest.mark.parametrize("chunk", [64, 100])
 @pytest.mark.parametrize("density", [0.0, 0.002, 0.05, 0.3, 1.0])
-def test_filtered_search_is_exact_among_the_allowed(mode, density):
+def test_filtered_search_is_exact_among_the_allowed(mode, density, chunk, monkeypatch):
+    monkeypatch.setattr(search_kernels, "CHUNK_ITEMS", chunk)  # chunks off the words too
     rng = np.random.default_rng(12)
     projected = rng.standard_normal((8, 3000)).astype(np.float32)
     atoms, weights = np.array([1, 6, 3, 0, 7], dtype=np.int64), rng.standard_normal(5)
