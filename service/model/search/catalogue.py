@@ -47,7 +47,7 @@ from service.model.errors import (
 )
 from service.model.kernels.search import ShardSet, search_shards
 from service.model.search.codes import SparseCode
-from service.model.search.filters import ATTRIBUTE_KINDS, Filter, all_bits, pack_bits
+from service.model.search.filters import ATTRIBUTE_KINDS, Filter, pack_bits
 from service.model.search.layout import check_parent
 from service.model.search.shards import Shard, narrow_strings, read_shard
 
@@ -320,7 +320,7 @@ class Catalogue(CatalogueQueries):
         for s, shard in enumerate(self.shards):
             base = self._shard_set.bitmap_bases[s]
             words = query_filter.bits(shard.condition_bits, shard.n_words)
-            words &= all_bits(shard.n_items)
+            words &= shard.every_item
             bits[base : base + shard.n_words] = words
         if self._alive is not None:
             bits &= self._alive

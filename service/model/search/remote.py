@@ -49,7 +49,7 @@ from service.model.search.catalogue import (
     read_catalogue,
 )
 from service.model.search.codes import SparseCode
-from service.model.search.filters import Filter, all_bits, pack_bits
+from service.model.search.filters import Filter, pack_bits
 from service.model.search.layout import check_parent
 from service.model.search.shards import read_shard
 
@@ -126,7 +126,7 @@ class ShardActor:
         allowed = live
         if query_filter is not None:
             allowed = query_filter.bits(self.shard.condition_bits, self.shard.n_words)
-            allowed &= all_bits(self.shard.n_items)
+            allowed &= self.shard.every_item
             if live is not None:
                 allowed &= live
         end = self.first + self.shard.n_items

@@ -12,6 +12,7 @@ its shards, and a new version reuses every shard it keeps, already mapped and ve
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from service.model.search.filters import (
     Column,
     Condition,
     ConditionCache,
+    all_bits,
     column_from_arrays,
     pack_bits,
 )
@@ -128,6 +130,13 @@ class Shard:
     def n_words(self) -> int:
         """Words of a bitmap of its items."""
         return (self.n_items + 63) // 64
+
+    @functools.cached_property
+    def every_item(self) -> np.ndarray:
+        """The bitmap of all its items (the unused bits of the last word clear)."""
+        bits = all_bits(self.n_items)
+        bits.flags.writeable = False
+        return bits
 
     def readable(self) -> np.ndarray:
         """``projected``, once its file is known to still hold it (ArtifactChangedError if
