@@ -47,11 +47,13 @@ import time
 from pathlib import Path
 
 import httpx
+import numba
 import numpy as np
 from bench_search_http import _synthetic
 from serving import HOST, service_env, serving
 
 from service.model import Predictor
+from service.model.kernels.search import search_top_k
 from service.model.search import (
     CatalogueUpdate,
     SearchIndex,
@@ -215,6 +217,9 @@ def main() -> None:
             plain = queries(args.atoms, args.nnz, args.top_k, args.requests + 3, args.seed)
             rows = []
             layouts = sorted(int(s) for s in args.shards.split(","))
+            search_top_k(np.zeros((1, 600_000), dtype=np.float32), [0], [1.0], 0.0, 1)
+            print(f"numba: {numba.get_num_threads()} threads, {numba.threading_layer()} layer "
+                  "in this process; workers: 1 thread each", flush=True)  # fmt: skip
             for n_shards in layouts:
                 built = write_layout(model_dir, args.n, args.atoms, n_shards)
                 print(f"{n_shards} shard(s): {args.n:,} items x {args.atoms} atoms written in "

@@ -47,8 +47,8 @@ parallel one a group per thread, each with its own heap, merged at the end; ties
 global position, so a sharded catalogue ranks exactly as one shard of the same items. A filter
 (with the live items of a catalogue version) arrives as a bitmap, one bit per item, each shard's
 bits starting at a word of their own (``allowed_bases``): a chunk with no allowed item is not
-read at all, a chunk with few is scored item by item (:func:`item_sum`, the same sums as
-:func:`accumulate_chunk`), the others in full with the disallowed items skipped when fed. A page
+read at all, a chunk with few has only those scored (:func:`accumulate_picked`, the same sums
+as :func:`accumulate_chunk`), the others in full with the disallowed items skipped when fed. A page
 after a cursor ``(after_sum, after_position)`` keeps only items ranked after it.
 
 Serial or parallel is chosen by the catalogue entries read, ``max(nnz, 1) * N``, against
@@ -78,9 +78,13 @@ CHUNK_ITEMS = 4096
 # Items whose scores are tested against the heap's threshold at once, in one vectorised count.
 FEED_BLOCK = 64
 
-# A chunk with at most this fraction of its items allowed by a filter is scored item by item,
-# reading only their entries, instead of whole row slices.
-SPARSE_CHUNK_FRACTION = 1 / 8
+# A chunk with at most this fraction of its items allowed by a filter has only those scored
+# (gathers), instead of whole row slices. Measured on 2,000,000 items, 10 non-zeros, the serial
+# driver, medians of 11 (a machine loaded by other work: compare within a row): no filter 26-33
+# ms; allowing 0.1% of the items 0.4-0.5 ms (chunks skipped), 1% 8-12 ms, 2% 19-20 ms, 3% 25-34
+# ms by gathers against 28-36 ms whole; from 3% on whole chunks (with the filter applied as they
+# are fed) cost what no filter costs.
+SPARSE_CHUNK_FRACTION = 1 / 50
 
 # Groups per thread in the parallel driver: a thread slowed by another process holds up less.
 GROUPS_PER_THREAD = 2
@@ -230,42 +234,53 @@ def heap_offer(heap_scores, heap_positions, size, capacity, score, position):
 
 
 @numba.njit(cache=True, nogil=True, fastmath=FASTMATH)
-def item_sum(projected, atoms, weights, j):
-    r"""The unbiased score of item ``j`` alone, summed as :func:`accumulate_chunk` sums it.
+def accumulate_picked(projected, atoms, weights, picked, count, buf):
+    r"""Unbiased scores of the items ``picked[:count]`` into ``buf[:count]``, summed as
+    :func:`accumulate_chunk` sums them.
 
-    .. math:: \sum_{r=1}^{\text{nnz}} w_r X'_{a_r j}
+    .. math:: \text{buf}_i = \sum_{r=1}^{\text{nnz}} w_r X'_{a_r, \text{picked}_i}
 
-    Four terms at a time, then two, then one, each group added to the running sum: the same
-    operations as the chunk kernel's, so that an item scores the same by either path.
+    Row by row, four rows per pass as the chunk kernel: each pass gathers the picked entries of
+    its rows (independent loads, which the processor overlaps), and every item sees the same
+    operations as in a chunk, so an item scores the same by either path.
 
     Parameters
     ----------
     projected : ndarray of shape (A, N), float32
     atoms : ndarray of shape (nnz,), int64
     weights : ndarray of shape (nnz,), float64
-    j : int
-
-    Returns
-    -------
-    float
+    picked : ndarray of shape (>= count,), int64
+        Positions in ``projected``.
+    count : int
+    buf : ndarray of shape (>= count,), float64
     """
     nnz = atoms.shape[0]
-    total = 0.0
+    for i in range(count):
+        buf[i] = 0.0
     r = 0
     while r + 4 <= nnz:
-        total += (
-            weights[r] * projected[atoms[r], j] + weights[r + 1] * projected[atoms[r + 1], j]
-        ) + (
-            weights[r + 2] * projected[atoms[r + 2], j]
-            + weights[r + 3] * projected[atoms[r + 3], j]
-        )
+        row0 = projected[atoms[r]]
+        row1 = projected[atoms[r + 1]]
+        row2 = projected[atoms[r + 2]]
+        row3 = projected[atoms[r + 3]]
+        w0, w1, w2, w3 = weights[r], weights[r + 1], weights[r + 2], weights[r + 3]
+        for i in range(count):
+            j = picked[i]
+            buf[i] += (w0 * row0[j] + w1 * row1[j]) + (w2 * row2[j] + w3 * row3[j])
         r += 4
     if r + 2 <= nnz:
-        total += weights[r] * projected[atoms[r], j] + weights[r + 1] * projected[atoms[r + 1], j]
+        row0 = projected[atoms[r]]
+        row1 = projected[atoms[r + 1]]
+        w0, w1 = weights[r], weights[r + 1]
+        for i in range(count):
+            j = picked[i]
+            buf[i] += w0 * row0[j] + w1 * row1[j]
         r += 2
     if r < nnz:
-        total += weights[r] * projected[atoms[r], j]
-    return total
+        row0 = projected[atoms[r]]
+        w0 = weights[r]
+        for i in range(count):
+            buf[i] += w0 * row0[picked[i]]
 
 
 @numba.njit(cache=True, nogil=True)
@@ -432,13 +447,16 @@ def feed_ascending(
 @numba.njit(cache=True, nogil=True)
 def feed_sparse(
     projected, atoms, weights, offset, lo, hi, excluded, e, allowed, base, after_sum, after_pos,
-    heap_scores, heap_positions, size, capacity,
+    picked, buf, heap_scores, heap_positions, size, capacity,
 ):  # fmt: skip
-    r"""Score and offer the allowed items ``lo <= j < hi`` of a shard one by one (a chunk few of
-    whose items a filter allows); return the new size.
+    r"""Score only the allowed items ``lo <= j < hi`` of a shard (a chunk few of whose items a
+    filter allows) and offer them in increasing position; return the new size.
 
     .. math:: H \leftarrow \operatorname{top}(H \cup \{(\textstyle\sum_r w_r X'_{a_r j},
               \text{offset} + j) : \operatorname{bit}_j,\ \text{offset} + j \notin E\})
+
+    The allowed, not excluded items are listed first (walking the set bits of the chunk's
+    words), then scored together by :func:`accumulate_picked`.
 
     Parameters
     ----------
@@ -450,13 +468,18 @@ def feed_sparse(
         The first index of ``excluded`` at or after ``offset + lo``.
     allowed : ndarray of uint64
     base : int
-    after_sum, after_pos, heap_scores, heap_positions, size, capacity
+    after_sum, after_pos
+        As :func:`feed_ascending`.
+    picked : ndarray of shape (>= hi - lo,), int64
+    buf : ndarray of shape (>= hi - lo,), float64
+    heap_scores, heap_positions, size, capacity
         As :func:`feed_ascending`.
 
     Returns
     -------
     int
     """
+    count = 0
     for w in range(lo >> 6, (hi + 63) >> 6):
         word = allowed[base + w]
         while word != 0:
@@ -467,14 +490,16 @@ def feed_sparse(
                 continue
             if j >= hi:
                 break
-            position = offset + j
-            while e < excluded.shape[0] and excluded[e] < position:
+            while e < excluded.shape[0] and excluded[e] < offset + j:
                 e += 1
-            if e < excluded.shape[0] and excluded[e] == position:
+            if e < excluded.shape[0] and excluded[e] == offset + j:
                 continue
-            score = item_sum(projected, atoms, weights, j)
-            size = offer_after(heap_scores, heap_positions, size, capacity, score, position,
-                               after_sum, after_pos)  # fmt: skip
+            picked[count] = j
+            count += 1
+    accumulate_picked(projected, atoms, weights, picked, count, buf)
+    for i in range(count):
+        size = offer_after(heap_scores, heap_positions, size, capacity, buf[i],
+                           offset + picked[i], after_sum, after_pos)  # fmt: skip
     return size
 
 
@@ -518,6 +543,7 @@ def scan_segment(
     """
     chunk = buf.shape[0]
     masked = allowed.shape[0] > 0
+    picked = np.empty(chunk if masked else 0, dtype=np.int64)
     e = np.searchsorted(excluded, offset + lo)
     for clo in range(lo, hi, chunk):
         chi = min(clo + chunk, hi)
@@ -528,7 +554,8 @@ def scan_segment(
             if n_allowed <= SPARSE_CHUNK_FRACTION * (chi - clo):
                 size = feed_sparse(
                     projected, atoms, weights, offset, clo, chi, excluded, e, allowed, base,
-                    after_sum, after_pos, heap_scores, heap_positions, size, capacity,
+                    after_sum, after_pos, picked, buf, heap_scores, heap_positions, size,
+                    capacity,
                 )  # fmt: skip
                 while e < excluded.shape[0] and excluded[e] < offset + chi:
                     e += 1
