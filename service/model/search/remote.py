@@ -21,10 +21,12 @@ worker threads (see :meth:`SearchCluster.run`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
-from collections import OrderedDict
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
@@ -194,6 +196,7 @@ class SearchCluster:
         self._futures: dict[tuple[str, str], Any] = {}
         self._placed: dict[tuple[str, str], str] = {}
         self._creating: dict[tuple[str, str], asyncio.Future] = {}
+        self._users: Counter[tuple[str, str]] = Counter()
 
     async def start(self) -> SearchCluster:
         """Connect (on the running loop, which every later call goes through) and check that
@@ -267,6 +270,30 @@ class SearchCluster:
     async def actors(self, shards: Sequence[ShardRef]) -> list[Any]:
         """The actors of ``shards`` (see :meth:`actor`), created at once where missing."""
         return list(await asyncio.gather(*(self.actor(shard) for shard in shards)))
+
+    def hold(self, catalogue: RemoteCatalogue) -> None:
+        """Keep the actors of ``catalogue``'s shards while it lives; once no catalogue version
+        in use names a shard any more (a compaction removed it), its actor is released."""
+        keys = [shard.key for shard in catalogue.shards]
+        self._users.update(keys)
+        weakref.finalize(catalogue, self._let_go, keys)
+
+    def _let_go(self, keys: list[tuple[str, str]]) -> None:
+        for key in keys:
+            self._users[key] -= 1
+            if self._users[key] <= 0:
+                del self._users[key]
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing to release
+                    self.loop.call_soon_threadsafe(self._release, key)
+
+    def _release(self, key: tuple[str, str]) -> None:
+        if key in self._users:  # held again meanwhile
+            return
+        self._actors.pop(key, None)
+        self._placed.pop(key, None)
+        future = self._futures.pop(key, None)
+        if future is not None:
+            future.release()
 
     def forget(self, shard: ShardRef, why: str) -> None:
         """Drop a shard's actor (its worker is gone): the next call creates it again."""
@@ -363,11 +390,13 @@ class RemoteCatalogue(CatalogueQueries):
             ))  # fmt: skip
 
         cluster.run(prepare, ACTOR_START_S)
-        return cls(
+        catalogue = cls(
             cluster, shards, tombstones, artifact.arrays["negatives"].astype(np.int64),
             {str(k): str(v) for k, v in dict(manifest["attributes"]).items()},
             int(manifest["version"]), digest, int(manifest["n_atoms"]), artifact.metadata,
         )  # fmt: skip
+        cluster.hold(catalogue)
+        return catalogue
 
     # -- sizes ---------------------------------------------------------------------------------
 
