@@ -215,7 +215,8 @@ def _load(
     try:
         reuse = None if previous is None else previous.search
         search = SearchIndex.load(path, predictor, reuse, source)
-        if search is not None and not catalogue_only:
+        # A new catalogue version needs no warm-up, unless it is the first (nothing ran yet).
+        if search is not None and (not catalogue_only or previous.search.catalogue is None):
             search.warm_up()
     except ArtifactError as error:
         if previous is not None:
