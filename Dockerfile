@@ -1,4 +1,5 @@
-# The service image: serves the model repository $MODEL_REPOSITORY (/models) on port 8000; the
+# The service image: serves the model repository $MODEL_REPOSITORY (/models) on port 8000 (and
+# gRPC on 8081 with GRPC_PORT=8081); the
 # same image runs the trainer (`python -m training ...`). docker-compose.yml builds and runs it.
 #   BASE_IMAGE=besvm-base:bookworm docker compose build     (network and CA secret: docker-compose.yml)
 # or, where the docker CLI has buildx (BuildKit is needed for the secret):
@@ -26,7 +27,8 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 COPY training ./training
 # Then cut what serving never reads: pip, setuptools and wheel, the packages' test suites and
-# their compiled bytecode, C headers and Cython sources. (The dependencies' bytecode is kept: a
+# their compiled bytecode, C headers and Cython sources, and grpcio's CA bundle (for client
+# channels: the server opens none, and the image trusts no CA). (The dependencies' bytecode is kept: a
 # read-only container could not write it, and would compile every module on each start.)
 RUN /opt/besvm/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation . \
     && /opt/besvm/bin/python -m pip check \
@@ -34,6 +36,7 @@ RUN /opt/besvm/bin/python -m pip install --quiet --no-index --no-deps --no-build
     && /opt/besvm/bin/python -m pip uninstall --quiet --yes pip \
     && find /opt/besvm/lib -depth -type d \( -name tests -o -name include \) -exec rm -rf {} + \
     && find /opt/besvm/lib -type f \( -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.h' \) -delete \
+    && rm -f /opt/besvm/lib/python3*/site-packages/grpc/_cython/_credentials/roots.pem \
     && rm -f /opt/besvm/bin/activate* /opt/besvm/bin/Activate.ps1
 
 # Stage 2: the base and the venv; nothing else.
@@ -70,7 +73,8 @@ USER 10001:10001
 # tmpfs in a read-only container), so that neither the server nor the trainer compiles on start.
 RUN NUMBA_CACHE_DIR=/var/cache/besvm/numba-seed python -m service.model.warmup
 
-EXPOSE 8000
+# 8000: HTTP; 8081: gRPC, when GRPC_PORT=8081 (docker-compose.yml sets it)
+EXPOSE 8000 8081
 # /readyz: 200 once the models are loaded. The probe prints nothing when it succeeds.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PORT', '8000')}/readyz\", timeout=4)"]

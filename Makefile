@@ -11,6 +11,24 @@ SERVED := $(if $(filter command line environment,$(origin MODEL_DIR)),env -u MOD
 HOST ?= 127.0.0.1
 PORT ?= 8000
 FORTUNES_CONFIGURATIONS := sensing0; sensing1(n=150); sensing1(n=150) [C=3]; sensing2(n_words=150); linear; sensing1(n=150) + linear
+# The glyph images (issue 25): letters A-J rendered from Debian's Latin font packages (about
+# 60 MB; fonts-aenigma alone holds some 460 display faces), never committed: `make glyphs`.
+GLYPHS ?= data/glyphs.npz
+GLYPH_FONT_PACKAGES := fonts-aenigma fonts-urw-base35 fonts-texgyre fonts-liberation2 \
+    fonts-freefont-ttf fonts-cmu fonts-crosextra-caladea fonts-crosextra-carlito fonts-open-sans \
+    fonts-lato fonts-cantarell fonts-comic-neue fonts-dejavu-core fonts-dejavu-extra \
+    fonts-linuxlibertine fonts-ebgaramond fonts-dkg-handwriting fonts-humor-sans fonts-hack \
+    fonts-inconsolata fonts-jura fonts-dustin fonts-f500 fonts-cabin fonts-beteckna \
+    fonts-blankenburg fonts-breip fonts-okolaks fonts-yanone-kaffeesatz fonts-radisnoir \
+    fonts-lobster fonts-league-spartan fonts-femkeklaver fonts-gfs-didot fonts-quattrocento \
+    fonts-oldstandard fonts-averia-gwf fonts-averia-sans-gwf fonts-averia-serif-gwf fonts-staypuft \
+    fonts-arkpandora fonts-bebas-neue fonts-cherrybomb fonts-century-catalogue fonts-comfortaa \
+    fonts-play fonts-fanwood fonts-goudybookletter fonts-tomsontalks fonts-vollkorn fonts-isabella \
+    fonts-kristi fonts-lindenhill fonts-ocr-a fonts-ocr-b fonts-prociono fonts-rufscript \
+    fonts-summersby fonts-adf-accanthis fonts-adf-baskervald fonts-adf-berenis fonts-adf-gillius \
+    fonts-adf-ikarius fonts-adf-irianis fonts-adf-libris fonts-adf-mekanus fonts-adf-oldania \
+    fonts-adf-romande fonts-adf-solothurn fonts-adf-switzera fonts-adf-tribun \
+    fonts-adf-universalis fonts-adf-verana
 
 # Pinned dependencies, made by `make lock`: setup, CI and the Dockerfile install these lock files,
 # never the ranges of pyproject.toml, so that two installs are the same.
@@ -40,7 +58,8 @@ define lock
 endef
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock train run serve test lint lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search bench-codes bench-catalogue report report-fortunes report-fortunes-search clean
+# (glyph-fonts, glyphs and report-glyphs: the bof transform's real images, issue 25)
+.PHONY: help setup lock proto train run serve test lint glyph-fonts glyphs report-glyphs lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search bench-codes bench-catalogue report report-fortunes report-fortunes-search clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
@@ -68,6 +87,14 @@ lock: $(UV)  ## re-pin requirements-*.lock to pyproject.toml (UPGRADE=1: newest 
 	$(call lock,$(BENCH_LOCK),make bench-search: the runtime and the bench extra (faiss-cpu); the same pins as dev.lock.,pyproject.toml --extra bench -c $(DEV_LOCK))
 	$(call lock,$(BUILD_LOCK),pip and the build backend that install the project (--no-build-isolation); input: pip and pyproject.toml [build-system] requires on stdin.,- -c $(DEV_LOCK),$(BUILD_REQUIRES) |)
 
+# The gRPC protocol's Python modules, committed: regenerate them after changing the .proto. Their
+# messages go to a descriptor pool of their own (the sed): tritonclient's generated modules declare
+# the same package, `inference`, and one process (a test, a benchmark's client) may import both.
+PROTO := service/api/protocol/inference.proto
+proto: setup  ## regenerate service/api/protocol/inference_pb2*.py from $(PROTO)
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+	sed -i 's/_descriptor_pool\.Default()/_descriptor_pool.DescriptorPool()/' $(PROTO:.proto=_pb2.py)
+
 train: setup  ## train the default digits model, its search model and catalogue unless there
 	$(BIN)/python -m training fit --data digits --out $(MODEL_DIR) --if-missing
 	$(BIN)/python -m training dictionary --model $(MODEL_DIR) --if-missing
@@ -86,7 +113,7 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 	$(BIN)/python benchmarks/bench_classify.py --http
 	$(BIN)/python benchmarks/bench_grid_kernels.py --hog
 
-bench-http: train  ## /classify over HTTP against a bare FastAPI endpoint at concurrency 1, 8, 64, then /search
+bench-http: train  ## REST and gRPC against a bare FastAPI endpoint at concurrency 1, 8, 64, keys on and off, then /search
 	$(BIN)/python benchmarks/bench_http.py --model $(MODEL_DIR)
 
 bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets (docs/model-selection.md)
@@ -118,6 +145,17 @@ report-fortunes: setup  ## rebuild the text report in docs/reports/fortunes (abo
 	    --basis-sizes 25,250 --strategies index --normalizations besvm --folds 2 --repeats 3 \
 	    --out docs/reports/fortunes
 	$(MAKE) report-fortunes-search
+
+glyph-fonts:  ## install the font packages the glyph images are rendered from (apt-get, root)
+	@if dpkg -s $(GLYPH_FONT_PACKAGES) > /dev/null 2>&1; then echo "glyph fonts: installed"; else \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends $(GLYPH_FONT_PACKAGES) > /dev/null; fi
+
+glyphs: setup  ## render the glyph image set (letters A-J of every installed font) into $(GLYPHS)
+	$(BIN)/python -m training build-glyphs --out $(GLYPHS) $(if $(FORCE),--force)
+
+report-glyphs: setup  ## the Table-3-like table of the bof transform on $(GLYPHS) (docs/reports/glyphs)
+	$(BIN)/python benchmarks/bench_bof.py --data $(GLYPHS) --out docs/reports/glyphs
 
 report-fortunes-search: setup  ## mAP against sparsity on fortunes (sensing1 features, 25 per class)
 	$(BIN)/python -m training fit --data fortunes --similarity 'sensing1(n=150)' \

@@ -7,7 +7,7 @@
 
 For each data set and split, in the same run:
 
-- **default**: :func:`training.selection.fit_selected`: forward selection by 3-fold CV on the
+- **default**: ``fit_dataset(similarity="auto")``: forward selection by 3-fold CV on the
   training split within the budget, then the chosen model fitted on the whole training split;
 - **tuned SVC(RBF)**: a ``Pipeline`` of an optional ``StandardScaler`` and ``SVC``, the scaling,
   C and gamma chosen by 5-fold ``GridSearchCV`` on the same training split (48 settings;
@@ -58,8 +58,9 @@ from sklearn.svm import SVC, LinearSVC
 from service.model.inputs.spec import InputSpec
 from service.model.threads import limit_threads
 from training.datasets import Dataset, load_dataset, load_digits_dataset
+from training.estimator import fit_dataset
 from training.evaluate import median_seconds
-from training.selection import DEFAULT_BUDGET_S, fit_selected
+from training.selection import DEFAULT_BUDGET_S
 
 SVC_GRID = {
     "scale": ["passthrough", StandardScaler()],
@@ -150,16 +151,17 @@ def _per_sample(predict: Callable[[], object], repeats: int) -> float:
 
 
 def _default(dataset: Dataset, args) -> dict:
-    (result, selection), seconds = _timed(
-        lambda: fit_selected(
+    result, seconds = _timed(
+        lambda: fit_dataset(
             dataset,
             "default",
-            budget_s=args.budget,
+            similarity="auto",
+            selection_budget=args.budget,
             n_jobs=args.n_jobs,
-            progress=False,
             diagnostics=False,
         )
     )
+    chosen = result.estimator.selection_.best_params_
     predictor = result.predictor
     predictor.warm_up()
     accuracy = float(np.mean(predictor.predict(dataset.X_test) == dataset.y_test))
@@ -175,9 +177,9 @@ def _default(dataset: Dataset, args) -> dict:
         "seconds": seconds,
         "us": 1e6 * per_sample,
         "kb": size / 1024,
-        "note": selection.config.similarities
-        + f", {selection.config.input_normalization}, B/class {selection.config.basis_per_class}"
-        f", C {selection.config.C:g}",
+        "note": chosen["similarity"]
+        + f", {chosen['input_normalization']}, B/class {chosen['basis_per_class']}"
+        f", C {chosen['C']:g}",
     }
 
 

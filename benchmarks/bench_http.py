@@ -1,23 +1,31 @@
-"""What HTTP costs the service: POST /classify against a bare FastAPI endpoint, in the same run.
+"""What serving costs: the service's REST routes and gRPC against a bare FastAPI endpoint, in the
+same run.
 
     .venv/bin/python benchmarks/bench_http.py [--concurrency 1,8,64] [--seconds 3] [--repeats 3]
-        [--workers 1] [--client-processes 1] [--no-search]
+        [--workers 1] [--client-processes 1] [--no-keys] [--no-grpc] [--no-search]
 
-Starts the real service (``python -m service.api`` on MODEL_DIR=--model, ACCESS_LOG=false,
-WORKERS=--workers, a free port) and the floor, benchmarks/bare_endpoint.py: the same uvicorn
-with the same settings and one ``async def`` FastAPI route that validates the same request body
-(one 8 x 8 digit, top_k 3) with pydantic and answers a fixed answer of the service's shape,
-without a model. Both are driven by benchmarks/loadgen.py, a keep-alive asyncio client in its
-own process(es) sending precomputed request bytes (one connection per concurrent client), for
---seconds per cell after --warmup seconds, cells interleaved service, floor, service, floor, ...
-and the whole grid repeated --repeats times. Non-200 answers are counted as errors and shown.
+Starts the floor, benchmarks/bare_endpoint.py (the same uvicorn with one ``async def`` FastAPI
+route that validates the same request body, one 8 x 8 digit and top_k 3, with pydantic and
+answers a fixed answer of the service's shape, without a model), and the real service as it is
+deployed (``python -m service.api`` on MODEL_DIR=--model, WORKERS=--workers, the access log on
+and written to a file, metrics on, GRPC_PORT set), twice: without keys, and with
+API_KEYS_FILE (every request then sends a key). The targets, one digit a request:
 
-Prints per concurrency the service's and the floor's req/s, p50 and p99 (medians over repeats)
-and the ratios service / floor (medians of the per-repeat ratios, each pair measured back to
-back), then the targets: p50 within 1.3x of (floor p50 + the in-process model time, the median
-of ``Predictor.classify([digit], 3)``), req/s at least 80% of the floor's, p99 within 2x the
-floor's, and whether req/s falls as concurrency rises (more than 10% below the best at a lower
-concurrency).
+- ``/classify`` (JSON) and ``/v2/models/digits/infer`` (the protocol's JSON, FP64), over HTTP;
+- gRPC ``ModelInfer`` (FP64 in raw_input_contents, as tritonclient.grpc sends it).
+
+All are driven by benchmarks/loadgen.py in its own process(es): keep-alive connections sending
+precomputed request bytes (one connection, or one gRPC channel, per concurrent client), for
+--seconds per cell after --warmup seconds; per repeat and concurrency the floor first, then every
+target back to back, the whole grid --repeats times. Non-OK answers are counted as errors.
+
+Prints per target and concurrency req/s, p50, p99 and the server's CPU microseconds per request
+(its processes' CPU time over the cell by the requests served: robust where a shared machine's
+neighbours move throughput), medians over repeats, and the ratios to the floor (medians of the
+per-repeat ratios); then the target, req/s at least 80% of the floor's on both REST routes
+(gRPC is shown beside them: its client library costs the shared cores far more than the raw
+HTTP client), and whether req/s falls as concurrency rises (more than 10% below the best at a
+lower concurrency).
 
 Unless --no-search: POST /search for a code query (10 non-zeros, top --search-top-k) on a
 synthetic catalogue of --search-n items (about 1 GB at 1,000,000; built in a temporary directory
@@ -42,20 +50,31 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import numpy as np
 from bench_search_http import build_search_fixture, check_http_matches
-from loadgen import LoadResult, http_request, run_load
-from serving import HOST, REPO, running_server, service_env, serving
+from loadgen import GrpcCall, LoadResult, http_request, run_load
+from serving import (
+    HOST,
+    REPO,
+    SESSIONS,
+    free_port,
+    running_server,
+    service_env,
+    serving,
+    session_cpu_seconds,
+)
 from threadpoolctl import threadpool_limits
 
+from service.api.protocol import inference_pb2
 from service.model import Predictor
 from training.datasets import load_digits_dataset
 from training.evaluate import median_seconds
 
-TARGETS = ("service", "floor")
-P50_FACTOR, RPS_FRACTION, P99_FACTOR, FALL_TOLERANCE = 1.3, 0.8, 2.0, 0.9
+RPS_FRACTION, P99_FACTOR, FALL_TOLERANCE = 0.8, 2.0, 0.9
+SEARCH_TARGETS = ("service", "floor")
 SEARCH_SLACK_MS = 0.5
 
 
@@ -84,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--workers", type=int, default=1, help="server processes (WORKERS), service and floor")
     add("--client-processes", type=int, default=1, help="load-generator processes")
     add("--model-calls", type=int, default=2000, help="in-process classify calls timed")
+    add("--no-keys", dest="keys", action="store_false",
+        help="skip the service with API keys (API_KEYS_FILE, a key in every request)")  # fmt: skip
+    add("--no-grpc", dest="grpc", action="store_false", help="skip gRPC ModelInfer")
     search = parser.add_mutually_exclusive_group()
     search.add_argument("--search", dest="search", action="store_true", default=True,
                         help="also time POST /search at N = --search-n")  # fmt: skip
@@ -115,100 +137,173 @@ def _model_seconds(model_dir: Path, instance: list, calls: int) -> tuple[float, 
     return seconds, label
 
 
-def _first_answer(port: int, path: str, body: bytes) -> bytes:
-    """One request through httpx: the answer's body, or exit with what the server said."""
-    answer = httpx.post(
-        f"http://{HOST}:{port}{path}",
-        content=body,
-        headers={"content-type": "application/json"},
-        timeout=60,
-    )
-    if answer.status_code != 200:
-        raise SystemExit(f"POST {path} on port {port}: {answer.status_code} {answer.text[:500]}")
-    return answer.content
-
-
 def _show_errors(name: str, result: LoadResult) -> None:
     if result.n_errors:
         print(f"  ! {name}: {result.n_errors} errors {dict(result.errors)}; e.g. {result.samples}")
-
-
-def _grid(args, ports: dict[str, int], body: bytes) -> dict[tuple[str, int], list[LoadResult]]:
-    """Every (target, concurrency) cell --repeats times, service and floor back to back."""
-    requests = {t: http_request(HOST, ports[t], "/classify", body) for t in TARGETS}
-    for target in TARGETS:  # untimed: connections, caches, JIT and thread pools warm
-        run_load(HOST, ports[target], requests[target], max(args.concurrency), 1.0, 0.0)
-    results: dict[tuple[str, int], list[LoadResult]] = {}
-    for repeat in range(args.repeats):
-        for concurrency in args.concurrency:
-            line = []
-            for target in TARGETS:
-                result = run_load(
-                    HOST, ports[target], requests[target], concurrency, args.seconds,
-                    args.warmup, args.client_processes,
-                )  # fmt: skip
-                results.setdefault((target, concurrency), []).append(result)
-                line.append(f"{target} {result.requests_per_second:7.0f} req/s "
-                            f"p50 {result.percentile_ms(50):6.3f} ms")  # fmt: skip
-                _show_errors(f"{target}, c={concurrency}", result)
-            print(f"  repeat {repeat + 1}/{args.repeats}, c={concurrency:<3}: {';  '.join(line)}")
-    return results
-
-
-def _summary(results, concurrency: int) -> dict[str, float]:
-    service, floor = results["service", concurrency], results["floor", concurrency]
-    row = {}
-    for name, runs in (("service", service), ("floor", floor)):
-        row[f"{name}_rps"] = _median(r.requests_per_second for r in runs)
-        row[f"{name}_p50"] = _median(r.percentile_ms(50) for r in runs)
-        row[f"{name}_p99"] = _median(r.percentile_ms(99) for r in runs)
-        row[f"{name}_errors"] = sum(r.n_errors for r in runs)
-    pairs = list(zip(service, floor, strict=True))
-    row["rps_ratio"] = _median(s.requests_per_second / f.requests_per_second for s, f in pairs)
-    row["p50_ratio"] = _median(s.percentile_ms(50) / f.percentile_ms(50) for s, f in pairs)
-    row["p99_ratio"] = _median(s.percentile_ms(99) / f.percentile_ms(99) for s, f in pairs)
-    return row
 
 
 def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def _print_table(args, rows: dict[int, dict[str, float]], model_ms: float) -> None:
-    print(f"\nPOST /classify, one 8x8 digit, top 3: medians of {args.repeats} repeat(s) x "
-          f"{args.seconds:g} s per cell (ratios: medians of paired per-repeat ratios)")  # fmt: skip
-    print(f"{'':5} | {'service':^26} | {'floor (bare FastAPI)':^26} | {'service / floor':^22} |")
-    print(f"{'c':>5} | {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} | {'req/s':>8} {'p50 ms':>8} "
-          f"{'p99 ms':>8} | {'req/s':>6} {'p50':>6} {'p99':>6} | errors")  # fmt: skip
-    for c, row in rows.items():
-        errors = f"{row['service_errors']:.0f} / {row['floor_errors']:.0f}"
-        print(f"{c:>5} | {row['service_rps']:>8.0f} {row['service_p50']:>8.3f} "
-              f"{row['service_p99']:>8.3f} | {row['floor_rps']:>8.0f} {row['floor_p50']:>8.3f} "
-              f"{row['floor_p99']:>8.3f} | {row['rps_ratio']:>6.2f} {row['p50_ratio']:>6.2f} "
-              f"{row['p99_ratio']:>6.2f} | {errors}")  # fmt: skip
+@dataclass(frozen=True)
+class Target:
+    """One measured cell's column: a server and what is sent to it."""
 
+    name: str
+    server: str  # "floor", "service" or "service+keys"
+    route: str  # "/classify", "/v2/models/digits/infer" or "gRPC ModelInfer"
+
+    @property
+    def keys(self) -> bool:
+        return self.server == "service+keys"
+
+
+FLOOR = Target("floor", "floor", "/classify")
+V2_ROUTE, GRPC_ROUTE = "/v2/models/digits/infer", "gRPC ModelInfer"
+GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+BENCH_KEY = "bench-key-9f8e7d6c5b4a39281706"
+
+
+def _targets(args) -> list[Target]:
+    targets = [FLOOR]
+    for server in ("service", "service+keys") if args.keys else ("service",):
+        for route in ("/classify", V2_ROUTE, *([GRPC_ROUTE] if args.grpc else [])):
+            suffix = ", key" if server == "service+keys" else ""
+            targets.append(Target(f"{route}{suffix}", server, route))
+    return targets
+
+
+def _v2_body() -> bytes:
+    digit = np.asarray(_digit(), dtype=np.float64)
+    tensor = {
+        "name": "input",
+        "shape": [1, 8, 8],
+        "datatype": "FP64",
+        "data": digit.ravel().tolist(),
+    }
+    return _json({"inputs": [tensor]})
+
+
+def _grpc_body() -> bytes:
+    """The same digit as tritonclient.grpc sends it: FP64 in raw_input_contents."""
+    request = inference_pb2.ModelInferRequest(model_name="digits")
+    request.inputs.add(name="input", datatype="FP64", shape=[1, 8, 8])
+    request.raw_input_contents.append(np.asarray(_digit(), dtype="<f8").tobytes())
+    return request.SerializeToString()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What a target's load generator sends: request bytes, to a port, over HTTP or gRPC; and
+    the session of the server that answers (whose CPU time is measured)."""
+
+    port: int
+    request: bytes
+    session: int
+    grpc: GrpcCall | None = None
+
+
+def _cells(targets: list[Target], ports: dict[str, int], grpc_ports: dict[str, int]) -> dict:
+    cells = {}
+    for target in targets:
+        headers = {"Authorization": f"Bearer {BENCH_KEY}"} if target.keys else {}
+        port = ports[target.server]
+        session = SESSIONS[port]
+        if target.route == GRPC_ROUTE:
+            metadata = tuple((k.lower(), v) for k, v in headers.items())
+            call = GrpcCall(GRPC_METHOD, metadata)
+            cells[target] = Cell(grpc_ports[target.server], _grpc_body(), session, call)
+        else:
+            body = _v2_body() if target.route == V2_ROUTE else _classify_body()
+            request = http_request(HOST, port, target.route, body, headers)
+            cells[target] = Cell(port, request, session)
+    return cells
+
+
+def _load(cell: Cell, concurrency: int, seconds: float, warmup: float, processes: int = 1):
+    """One timed run; its result carries ``cpu_us``, the server's CPU microseconds per request
+    (its CPU time over the run, warm-up included, by the requests at the measured rate)."""
+    cpu = session_cpu_seconds(cell.session)
+    result = run_load(HOST, cell.port, cell.request, concurrency, seconds, warmup, processes,
+                      grpc=cell.grpc)  # fmt: skip
+    served = result.requests_per_second * (seconds + warmup)
+    result.cpu_us = 1e6 * (session_cpu_seconds(cell.session) - cpu) / max(served, 1)
+    return result
+
+
+def _grid(args, targets: list[Target], cells: dict) -> dict[tuple[Target, int], list[LoadResult]]:
+    """Every (target, concurrency) cell --repeats times, the floor first then every target, back
+    to back."""
+    for target in targets:  # untimed: connections, caches, JIT and thread pools warm
+        _load(cells[target], max(args.concurrency), 1.0, 0.0)
+    results: dict[tuple[Target, int], list[LoadResult]] = {}
+    for repeat in range(args.repeats):
+        for concurrency in args.concurrency:
+            line = []
+            for target in targets:
+                result = _load(cells[target], concurrency, args.seconds, args.warmup,
+                               args.client_processes)  # fmt: skip
+                results.setdefault((target, concurrency), []).append(result)
+                line.append(f"{target.name} {result.requests_per_second:.0f}")
+                _show_errors(f"{target.name}, c={concurrency}", result)
+            print(f"  repeat {repeat + 1}/{args.repeats}, c={concurrency:<3} req/s: "
+                  f"{';  '.join(line)}")  # fmt: skip
+    return results
+
+
+def _summary(results, target: Target, concurrency: int) -> dict[str, float]:
+    runs, floor = results[target, concurrency], results[FLOOR, concurrency]
+    pairs = list(zip(runs, floor, strict=True))
+    return {
+        "rps": _median(r.requests_per_second for r in runs),
+        "p50": _median(r.percentile_ms(50) for r in runs),
+        "p99": _median(r.percentile_ms(99) for r in runs),
+        "cpu_us": _median(r.cpu_us for r in runs),
+        "cpu_ratio": _median(s.cpu_us / f.cpu_us for s, f in pairs),
+        "errors": sum(r.n_errors for r in runs),
+        "rps_ratio": _median(s.requests_per_second / f.requests_per_second for s, f in pairs),
+        "p50_ratio": _median(s.percentile_ms(50) / f.percentile_ms(50) for s, f in pairs),
+        "p99_ratio": _median(s.percentile_ms(99) / f.percentile_ms(99) for s, f in pairs),
+    }
+
+
+def _print_table(args, targets: list[Target], results, model_ms: float) -> None:
+    print(f"\none 8x8 digit a request (REST JSON; gRPC raw FP64): medians of {args.repeats} "
+          f"repeat(s) x {args.seconds:g} s per cell; ratios: medians of the per-repeat ratios to "
+          "the floor measured just before; access log and metrics on")  # fmt: skip
+    print(f"{'target':<34} {'c':>4} | {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'CPU us':>7} | "
+          f"{'req/s':>6} {'p50':>6} {'p99':>6} {'CPU':>6} | errors")  # fmt: skip
+    print(f"{'':<34} {'':>4} | {'':>31} | {'/ floor':^27} |")
+    for target in targets:
+        for c in args.concurrency:
+            row = _summary(results, target, c)
+            print(f"{target.name:<34} {c:>4} | {row['rps']:>7.0f} {row['p50']:>7.3f} "
+                  f"{row['p99']:>7.3f} {row['cpu_us']:>7.0f} | {row['rps_ratio']:>6.2f} "
+                  f"{row['p50_ratio']:>6.2f} {row['p99_ratio']:>6.2f} {row['cpu_ratio']:>6.2f} | "
+                  f"{row['errors']:.0f}")  # fmt: skip
     print(f"\ntargets (model time in process: {model_ms:.3f} ms, median of {args.model_calls} "
-          f"Predictor.classify([digit], 3) calls)")  # fmt: skip
-    print(f"{'c':>5}  {'p50 <= 1.3 x (floor p50 + model)':<36} {'req/s >= 80% of floor':<24} "
-          "p99 <= 2 x floor p99")  # fmt: skip
-    for c, row in rows.items():
-        bound = P50_FACTOR * (row["floor_p50"] + model_ms)
-        p50 = f"{row['service_p50']:.3f} <= {bound:.3f} ms {_verdict(row['service_p50'] <= bound)}"
-        rps = f"{100 * row['rps_ratio']:.0f}% {_verdict(row['rps_ratio'] >= RPS_FRACTION)}"
-        p99 = f"{row['p99_ratio']:.2f}x {_verdict(row['p99_ratio'] <= P99_FACTOR)}"
-        print(f"{c:>5}  {p50:<36} {rps:<24} {p99}")
-    if len(rows) > 1:
-        print(
-            "  (above c=1 requests queue: the p50 bound leaves out the model time of the "
-            "requests queued ahead)"
-        )
-        for target in TARGETS:
-            print(f"{target} req/s as concurrency rises: {_trend(rows, target)}")
+          f"Predictor.classify([digit], 3) calls): req/s >= {RPS_FRACTION:.0%} of the floor "
+          f"on both REST routes; p99 <= {P99_FACTOR:g} x the floor's")  # fmt: skip
+    for target in targets[1:]:
+        verdicts = []
+        for c in args.concurrency:
+            row = _summary(results, target, c)
+            rps = (
+                ""
+                if target.route == GRPC_ROUTE
+                else f" {_verdict(row['rps_ratio'] >= RPS_FRACTION)}"
+            )
+            verdicts.append(f"c={c}: {row['rps_ratio']:.2f}{rps}")
+        print(f"  {target.name:<32} {';  '.join(verdicts)}")
+    if len(args.concurrency) > 1:
+        for target in targets[:2]:
+            print(f"{target.name} req/s as concurrency rises: {_trend(results, target, args)}")
 
 
-def _trend(rows: dict[int, dict[str, float]], target: str) -> str:
+def _trend(results, target: Target, args) -> str:
     """Whether req/s falls (more than 10% below the best at a lower concurrency)."""
-    rates = [(c, row[f"{target}_rps"]) for c, row in rows.items()]
+    rates = [(c, _summary(results, target, c)["rps"]) for c in args.concurrency]
     shown = " -> ".join(f"{rate:.0f} (c={c})" for c, rate in rates)
     falls = []
     for i, (c, rate) in enumerate(rates[1:], start=1):
@@ -231,7 +326,7 @@ def _search_part(args, floor_port: int, floor_c1_p50: float | None) -> None:
             body = _json(fixture.body)
             cells = {t: http_request(HOST, p, "/search", body) for t, p in ports.items()}
             classify = http_request(HOST, floor_port, "/classify", _classify_body())
-            for target in TARGETS:  # untimed
+            for target in SEARCH_TARGETS:  # untimed
                 run_load(HOST, ports[target], cells[target], 1, 1.0, 0.0)
             p50s: dict[str, list[float]] = {
                 "in process": [], "service": [], "floor": [], "floor /classify": []
@@ -239,7 +334,7 @@ def _search_part(args, floor_port: int, floor_c1_p50: float | None) -> None:
             for repeat in range(args.repeats):
                 in_process = _latencies_for(fixture.run_in_process, args.warmup, args.seconds)
                 p50s["in process"].append(1e3 * _median(in_process))
-                for target in TARGETS:
+                for target in SEARCH_TARGETS:
                     result = run_load(HOST, ports[target], cells[target], 1, args.seconds,
                                       args.warmup)  # fmt: skip
                     _show_errors(f"{target} /search", result)
@@ -305,29 +400,59 @@ def main() -> None:
           f"model answers {label!r} in {1e3 * model_s:.3f} ms in process")  # fmt: skip
 
     workers = {"WORKERS": str(args.workers)}
+    # The service as deployed: access log on (lines written to a file), metrics on.
+    observed = {"ACCESS_LOG": "true", "LOG_LEVEL": "info", **workers}
+    targets = _targets(args)
     with contextlib.ExitStack() as stack:
+        keys = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "keys.txt"
+        keys.write_text(f"{BENCH_KEY} read\n")
+        grpc_ports = {server: free_port() for server in ("service", "service+keys")}
+        envs = {
+            "service": {**observed, "GRPC_PORT": str(grpc_ports["service"])},
+            "service+keys": {
+                **observed,
+                "GRPC_PORT": str(grpc_ports["service+keys"]),
+                "API_KEYS_FILE": str(keys),
+            },
+        }
         ports = {
-            "service": stack.enter_context(
-                serving([sys.executable, "-m", "service.api"], service_env(model_dir, **workers))
-            ),
             "floor": stack.enter_context(
                 serving(
                     [sys.executable, str(REPO / "benchmarks" / "bare_endpoint.py")],
                     {"ACCESS_LOG": "false", "LOG_LEVEL": "warning", **workers},
                 )
-            ),
+            )
         }
-        sizes = {t: len(_first_answer(port, "/classify", body)) for t, port in ports.items()}
-        print(f"answer bodies: service {sizes['service']} B, floor {sizes['floor']} B")
-        results = _grid(args, ports, body)
-        rows = {c: _summary(results, c) for c in args.concurrency}
-        _print_table(args, rows, 1e3 * model_s)
+        for server in sorted({target.server for target in targets} - {"floor"}):
+            command = [sys.executable, "-m", "service.api"]
+            ports[server] = stack.enter_context(
+                serving(command, service_env(model_dir, **envs[server]))
+            )
+        cells = _cells(targets, ports, grpc_ports)
+        answers = _check_answers(targets, cells)
+        print("answers: " + "; ".join(f"{name} {size} B" for name, size in answers.items()))
+        results = _grid(args, targets, cells)
+        _print_table(args, targets, results, 1e3 * model_s)
         samples = Counter(s for runs in results.values() for r in runs for s in r.samples)
         if samples:
             print("error answers seen:", *samples, sep="\n  ")
         if args.search:
-            floor_c1 = rows[1]["floor_p50"] if 1 in rows else None
+            floor_c1 = _summary(results, FLOOR, 1)["p50"] if 1 in args.concurrency else None
             _search_part(args, ports["floor"], floor_c1)
+
+
+def _check_answers(targets: list[Target], cells: dict) -> dict[str, int]:
+    """One counted request per target: every answer a 200 (exit with what was answered
+    otherwise); the size of each answer."""
+    sizes = {}
+    for target in targets:
+        result = run_load(HOST, cells[target].port, cells[target].request, 1, count=1,
+                          timeout=60, grpc=cells[target].grpc)  # fmt: skip
+        if result.n_errors:
+            raise SystemExit(f"{target.name}: {dict(result.errors)} {result.samples}")
+        (answer,) = result.answers[0]
+        sizes[target.name] = len(answer) if answer else 0
+    return sizes
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Data: ``make_classification``, ``--n`` items of ``--dim`` features in ``--classe
 
 ``--jobs 1,2,4,8,16`` times the trainer at each of those ``n_jobs`` (default ``1,-1``), for
 measuring how training scales with cores on a bigger machine. ``--selection`` times
-:func:`training.selection.select` on digits instead (every stage, no time budget) at each
+:class:`training.ForwardSelectionCV` on digits instead (every stage, no time budget) at each
 ``n_jobs``: the fold fits of its candidates are what runs side by side there.
 
 Run: ``.venv/bin/python benchmarks/bench_training.py [--n 20000 --basis 50] [--jobs 1,-1]
@@ -92,17 +92,26 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
 
 
 def _run_selection(n_jobs: int) -> dict:
+    from training import BasisExpandingSVC, ForwardSelectionCV
     from training.datasets import load_digits_dataset
-    from training.selection import select
 
     dataset = load_digits_dataset()
-    select(dataset, budget_s=1e9, n_jobs=1, progress=False, max_items=150)  # compile first
+    X, y = dataset.X_train, dataset.y_train
+    estimator = BasisExpandingSVC(input_shape=str(dataset.input_spec))
+
+    def selection(jobs: int, max_items: int = 3000) -> ForwardSelectionCV:
+        search = ForwardSelectionCV(
+            estimator, budget=1e9, n_jobs=jobs, max_items=max_items, refit=False
+        )
+        return search.fit(X, y)
+
+    selection(1, max_items=150)  # compile first
     started = time.perf_counter()
-    selection = select(dataset, budget_s=1e9, n_jobs=n_jobs, progress=False)
+    search = selection(n_jobs)
     return {
         "method": f"selection n_jobs={n_jobs}",
         "seconds": time.perf_counter() - started,
-        "train_accuracy": selection.path[-1]["cv_accuracy"],
+        "train_accuracy": search.path_[-1]["cv_accuracy"],
         "added_bytes": 0,
         "feature_bytes": 1,
     }

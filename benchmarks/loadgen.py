@@ -20,6 +20,10 @@ mid-answer) counts an error and reconnects, every 10 ms until it succeeds or the
 server killed and restarted under load shows up as errors, not as a crashed client. In a
 counted run each failed attempt uses up one request, so a run against a dead server ends.
 
+**gRPC** (``grpc=GrpcCall(...)``): each connection is a gRPC channel of its own (grpc.aio), and
+the request bytes are a serialized message sent as they are to one unary method (no protobuf
+code on the client's hot path either); a status other than OK counts as an error by its name.
+
 Protocol with the parent: stdin line 1, a JSON config; the child connects and prints ``ready``;
 stdin line 2, the start instant (``time.time_ns()``); stdout, a JSON summary line followed by
 the latencies as raw int64 nanoseconds.
@@ -46,11 +50,23 @@ MAX_DISTINCT_ANSWERS = 8
 RECONNECT_PAUSE_S = 0.01
 
 
-def http_request(host: str, port: int, path: str, body: bytes) -> bytes:
-    """An HTTP/1.1 keep-alive POST of a JSON ``body``, as bytes on the wire."""
+@dataclass(frozen=True)
+class GrpcCall:
+    """A unary gRPC method (``/package.Service/Method``) and the metadata every call sends."""
+
+    method: str
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+def http_request(
+    host: str, port: int, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> bytes:
+    """An HTTP/1.1 keep-alive POST of a JSON ``body`` (with ``headers``), as bytes on the
+    wire."""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"{extra}Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("ascii") + body
 
@@ -67,6 +83,8 @@ class LoadResult:
     errors: Counter = field(default_factory=Counter)
     samples: list[str] = field(default_factory=list)
     answers: list[Counter] = field(default_factory=list)
+    # The server's CPU microseconds per request, where a caller measured them.
+    cpu_us: float = float("nan")
 
     @property
     def requests_per_second(self) -> float:
@@ -92,6 +110,7 @@ def run_load(
     processes: int = 1,
     count: int | None = None,
     timeout: float | None = None,
+    grpc: GrpcCall | None = None,
 ) -> LoadResult:
     """Drive ``concurrency`` keep-alive connections, split over ``processes`` client processes:
     for ``warmup`` + ``seconds``, returning what completed in the last ``seconds``; or, with
@@ -99,7 +118,8 @@ def run_load(
 
     ``request`` is the bytes of one request, or a sequence of them, spread over the connections.
     ``timeout``: seconds to wait for a counted run (default: no limit; a timed run waits
-    ``warmup + seconds + 60``); past it, :class:`subprocess.TimeoutExpired`.
+    ``warmup + seconds + 60``); past it, :class:`subprocess.TimeoutExpired`. ``grpc``: the
+    requests are serialized messages of that gRPC call (see the module docstring).
     """
     requests = [request] if isinstance(request, bytes) else list(request)
     counts = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
@@ -113,6 +133,7 @@ def run_load(
         "requests": [base64.b64encode(r).decode("ascii") for r in requests],
         "warmup_ns": 0 if count is not None else int(warmup * 1e9),
         "seconds_ns": None if count is not None else int(seconds * 1e9),
+        "grpc": None if grpc is None else {"method": grpc.method, "metadata": grpc.metadata},
     }
     children = []
     try:
@@ -263,11 +284,60 @@ async def _client(run: _Run, index: int, connection) -> None:
     writer.close()
 
 
+async def _grpc_client(run: _Run, index: int, call) -> None:
+    """As :func:`_client`, for gRPC: one unary call after the other on the connection's own
+    channel."""
+    import grpc
+
+    request = run.requests[index]
+    perf = time.perf_counter_ns
+    record = run.latencies.append
+    while run.take():
+        began = perf()
+        try:
+            answer = await call(request)
+            status = "OK"
+        except grpc.aio.AioRpcError as error:
+            status = error.code().name
+        ended = perf()
+        if run.measure_from <= ended < run.stop:
+            record(ended - began)
+            if status == "OK":
+                run.tally(index, answer)
+            else:
+                run.errors[status] += 1
+
+
+async def _grpc_connections(config: dict) -> list:
+    """One channel per connection, connected, each as its method's callable."""
+    from grpc import aio
+
+    target, grpc_config = f"{config['host']}:{config['port']}", config["grpc"]
+    metadata = tuple(tuple(pair) for pair in grpc_config["metadata"])
+    calls = []
+    for _ in range(config["connections"]):
+        # A channel of its own (not one shared from gRPC's pool): a connection of its own.
+        channel = aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+        await channel.channel_ready()
+        method = channel.unary_unary(grpc_config["method"])
+
+        async def call(request, method=method):
+            return await method(request, metadata=metadata)
+
+        calls.append(call)
+    return calls
+
+
 async def _child() -> None:
     config = json.loads(sys.stdin.readline())
-    connections = [
-        await _connect(config["host"], config["port"]) for _ in range(config["connections"])
-    ]
+    if config["grpc"] is not None:
+        connections = await _grpc_connections(config)
+        client = _grpc_client
+    else:
+        connections = [
+            await _connect(config["host"], config["port"]) for _ in range(config["connections"])
+        ]
+        client = _client
     sys.stdout.buffer.write(b"ready\n")
     sys.stdout.buffer.flush()
     start_wall = int(sys.stdin.readline())
@@ -277,7 +347,7 @@ async def _child() -> None:
     first, n_requests = config["first_connection"], len(run.requests)
     await asyncio.gather(
         *(
-            _client(run, (first + j) % n_requests, connection)
+            client(run, (first + j) % n_requests, connection)
             for j, connection in enumerate(connections)
         )
     )

@@ -24,6 +24,24 @@ REPO = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
 
 
+# The process (session) id of each server :func:`serving` runs, by its port.
+SESSIONS: dict[int, int] = {}
+
+
+def session_cpu_seconds(session: int) -> float:
+    """CPU seconds (user + system) of the live processes of a session: a server and its
+    workers."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:  # the fields after the command: state, ppid, pgrp, sid
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
@@ -47,10 +65,11 @@ class ServerProcess:
     process: subprocess.Popen
     port: int
     log_file: typing.IO[str]
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"{self.scheme}://{HOST}:{self.port}"
 
     def log(self) -> str:
         self.log_file.flush()
@@ -73,9 +92,13 @@ def server_process(
     ready_path: str = "/readyz",
     ready_timeout: float = 180.0,
     new_session: bool = True,
+    probe: Mapping[str, typing.Any] | None = None,
 ) -> Iterator[ServerProcess]:
     """Run ``command`` with ``env`` (plus HOST and PORT, a free port) until the block ends;
     yields the process once GET ``ready_path`` answers 200.
+
+    With ``TLS_CERT_FILE`` in ``env`` the server speaks https, and ``probe`` holds the httpx
+    options (``verify``, ``cert``) that its readiness is polled with.
 
     The log goes to a file, not a pipe nobody reads: a chatty server must never block on it.
     With ``new_session`` the process gets its own session, so that uvicorn's worker processes
@@ -97,9 +120,10 @@ def server_process(
             text=True,
             start_new_session=new_session,
         )
-        server = ServerProcess(process, port, log)
+        scheme = "https" if env.get("TLS_CERT_FILE") else "http"
+        server = ServerProcess(process, port, log, scheme)
         try:
-            _wait_until_ready(server, command, ready_path, ready_timeout)
+            _wait_until_ready(server, command, ready_path, ready_timeout, probe or {})
             yield server
         finally:
             process.terminate()
@@ -114,10 +138,14 @@ def server_process(
 
 
 def _wait_until_ready(
-    server: ServerProcess, command: list[str], ready_path: str, timeout: float
+    server: ServerProcess,
+    command: list[str],
+    ready_path: str,
+    timeout: float,
+    probe: Mapping[str, typing.Any],
 ) -> None:
     deadline = time.monotonic() + timeout
-    with httpx.Client(base_url=server.url, timeout=1.0) as client:
+    with httpx.Client(base_url=server.url, timeout=1.0, **probe) as client:
         while True:
             if server.process.poll() is not None or time.monotonic() > deadline:
                 state = (
@@ -149,7 +177,11 @@ def serving(
         with server_process(
             command, {**os.environ, **env}, ready_path=ready_path, ready_timeout=ready_timeout
         ) as server:
-            yield server.port
+            SESSIONS[server.port] = server.process.pid  # its own session: sid == pid
+            try:
+                yield server.port
+            finally:
+                SESSIONS.pop(server.port, None)
     except ServerNotReady as error:
         raise SystemExit(str(error)) from None
 

@@ -7,8 +7,9 @@
 #
 # Needs root where something is missing: it installs docker.io and debootstrap with apt-get and
 # starts `dockerd --iptables=false` if no engine answers (and stops that engine again), and builds
-# the base image (docker/build-base-image.sh) unless SMOKE_BASE_IMAGE already exists.
-#   SMOKE_PROTOCOL=0        skip /v2/models/digits/infer, /metrics and the probe-log check
+# the base image (docker/build-base-image.sh) unless SMOKE_BASE_IMAGE already exists. gRPC (the Open
+# Inference Protocol, tritonclient.grpc) is called on its published port as well.
+#   SMOKE_PROTOCOL=0        skip /v2/models/digits/infer, gRPC, /metrics and the probe-log check
 #   SMOKE_BASE_IMAGE=...    the base image (default besvm-base:bookworm); SMOKE_REBUILD_BASE=1
 #   DOCKERD_STORAGE_DRIVER  overlay2 or vfs, for an engine this script starts (default: dockerd's)
 set -euo pipefail
@@ -96,9 +97,11 @@ if [ -n "${SMOKE_REBUILD_BASE:-}" ] || ! docker image inspect "$BASE_IMAGE" >/de
 fi
 
 # 3. Build and start: a free loopback port, limits that fit this machine.
-PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+GRPC_HOST_PORT=$(free_port)
 CPUS=$(( $(nproc) < 2 ? $(nproc) : 2 ))
-export PORT BIND_ADDRESS=127.0.0.1 CPUS TRAINER_CPUS=$CPUS NUMBA_NUM_THREADS=$CPUS
+export PORT GRPC_HOST_PORT BIND_ADDRESS=127.0.0.1 CPUS TRAINER_CPUS=$CPUS NUMBA_NUM_THREADS=$CPUS
 if [ ! -s "${BUILD_CA_FILE:-/etc/ssl/certs/ca-certificates.crt}" ]; then export BUILD_CA_FILE=/dev/null; fi
 log "compose build ($IMAGE from $BASE_IMAGE)"
 compose build --quiet
@@ -114,7 +117,7 @@ found=$(docker run --rm --user 0 --entrypoint find "$IMAGE" / -xdev \( \
 if [ -n "$found" ]; then echo "the image holds what it must not: $found" >&2; exit 1; fi
 log "image: uid 10001; no CA bundle, build/, egg-info, pip or compiler"
 
-log "compose up -d (trainer, then api on 127.0.0.1:$PORT)"
+log "compose up -d (trainer, then api on 127.0.0.1:$PORT, gRPC on 127.0.0.1:$GRPC_HOST_PORT)"
 timeout "$UP_TIMEOUT_S" "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml up -d --quiet-pull
 trainer=$(compose ps --all --quiet trainer)
 test "$(docker inspect --format '{{.State.ExitCode}}' "$trainer")" = 0
@@ -134,7 +137,7 @@ done
 log "api healthy at $(elapsed)"
 
 # 4. From outside the container: the answers, checked against the data set.
-"$PYTHON" docker/smoke_check.py "http://127.0.0.1:$PORT"
+"$PYTHON" docker/smoke_check.py "http://127.0.0.1:$PORT" "127.0.0.1:$GRPC_HOST_PORT"
 
 # Nothing compiled on start (the kernels came from the image's cache), the root file system is
 # read-only, and the health probes left no access-log lines.

@@ -1,9 +1,12 @@
-"""The docker smoke test's requests, sent from outside the container: ``python smoke_check.py URL``.
+"""The docker smoke test's requests, sent from outside the container:
+``python smoke_check.py URL [GRPC_ADDRESS]``.
 
 Checks the answers against scikit-learn's digits (the data set the trainer fitted: items 1000 on
 are the held-out catalogue, ``test-<i>`` being item ``1000 + i``), not against the server's own
-output. ``SMOKE_PROTOCOL=0`` skips the Open Inference Protocol and /metrics checks (for a branch
-that does not serve them yet). Exits non-zero with a message on the first failed check.
+output. ``SMOKE_PROTOCOL=0`` skips the Open Inference Protocol (REST and gRPC) and /metrics checks
+(for a branch that does not serve them yet). With GRPC_ADDRESS (host:port), tritonclient.grpc
+classifies the same digit there, and its scores must equal the REST answer's. Exits non-zero
+with a message on the first failed check.
 """
 
 from __future__ import annotations
@@ -46,7 +49,23 @@ def check(condition: bool, message: str) -> None:
         sys.exit(f"smoke check failed: {message}")
 
 
-def main(base: str) -> None:
+def check_grpc(address: str, image: np.ndarray, rest_scores: np.ndarray) -> None:
+    """ModelInfer of ``image`` over gRPC: the label 7, the scores of the REST answer."""
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(address) as client:
+        check(client.is_server_ready(client_timeout=TIMEOUT_S), f"gRPC {address}: not ready")
+        tensor = grpcclient.InferInput("input", [1, 8, 8, 1], "FP32")
+        tensor.set_data_from_numpy(image.reshape(1, 8, 8, 1))
+        result = client.infer("digits", [tensor], client_timeout=TIMEOUT_S)
+    label = [value.decode() for value in result.as_numpy("label")]
+    check(label == ["7"], f"gRPC ModelInfer label: {label}")
+    scores = result.as_numpy("scores")
+    check(np.array_equal(scores, rest_scores), f"gRPC scores {scores} != REST {rest_scores}")
+    print(f"gRPC ModelInfer on {address}: label 7, scores equal to the REST answer's")
+
+
+def main(base: str, grpc_address: str | None = None) -> None:
     digits = load_digits()
     truth = digits.target.astype(str)
     items = list(range(FIRST_HELD_OUT, FIRST_HELD_OUT + 10))
@@ -90,6 +109,8 @@ def main(base: str) -> None:
     scores = np.asarray(outputs["scores"]["data"], dtype=float).reshape(outputs["scores"]["shape"])
     check(scores.shape == (1, 10), f"/v2 infer scores shape {scores.shape}")
     print(f"/v2/models/digits/infer: 200, label 7, scores {list(scores.shape)}")
+    if grpc_address is not None:
+        check_grpc(grpc_address, image, scores)
 
     status, payload = request(base, "/metrics")
     check(status == 200, f"GET /metrics: {status}")
@@ -100,4 +121,4 @@ def main(base: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1].rstrip("/"))
+    main(sys.argv[1].rstrip("/"), *sys.argv[2:3])

@@ -93,3 +93,60 @@ def search_model_dir(digits_model_dir, tmp_path_factory) -> Path:
     assert main(["dictionary", "--model", str(path), "--quiet"]) == 0
     assert main(["index", "--model", str(path), "--quiet"]) == 0
     return path
+
+
+# -- images as bags of visual words (the bof transform) -----------------------------------------
+
+GLYPH_SIDE = 32
+GLYPH_BOF = "bof(patch=8, step=4, words=24, levels=1)"
+
+
+@pytest.fixture(scope="session")
+def glyphs() -> Dataset:
+    """Letters A-J of the first 14 installed fonts that draw them all (Debian's font packages:
+    make glyph-fonts), 32 x 32: 8 training and 6 test fonts per letter (real images, small
+    enough for a fast fit)."""
+    from training.glyphs import Glyphs, font_files, render_font, split_glyphs
+
+    rows, names = [], []
+    for path in font_files():
+        images = render_font(path, size=GLYPH_SIDE, margin=2)
+        if images is not None and not any(np.array_equal(images, row) for row in rows):
+            rows.append(images)
+            names.append(path.name)
+        if len(rows) == 14:
+            break
+    assert len(rows) == 14, "too few fonts: install them with make glyph-fonts"
+    arrays = split_glyphs(Glyphs(np.stack(rows), names, 0), 8, 6)
+    spec = InputSpec("grid", (GLYPH_SIDE, GLYPH_SIDE, 1))
+
+    def flat(X):
+        return X.reshape(len(X), -1).astype(np.float64)
+
+    return Dataset(
+        "glyphs",
+        spec,
+        flat(arrays["X"]),
+        arrays["y"],
+        flat(arrays["X_test"]),
+        arrays["y_test"],
+        source={"path": "glyphs"},
+    )
+
+
+@pytest.fixture(scope="session")
+def bof_fit(glyphs: Dataset):
+    """Bags of visual words on a pyramid (sensing1 per cell) beside pixels (rbf), one basis."""
+    return fit_dataset(
+        glyphs,
+        "glyphs",
+        similarity=f"{GLYPH_BOF}: sensing1(n=50) + pixels: rbf",
+        basis_per_class=4,
+    )
+
+
+@pytest.fixture(scope="session")
+def bof_model_dir(bof_fit, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("artifacts") / "glyphs"
+    bof_fit.predictor.save(path)
+    return path

@@ -1,19 +1,22 @@
 """Command line of the trainer: ``python -m training COMMAND --help``, COMMAND one of fit,
-dictionary, index, evaluate, evaluate-search and report."""
+dictionary, index, evaluate, evaluate-search, report and shard."""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import json
+import os
 import shlex
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 
 from service.model import ModelError, Predictor
 from service.model.features import (
@@ -29,7 +32,7 @@ from service.model.search import (
     read_catalogue,
 )
 from service.model.similarity import SIMILARITY_KINDS
-from training.cluster import ClusterError, add_cluster_argument, connect
+from training.cluster import SCHEDULER_ENV, ClusterError, add_cluster_argument, connect
 from training.datasets import (
     DIGITS,
     FORTUNES,
@@ -42,7 +45,8 @@ from training.diagnostics import format_ratio
 from training.dictionary import UnionOfSubspacesSVM
 from training.estimator import AUTO_SIMILARITY, BasisExpandingSVC, fit_dataset
 from training.evaluate import evaluate
-from training.options import add_estimator_arguments, estimator_params, given_options
+from training.glyphs import FONTS_DIR, build_glyphs
+from training.options import add_estimator_arguments, estimator_params
 from training.report import (
     DEFAULT_CONFIGURATIONS,
     TEXT_CONFIGURATIONS,
@@ -68,6 +72,7 @@ from training.search import (
     write_search_report,
 )
 from training.selection import SEARCHED_PARAMETERS
+from training.shards import SHARD_FORMATS, is_sharded, open_shards, write_shards
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
 # set, older option names kept for scripts, and the one default of the command line's own (it
@@ -81,6 +86,10 @@ FIT_OPTIONS = {
         "n_jobs": ("--jobs",),
     },
     "defaults": {"similarity": AUTO_SIMILARITY},
+    "default_help": {
+        "input_transform": "pixels for images, none otherwise",
+        "n_jobs": "-1, every core",
+    },
     "extra_help": {
         "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
     },
@@ -131,7 +140,8 @@ def _fit_epilog() -> str:
         [
             "similarity measures:",
             *kinds,
-            f"input transforms: {', '.join(TRANSFORMS)} (hog(cell_size, orientations))",
+            f"input transforms: {', '.join(TRANSFORMS)} (hog(cell_size, orientations), "
+            "bof(patch, step, words, levels, single))",
             f"normalizations: {', '.join(NORMALIZATIONS)},",
             f"  or auto: {AUTO_NORMALIZATION_KERNELS} when every measure is a kernel, "
             f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite",
@@ -139,7 +149,7 @@ def _fit_epilog() -> str:
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m training",
         description="Train and evaluate Basis Expanding SVMs offline; the artifacts they write "
@@ -164,8 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
     model = fit.add_argument_group(
         "model", "the estimator's parameters (training.BasisExpandingSVC; --seed sets random_state)"
     )
-    parameters = add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS)
-    fit.set_defaults(model_parameters=parameters)
+    fit.set_defaults(model_options=add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS))
     output = fit.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="artifact directory to write (default: models/<name>)"
@@ -185,6 +194,8 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_dictionary_parser(commands)
     _add_index_parser(commands)
     _add_evaluate_search_parser(commands)
+    _add_shard_parser(commands)
+    _add_build_glyphs_parser(commands)
 
     ev = commands.add_parser(
         "evaluate",
@@ -452,6 +463,107 @@ def _add_evaluate_search_parser(commands) -> None:
     parser.set_defaults(handler=_run_evaluate_search)
 
 
+def _add_shard_parser(commands) -> None:
+    parser = commands.add_parser(
+        "shard",
+        help="write one .npz (X, y) as a directory of shards that fit --cluster reads",
+        description="Split a .npz file's X and y into shards of --rows items, in one of the "
+        "layouts a sharded --data takes (docs/cluster.md): npz (DIR/0.npz, ...: X and y), "
+        "npy-stack (DIR/X/ and DIR/y/ as dask.array.to_npy_stack writes them) or parquet "
+        "(DIR/0.parquet, ...: columns x0, x1, ... and the label column).",
+    )
+    parser.add_argument("--data", type=Path, required=True, help="a .npz file with X and y")
+    parser.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
+    parser.add_argument(
+        "--format", choices=SHARD_FORMATS, default="npz", help="layout (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--rows", type=int, default=100_000, help="items per shard (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--label-column", default="label", help="parquet: the label column (default: label)"
+    )
+    parser.set_defaults(handler=_run_shard)
+
+
+def _run_shard(args: argparse.Namespace) -> int:
+    with np.load(args.data, allow_pickle=False) as archive:
+        if "X" not in archive.files or "y" not in archive.files:
+            raise DatasetError(f"{args.data}: expected arrays X and y, found {archive.files}")
+        X, y = archive["X"], archive["y"]
+    written = write_shards(
+        X.reshape(len(X), -1),
+        y,
+        args.out,
+        format=args.format,
+        rows_per_shard=args.rows,
+        label_column=args.label_column,
+    )
+    print(f"wrote {written}")
+    return 0
+
+
+def _add_build_glyphs_parser(commands) -> None:
+    parser = commands.add_parser(
+        "build-glyphs",
+        help="render a notMNIST-like image set (letters A-J) from the installed fonts",
+        description=textwrap.fill(
+            "Render the letters A to J of every installed font (Debian's font packages: make "
+            "glyph-fonts) as size x size grey images, split by font into training and test "
+            "fonts, and write a .npz that --data reads as grid(size, size, 1): real images "
+            "large enough for the bof transform's 16 x 16 patches.",
+            width=88,
+        ),
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
+    parser.add_argument(
+        "--fonts-dir", type=Path, default=FONTS_DIR, help="where fonts are (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--train-per-class",
+        type=int,
+        default=100,
+        help="training fonts, i.e. images per letter (default: %(default)s, as the paper's 100 "
+        "images per class)",
+    )
+    parser.add_argument(
+        "--test-per-class",
+        type=int,
+        default=200,
+        help="test fonts at most (default: %(default)s)",
+    )
+    parser.add_argument("--size", type=int, default=64, help="image side (default: 64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
+    parser.add_argument("--force", action="store_true", help="replace an existing file")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.set_defaults(handler=_run_build_glyphs)
+
+
+def _run_build_glyphs(args: argparse.Namespace) -> int:
+    if args.out.exists() and not args.force:
+        raise DatasetError(f"{args.out} already exists: pass --force to replace it")
+    for name in ("train_per_class", "test_per_class", "size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.size < 16:
+        raise ValueError("--size must be at least 16 (a 16 x 16 patch)")
+    counts = build_glyphs(
+        args.out,
+        root=args.fonts_dir,
+        train_per_class=args.train_per_class,
+        test_per_class=args.test_per_class,
+        size=args.size,
+        seed=args.seed,
+        progress=not args.quiet,
+    )
+    _status(
+        args,
+        f"wrote {args.out}: {counts['train']} training and {counts['test']} test images from "
+        f"{counts['fonts']} fonts ({counts['skipped']} font files left out)",
+    )
+    return 0
+
+
 def _status(args: argparse.Namespace, message: str) -> None:
     if not getattr(args, "quiet", False):
         print(message, file=sys.stderr, flush=True)
@@ -488,17 +600,28 @@ def _load_data(args: argparse.Namespace, default_source=None):
 
 
 def _run_fit(args: argparse.Namespace) -> int:
-    params = estimator_params(args, args.model_parameters, FIT_OPTIONS["defaults"])
+    params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
     # Refused before anything is loaded: the selection would silently override them.
-    fixed = given_options(args, [p for p in SEARCHED_PARAMETERS if p != "similarity"])
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    fixed = [
+        option.as_written(argv)
+        for option in args.model_options
+        if option.parameter in SEARCHED_PARAMETERS
+        and option.parameter != "similarity"
+        and option.given(args)
+    ]
     if params["similarity"].strip().lower() == AUTO_SIMILARITY and fixed:
         raise ValueError(
             f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
             f"too (e.g. --similarity '{BasisExpandingSVC().similarity}') to fix them yourself"
         )
 
+    if params.get("cluster") is None and os.environ.get(SCHEDULER_ENV):
+        params["cluster"] = os.environ[SCHEDULER_ENV]  # Dask's own variable, as its tools read it
     name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
     out = args.out or Path("models") / name
+    if args.data not in (DIGITS, FORTUNES) and is_sharded(args.data):
+        return _run_fit_sharded(args, params, name, out)
     if args.if_missing and out.exists():
         existing = Predictor.load(out)  # a broken artifact is an error, not "present"
         _status(args, f"{out} already holds model {existing.name!r}: nothing to do")
@@ -568,6 +691,48 @@ def _run_fit(args: argparse.Namespace) -> int:
                 for name, d in predictor.metadata["diagnostics"].items()
             ]
             + [f"warning          {note}" for note in result.warnings]
+        )
+    )
+    return 0
+
+
+def _run_fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Path) -> int:
+    """fit --data DIR of shards (docs/cluster.md): trained on every item, on the cluster named
+    (or, without one, in worker threads of this process)."""
+    if args.if_missing and out.exists():
+        existing = Predictor.load(out)
+        _status(args, f"{out} already holds model {existing.name!r}: nothing to do")
+        return 0
+    if out.exists() and not args.force:
+        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+    if args.test_data or args.test_fraction:
+        raise DatasetError("sharded data trains on every item: no --test-data or --test-fraction")
+    data = open_shards(args.data, args.label_column)
+    _status(args, f"fitting BE-SVM on {data} ...")
+    estimator = BasisExpandingSVC(
+        **params, input_shape=args.input_shape, random_state=args.seed, verbose=not args.quiet
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        estimator.fit(data)
+    record = {"dataset": {"path": str(args.data), "shards": data.format}}
+    predictor = estimator.to_predictor(name, record=record)
+    predictor.save(out, overwrite=args.force)
+    timings = estimator.timings_
+    print(
+        "\n".join(
+            [
+                f"model            {name}",
+                f"artifact         {out}",
+                f"data             {data}",
+                f"cluster          {params.get('cluster') or 'this process'}",
+                f"classes          {len(predictor.classes)}",
+                f"basis            {predictor.n_basis} items, {predictor.coef.shape[1]} features",
+                f"train accuracy   {estimator.train_accuracy_:.2%}",
+                f"train time       {timings['train_seconds']:.2f} s (expansion "
+                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
+            ]
+            + [f"warning          {w.message}" for w in caught]
         )
     )
     return 0
@@ -704,7 +869,7 @@ def _run_index(args: argparse.Namespace) -> int:
         )
         return 0
     _status(args, f"indexing {len(ids):,} items into {out} ...")
-    with connect(args.cluster) as client:
+    with connect(args.cluster, worker_memory=args.worker_memory) as client:
         build_catalogue(
             args.model,
             predictor,
@@ -898,7 +1063,7 @@ def _run_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
     try:

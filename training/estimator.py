@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from joblib import effective_n_jobs
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.exceptions import ConvergenceWarning
 
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
@@ -49,18 +49,21 @@ from service.model.inputs.dense import INPUT_NORMALIZATIONS
 from service.model.similarity import parse_specs
 from service.model.threads import available_cpus, limit_threads
 from training.basis import BASIS_STRATEGIES
+from training.cluster import enclosing_client
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
+from training.distributed_fit import fit_on_cluster
 from training.expansion import BasisExpansion
 from training.preparation import preparation_for, preparation_for_spec
 from training.selection import DEFAULT_BUDGET_S, ForwardSelectionCV
+from training.shards import ShardedData
 from training.solver import fit_one_vs_rest
 
 # The value of ``similarity`` that asks for forward selection (training.selection).
 AUTO_SIMILARITY = "auto"
 # Parameters that say how a fit runs, not what model it makes: the artifact's training record
 # leaves them out.
-RUN_PARAMETERS = ("n_jobs", "verbose")
+RUN_PARAMETERS = ("n_jobs", "cluster", "verbose")
 
 
 class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
@@ -82,9 +85,12 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         normalisation, the basis size and strategy and C, within selection_budget seconds
         (training.selection).
     input_transform : str or None, default=None
-        Input transform the service applies to raw instances first: none, pixels, or
-        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)');
-        None: pixels for images, none otherwise.
+        Input transform the service applies to raw instances first: none, pixels,
+        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)'), or
+        'bof(patch, step, words, levels, single)' (images as bags of visual words on a spatial
+        pyramid, its words learned on the training images, e.g. 'bof(levels=2)': the sensing
+        measures and tf-idf linear and rbf read it cell by cell); unset: pixels for images,
+        none otherwise.
     basis_per_class : int, default=25
         Basis items taken from each class (all of a smaller class).
     basis_strategy : {"index", "random", "kmedoids"}, default="index"
@@ -95,7 +101,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     C : float, default=1.0
         The SVM's regularisation constant.
     max_iter : int, default=10000
-        The SVM solver's iteration limit (Newton steps per group of classes).
+        The SVM solver's iteration limit (Newton steps per class).
     input_normalization : {"global", "per-feature"}, default="global"
         Dense inputs: centred and divided by their mean norm (the paper's), or standardised per
         feature first (for features on different scales).
@@ -104,14 +110,22 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         configuration found.
     input_shape : str or None, default=None
         How to read a flat row: 'grid(H, W, C)' for images given as (n, H * W * C), or
-        'vector(d)'; None: from the array (2-d: vectors, 3-d or 4-d: images).
+        'vector(d)'; unset: from the array (2-d: vectors, 3-d or 4-d: images).
     min_df : int, default=2
         Documents: words found in fewer training texts are left out of the vocabulary.
     stop_words : {"english"} or None, default="english"
         Documents: leave out scikit-learn's English stop words, or keep every word (none).
     n_jobs : int or None, default=-1
         Cores training may use: the numba and BLAS threads of the expansion, and the classes'
-        SVMs trained side by side; -1 (or None): every core this process may run on.
+        SVMs trained side by side; -1: every core this process may run on.
+    cluster : str or None, default=None
+        Train on a Dask cluster (docs/cluster.md): ``"local:N"`` (N worker processes started
+        for the fit) or a scheduler's address (``"tcp://host:8786"``); None: in this process,
+        unless ``fit`` runs inside ``with distributed.Client(...)``, whose cluster it uses.
+        On a cluster, each worker expands its own rows and the SVM's products are sums over
+        them; the model is the one-process fit's (the basis drawn per class from the first
+        items, as ``index`` does). ``fit`` also takes a :class:`training.shards.ShardedData`
+        (``X``, without ``y``) there, which no process loads whole.
     random_state : int or None, default=0
         Seed of the random and kmedoids basis strategies and of the selection's folds.
     verbose : bool, default=False
@@ -130,7 +144,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     predictor_ : Predictor
         The model as the service holds it (classes as text): what :meth:`save` writes.
     n_iter_ : int
-        The most solver iterations any group of classes took.
+        The most Newton steps any class's problem took.
     train_accuracy_ : float
         Accuracy on the training set.
     timings_ : dict of str to float
@@ -163,6 +177,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         "min_df": [Interval(Integral, 1, None, closed="left")],
         "stop_words": [StrOptions({"english"}), None],
         "n_jobs": [Integral, None],
+        "cluster": [str, None],
         "random_state": [Interval(Integral, 0, None, closed="left"), None],
         "verbose": ["boolean"],
     }
@@ -183,6 +198,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         min_df=2,
         stop_words="english",
         n_jobs=-1,
+        cluster=None,
         random_state=0,
         verbose=False,
     ):
@@ -199,12 +215,13 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         self.min_df = min_df
         self.stop_words = stop_words
         self.n_jobs = n_jobs
+        self.cluster = cluster
         self.random_state = random_state
         self.verbose = verbose
 
     # -- fitting ---------------------------------------------------------------------------
 
-    def fit(self, X, y):
+    def fit(self, X, y=None):
         """Choose the basis, expand the training set on it and train the SVMs.
 
         Parameters
@@ -226,8 +243,22 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             normalisation that cannot be parsed or does not apply to the inputs.
         """
         self._validate_params()
+        sharded = isinstance(X, ShardedData)
         if self.similarity.strip().lower() == AUTO_SIMILARITY:
+            if sharded or self.cluster is not None or enclosing_client() is not None:
+                raise ValueError(
+                    "similarity 'auto' (the selection) does not run on a cluster yet: give the "
+                    f"measures, e.g. similarity={BasisExpandingSVC().similarity!r} is selected "
+                    "from; or fit without a cluster"
+                )
             return self._fit_selected(X, y)
+        if sharded or self.cluster is not None or enclosing_client() is not None:
+            return fit_on_cluster(self, X, y)
+        if y is None:
+            raise ValueError(
+                "this estimator requires y to be passed, but the target y is None (only sharded "
+                "data holds its labels)"
+            )
         inputs = preparation_for(X, self)
         X, y = inputs.validate_fit(self, X, y)
         check_classification_targets(y)
@@ -242,9 +273,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
                 f"labels {list(self.classes_)} are not distinct as text, which the artifact "
                 "and the service use"
             )
-        similarity = self.similarity
         try:
-            specs = parse_specs(similarity)
+            specs = parse_specs(self.similarity)
             inputs.settle(specs)
         except SpecError as error:
             raise ValueError(str(error)) from None
@@ -254,7 +284,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
             items = inputs.fit_items(X)
             expansion = BasisExpansion(
-                similarities=similarity,
+                similarities=self.similarity,
                 n_basis_per_class=self.basis_per_class,
                 basis_strategy=self.basis_strategy,
                 normalization=self.normalization,
@@ -282,6 +312,12 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         del features
         timings["svm_seconds"] = time.perf_counter() - started
         timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
+        self.set_fitted(inputs, expansion, class_names, coef, intercept, len(codes), timings)
+        return self
+
+    def set_fitted(self, inputs, expansion, class_names, coef, intercept, n_train, timings):
+        """Set the learned state from the fitted parts: what every way of fitting ends with
+        (in this process, or on a cluster: :mod:`training.distributed_fit`)."""
         self.timings_ = timings
         self.expansion_ = expansion
         self.input_spec_ = inputs.spec
@@ -304,20 +340,19 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
                     "per_class": self.basis_per_class,
                 },
                 "training": {
-                    "n_train": len(codes),
+                    "n_train": n_train,
                     "config": self.training_config(),
                     "timings": timings,
                     "train_accuracy": self.train_accuracy_,
                 },
             },
         )
-        return self
 
     def _fit_selected(self, X, y):
         """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
         it; the parameters stay as given, the learned state is the chosen model's."""
         selection = ForwardSelectionCV(
-            self,
+            clone(self),
             budget=self.selection_budget,
             n_jobs=self.n_jobs,
             random_state=0 if self.random_state is None else self.random_state,
@@ -467,9 +502,6 @@ def _cores(n_jobs: int | None) -> int:
     if n_jobs is None or n_jobs < 0:
         return max(1, min(cpus, effective_n_jobs(-1 if n_jobs is None else n_jobs)))
     return int(n_jobs)
-
-
-# -- input kinds while training ------------------------------------------------------------
 
 
 # -- a data set's training split -----------------------------------------------------------

@@ -10,12 +10,11 @@ alike (that module's docstring has the formulas).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 from tqdm.auto import tqdm
 
 from service.model.errors import InvalidInputError, SpecError
@@ -27,10 +26,15 @@ from service.model.features import (
     raw_similarities,
     resolve_normalization,
 )
+from service.model.inputs.dense import bind_in_spaces
 from service.model.inputs.spaces import Spaces
-from service.model.inputs.words import Documents, canonical_counts, smooth_idf
+from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
 from service.model.similarity import BoundSimilarity, SimilaritySpec, format_spec, parse_specs
 from training.basis import BASIS_STRATEGIES, select_basis
+
+# Items that reach the expansion prepared already (not validated as arrays): images as bags of
+# visual words, alone or beside other spaces.
+_PREPARED = (CellDocuments, Spaces)
 
 # Eigenvalues below this fraction of the largest magnitude count as zero: they are rounding
 # noise of a PSD matrix, and inverting them would blow noise up into features.
@@ -65,35 +69,6 @@ def bind_similarities(
         A measure does not apply to the items.
     """
     return tuple(spec.bind(n_features, grid_shape, documents) for spec in specs)
-
-
-def bind_in_spaces(
-    specs: Sequence[SimilaritySpec],
-    spaces: Sequence[tuple[str, int, tuple[int, int, int] | None]],
-) -> tuple[BoundSimilarity, ...]:
-    """Every measure bound to the transformed space it reads, for items given as
-    :class:`Spaces` (one space: plain arrays, measures bound as :func:`bind_similarities`).
-
-    Parameters
-    ----------
-    specs : sequence of SimilaritySpec, length M
-    spaces : sequence of (transform, n_features, grid_shape)
-        Each space's transform (canonical text), item length and layout, the model's own
-        transform first (measures without a transform read it).
-
-    Raises
-    ------
-    SpecError
-        A measure names a transform not among ``spaces``, or does not apply to its items.
-    """
-    names = [name for name, _, _ in spaces]
-    bound = []
-    for spec in specs:
-        space = spec.space_index(names)
-        _, n_features, grid_shape = spaces[space]
-        measure = spec.bind(n_features, grid_shape)
-        bound.append(replace(measure, space=space) if len(spaces) > 1 else measure)
-    return tuple(bound)
 
 
 def normalization_statistics(
@@ -213,11 +188,15 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         :func:`resolve_normalization`).
     grid_shape : tuple of (int, int, int) or None, default=None
         ``(height, width, channels)`` of the flattened inputs; needed by grid measures.
-    spaces : sequence of (str, int, tuple or None), or None, default=None
+    spaces : sequence of (str, int, tuple or None[, int]), or None, default=None
         Dense inputs made of several transforms of the same input laid side by side in the
         columns: each one's transform (canonical text), numbers and grid layout, the one that
         measures without a transform read first (``grid_shape`` is then not used). Measures
         ``transform: measure`` read their transform's columns; the basis items are shared.
+        A fourth number > 0 marks a space of images as bags of visual words over that many
+        pyramid cells; such items come prepared, as
+        :class:`~service.model.inputs.words.CellDocuments` (or :class:`Spaces` holding them),
+        not as columns.
     chunk_size : int, default=4096
         Rows expanded at a time, bounding the working memory of ``fit``.
     random_state : int or None, default=None
@@ -303,17 +282,35 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
                     f"{prefixed[0]} reads a transform of its own: these inputs have one space"
                 )
             return bind_similarities(specs, n_features, self._grid(), documents)
-        spaces = [(str(name), int(d), grid) for name, d, grid in self.spaces]
-        total = sum(d for _, d, _ in spaces)
+        spaces = [(str(name), int(d), grid, *rest) for name, d, grid, *rest in self.spaces]
+        total = sum(space[1] for space in spaces)
         if total != n_features:
             raise SpecError(f"spaces of {total} numbers in all, the inputs have {n_features}")
         return bind_in_spaces(specs, spaces)
 
     def _split(self, X):
         """Dense inputs of several spaces as :class:`Spaces`; others as they are."""
-        if self.spaces is None or len(self.spaces) < 2 or isinstance(X, Documents):
+        if self.spaces is None or len(self.spaces) < 2 or isinstance(X, (Documents, *_PREPARED)):
             return X
-        return Spaces.split(X, [int(d) for _, d, _ in self.spaces])
+        return Spaces.split(X, [int(space[1]) for space in self.spaces])
+
+    def _validated(self, X, y, reset: bool):
+        """``X`` (and ``y``) checked as scikit-learn checks them; items that come prepared
+        (bags of visual words) only counted."""
+        if not isinstance(X, _PREPARED):
+            kwargs = {"accept_sparse": "csr", "dtype": np.float64, "order": "C", "reset": reset}
+            if y is None:
+                return validate_data(self, X, **kwargs), None
+            return validate_data(self, X, y, **kwargs)
+        if reset:
+            self.n_features_in_ = X.shape[1]
+        elif X.shape[1] != self.n_features_in_:
+            raise ValueError(f"expected items of {self.n_features_in_} numbers, got {X.shape[1]}")
+        if y is not None:
+            y = column_or_1d(y)
+            if len(y) != len(X):
+                raise ValueError(f"{len(X)} items but {len(y)} labels")
+        return X, y
 
     def fit(self, X, y=None):
         """Choose the basis and learn the normalisation.
@@ -344,10 +341,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         -------
         features : ndarray of shape (n_samples, M * n_basis)
         """
-        if y is None:
-            X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C")
-        else:
-            X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64, order="C")
+        X, y = self._validated(X, y, reset=True)
         documents = sp.issparse(X)  # sparse inputs are word counts
         specs, normalization, measures = self._check_params(X.shape[1], documents)
         X = self._split(self._items(X, reset=True))
@@ -402,7 +396,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         features : ndarray of shape (n_samples, M * n_basis)
         """
         check_is_fitted(self)
-        X = validate_data(self, X, accept_sparse="csr", dtype=np.float64, order="C", reset=False)
+        X, _ = self._validated(X, None, reset=False)
         documents = self.idf_ is not None
         if sp.issparse(X) != documents:
             kind = "word counts (sparse)" if documents else "dense inputs"

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
@@ -64,6 +65,40 @@ def _kind(constraints: list[Any]) -> tuple[type | None, list[str] | None, bool]:
     return None, None, allows_none
 
 
+@dataclass(frozen=True)
+class DerivedOption:
+    """The option of one estimator parameter.
+
+    Attributes
+    ----------
+    parameter : str
+    flags : tuple of str
+        Its option strings, the derived one first.
+    none_choice : bool
+        ``none`` is a choice that stands for the parameter's None (a choice-list parameter that
+        may be None); other parameters take ``none`` as the value it is (``--normalization
+        none``, ``--input-transform none``).
+    """
+
+    parameter: str
+    flags: tuple[str, ...]
+    none_choice: bool = False
+
+    def given(self, args: argparse.Namespace) -> bool:
+        return getattr(args, self.parameter) is not None
+
+    def value(self, args: argparse.Namespace) -> Any:
+        raw = getattr(args, self.parameter)
+        return None if self.none_choice and raw == NONE_CHOICE else raw
+
+    def as_written(self, argv: Sequence[str]) -> str:
+        """The option string the command line used (an alias, if that is what was typed)."""
+        for flag in self.flags:
+            if any(arg == flag or arg.startswith(f"{flag}=") for arg in argv):
+                return flag
+        return self.flags[0]
+
+
 def add_estimator_arguments(
     group,
     cls: type,
@@ -71,8 +106,9 @@ def add_estimator_arguments(
     skip: Collection[str] = (),
     aliases: Mapping[str, tuple[str, ...]] | None = None,
     defaults: Mapping[str, Any] | None = None,
+    default_help: Mapping[str, str] | None = None,
     extra_help: Mapping[str, str] | None = None,
-) -> list[str]:
+) -> list[DerivedOption]:
     """Add one option per parameter of ``cls`` to ``group`` (a parser or an argument group).
 
     Parameters
@@ -88,15 +124,18 @@ def add_estimator_arguments(
     defaults : mapping of str to object, optional
         Defaults of this command that differ from the estimator's (they are applied by
         :func:`estimator_params`, and named in the help).
+    default_help : mapping of str to str, optional
+        How the help names a default that is no value a user would type (None, -1).
     extra_help : mapping of str to str, optional
         Text appended to a parameter's help.
 
     Returns
     -------
-    list of str
-        The parameters that got an option, in the signature's order.
+    list of DerivedOption
+        One per parameter that got an option, in the signature's order.
     """
-    aliases, defaults, extra_help = aliases or {}, defaults or {}, extra_help or {}
+    aliases, defaults = aliases or {}, defaults or {}
+    default_help, extra_help = default_help or {}, extra_help or {}
     docs = parameter_docs(cls)
     constraints = getattr(cls, "_parameter_constraints", {})
     added = []
@@ -106,41 +145,34 @@ def add_estimator_arguments(
         value_type, choices, allows_none = _kind(constraints.get(name, []))
         if value_type is None:
             raise TypeError(f"{cls.__name__}.{name}: no option type can be derived")
+        none_choice = choices is not None and allows_none
+        if none_choice:
+            choices = [*choices, NONE_CHOICE]
         default = defaults.get(name, parameter.default)
-        shown = NONE_CHOICE if default is None and choices else default
+        shown = default_help.get(name, NONE_CHOICE if default is None else default)
         help_text = docs.get(name, "").rstrip(".")
         if name in extra_help:
             help_text = f"{help_text}; {extra_help[name]}"
-        if choices is not None and allows_none:
-            choices = [*choices, NONE_CHOICE]
+        flags = (option_name(name), *aliases.get(name, ()))
         group.add_argument(
-            option_name(name),
-            *aliases.get(name, ()),
+            *flags,
             dest=name,
             type=value_type,
             choices=choices,
             default=None,
             help=f"{help_text} (default: {shown})".replace("%", "%%"),
         )
-        added.append(name)
+        added.append(DerivedOption(name, flags, none_choice))
     return added
 
 
 def estimator_params(
     args: argparse.Namespace,
-    names: list[str],
+    options: Sequence[DerivedOption],
     defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The parameters given on the command line (``none`` choices read as None), with this
-    command's ``defaults`` for the ones left out; the estimator's defaults apply to the rest."""
+    """The parameters given on the command line, with this command's ``defaults`` for the ones
+    left out; the estimator's defaults apply to the rest."""
     params = dict(defaults or {})
-    for name in names:
-        value = getattr(args, name)
-        if value is not None:
-            params[name] = None if value == NONE_CHOICE else value
+    params.update({o.parameter: o.value(args) for o in options if o.given(args)})
     return params
-
-
-def given_options(args: argparse.Namespace, names: Collection[str]) -> list[str]:
-    """The options among ``names`` that the command line set, as written (``--basis-per-class``)."""
-    return [option_name(name) for name in names if getattr(args, name) is not None]

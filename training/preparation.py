@@ -20,8 +20,10 @@ from sklearn.utils.validation import column_or_1d, validate_data
 
 from service.model.errors import SpecError
 from service.model.inputs.base import InputKind
+from service.model.inputs.bof import BagOfFeatures
 from service.model.inputs.dense import DenseInputs, TransformedSpace
 from service.model.inputs.documents import DocumentInputs
+from service.model.inputs.kinds import input_kind_for_data
 from service.model.inputs.spaces import Spaces
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
@@ -29,6 +31,7 @@ from service.model.inputs.words import DEFAULT_TOKEN_PATTERN, Vocabulary
 from service.model.similarity import SimilaritySpec
 from training.expansion import BasisExpansion
 from training.preprocessing import InputNormalizer
+from training.visual_words import fit_bag_of_features
 
 
 class InputPreparation(ABC):
@@ -39,6 +42,12 @@ class InputPreparation(ABC):
     kind's, not repeated here."""
 
     spec: InputSpec
+
+    @classmethod
+    @abstractmethod
+    def of(cls, spec: InputSpec | None, estimator) -> InputPreparation:
+        """The preparation of data of ``spec`` for ``estimator``'s parameters (None: for
+        prediction inputs only)."""
 
     @abstractmethod
     def validate_fit(self, estimator, X, y) -> tuple[Any, np.ndarray]:
@@ -87,10 +96,23 @@ class DensePreparation(InputPreparation):
         spec: InputSpec | None = None,
         transform: str | None = None,
         input_normalization: str = "global",
+        random_state: int | None = 0,
     ):
         self.spec = spec
         self.transform_text = transform
         self.input_normalization = input_normalization
+        self.random_state = random_state
+
+    @classmethod
+    def of(cls, spec, estimator):
+        if estimator is None:
+            return cls(spec)
+        return cls(
+            spec,
+            estimator.input_transform,
+            estimator.input_normalization,
+            estimator.random_state,
+        )
 
     def validate_fit(self, estimator, X, y):
         X = self._flat(estimator, X, fitting=True)
@@ -131,40 +153,83 @@ class DensePreparation(InputPreparation):
         return self._transform.grid_shape(self.spec)
 
     @property
-    def spaces(self) -> tuple[tuple[str, int, tuple[int, int, int] | None], ...]:
+    def spaces(self) -> tuple[tuple[str, int, tuple[int, int, int] | None, int], ...]:
         return tuple(
-            (str(t), t.n_features(self.spec), t.grid_shape(self.spec)) for t in self._transforms
+            (
+                str(t),
+                t.n_features(self.spec),
+                t.grid_shape(self.spec),
+                t.bof_cells() if t.reads_cells else 0,
+            )
+            for t in self._transforms
         )
 
     def fit_items(self, X):
         """Each transform computed once and normalised on its own (each space has its own mean
-        and scale); several spaces are laid side by side in the columns."""
-        self._normalizers = []
+        and scale), or for a fitted transform (``bof``) its visual words learned
+        (:func:`training.visual_words.fit_bag_of_features`); several dense spaces are laid
+        side by side in the columns, spaces of bags of visual words given as
+        :class:`Spaces`."""
+        self._fitted = []  # per transform: its InputNormalizer, or its BagOfFeatures
         parts = []
         for transform in self._transforms:
+            if transform.is_fitted:
+                bag, items = fit_bag_of_features(transform, self.spec, X, self.random_state)
+                self._fitted.append(bag)
+                parts.append(items)
+                continue
             transformed = transform.apply(X, self.spec)
             normalizer = InputNormalizer(scaling=self.input_normalization).fit(transformed)
-            self._normalizers.append(normalizer)
+            self._fitted.append(normalizer)
             parts.append(normalizer.transform(transformed))
+        if len(parts) == 1:
+            return parts[0]
+        if any(t.is_fitted for t in self._transforms):
+            return Spaces(tuple(parts))
+        return np.hstack(parts)
+
+    @property
+    def transforms(self) -> tuple[InputTransform, ...]:
+        """The transforms settled on (:meth:`settle`), one per space, the model's first."""
+        return self._transforms
+
+    def use_normalizers(self, normalizers: Sequence[InputNormalizer]) -> None:
+        """Take the normalisation of each space as fitted elsewhere, instead of
+        :meth:`fit_items` (a cluster's reductions over shards, :mod:`training.distributed_fit`).
+        """
+        if len(normalizers) != len(self._transforms):
+            raise ValueError(f"{len(normalizers)} normalisers for {len(self._transforms)} spaces")
+        self._fitted = list(normalizers)
+
+    def prepare(self, X) -> np.ndarray:
+        """Rows prepared as :meth:`fit_items` prepares the training set, with the fitted
+        normalisation: what the basis expansion reads."""
+        parts = [
+            normalizer.transform(transform.apply(X, self.spec))
+            for transform, normalizer in zip(self._transforms, self._fitted, strict=True)
+        ]
         return parts[0] if len(parts) == 1 else np.hstack(parts)
 
     def model_inputs(self, expansion):
         basis = expansion.basis_
         bases = basis.arrays if isinstance(basis, Spaces) else (basis,)
-        first = self._normalizers[0]
-        more = tuple(
-            TransformedSpace(transform, normalizer.mean_, normalizer.scale_, space_basis)
-            for transform, normalizer, space_basis in zip(
-                self._transforms[1:], self._normalizers[1:], bases[1:], strict=True
+        spaces = [
+            TransformedSpace(transform, None, None, space_basis)
+            if transform.is_fitted
+            else TransformedSpace(transform, fitted.mean_, fitted.scale_, space_basis)
+            for transform, fitted, space_basis in zip(
+                self._transforms, self._fitted, bases, strict=True
             )
-        )
+        ]
+        own = spaces[0]
         return DenseInputs(
             self.spec,
-            mean=first.mean_,
-            scale=first.scale_,
-            basis=bases[0],
+            mean=own.mean,
+            scale=own.scale,
+            basis=own.basis,
             transform=self._transform,
-            more_spaces=more,
+            more_spaces=tuple(spaces[1:]),
+            bags=tuple(f for f in self._fitted if isinstance(f, BagOfFeatures)),
         )
 
     def validate_predict(self, estimator, X):
@@ -183,6 +248,12 @@ class DocumentPreparation(InputPreparation):
         self.min_df = min_df
         self.stop_words = stop_words
         self.transform_text = transform
+
+    @classmethod
+    def of(cls, spec, estimator):
+        if estimator is None:
+            return cls()
+        return cls(estimator.min_df, estimator.stop_words, estimator.input_transform)
 
     def validate_fit(self, estimator, X, y):
         texts = as_texts(X)
@@ -210,27 +281,49 @@ class DocumentPreparation(InputPreparation):
         return as_texts(X)
 
 
-def preparation_for(X, estimator) -> InputPreparation:
-    """The input kind of a training set: documents for a sequence of texts, else dense."""
+# The preparation of each model input kind: training chooses through the model's kinds
+# (service.model.inputs.kinds.input_kind_for_data), never by a test of its own.
+PREPARATIONS: dict[type[InputKind], type[InputPreparation]] = {
+    DenseInputs: DensePreparation,
+    DocumentInputs: DocumentPreparation,
+}
+
+
+def data_spec(X, input_shape: str | None) -> InputSpec | None:
+    """What one item of a training set is: ``text`` for a sequence of texts; else the spec
+    ``input_shape`` names, or None to read it from the array (:meth:`InputPreparation.
+    validate_fit` sets it).
+
+    Raises
+    ------
+    ValueError
+        ``input_shape`` cannot be parsed, or does not fit the kind of data.
+    """
     if is_texts(X):
-        if estimator.input_shape not in (None, "text"):
-            raise ValueError(f"texts have no input_shape, got {estimator.input_shape!r}")
-        return DocumentPreparation(
-            estimator.min_df, estimator.stop_words, estimator.input_transform
-        )
-    spec = None
-    if estimator.input_shape is not None:
-        try:
-            spec = InputSpec.parse(estimator.input_shape)
-        except SpecError as error:
-            raise ValueError(f"input_shape: {error}") from None
-        if spec.is_documents:
-            raise ValueError(f"input_shape {spec} is for documents: pass a list of texts")
-    return DensePreparation(spec, estimator.input_transform, estimator.input_normalization)
+        if input_shape not in (None, "text"):
+            raise ValueError(f"texts have no input_shape, got {input_shape!r}")
+        return InputSpec("text", ())
+    if input_shape is None:
+        return None
+    try:
+        spec = InputSpec.parse(input_shape)
+    except SpecError as error:
+        raise ValueError(f"input_shape: {error}") from None
+    if spec.is_documents:
+        raise ValueError(f"input_shape {spec} is for documents: pass a list of texts")
+    return spec
+
+
+def preparation_for(X, estimator) -> InputPreparation:
+    """The preparation of a training set, by the input kind of the model it makes."""
+    spec = data_spec(X, estimator.input_shape)
+    kind = DenseInputs if spec is None else input_kind_for_data(spec)
+    return PREPARATIONS[kind].of(spec, estimator)
 
 
 def preparation_for_spec(spec: InputSpec) -> InputPreparation:
-    return DocumentPreparation() if spec.is_documents else DensePreparation(spec)
+    """The preparation that reads prediction inputs of a fitted model's ``spec``."""
+    return PREPARATIONS[input_kind_for_data(spec)].of(spec, None)
 
 
 def is_texts(X) -> bool:

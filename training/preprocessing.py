@@ -85,3 +85,24 @@ class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         X = validate_data(self, X, dtype=np.float64, reset=False)
         return normalize_inputs(X, self.mean_, self.scale_)
+
+    @classmethod
+    def from_statistics(cls, scaling: str, mean: np.ndarray, scale) -> InputNormalizer:
+        """A fitted normaliser from statistics computed elsewhere (by a Dask cluster's
+        reductions, :mod:`training.distributed_fit`), the same as :meth:`fit` learns.
+
+        Parameters
+        ----------
+        scaling : {"global", "per-feature"}
+        mean : ndarray of shape (n_features,)
+        scale : float or ndarray of shape (n_features,)
+
+        Returns
+        -------
+        InputNormalizer
+        """
+        normalizer = cls(scaling=scaling)
+        normalizer.mean_ = np.asarray(mean, dtype=np.float64)
+        normalizer.scale_ = scale
+        normalizer.n_features_in_ = len(normalizer.mean_)
+        return normalizer

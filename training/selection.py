@@ -56,6 +56,7 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
 # theirs with these, and the pinned version is checked by the estimator checks in the tests.
 from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
@@ -98,6 +99,9 @@ RBF_GAMMAS = (0.25, 1.0, 4.0)
 BASIS_SIZES = (10, 25, 50, 100, 200, 400, 800)
 C_GRID = (0.1, 1.0, 10.0)
 STRATEGIES = ("index", "random", "kmedoids")
+# Images at least this many pixels a side are offered the bof transform (16 x 16 patches every 8
+# pixels: a 3 x 3 grid of patches at least).
+BOF_MIN_SIDE = 32
 SENSING_WORDS = (50, 150, 500)
 
 # The estimator's parameters the selection chooses: with ``similarity="auto"`` the command line
@@ -129,7 +133,7 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
     ``transform``: linear and rbf over :data:`RBF_GAMMAS` for vectors; those, ``rigid(1)`` and
     ``deformable(1, 1)`` on image grids (pixels or HOG cells); ``sensing1`` over
     :data:`SENSING_WORDS` and tf-idf ``linear`` for documents."""
-    if input_spec.is_documents:
+    if input_spec.is_documents or (transform is not None and transform.startswith("bof")):
         return [f"sensing1(n={n})" for n in SENSING_WORDS] + ["linear"]
     measures = ["linear"] + [f"rbf(gamma={gamma:g})" for gamma in RBF_GAMMAS]
     if input_spec.kind == "grid" and transform is not None:
@@ -139,12 +143,14 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
 
 def transform_candidates(input_spec: InputSpec) -> list[str | None]:
     """Input transforms to try: pixels and HOG cells at one or two cell sizes (about 4 x 4 and
-    7 x 7 cells) for images; none otherwise."""
+    7 x 7 cells) for images; and bags of visual words on a pyramid (``bof``, its defaults) for
+    images of at least :data:`BOF_MIN_SIDE` pixels a side; none otherwise."""
     if input_spec.kind != "grid" or input_spec.shape[2] not in (1, 3):
         return [None]
     side = min(input_spec.shape[:2])
     cells = sorted({c for c in (side // 4, side // 7) if c >= 2}, reverse=True)
-    return ["pixels"] + [f"hog({c})" for c in cells]
+    bof = ["bof"] if side >= BOF_MIN_SIDE else []
+    return ["pixels"] + [f"hog({c})" for c in cells] + bof
 
 
 def basis_size_candidates(
@@ -488,6 +494,8 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)
+    n_features_in_ : int
+        Numbers in one flattened dense input (not set for documents).
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -546,11 +554,19 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self._validate_params()
         started = time.monotonic()
         preparation = preparation_for(X, self.estimator)
-        X_checked, y_checked = preparation.validate_fit(clone(self.estimator), X, y)
+        probe = clone(self.estimator)
+        X_checked, y_checked = preparation.validate_fit(probe, X, y)
+        check_classification_targets(y_checked)
+        if hasattr(probe, "n_features_in_"):  # dense inputs
+            self.n_features_in_ = probe.n_features_in_
         spec = preparation.spec
-        labels = np.asarray(y_checked)
+        # The folds see the labels as the artifact names them: the classes' order, hence the
+        # items a random or k-medoids basis draws per class, is that of the text.
+        labels = np.asarray([str(label) for label in y_checked])
         if len(np.unique(labels)) < 2:
-            raise ValueError("the training set needs at least two classes")
+            raise ValueError(
+                f"a classifier needs at least two classes in y, got 1 class: {labels[0]!r}"
+            )
         jobs = available_cpus() if self.n_jobs is None or self.n_jobs < 0 else max(1, self.n_jobs)
         folds, n_items = _folds(X_checked, labels, self.cv, self.random_state, self.max_items)
         rules = _rules_for(spec)
@@ -564,8 +580,15 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             "C": 1.0,
         }
         # The folds read flat rows: the wrapped estimator must read them as the whole set's.
+        # Their bases are drawn with the selection's seed where the estimator has none, so that
+        # a seed gives one path.
         base = clone(self.estimator).set_params(
-            input_shape=None if spec.is_documents else str(spec)
+            input_shape=None if spec.is_documents else str(spec),
+            random_state=(
+                self.random_state
+                if self.estimator.get_params()["random_state"] is None
+                else self.estimator.get_params()["random_state"]
+            ),
         )
         scorer = _FoldScorer(base, folds, jobs, started + self.budget, self.verbose)
         search = _Search(scorer, start, self.margin, started)
@@ -671,6 +694,8 @@ def _run_stages(search: _Search, spec: InputSpec, folds: list[_Fold], rules: _Ki
                 )
                 for transform in transform_candidates(spec)
                 for normalization in (GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION)
+                # word counts are not normalised: one candidate for bof
+                if transform != "bof" or normalization == GLOBAL_NORMALIZATION
             ],
             replace_current=True,
         )

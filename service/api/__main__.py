@@ -17,15 +17,18 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
+import ssl
 
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
+from service.api.auth import KeyFileError, KeyStore
 from service.api.connections import ConnectionLimits, limited_config
 from service.api.metrics import forget_worker, multiprocess_directory
 from service.api.observability import logging_config
 from service.api.settings import Settings
+from service.api.tls import TlsFiles
 from service.model.threads import worker_environment
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
@@ -93,6 +96,13 @@ def main() -> None:
     os.environ.setdefault("PYTHONFAULTHANDLER", "1")
     faulthandler.enable()
     settings = Settings()
+    tls = TlsFiles.from_settings(settings)
+    try:  # what every worker reads, read once here: a bad file stops the start with one line
+        KeyStore(settings)
+        if tls is not None:
+            tls.ssl_context()
+    except (KeyFileError, OSError, ssl.SSLError) as error:
+        raise SystemExit(f"cannot start: {error}") from None
     options = dict(
         host=settings.host,
         port=settings.port,
@@ -109,6 +119,7 @@ def main() -> None:
         limits=ConnectionLimits(
             settings.header_timeout_s, settings.body_timeout_s, settings.max_connections
         ),
+        **({} if tls is None else tls.uvicorn_options()),
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)

@@ -1,22 +1,18 @@
 """The Open Inference Protocol's repository extension: list, load and unload models.
 
-Allowed only with ``Authorization: Bearer <ADMIN_TOKEN>``; with no token configured the routes
-answer 403 and say how to enable them. With several worker processes each request reaches one
+Allowed only with an admin key (``ADMIN_TOKEN``, or an admin key of ``API_KEYS_FILE``), checked
+before the route runs (:mod:`service.api.auth`); with no admin key configured the routes answer
+403 and say how to enable them. With several worker processes each request reaches one
 of them: to update every worker, use RELOAD_INTERVAL_S (each worker polls) or SIGHUP.
 """
 
 from __future__ import annotations
 
-import hmac
-from typing import Annotated
-
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from service.api.errors import (
-    AdminDisabledError,
     LoadRefusedError,
-    UnauthorizedError,
     documented_errors,
 )
 from service.api.registry import ModelRegistry, ModelState
@@ -25,35 +21,17 @@ from service.api.schemas import RepositoryIndexRequest, RepositoryModel
 
 router = APIRouter(prefix="/v2/repository", tags=["repository"])
 
-# FastAPI would document 422 with its own body (the Authorization header is a parameter): the
-# error handlers answer every 422 with the one error body.
-_ADMIN_ERRORS = documented_errors(401, 403, 422)
+_ADMIN_ERRORS = documented_errors(401, 403)
 
 
-def authorize(request: Request, authorization: str | None) -> ModelRegistry:
-    """The registry, for a request that carries the admin token (401, 403 otherwise)."""
-    token = request.app.state.settings.admin_token
-    if token is None:
-        raise AdminDisabledError(
-            "the repository routes are disabled: set ADMIN_TOKEN and send it as "
-            "'Authorization: Bearer <token>'"
-        )
-    scheme, _, given = (authorization or "").partition(" ")
-    expected = token.get_secret_value().encode()
-    # Compared in constant time, and always compared, so timing tells nothing of the token.
-    matches = hmac.compare_digest(given.strip().encode(), expected)
-    if scheme.lower() != "bearer" or not matches:
-        raise UnauthorizedError("send the admin token as 'Authorization: Bearer <token>'")
+def _registry(request: Request) -> ModelRegistry:
     return request.app.state.dataplane.registry
-
-
-Authorization = Annotated[str | None, Header(description="Bearer <ADMIN_TOKEN>")]
 
 
 @router.post(
     "/index",
     response_model=list[RepositoryModel],
-    responses={**_ADMIN_ERRORS, **documented_errors(400, 413, 415)},
+    responses={**_ADMIN_ERRORS, **documented_errors(400, 413, 415, 422)},
     openapi_extra={
         "requestBody": {
             "required": False,
@@ -65,12 +43,12 @@ Authorization = Annotated[str | None, Header(description="Bearer <ADMIN_TOKEN>")
         }
     },
 )
-async def repository_index(request: Request, authorization: Authorization = None) -> Response:
+async def repository_index(request: Request) -> Response:
     """Rescan the repository (new models are loaded, changed ones replaced, removed ones
     retired), then list every model with its state; ``{"ready": true}`` lists only the ready
     ones."""
-    registry = authorize(request, authorization)
-    # The body is optional, and read only once the token has been checked.
+    registry = _registry(request)
+    # The body is optional (the key was checked before the route ran).
     only_ready = (
         bool(await request.body()) and (await read_body(request, RepositoryIndexRequest)).ready
     )
@@ -90,10 +68,10 @@ async def repository_index(request: Request, authorization: Authorization = None
         **documented_errors(404, 409, meanings={404: "No such model in the repository."}),
     },
 )
-async def load_model(request: Request, name: ModelName, authorization: Authorization = None):
+async def load_model(request: Request, name: ModelName):
     """Load (or reload) the version of model ``name`` on disk, warm it up and swap it in.
     Answers once it serves, or 409 with the reason if it was refused."""
-    registry = authorize(request, authorization)
+    registry = _registry(request)
     entry = await registry.load(name)
     if entry.reason is not None:
         raise LoadRefusedError(entry.reason)
@@ -104,8 +82,8 @@ async def load_model(request: Request, name: ModelName, authorization: Authoriza
     "/models/{name}/unload",
     responses={**_ADMIN_ERRORS, **documented_errors(404, meanings={404: "No such model."})},
 )
-async def unload_model(request: Request, name: ModelName, authorization: Authorization = None):
+async def unload_model(request: Request, name: ModelName):
     """Stop serving model ``name`` (until it is loaded again on request)."""
-    registry = authorize(request, authorization)
+    registry = _registry(request)
     await registry.unload(name)
     return json_answer({})

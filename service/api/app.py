@@ -7,17 +7,22 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from grpc import aio as grpc_aio
 from pydantic import BaseModel
 
 import service
-from service.api import admin, catalogue, observability, routes, v2
+from service.api import admin, catalogue, observability, routes, tls, v2
+from service.api.auth import AccessPolicy, KeyCheckMiddleware, KeyStore, document_security
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
+from service.api.grpc_server import drain_on_signals, start_grpc_server
+from service.api.hotpath import HotRoutes
 from service.api.limits import install_limits
-from service.api.metrics import PrometheusMetrics
+from service.api.metrics import Metrics, PrometheusMetrics
 from service.api.registry import ModelRegistry, Repository
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.search.remote import CatalogueSource, SearchCluster
@@ -72,6 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     # One set of metrics per app (and per process: in multi-process mode they are its files).
     metrics = PrometheusMetrics()
+    keys = KeyStore(settings)
+    policy = AccessPolicy(keys, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -90,10 +97,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # again and again under the requests' small allocations.
             gc.collect()
             gc.freeze()
+            grpc = None
             try:
-                async with Rescans(registry, settings.reload_interval_s):
+                if settings.grpc_port is not None:
+                    grpc = await GrpcService.start(settings, plane, policy, metrics)
+                rescans = Rescans(
+                    registry,
+                    settings.reload_interval_s,
+                    each=[keys.reload],
+                    on_hangup=[tls.reload] if settings.tls_cert_file is not None else [],
+                )
+                async with rescans:
                     yield
             finally:
+                if grpc is not None:
+                    await grpc.stop()
                 plane.close()
                 if cluster is not None:
                     await cluster.close()
@@ -106,10 +124,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.keys = keys
     # Until the lifespan has run: a registry with nothing loaded, so every route answers 503.
     app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings, metrics)
-    app.openapi = _openapi_with(app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS + catalogue.BODY_SCHEMAS)
+    app.openapi = _openapi_with(
+        app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS + catalogue.BODY_SCHEMAS, policy
+    )
     install_error_handlers(app)
+    # Added first, so innermost of the middleware: the hot routes are answered inside every
+    # limit and the key check, and CORS preflights before the key check.
+    app.add_middleware(
+        HotRoutes, routes=app.router.routes, handlers={**routes.HOT_HANDLERS, **v2.HOT_HANDLERS}
+    )
+    app.add_middleware(KeyCheckMiddleware, policy=policy)
     install_limits(app, settings)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
@@ -135,8 +162,9 @@ async def search_cluster(settings: Settings) -> SearchCluster | None:
     return await SearchCluster(settings.search_cluster, settings.search_shard_timeout_s).start()
 
 
-def _openapi_with(app: FastAPI, schemas: tuple[type[BaseModel], ...]):
-    """The app's OpenAPI document, with the schemas of bodies the routes read themselves."""
+def _openapi_with(app: FastAPI, schemas: tuple[type[BaseModel], ...], policy: AccessPolicy):
+    """The app's OpenAPI document, with the schemas of bodies the routes read themselves and
+    the API key schemes (so that /docs can send a key)."""
     generate = app.openapi
 
     def openapi() -> dict:
@@ -150,6 +178,7 @@ def _openapi_with(app: FastAPI, schemas: tuple[type[BaseModel], ...]):
                 components.update(definition.pop("$defs", {}))
                 components[schema.__name__] = definition
             routes.state_limits(document, app.state.settings)
+            document_security(document, policy)
             app.openapi_schema = document
         return app.openapi_schema
 
@@ -160,13 +189,23 @@ class Rescans:
     """Rescans of the repository on SIGHUP and, if ``interval_s`` > 0, every ``interval_s``
     seconds: one at a time, requests arriving during a rescan coalesced into the next one.
 
-    An async context manager: the SIGHUP handler (where the process's main thread runs the
-    loop) and the background task live as long as the ``async with``.
+    ``each`` are called before every rescan (the API keys are re-read), ``on_hangup`` on each
+    SIGHUP (the TLS files are re-read). An async context manager: the SIGHUP handler (where the
+    process's main thread runs the loop) and the background task live as long as the
+    ``async with``.
     """
 
-    def __init__(self, registry: ModelRegistry, interval_s: float) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        interval_s: float,
+        each: list[Callable[[], None]] | None = None,
+        on_hangup: list[Callable[[], None]] | None = None,
+    ) -> None:
         self.registry = registry
         self.interval_s = interval_s
+        self.each = each or []
+        self.on_hangup = on_hangup or []
         self._wanted = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._hangup = False
@@ -175,11 +214,16 @@ class Rescans:
         logger.info("rescan of the %s requested (%s)", self.registry.repository.describe(), why)
         self._wanted.set()
 
+    def _hung_up(self) -> None:
+        for reload in self.on_hangup:
+            reload()
+        self.request("SIGHUP")
+
     async def __aenter__(self) -> Rescans:
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             # Only a process's main thread may handle signals (not, e.g., a test client's).
-            loop.add_signal_handler(signal.SIGHUP, self.request, "SIGHUP")
+            loop.add_signal_handler(signal.SIGHUP, self._hung_up)
             self._hangup = True
         self._task = loop.create_task(self._run())
         return self
@@ -200,7 +244,39 @@ class Rescans:
             except TimeoutError:
                 pass
             self._wanted.clear()
+            for reload in self.each:
+                reload()
             try:
                 await self.registry.sync()
             except Exception:  # a failed rescan must not end the rescans
                 logger.exception("rescanning the %s failed", self.registry.repository.describe())
+
+
+class GrpcService:
+    """The gRPC server of one app: started by the lifespan, drained on SIGTERM (with HTTP),
+    stopped at the end of the lifespan."""
+
+    def __init__(self, server: grpc_aio.Server, grace_s: float) -> None:
+        self.server = server
+        self.grace_s = grace_s
+        self._stopping: asyncio.Task | None = None
+
+    @classmethod
+    async def start(
+        cls, settings: Settings, plane: DataPlane, policy: AccessPolicy, metrics: Metrics
+    ) -> GrpcService:
+        service = cls(
+            await start_grpc_server(settings, plane, policy, metrics), settings.shutdown_timeout_s
+        )
+        drain_on_signals(service.drain)
+        return service
+
+    def drain(self) -> None:
+        """Refuse new calls, and let those under way finish within SHUTDOWN_TIMEOUT_S."""
+        if self._stopping is None:
+            logger.info("gRPC: draining")
+            self._stopping = asyncio.get_running_loop().create_task(self.server.stop(self.grace_s))
+
+    async def stop(self) -> None:
+        self.drain()
+        await self._stopping

@@ -1,7 +1,9 @@
 """A model's catalogue as a live index: what it holds, and its items added, replaced and removed
 while the service answers.
 
-Updates need the admin token (``Authorization: Bearer <ADMIN_TOKEN>``). Each is a new catalogue
+Updates need an admin key (``ADMIN_TOKEN``, or an admin key of ``API_KEYS_FILE``), checked
+before the route runs (:mod:`service.api.auth`); reading needs what ``/search`` needs. Each update
+is a new catalogue
 version, on disk before the answer (a process killed at any point loses no acknowledged update)
 and served by this process from then on; searches in flight finish on the version they started
 with. Other worker processes serve it at once (the supervisor passes them a SIGHUP), and in any
@@ -10,12 +12,11 @@ case at their next rescan (RELOAD_INTERVAL_S).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from service.api.admin import authorize
 from service.api.dataplane import DataPlane
 from service.api.errors import documented_errors
 from service.api.registry import ModelSnapshot
@@ -36,7 +37,6 @@ _NO_CATALOGUE = "No model of that name, or it has no search model or catalogue (
 _UPDATE_ERRORS = documented_errors(
     400, 401, 403, 404, 408, 413, 415, 422, 503, 504, meanings={404: _NO_CATALOGUE}
 )
-Authorization = Annotated[str | None, Header(description="Bearer <ADMIN_TOKEN>")]
 
 
 def _plane(request: Request) -> DataPlane:
@@ -105,13 +105,10 @@ async def get_item(request: Request, name: ModelName, item_id: str) -> Response:
 
 
 @router.post("/items", **_body_doc(CatalogueItemsRequest, CatalogueUpdateResponse))
-async def upsert_items(
-    request: Request, name: ModelName, authorization: Authorization = None
-) -> Response:
+async def upsert_items(request: Request, name: ModelName) -> Response:
     """Add items (ids, instances in the model's input shape, optional attributes): projected
     and written as a new shard; an id already in the catalogue is replaced. Answers once the
     new version is on disk and served."""
-    authorize(request, authorization)
     body = await read_body(request, CatalogueItemsRequest)
     ids = [str(i) for i in body.ids]
     snapshot, result = await _plane(request).update_catalogue(
@@ -121,12 +118,9 @@ async def upsert_items(
 
 
 @router.post("/delete", **_body_doc(CatalogueDeleteRequest, CatalogueUpdateResponse))
-async def delete_items(
-    request: Request, name: ModelName, authorization: Authorization = None
-) -> Response:
+async def delete_items(request: Request, name: ModelName) -> Response:
     """Remove items by id (tombstones, applied inside the search kernel); ids that are not
     there are listed in ``missing``. Answers once the new version is on disk and served."""
-    authorize(request, authorization)
     body = await read_body(request, CatalogueDeleteRequest)
     ids = [str(i) for i in body.ids]
     snapshot, result = await _plane(request).update_catalogue(

@@ -45,6 +45,9 @@ T = TypeVar("T")
 
 # Weight of the newest measurement in a snapshot's running cost estimate.
 COST_SMOOTHING = 0.2
+# A measurement counts at most this many times the estimate: one request preempted on a busy
+# host (milliseconds, for microseconds of work) must not send the next ones off the loop.
+COST_OUTLIER_FACTOR = 4.0
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
 
@@ -318,11 +321,11 @@ class DataPlane:
         """Fold one successful request's time into ``snapshot``'s estimate for ``kind``."""
         costs = self._costs.setdefault(snapshot, {})
         previous = costs.get(kind)
-        costs[kind] = (
-            seconds_per_unit
-            if previous is None
-            else (1 - COST_SMOOTHING) * previous + COST_SMOOTHING * seconds_per_unit
-        )
+        if previous is None:
+            costs[kind] = seconds_per_unit
+            return
+        measured = min(seconds_per_unit, COST_OUTLIER_FACTOR * previous)
+        costs[kind] = (1 - COST_SMOOTHING) * previous + COST_SMOOTHING * measured
 
     async def _run(
         self,

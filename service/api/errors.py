@@ -35,14 +35,6 @@ from service.model.errors import (
 logger = logging.getLogger("service.api")
 
 
-class AdminDisabledError(ModelError):
-    """A repository route was called but no ADMIN_TOKEN is configured."""
-
-
-class UnauthorizedError(ModelError):
-    """A repository route was called without the right bearer token."""
-
-
 class LoadRefusedError(ArtifactError):
     """A model version on disk was refused on request; the old version keeps serving."""
 
@@ -68,8 +60,6 @@ class UnsupportedMediaTypeError(ModelError):
 _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (MalformedBodyError, 400, "bad_request"),
     (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
-    (UnauthorizedError, 401, "unauthorized"),
-    (AdminDisabledError, 403, "forbidden"),
     (LoadRefusedError, 409, "load_refused"),
     (VersionConflictError, 409, "version_conflict"),
     (BatchTooLargeError, 413, "batch_too_large"),
@@ -204,6 +194,19 @@ async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
     )
 
 
+async def error_answer(request: Request, error: Exception) -> JSONResponse:
+    """The answer to ``error`` raised by a route's code, as the handlers below give it, for code
+    that runs outside FastAPI's routing (:mod:`service.api.hotpath`); anything else is raised
+    again (the server's error middleware answers 500 and logs it)."""
+    if isinstance(error, ModelError):
+        return await _domain_error(request, error)
+    if isinstance(error, RequestValidationError):
+        return await _validation_error(request, error)
+    if isinstance(error, StarletteHTTPException):
+        return await _http_error(request, error)
+    raise error
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map the domain hierarchy and framework errors to HTTP responses."""
     app.add_exception_handler(ModelError, _domain_error)
@@ -219,8 +222,9 @@ ERROR_MEANINGS: dict[int, str] = {
     400: "The body is not a JSON document: a syntax error, bytes that are not UTF-8, nesting "
     f"deeper than {MAX_JSON_DEPTH} levels, an integer of more than {MAX_INTEGER_DIGITS:,} digits, "
     "or no body at all.",
-    401: "Missing or wrong bearer token.",
-    403: "Repository routes are disabled (no ADMIN_TOKEN).",
+    401: "No API key, or one not valid (WWW-Authenticate: Bearer).",
+    403: "The key's scope does not allow the route, or (repository routes) no admin key is "
+    "configured (ADMIN_TOKEN, or an admin key in API_KEYS_FILE).",
     404: "No model of that name.",
     409: "The version on disk was refused; the old one (if any) keeps serving.",
     413: "The body is larger than MAX_REQUEST_BYTES, or the batch larger than MAX_BATCH_SIZE.",

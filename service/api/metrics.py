@@ -63,6 +63,10 @@ class Metrics:
     ) -> None:
         """A request was answered with ``status`` in ``seconds``."""
 
+    def grpc_finished(self, method: str, model: str, code: str, seconds: float) -> None:
+        """A gRPC call of ``method`` (ModelInfer, ...) ended with status ``code`` in
+        ``seconds``."""
+
     def batch(self, model: str, size: int) -> None:
         """Model ``model`` classified ``size`` instances in one request."""
 
@@ -154,8 +158,23 @@ class PrometheusMetrics(Metrics):
             multiprocess_mode="livemax",
             **common,
         )
+        grpc_labels = ("method", "model", "code")
+        self.grpc_requests = Counter(
+            "grpc_requests",
+            "gRPC calls answered, by method (ModelInfer, ...), model and status code.",
+            grpc_labels,
+            **common,
+        )
+        self.grpc_latency = Histogram(
+            "grpc_request_duration_seconds",
+            "Time from a gRPC call's arrival to its answer, by method, model and status code.",
+            grpc_labels,
+            buckets=LATENCY_BUCKETS_S,
+            **common,
+        )
         # Children by label values: .labels() costs a few microseconds a request otherwise.
-        self._request_children: dict[tuple[str, str, str, str], tuple] = {}
+        self._request_children: dict[tuple, tuple] = {}
+        self._batch_children: dict[str, Histogram] = {}
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -166,18 +185,29 @@ class PrometheusMetrics(Metrics):
         self, method: str, route: str, model: str, status: int, seconds: float
     ) -> None:
         self.in_flight.dec()
-        key = (method, route, model, str(status))
-        children = self._request_children.get(key)
+        self._observe(self.requests, self.latency, (method, route, model, str(status)), seconds)
+
+    def grpc_finished(self, method: str, model: str, code: str, seconds: float) -> None:
+        self._observe(self.grpc_requests, self.grpc_latency, (method, model, code), seconds)
+
+    def _observe(
+        self, counter: Counter, histogram: Histogram, labels: tuple[str, ...], seconds: float
+    ) -> None:
+        """Count one call and observe its time, through children cached by label values."""
+        children = self._request_children.get((id(counter), *labels))
         if children is None:
-            children = self._request_children[key] = (
-                self.requests.labels(*key),
-                self.latency.labels(*key),
+            children = self._request_children[(id(counter), *labels)] = (
+                counter.labels(*labels),
+                histogram.labels(*labels),
             )
         children[0].inc()
         children[1].observe(seconds)
 
     def batch(self, model: str, size: int) -> None:
-        self.batch_size.labels(model).observe(size)
+        child = self._batch_children.get(model)
+        if child is None:
+            child = self._batch_children[model] = self.batch_size.labels(model)
+        child.observe(size)
 
     def search_rows(self, model: str, rows: int) -> None:
         self.rows_read.labels(model).inc(rows)

@@ -18,12 +18,18 @@ health probes and scrapes at debug level.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import datetime
+import itertools
 import logging
+import math
 import os
+import queue
 import re
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +46,20 @@ REQUEST_ID_HEADER = "x-request-id"
 REQUEST_ID_PATTERN = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 UNMATCHED_ROUTE = "unmatched"
 # Answers to orchestrators and scrapers, every few seconds: logged at debug, not info.
-QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
+QUIET_PATHS = frozenset(
+    {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/v2/health/live",
+        "/v2/health/ready",
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    }
+)
 # Longest path an access line quotes.
 MAX_LOGGED_PATH = 1024
-ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "client")
+ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "client", "key")
 
 access_logger = logging.getLogger("service.api.access")
 
@@ -71,16 +87,23 @@ async def metrics(request: Request) -> Response:
 
 @dataclass(slots=True)
 class RequestContext:
-    """What the log lines and metrics of one request share: its id, and the model that
-    answered it (set by the data plane once it has the model's snapshot)."""
+    """What the log lines and metrics of one request share: its id, the model that answered it
+    (set by the data plane once it has the model's snapshot), and the fingerprint of the API key
+    that allowed it (set by :mod:`service.api.auth`; empty for open routes)."""
 
     request_id: str
     model: str = ""
+    key: str = ""
 
 
 _current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar(
     "besvm_request", default=None
 )
+
+
+def current_request() -> RequestContext | None:
+    """The request being served in this context (None outside requests)."""
+    return _current.get()
 
 
 def answered_by(model: str) -> None:
@@ -90,6 +113,31 @@ def answered_by(model: str) -> None:
         context.model = model
 
 
+@contextlib.contextmanager
+def request_scope(request_id: str | None) -> Iterator[RequestContext]:
+    """The context of one request served outside the HTTP middleware (a gRPC call): the id
+    (a client's, if valid, else a fresh one) in its log lines, the model and key it names."""
+    if request_id is None or not REQUEST_ID_PATTERN.fullmatch(request_id.encode("latin-1")):
+        request_id = fresh_request_id()
+    context = RequestContext(request_id)
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)
+
+
+# Fresh ids: this process's random prefix and a counter, 32 hex digits as a random id would be,
+# unique across processes and restarts without a system call per request (os.urandom's).
+_ID_PREFIX = os.urandom(8).hex()
+_id_numbers = itertools.count()
+
+
+def fresh_request_id() -> str:
+    """A new request id (32 hex digits)."""
+    return f"{_ID_PREFIX}{next(_id_numbers) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
     """The client's X-Request-ID if valid, else a fresh one (see the module docstring)."""
     for name, value in headers:
@@ -97,7 +145,7 @@ def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
             if REQUEST_ID_PATTERN.fullmatch(value):
                 return value.decode("ascii")
             break
-    return os.urandom(16).hex()
+    return fresh_request_id()
 
 
 def route_of(scope: Scope, routes: list) -> str:
@@ -176,27 +224,43 @@ class RequestObservability:
 
 
 def _log_access(scope: Scope, status: int, seconds: float) -> None:
-    path = scope["path"]
+    client = scope.get("client")
+    context = _current.get()
+    log_access(
+        scope["method"],
+        scope["path"],
+        status,
+        seconds,
+        None if client is None else f"{client[0]}:{client[1]}",
+        "" if context is None else context.key,
+    )
+
+
+def log_access(
+    method: str, path: str, status: int | str, seconds: float, client: str | None, key: str = ""
+) -> None:
+    """One access line (HTTP, and gRPC with method ``GRPC``, the call's path and its status
+    code's name): at debug for probes and scrapes, else info; ``key`` is the fingerprint of the
+    API key that allowed the request, if any."""
     level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
     if not access_logger.isEnabledFor(level):
         return
-    client = scope.get("client")
     fields = {
-        "method": scope["method"],
+        "method": method,
         "path": path[:MAX_LOGGED_PATH],
         "status": status,
         "duration_ms": round(seconds * 1000.0, 3),
-        "client": None if client is None else f"{client[0]}:{client[1]}",
+        "client": client,
     }
-    access_logger.log(
-        level,
-        '%s "%s %s" %d %.3f ms',
-        fields["client"],
-        fields["method"],
-        fields["path"],
-        status,
-        fields["duration_ms"],
-        extra=fields,
+    if key:
+        fields["key"] = key
+    # The record made directly: Logger.log would first look for the caller's file and line in
+    # the stack, which an access line never shows.
+    arguments = (client, method, fields["path"], status, fields["duration_ms"])
+    access_logger.handle(
+        access_logger.makeRecord(
+            access_logger.name, level, "", 0, '%s "%s %s" %s %.3f ms', arguments, None, extra=fields
+        )
     )
 
 
@@ -226,14 +290,30 @@ class RequestIdFilter(logging.Filter):
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
-    ``request_id``; access lines add ``method``, ``path``, ``status``, ``duration_ms`` and
-    ``client``; errors add ``exception`` (the traceback)."""
+    ``request_id``; access lines add ``method``, ``path``, ``status``, ``duration_ms``,
+    ``client`` and ``key``; errors add ``exception`` (the traceback)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._second: int | None = None
+        self._second_text = ""
+
+    def _timestamp(self, created: float) -> str:
+        """``created`` in ISO 8601 to the millisecond, UTC, as ``datetime.isoformat`` writes
+        it; the date and time up to the second computed once a second (the writer formats
+        hundreds of lines a second)."""
+        fraction, whole = math.modf(created)
+        second, microseconds = int(whole), round(fraction * 1e6)  # as datetime rounds
+        if microseconds >= 1_000_000:
+            second, microseconds = second + 1, microseconds - 1_000_000
+        if second != self._second:
+            moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
+            self._second, self._second_text = second, moment.strftime("%Y-%m-%dT%H:%M:%S")
+        return f"{self._second_text}.{microseconds // 1000:03d}+00:00"
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "ts": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
-                timespec="milliseconds"
-            ),
+            "ts": self._timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
@@ -250,6 +330,65 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+# How often the log writer wakes to write what has queued up: rarely enough that a busy server
+# pays one wake-up, one format loop and one write for hundreds of lines, soon enough for a
+# reader of the log.
+LOG_FLUSH_INTERVAL_S = 0.05
+
+
+class BackgroundStreamHandler(logging.StreamHandler):
+    """A stream handler that formats and writes on a thread of its own.
+
+    The thread that logs (the event loop, for access lines) only runs the filters (the request
+    id is read there, from the request's context) and queues the record. Every
+    :data:`LOG_FLUSH_INTERVAL_S` the writer thread formats what has queued up and writes it
+    with one write and one flush: a wake-up per line (a thread switch, the interpreter's lock
+    handed over and back) would cost a request more than formatting its line. Lines keep their
+    order. :meth:`close` (``logging.shutdown``, at exit) writes what is still queued; a process
+    killed outright loses the lines of its last moments. A record's message is formatted late,
+    so its arguments must not change after the call (the service logs values).
+    """
+
+    def __init__(self, stream=None) -> None:
+        super().__init__(stream)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closing = threading.Event()
+        self._writer: threading.Thread | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write, name="besvm-log-writer", daemon=True
+            )
+            self._writer.start()
+        self._queue.put(record)
+
+    def _write(self) -> None:
+        while True:
+            closing = self._closing.wait(LOG_FLUSH_INTERVAL_S)
+            lines, last = [], None
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    last = self._queue.get_nowait()
+                    try:
+                        lines.append(self.format(last) + self.terminator)
+                    except Exception:
+                        self.handleError(last)
+            if lines:
+                try:
+                    self.stream.write("".join(lines))
+                    self.stream.flush()
+                except Exception:  # a closed or broken stream: as logging does, go on
+                    self.handleError(last)
+            if closing:
+                return
+
+    def close(self) -> None:
+        writer = self._writer
+        if writer is not None and writer.is_alive():
+            self._closing.set()
+            writer.join(timeout=5)
+        super().close()
 
 
 def logging_config(level: str, log_format: str) -> dict[str, Any]:
@@ -268,7 +407,7 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
         "formatters": {"default": formatter},
         "handlers": {
             "default": {
-                "class": "logging.StreamHandler",
+                "class": f"{__name__}.BackgroundStreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "default",
                 "filters": ["request_id"],

@@ -338,6 +338,16 @@ async def get_vocabulary(request: Request, name: ModelName) -> Response:
     return json_answer(payload, snapshot)
 
 
+# The routes service.api.hotpath answers without FastAPI's dispatch, by template: each handler
+# takes the request and its path parameters.
+HOT_HANDLERS = {
+    "/classify": lambda request, params: _classify(request, None),
+    "/v1/models/{name}/classify": lambda request, params: _classify(request, params["name"]),
+    "/search": lambda request, params: _search(request, None),
+    "/v1/models/{name}/search": lambda request, params: _search(request, params["name"]),
+}
+
+
 def state_limits(document: dict[str, Any], settings: Settings) -> None:
     """State in the OpenAPI ``document`` the limits this server's ``settings`` set, where
     clients read bounds: ``maximum`` and ``maxItems`` of the fields they bound, and the numbers

@@ -151,12 +151,52 @@ class Settings(BaseSettings):
         "carry the request id.",
     )
 
+    # -- who may call, and over what (docs/security.md) ------------------------------------------
+    api_keys_file: Path | None = Field(
+        None,
+        description="A file of API keys, one '<key> <scope>' a line ('#' comments; the key may "
+        "be given as sha256:<64 hex digits>), scope 'read' (classify, search, metadata) or "
+        "'admin' (also the repository routes). Set, every route but the probes (and /metrics, "
+        "unless METRICS_REQUIRE_KEY) needs a key: 'Authorization: Bearer <key>' or "
+        "'X-API-Key: <key>'. Re-read on SIGHUP and on each rescan (API_KEYS_FILE).",
+    )
+    metrics_require_key: bool = Field(
+        False,
+        description="GET /metrics needs a key too (any scope) (METRICS_REQUIRE_KEY).",
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate chain: serve HTTPS (and gRPC over TLS) (TLS_CERT_FILE). "
+        "Re-read, with the key and the client CA, on SIGHUP.",
+    )
+    tls_key_file: Path | None = Field(
+        None,
+        description="PEM private key of TLS_CERT_FILE (TLS_KEY_FILE; default: in that file).",
+    )
+    tls_client_ca_file: Path | None = Field(
+        None,
+        description="PEM certificates of the authorities whose client certificates are "
+        "accepted: every client must present one (mutual TLS) (TLS_CLIENT_CA_FILE).",
+    )
+    grpc_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve the Open Inference Protocol over gRPC on this port too, on HOST "
+        "(GRPC_PORT; unset: off; MLServer's is 8081). Every worker serves it.",
+    )
+
     @field_validator(
         "model_repository",
         "model_dir",
         "default_model",
         "admin_token",
         "search_cluster",
+        "api_keys_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_client_ca_file",
+        "grpc_port",
         mode="before",
     )
     @classmethod
@@ -178,4 +218,10 @@ class Settings(BaseSettings):
     def _one_source(self) -> Settings:
         if self.model_repository is not None and self.model_dir is not None:
             raise ValueError("set MODEL_REPOSITORY or MODEL_DIR, not both")
+        if self.tls_cert_file is None and (self.tls_key_file or self.tls_client_ca_file):
+            raise ValueError("TLS_KEY_FILE and TLS_CLIENT_CA_FILE need TLS_CERT_FILE")
+        if self.metrics_require_key and self.api_keys_file is None and self.admin_token is None:
+            raise ValueError("METRICS_REQUIRE_KEY needs keys: set API_KEYS_FILE (or ADMIN_TOKEN)")
+        if self.grpc_port is not None and self.grpc_port == self.port:
+            raise ValueError(f"GRPC_PORT must differ from PORT ({self.port})")
         return self

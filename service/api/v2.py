@@ -205,3 +205,12 @@ async def infer(request: Request, name: ModelName) -> Response:
 async def infer_version(request: Request, name: ModelName, version: ModelVersion) -> Response:
     """As POST /v2/models/{name}/infer, by the version served."""
     return await _infer(request, name, version)
+
+
+# The routes service.api.hotpath answers without FastAPI's dispatch (see routes.HOT_HANDLERS).
+HOT_HANDLERS = {
+    "/v2/models/{name}/infer": lambda request, params: _infer(request, params["name"], None),
+    "/v2/models/{name}/versions/{version}/infer": lambda request, params: _infer(
+        request, params["name"], params["version"]
+    ),
+}

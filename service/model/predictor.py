@@ -427,7 +427,9 @@ class Predictor:
     def warm_up(self) -> None:
         """Run the whole prediction path, serial and parallel, so compiled kernels are loaded."""
         work_per_row = self.n_basis * min(measure.pair_work for measure in self._measures)
-        for rows in (1, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // work_per_row) + 1):
+        # Two rows at least: a transform runs one image on the calling thread (bof), two or more
+        # in parallel when heavy.
+        for rows in (1, max(2, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // work_per_row) + 1)):
             self.decision_function(self.inputs.warm_up_batch(rows))
 
     # -- artifact form ---------------------------------------------------------------------

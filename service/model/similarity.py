@@ -22,7 +22,7 @@ from service.model import threads
 from service.model.errors import SpecError
 from service.model.inputs import words
 from service.model.inputs.transforms import InputTransform, parse_transform
-from service.model.inputs.words import Documents
+from service.model.inputs.words import CellDocuments, Documents
 from service.model.kernels import Drivers
 from service.model.kernels import dense as dense_kernels
 from service.model.kernels import grid as grid_kernels
@@ -64,7 +64,9 @@ class SimilarityKind:
 
     ``dense`` computes the measure on dense arrays (a grid kind's drivers take the grid's
     ``height, width, channels`` after ``basis, X``), ``documents`` on bag-of-words
-    :class:`~service.model.inputs.words.Documents`; a kind reads the items it has drivers for.
+    :class:`~service.model.inputs.words.Documents`, ``cells`` on images as bags of visual words
+    (:class:`~service.model.inputs.words.CellDocuments`: the documents measure on each pyramid
+    cell, summed with the cells' weights); a kind reads the items it has drivers for.
     ``cost`` gives the multiply-adds per dense feature pair as a function of the parameters.
     ``linear_in_input``: on dense items the measure is the inner product of b and x, so a linear
     function of its similarities is one of the input (see :meth:`BoundSimilarity.input_weights`).
@@ -75,6 +77,7 @@ class SimilarityKind:
     description: str
     dense: Drivers | None
     documents: Drivers | None = None
+    cells: Drivers | None = None
     needs_grid: bool = False
     cost: Callable[..., float] = _unit_cost
     positive_definite: bool = True
@@ -102,6 +105,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             description="inner product b . x (documents: of their tf-idf vectors)",
             dense=dense_kernels.LINEAR,
             documents=words.TFIDF_LINEAR,
+            cells=words.TFIDF_LINEAR_CELLS,
             linear_in_input=True,
         ),
         SimilarityKind(
@@ -110,6 +114,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             description="exp(-gamma ||b - x||^2) (documents: of their tf-idf vectors)",
             dense=dense_kernels.RBF,
             documents=words.TFIDF_RBF,
+            cells=words.TFIDF_RBF_CELLS,
         ),
         SimilarityKind(
             name="rigid",
@@ -141,6 +146,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             description="log of the multinomial sensing kernel on word counts (documents)",
             dense=None,
             documents=words.SENSING0,
+            cells=words.SENSING0_CELLS,
             positive_definite=False,
         ),
         SimilarityKind(
@@ -149,6 +155,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             description="sensing kernel on word frequencies scaled to n words (documents)",
             dense=None,
             documents=words.SENSING1,
+            cells=words.SENSING1_CELLS,
             positive_definite=False,
         ),
         SimilarityKind(
@@ -157,6 +164,7 @@ SIMILARITY_KINDS: dict[str, SimilarityKind] = {
             description="sensing0 after resampling each document to n_words words (documents)",
             dense=None,
             documents=words.SENSING2,
+            cells=words.SENSING2_CELLS,
             positive_definite=False,
         ),
     )
@@ -233,6 +241,15 @@ class SimilaritySpec:
         if int(np.prod(grid_shape)) != n_features:
             raise SpecError(f"grid {tuple(grid_shape)} does not hold {n_features} numbers")
 
+    def check_cells(self, inputs: str = "the inputs") -> None:
+        """Refuse a measure with no drivers on images as bags of visual words (grid
+        measures)."""
+        if self.kind.cells is None:
+            raise SpecError(
+                f"{self} does not apply to bags of visual words ({inputs}); the measures that "
+                f"do: {', '.join(k.name for k in SIMILARITY_KINDS.values() if k.cells)}"
+            )
+
     def check_documents(self, inputs_are_documents: bool, inputs: str = "the inputs") -> None:
         """Refuse a documents-only measure on dense inputs, and a dense-only one on documents."""
         if inputs_are_documents and self.kind.documents is None:
@@ -280,7 +297,10 @@ class SimilaritySpec:
         same kind of items (the predictor) :meth:`bind` once and call
         :meth:`BoundSimilarity.compute`.
         """
-        bound = self.bind(X.shape[1], grid_shape, documents=isinstance(X, Documents))
+        if isinstance(X, CellDocuments):
+            bound = self.bind(X.documents.n_words, cells=X.n_cells)
+        else:
+            bound = self.bind(X.shape[1], grid_shape, documents=isinstance(X, Documents))
         return bound.compute(basis, X, out)
 
     def bind(
@@ -288,6 +308,8 @@ class SimilaritySpec:
         n_features: int,
         grid_shape: tuple[int, int, int] | None = None,
         documents: bool = False,
+        *,
+        cells: int = 0,
     ) -> BoundSimilarity:
         """This measure checked against the items it will compare, its driver resolved.
 
@@ -299,6 +321,10 @@ class SimilaritySpec:
             How the flat items are laid out (row-major); required by grid measures.
         documents : bool, default=False
             The items are bag-of-words :class:`Documents`, not dense arrays.
+        cells : int, default=0, keyword-only
+            The items are images as bags of visual words over this many pyramid cells
+            (:class:`~service.model.inputs.words.CellDocuments`); ``n_features`` is then the
+            words of one cell.
 
         Returns
         -------
@@ -309,12 +335,18 @@ class SimilaritySpec:
         SpecError
             As :meth:`compute`.
         """
-        self.check_documents(documents)
+        if not cells:
+            self.check_documents(documents)
         kind = self.kind
         args = tuple(
             int(value) if p.integer else value
             for p, (_, value) in zip(kind.parameters, self.params, strict=True)
         )
+        if cells:
+            self.check_cells()
+            return BoundSimilarity(
+                self, args, threads.DOCUMENT_PAIR_MULTIPLY_ADDS * cells, kind.cells
+            )
         if documents:
             return BoundSimilarity(self, args, threads.DOCUMENT_PAIR_MULTIPLY_ADDS, kind.documents)
         if self.needs_grid:

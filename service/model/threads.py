@@ -39,6 +39,9 @@ FASTMATH = {"reassoc", "contract"}
 # thread: a parallel region costs tens of microseconds to start, and far more when another
 # process holds a core. rbf on 250 bases of 64 features: batches of up to 12 items run serially;
 # rigid(1) (cost 9): one item. Counted in arithmetic because these kernels are compute-bound.
+# The bof transform's nearest-word search counts against the same threshold (patches x words x
+# 128 per image: one 64 x 64 image at the defaults is 2.5 million, so every bof batch is heavy
+# work, and two images or more run in parallel).
 SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
 
 # Batches of at least this many inputs go through a measure's BLAS driver (linear and rbf as

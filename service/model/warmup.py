@@ -6,7 +6,11 @@ Run at image build time so that a container starts without compiling anything.
 import numpy as np
 import scipy.sparse as sp
 
-from service.model.inputs.words import Documents, canonical_counts, smooth_idf
+from service.model.inputs.bof import BagOfFeatures
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import parse_transform
+from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
+from service.model.kernels import bof as bof_kernels
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.search import search_top_k
 from service.model.search.codes import sparse_svm_code
@@ -23,6 +27,9 @@ def compile_kernels() -> list[str]:
     counts = canonical_counts(sp.csr_matrix(rng.integers(0, 3, size=(5, 4)).astype(float)))
     idf = smooth_idf(counts)
     basis_documents, documents = Documents(counts[:3], idf), Documents(counts[3:], idf)
+    # Images as bags of visual words: the same counts as 3 and 2 images of one cell each.
+    weights = np.ones(1)
+    basis_cells, cells = CellDocuments(basis_documents, weights), CellDocuments(documents, weights)
     wide = np.empty((2, 6))
     names = []
     for kind in SIMILARITY_KINDS.values():
@@ -31,6 +38,10 @@ def compile_kernels() -> list[str]:
             for driver in (kind.documents.serial, kind.documents.parallel):
                 driver(basis_documents, documents, *args, np.empty((2, 3)))
                 driver(basis_documents, documents, *args, wide[:, :3])
+        if kind.cells is not None:
+            for driver in (kind.cells.serial, kind.cells.parallel):
+                driver(basis_cells, cells, *args, np.empty((2, 3)))
+                driver(basis_cells, cells, *args, wide[:, :3])
         if kind.documents_only:
             names.append(kind.name)
             continue
@@ -43,7 +54,7 @@ def compile_kernels() -> list[str]:
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
         names.append(kind.name)
-    return names + compile_search() + compile_codes() + compile_hog()
+    return names + compile_search() + compile_codes() + compile_hog() + compile_bof()
 
 
 def compile_search() -> list[str]:
@@ -74,6 +85,25 @@ def compile_hog() -> list[str]:
         for driver in (hog_cells, hog_cells_serial):
             driver(X, 4, 4, channels, 2, 9, np.empty((2, 2 * 2 * 9)))
     return ["hog"]
+
+
+def compile_bof() -> list[str]:
+    """The bof transform's serving drivers (words, serial and parallel, and the pyramid counts)
+    on grey and colour images, with the argument types of
+    :class:`service.model.inputs.bof.BoundBagOfFeatures` (Python ints). The descriptors alone
+    are for training (the visual words), which compiles them when it needs them."""
+    rng = np.random.default_rng(0)
+    transform = parse_transform("bof(patch=4, step=1, words=2, levels=1)")
+    bag = BagOfFeatures(transform, rng.uniform(size=(2, 128)), np.ones(2))
+    for channels in (1, 3):
+        bound = bag.bind(InputSpec("grid", (5, 5, channels)))
+        X = rng.uniform(0, 16, size=(2, 5 * 5 * channels))
+        n_patches = bound.layout.n_patches
+        words = np.empty((2, n_patches), dtype=np.int64)
+        for driver in (bof_kernels.bof_words, bof_kernels.bof_words_serial):
+            driver(X, *bound.geometry, bag.centres, words, np.empty(2, dtype=np.bool_))
+        bound.cells_of(words)
+    return ["bof"]
 
 
 if __name__ == "__main__":

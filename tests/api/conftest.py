@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.serving import ServerNotReady, ServerProcess
+from benchmarks.serving import ServerNotReady
 from benchmarks.serving import server_process as start_server
 from service.api import Settings, create_app
 
@@ -49,12 +51,13 @@ def serving(model_dir: Path | None = None, **settings: str):
         yield server.url
 
 
-RunningServer = ServerProcess
-
-
 @contextlib.contextmanager
-def server_process(model_dir: Path | None = None, **settings: str):
-    """As :func:`serving`, yielding a :class:`RunningServer`."""
+def server_process(
+    model_dir: Path | None = None, probe: dict[str, typing.Any] | None = None, **settings: str
+):
+    """As :func:`serving`, yielding the :class:`benchmarks.serving.ServerProcess`. With
+    ``TLS_CERT_FILE`` the URL is https, and ``probe`` the httpx options (``verify``, ``cert``)
+    that its readiness is polled with."""
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
         "MAX_BATCH_SIZE": "50",
@@ -64,7 +67,11 @@ def server_process(model_dir: Path | None = None, **settings: str):
     }
     try:
         with start_server(
-            [sys.executable, "-m", "service.api"], env, ready_timeout=60, new_session=False
+            [sys.executable, "-m", "service.api"],
+            env,
+            ready_timeout=60,
+            new_session=False,
+            probe=probe,
         ) as server:
             yield server
     except ServerNotReady as error:
@@ -84,6 +91,17 @@ def worker_pids(supervisor: int) -> list[int]:
         if parent == supervisor and "spawn_main" in cmdline:
             pids.append(int(pid))
     return pids
+
+
+@pytest.fixture(scope="module")
+def protocol_repository(tmp_path_factory, digits_model_dir, text_model_dir):
+    """A repository for the protocol's tests: digits (images), topics (texts), and notes, a
+    directory that fails to load."""
+    root = tmp_path_factory.mktemp("protocol-repository")
+    shutil.copytree(digits_model_dir, root / "digits")
+    shutil.copytree(text_model_dir, root / "topics")
+    (root / "notes").mkdir()
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -115,3 +133,10 @@ def read_until_closed(sock: socket.socket, bound: float = 20.0) -> bytes:
     finally:
         sock.close()
     return received
+
+
+@pytest.fixture(scope="module")
+def bof_live_server(bof_model_dir):
+    """The glyphs model (bags of visual words beside pixels) served by a real server process."""
+    with serving(bof_model_dir) as url:
+        yield url

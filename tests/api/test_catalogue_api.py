@@ -118,6 +118,32 @@ def test_updates_need_the_admin_token(client, digits, attributed_model, tmp_path
         assert "ADMIN_TOKEN" in _error(response, 403)
 
 
+def test_with_a_key_file_updates_need_an_admin_key_and_reads_a_read_key(
+    attributed_model, digits, tmp_path
+):
+    copy = tmp_path / "digits"
+    shutil.copytree(attributed_model, copy)
+    keys = tmp_path / "keys.txt"
+    keys.write_text("reader-key read\nadmin-key admin\n")
+    settings = Settings(_env_file=None, model_dir=copy, api_keys_file=keys)
+    reader, admin = {"X-API-Key": "reader-key"}, {"Authorization": "Bearer admin-key"}
+    items = "/v1/models/digits/catalogue/items"
+    body = {"ids": ["keyed"], "instances": images(digits, 1)}
+    with TestClient(create_app(settings), raise_server_exceptions=False) as keyed:
+        assert "read scope" in _error(keyed.post(items, json=body, headers=reader), 403)
+        delete = "/v1/models/digits/catalogue/delete"
+        deleting = keyed.post(delete, json={"ids": ["0"]}, headers=reader)
+        assert "needs admin" in _error(deleting, 403)
+        _error(keyed.get("/v1/models/digits/catalogue"), 401)
+        assert keyed.get("/v1/models/digits/catalogue", headers=reader).json()["version"] == 1
+        assert keyed.post(items, json=body, headers=admin).json()["catalogue_version"] == 2
+        item = keyed.get(f"{items}/keyed", headers=reader)
+        assert item.json()["catalogue_version"] == 2
+        paths = keyed.get("/openapi.json", headers=reader).json()["paths"]
+    assert "403" in paths["/v1/models/{name}/catalogue/items"]["post"]["responses"]
+    assert {"bearerKey": []} in paths["/v1/models/{name}/catalogue"]["get"]["security"]
+
+
 @pytest.mark.parametrize(
     ("search", "status", "message"),
     [

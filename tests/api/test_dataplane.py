@@ -86,3 +86,19 @@ def test_a_zero_budget_keeps_everything_off_the_loop(digits_model_dir):
         assert plane.placement(snapshot, "classify", 1, True) is Placement.THREAD_POOL
 
     asyncio.run(scenario())
+
+
+def test_one_preempted_request_does_not_send_the_next_ones_off_the_loop(digits_model_dir):
+    async def scenario():
+        registry, plane = _plane(digits_model_dir, budget_ms=0.5)
+        await registry.sync()
+        snapshot = plane.snapshot(None)
+        plane.observe(snapshot, "classify", 30e-6)
+        plane.observe(snapshot, "classify", 5e-3)  # a busy host parked the thread for 5 ms
+        assert plane.placement(snapshot, "classify", 1, True) is Placement.INLINE
+        # Work that really costs more still leaves the loop after a few requests.
+        for _ in range(10):
+            plane.observe(snapshot, "classify", 5e-3)
+        assert plane.placement(snapshot, "classify", 1, True) is Placement.THREAD_POOL
+
+    asyncio.run(scenario())

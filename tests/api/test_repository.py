@@ -148,7 +148,7 @@ def test_repository_routes_need_the_admin_token(repository, route):
     with _client(repository, admin_token=TOKEN) as client:
         missing = client.post(f"/v2/repository/{route}")
         assert _error(missing, 401)["type"] == "unauthorized"
-        assert missing.headers["www-authenticate"] == "Bearer"
+        assert missing.headers["www-authenticate"].startswith("Bearer")
         wrong = {"Authorization": f"Bearer {TOKEN}x"}
         assert _error(client.post(f"/v2/repository/{route}", headers=wrong), 401)
         basic = {"Authorization": f"Basic {TOKEN}"}

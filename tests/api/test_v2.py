@@ -5,7 +5,6 @@ Scores are compared with the model library's own answers, computed here from the
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 
 import httpx
@@ -21,13 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory, digits_model_dir, text_model_dir):
-    """digits (images), topics (texts), and notes: a directory that fails to load."""
-    root = tmp_path_factory.mktemp("v2-repository")
-    shutil.copytree(digits_model_dir, root / "digits")
-    shutil.copytree(text_model_dir, root / "topics")
-    (root / "notes").mkdir()
-    return root
+def repository(protocol_repository):
+    return protocol_repository
 
 
 @pytest.fixture(scope="module")

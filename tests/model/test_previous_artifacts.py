@@ -33,6 +33,16 @@ def test_dense_model_of_two_spaces_answers_as_before(artifacts):
     assert predictor.predict(X).tolist() == expected["labels"]
 
 
+@pytest.mark.parametrize("name", ["default-v1", "wine-v1"])
+def test_default_and_per_feature_models_answer_as_before(artifacts, name):
+    """The default configuration (Nystroem, its projection folded into the weights at load)
+    and a per-feature normalised model of two measures."""
+    expected = EXPECTED[name]
+    predictor = Predictor.load(artifacts / name)
+    scores = predictor.decision_function(np.asarray(expected["instances"]))
+    np.testing.assert_allclose(scores, expected["scores"], rtol=1e-9, atol=1e-12)
+
+
 def test_search_model_and_catalogue_answer_as_before(artifacts):
     predictor = Predictor.load(artifacts / "digits-v1")
     index = SearchIndex.load(artifacts / "digits-v1", predictor)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from numba.core.dispatcher import Dispatcher
 
+from service.model.kernels import bof as bof_kernels
 from service.model.kernels import dense as dense_kernels
 from service.model.kernels import hog as hog_kernels
 from service.model.kernels import l1svm as l1svm_kernels
@@ -47,7 +48,7 @@ rng = np.random.default_rng(0)
 
 with event.install_recorder("numba:compile") as recorder:
     from service.model import Predictor
-    from service.model.inputs.words import Documents, canonical_counts, smooth_idf
+    from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
     from service.model.inputs.spec import InputSpec
     from service.model.search import SearchIndex, SearchQuery
     from service.model.kernels.search import search_top_k
@@ -97,6 +98,9 @@ with event.install_recorder("numba:compile") as recorder:
         counts = sp.csr_matrix(rng.integers(0, 3, size=(n, 30)).astype(float))
         return Documents(canonical_counts(counts), idf)
 
+    def cells(n):  # images as bags of visual words, 2 cells each
+        return CellDocuments(documents(2 * n), np.array([0.5, 0.5]))
+
     idf = smooth_idf(canonical_counts(sp.csr_matrix(np.ones((2, 30)))))
     for kind in SIMILARITY_KINDS.values():
         spec = parse_spec(kind.name)
@@ -104,6 +108,7 @@ with event.install_recorder("numba:compile") as recorder:
         for make, pair_work, applies in (
             (dense, spec.work(1, 1, 12), not kind.documents_only),
             (documents, DOCUMENT_PAIR_MULTIPLY_ADDS, kind.documents is not None),
+            (cells, 2 * DOCUMENT_PAIR_MULTIPLY_ADDS, kind.cells is not None),
         ):
             if not applies:
                 continue
@@ -174,7 +179,8 @@ def _name(dispatcher: Dispatcher) -> str:
 
 def serving_drivers() -> list[str]:
     """The dispatchers that serving calls from Python: the dense drivers of every measure, the
-    documents drivers, the search drivers and the HOG transform's, each serial and parallel."""
+    documents and cells drivers, the search drivers and the HOG and bof transforms', each serial
+    and parallel."""
     names = [
         _name(driver)
         for kind in SIMILARITY_KINDS.values()
@@ -191,15 +197,19 @@ def serving_drivers() -> list[str]:
     names += [_name(search_kernels.search_shards_parallel)]
     names += [_name(l1svm_kernels.l1_svm_path)]
     names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]
+    names += [_name(bof_kernels.bof_words), _name(bof_kernels.bof_words_serial)]
+    names += [_name(bof_kernels.pyramid_counts)]
     return names
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, digits_model_dir, search_model_dir, text_model_dir) -> dict:
+def served(
+    tmp_path_factory, digits_model_dir, search_model_dir, text_model_dir, bof_model_dir
+) -> dict:
     return serve_from_a_warmed_cache(
         tmp_path_factory.mktemp("numba-cache"),
         tmp_path_factory.mktemp("serve"),
-        [digits_model_dir, search_model_dir, text_model_dir],
+        [digits_model_dir, search_model_dir, text_model_dir, bof_model_dir],
         [sys.executable, "-m", "service.model.warmup"],
     )
 

@@ -9,7 +9,7 @@ import pytest
 
 from service.model import Predictor
 from service.model.similarity import parse_specs
-from training.cli import main
+from training.cli import build_parser, main
 
 
 @pytest.mark.parametrize("command", [[], ["fit"], ["evaluate"]])
@@ -144,6 +144,9 @@ def test_fit_with_a_transform_a_grid_measure_and_the_new_options(tmp_path, capsy
         (["--similarity", "rbf", "--normalization", "nystroem(shift)"], "spectrum must be one of"),
         (["--basis-per-class", "5", "-C", "2"], "selection chooses --basis-per-class, -C"),
         (["--similarity", "rigid(0.5)"], "h must be an integer"),
+        (["--similarity", "none"], "unknown similarity 'none'"),
+        (["--transform", "hog(2)", "--budget", "5"], "selection chooses --transform"),
+        (["--input-transform", "hog(2)"], "selection chooses --input-transform"),
     ],
 )
 def test_bad_model_options_exit_2_with_a_message(args, message, tmp_path, capsys):
@@ -154,6 +157,59 @@ def test_bad_model_options_exit_2_with_a_message(args, message, tmp_path, capsys
     assert main(["fit", "--out", str(tmp_path / "m"), "--quiet", *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "summary_line", "manifest_key", "recorded"),
+    [
+        # 'none' is a value of these options, not "unset": no normalisation, no transform.
+        (["--normalization", "none"], "normalization    none", "normalization", "none"),
+        (["--transform", "none"], "transform        none", "transform", "none"),
+    ],
+)
+def test_none_is_the_value_a_user_names(
+    args, summary_line, manifest_key, recorded, tmp_path, capsys
+):
+    out = tmp_path / "m"
+    base = ["fit", "--out", str(out), "--quiet", "--similarity", "rbf", "--basis-per-class", "3"]
+    assert main([*base, *args]) == 0
+    assert summary_line in capsys.readouterr().out
+    assert json.loads((out / "manifest.json").read_text())[manifest_key] == recorded
+
+
+def test_stop_words_none_keeps_every_word(tmp_path, capsys):
+    texts = tmp_path / "t.jsonl"
+    lines = [{"text": f"the {w} of the thing", "label": w[0]} for w in ["ant", "axe", "bee", "bow"]]
+    texts.write_text("\n".join(json.dumps(line) for line in lines * 10) + "\n")
+    out = tmp_path / "words"
+    args = ["fit", "--data", str(texts), "--out", str(out), "--quiet", "--similarity", "linear"]
+    assert main([*args, "--basis-per-class", "2", "--stop-words", "none", "--min-df", "1"]) == 0
+    assert "the" in Predictor.load(out).vocabulary.terms
+
+
+def test_model_options_are_the_estimators_parameters(capsys):
+    """fit's model options are derived from BasisExpandingSVC: types, choices, aliases, help."""
+    parser = build_parser()
+    args = parser.parse_args(
+        ["fit", "-C", "2", "--basis-per-class", "3", "--stop-words", "none", "--transform", "x"]
+    )
+    assert (args.C, args.basis_per_class, args.stop_words) == (2.0, 3, "none")
+    assert args.input_transform == "x"  # --transform is the old name of --input-transform
+    assert args.selection_budget is None  # unset: the estimator's default applies
+    with pytest.raises(SystemExit):
+        parser.parse_args(["fit", "--basis-strategy", "sideways"])
+    assert "invalid choice: 'sideways'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["fit", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for parameter, doc in [
+        ("--basis-per-class", "Basis items taken from each class"),
+        ("--selection-budget", "seconds the selection may take"),
+        ("--input-normalization {global,per-feature}", "standardised per feature first"),
+        ("--n-jobs", "Cores training may use"),
+    ]:
+        assert parameter in help_text
+        assert doc in help_text
 
 
 def test_fit_selects_by_default_and_records_the_path(tmp_path, capsys):

@@ -1,6 +1,7 @@
 """BasisExpandingSVC, the Python API: scikit-learn's estimator checks, agreement with the steps
 done by hand in scikit-learn, every input kind, and the artifact served as it is."""
 
+import json
 import warnings
 
 import httpx
@@ -18,6 +19,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from service.model import ArtifactError, Predictor
 from tests.api.conftest import serving
 from training import BasisExpandingSVC, solver
+from training import selection as selection_module
 from training.expansion import BasisExpansion
 from training.preprocessing import InputNormalizer
 
@@ -81,9 +83,9 @@ def test_one_core_and_every_core_train_the_same_model(digits_arrays, digits_mode
     )
 
 
-def test_classes_solved_in_parallel_groups_give_the_model_of_one_core(digits_arrays, monkeypatch):
+def test_row_blocks_solved_in_threads_give_the_model_of_one_core(digits_arrays, monkeypatch):
     X, y, X_test, _ = digits_arrays
-    monkeypatch.setattr(solver, "WORK_PER_GROUP", 100_000)  # 4 groups of classes
+    monkeypatch.setattr(solver, "ROWS_PER_BLOCK", 100)  # 6 blocks of rows
     models = [BasisExpandingSVC(basis_per_class=8, n_jobs=n).fit(X, y) for n in (1, 2)]
     scores = [model.decision_function(X_test) for model in models]
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)
@@ -275,11 +277,30 @@ def test_a_saved_model_loads_and_is_served_as_it_is(digits_model, digits_arrays,
         )
 
 
-def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset):
+def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset, monkeypatch):
     texts, labels = list(text_dataset.X_train), text_dataset.y_train
-    auto = BasisExpandingSVC(similarity="auto", min_df=1, stop_words=None, selection_budget=10)
+    folds_fitted = []
+    score_fold = selection_module._score_fold
+
+    def recording(estimator, params, fold, threads):
+        folds_fitted.append(clone(estimator).set_params(**params).get_params())
+        return score_fold(estimator, params, fold, threads)
+
+    monkeypatch.setattr(selection_module, "_score_fold", recording)  # one process: n_jobs=1
+    auto = BasisExpandingSVC(
+        similarity="auto", min_df=1, stop_words=None, selection_budget=10, n_jobs=1
+    )
     auto.fit(texts, labels)
-    searched = auto.selection_.estimator  # what every fold's model is cloned from
-    assert (searched.min_df, searched.stop_words) == (1, None)
+    assert folds_fitted
+    assert {(p["min_df"], p["stop_words"]) for p in folds_fitted} == {(1, None)}
     # Words every text shares ("the", "of") are kept by both: stop words are not removed.
     assert "the" in auto.predictor_.vocabulary.terms
+
+
+def test_the_artifact_records_the_parameters_that_made_the_model(digits_model):
+    """training.config is derived from the parameters: every one but how the fit ran."""
+    recorded = digits_model.predictor_.metadata["training"]["config"]
+    params = digits_model.get_params()
+    assert set(recorded) == set(params) - {"n_jobs", "verbose"}
+    assert all(recorded[name] == params[name] for name in recorded)
+    json.dumps(recorded)  # plain JSON, as the manifest holds it

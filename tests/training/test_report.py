@@ -164,3 +164,22 @@ def test_plots_do_not_import_the_report_module():
     # plots reads the report's data types from training.report_data: no import cycle with report.
     code = "import sys, training.plots; assert 'training.report' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_configurations_settle_their_transforms_as_fit_does(digits):
+    """One rule for which transforms a model computes (the input kind's settle_transforms):
+    measures that all name transforms of their own make the first one the model's, so no
+    space is computed that no measure reads; otherwise the default (pixels) is the model's."""
+    from training.estimator import BasisExpandingSVC
+    from training.report import parse_configuration
+
+    own = parse_configuration("hog(2): rbf + hog(4): rbf", digits)
+    assert own.transform == "hog(cell_size=2, orientations=9)"
+    fitted = BasisExpandingSVC(
+        similarity="hog(2): rbf + hog(4): rbf", basis_per_class=2, input_shape="grid(8, 8, 1)"
+    ).fit(digits.X_train[:100], digits.y_train[:100])
+    assert str(fitted.predictor_.transform) == own.transform
+    assert parse_configuration("rbf + hog(4): rbf", digits).transform == "pixels"
+    assert parse_configuration("hog(4, 6): rigid(1)", digits).transform == (
+        "hog(cell_size=4, orientations=6)"
+    )

@@ -13,6 +13,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
+from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec
@@ -258,3 +259,15 @@ def test_a_budget_spent_before_any_candidate_keeps_the_start(digits):
     record = json.loads(json.dumps(selection.record(), allow_nan=False))
     assert record["cv_accuracy"] is None
     assert "budget" in selection.describe()
+
+
+@parametrize_with_checks(
+    [
+        ForwardSelectionCV(
+            BasisExpandingSVC(basis_per_class=2, n_jobs=1), budget=0.1, n_jobs=1, max_items=40
+        )
+    ]
+)
+def test_scikit_learn_estimator_checks(estimator, check):
+    """The wrapper is a scikit-learn classifier too (a small budget: the checks fit it often)."""
+    check(estimator)

@@ -12,6 +12,8 @@ from sklearn.svm import LinearSVC
 from training.solver import (
     InMemorySquaredHinge,
     fit_one_vs_rest,
+    liblinear_tolerance,
+    minimize_squared_hinge,
     squared_hinge_objective,
     training_design,
 )
@@ -54,9 +56,12 @@ def test_hessian_product_matches_the_change_of_the_gradient(problem):
     W = rng.normal(scale=0.1, size=(X.shape[1] + 1, 2))
     V = rng.normal(size=W.shape)
     step = 1e-7
-    _, g0 = loss.value_and_gradient(W)
-    _, g1 = loss.value_and_gradient(W + step * V)
-    np.testing.assert_allclose((g1 - g0) / step, loss.hessian_product(W, V), rtol=1e-4, atol=1e-6)
+    both = np.arange(2)
+    _, g0 = loss.value_and_gradient(W, both)
+    _, g1 = loss.value_and_gradient(W + step * V, both)
+    np.testing.assert_allclose(
+        (g1 - g0) / step, loss.hessian_product(W, V, both), rtol=1e-4, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("C", [0.1, 1.0, 10.0])
@@ -101,4 +106,66 @@ def test_sparse_design_around_the_medians_is_linear_svc_on_the_shifted_features(
     reference = LinearSVC(C=1.0, dual=False, tol=1e-10, max_iter=100_000).fit(shifted, y)
     np.testing.assert_allclose(
         features @ coef.T + intercept, reference.decision_function(shifted), atol=1e-4
+    )
+
+
+def _reference_hessian_product(X, signs, C, W, V):
+    """2C [X 1]_A^T [X 1]_A v for each problem, A its items with positive slack, by numpy."""
+    augmented = np.hstack([X, np.ones((len(X), 1))])
+    out = np.empty_like(V)
+    for k in range(W.shape[1]):
+        active = signs[:, k] * (augmented @ W[:, k]) < 1
+        rows = augmented[active]
+        out[:, k] = 2 * C * rows.T @ (rows @ V[:, k])
+    return out
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_hessian_products_read_the_active_items_of_each_problem_at_its_own_point(sparse):
+    """The product reads only each problem's active rows (a kernel of its own), for any subset
+    of the problems, and finds a problem's active set again when only its point moved."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(200, 15))
+    X[rng.random(X.shape) < 0.7] = 0.0
+    signs = _signs(rng.integers(0, 4, size=200), [0, 1, 2, 3])
+    design = sp.csr_matrix(X) if sparse else X
+    loss = InMemorySquaredHinge(design, signs, C=0.3)
+    W = rng.normal(scale=0.5, size=(16, 4))
+    V = rng.normal(size=(16, 4))
+    everyone = np.arange(4)
+    loss.value_and_gradient(W, everyone)
+    np.testing.assert_allclose(
+        loss.hessian_product(W, V, everyone), _reference_hessian_product(X, signs, 0.3, W, V)
+    )
+    # Problems 1 and 3 move (a step taken), problem 2 stays; asked about 3 and 2 only.
+    moved = W.copy()
+    moved[:, [1, 3]] += rng.normal(scale=0.5, size=(16, 2))
+    some = np.array([3, 2])
+    expected = _reference_hessian_product(X, signs[:, some], 0.3, moved[:, some], V[:, :2])
+    np.testing.assert_allclose(loss.hessian_product(moved[:, some], V[:, :2], some), expected)
+
+
+def test_a_problem_reaches_the_same_optimum_alone_or_with_others(problem):
+    """Each problem has its own trust region and conjugate gradients: solved with the others
+    (their products shared) or alone, it converges to the same weights, within what the
+    tolerance allows. f is 1-strongly convex (the regulariser), so a point whose gradient is g
+    lies within |g| of the optimum: two solutions within the sum of their stopping norms."""
+    X, y = problem
+    signs = _signs(y, [0, 1, 2, 3])
+    tolerance = 1e-8
+    together = minimize_squared_hinge(InMemorySquaredHinge(X, signs, 1.0), 1000, tolerance)
+    _, g0 = InMemorySquaredHinge(X, signs, 1.0).value_and_gradient(
+        np.zeros((X.shape[1] + 1, 4)), np.arange(4)
+    )
+    bound = 2 * tolerance * np.linalg.norm(g0, axis=0)
+    for k in range(4):
+        alone = minimize_squared_hinge(InMemorySquaredHinge(X, signs[:, [k]], 1.0), 1000, tolerance)
+        assert alone.converged.all()
+        assert np.linalg.norm(alone.W[:, 0] - together.W[:, k]) <= bound[k] + 1e-12
+    assert together.converged.all()
+
+
+def test_liblinear_tolerance_scales_by_the_smaller_side():
+    np.testing.assert_allclose(
+        liblinear_tolerance(np.array([10, 50, 95]), 100, 1e-4), [1e-5, 5e-5, 5e-6]
     )

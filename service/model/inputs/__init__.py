@@ -7,7 +7,9 @@
 - :mod:`~service.model.inputs.dense`: vectors and grids (transformed, then normalised);
 - :mod:`~service.model.inputs.documents`: bags of words over a vocabulary;
 - :mod:`~service.model.inputs.kinds`: which kind reads a spec, and reading one from an artifact;
-- :mod:`~service.model.inputs.transforms`: the input transforms (none, pixels, HOG cells);
+- :mod:`~service.model.inputs.transforms`: the input transforms (none, pixels, HOG cells, bof);
+- :mod:`~service.model.inputs.bof`: the fitted bof transform (images as bags of visual words on
+  a spatial pyramid) and its space in a model;
 - :mod:`~service.model.inputs.words`: word counts, their views and the document measures'
   drivers;
 - :mod:`~service.model.inputs.spaces`: items in several transformed spaces at once.

@@ -25,6 +25,13 @@ Dense models whose measures read several transforms of the input (``hog(4): rbf 
 hold one mean, scale and basis per transform (:class:`TransformedSpace`): the arrays of the
 further transforms end in ``_1``, ``_2``, ... and the manifest lists them all in ``transforms``;
 models over one transform have neither.
+
+A fitted transform (``bof``, images as bags of visual words, :mod:`service.model.inputs.bof`)
+makes a space of another kind: its output is word counts per pyramid cell, which are not
+normalised (no mean, no scale) and which the measures read cell by cell; the model stores its
+visual words (:class:`~service.model.inputs.bof.BagOfFeatures`, in ``bags``) and its basis as
+cell counts. Each space is one small strategy (:class:`NormalisedSpace` or
+:class:`~service.model.inputs.bof.BagSpace`) chosen once, when the model is built.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import numpy as np
 
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
 from service.model.inputs.base import NO_TRANSFORM, InputKind
+from service.model.inputs.bof import BagOfFeatures, BagSpace
 from service.model.inputs.spaces import Spaces
 from service.model.inputs.spec import InputSpec, instance_name
 from service.model.inputs.transforms import (
@@ -45,6 +53,7 @@ from service.model.inputs.transforms import (
     default_transform,
     parse_transform,
 )
+from service.model.inputs.words import CellDocuments
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 
 # The farthest a client's instance may lie from the training mean, in units of the scale (the
@@ -80,7 +89,9 @@ def input_normalization_of(scale: float | np.ndarray) -> str:
 def _normalise_space_arrays(space) -> None:
     """Give a frozen space's ``mean`` and ``basis`` one dtype and layout (float64, C order),
     and its ``scale`` a float (global) or such an array (per feature), so that the compiled
-    kernels see one signature."""
+    kernels see one signature. A fitted transform's space (no mean) is left as it is."""
+    if space.mean is None:
+        return
     object.__setattr__(space, "mean", np.ascontiguousarray(space.mean, dtype=np.float64))
     object.__setattr__(space, "basis", np.ascontiguousarray(space.basis, dtype=np.float64))
     scale = (
@@ -99,21 +110,82 @@ class TransformedSpace:
     Parameters
     ----------
     transform : InputTransform
-    mean : ndarray of shape (d_s,)
-        Training mean of the inputs transformed by ``transform``.
-    scale : float or ndarray of shape (d_s,)
-        As :class:`DenseInputs`'s, of the same normalisation (global or per-feature).
-    basis : ndarray of shape (B, d_s)
-        The model's basis items, transformed by ``transform`` and normalised.
+    mean : ndarray of shape (d_s,), or None
+        Training mean of the inputs transformed by ``transform``; None for a fitted transform
+        (``bof``), whose counts are not normalised.
+    scale : float or ndarray of shape (d_s,), or None
+        As :class:`DenseInputs`'s, of the same normalisation (global or per-feature); None
+        with ``mean``.
+    basis : ndarray of shape (B, d_s), or CellDocuments
+        The model's basis items, transformed by ``transform`` and normalised (for ``bof``: as
+        bags of visual words).
     """
 
     transform: InputTransform
-    mean: np.ndarray
-    scale: float | np.ndarray
-    basis: np.ndarray
+    mean: np.ndarray | None
+    scale: float | np.ndarray | None
+    basis: np.ndarray | CellDocuments
 
     def __post_init__(self) -> None:
         _normalise_space_arrays(self)
+
+
+class NormalisedSpace:
+    """A transform's space whose items are dense vectors, centred and scaled: what
+    :class:`DenseInputs` does with each transform but a fitted one (the other strategy is
+    :class:`~service.model.inputs.bof.BagSpace`; both answer the same calls).
+
+    Parameters
+    ----------
+    bound : BoundTransform
+    mean : ndarray of shape (d,)
+    scale : float or ndarray of shape (d,)
+    basis : ndarray of shape (B, d)
+    """
+
+    has_normalized_form = True
+
+    def __init__(self, bound: BoundTransform, mean: np.ndarray, scale, basis: np.ndarray):
+        self.bound, self.mean, self.scale, self.basis = bound, mean, scale, basis
+
+    @property
+    def transform(self) -> InputTransform:
+        return self.bound.transform
+
+    @property
+    def n_features(self) -> int:
+        return self.bound.n_features
+
+    @property
+    def grid_shape(self) -> tuple[int, int, int] | None:
+        return self.bound.grid_shape
+
+    @property
+    def n_values(self) -> int:
+        return int(self.basis.size)
+
+    def prepare(self, batch: np.ndarray) -> np.ndarray:
+        return normalize_inputs(self.bound.apply(batch), self.mean, self.scale)
+
+    def runs_serially(self, n_samples: int) -> bool:
+        return self.bound.runs_serially(n_samples)
+
+    def distances(self, items: np.ndarray) -> np.ndarray:
+        """Each prepared item's distance from the training mean, in units of the scale."""
+        return np.sqrt(np.einsum("ij,ij->i", items, items))
+
+    def bind(self, spec: SimilaritySpec) -> BoundSimilarity:
+        return spec.bind(self.n_features, self.grid_shape)
+
+    def problems(self, suffix: str, n_basis: int) -> list[str]:
+        return _space_problems(self.n_features, n_basis, self.mean, self.scale, self.basis, suffix)
+
+    def arrays(self, suffix: str) -> dict[str, np.ndarray]:
+        return {
+            f"input_scale{suffix}": np.asarray(self.scale, dtype=np.float64),
+            f"input_mean{suffix}": self.mean,
+            f"basis{suffix}": self.basis,
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,45 +216,61 @@ class DenseInputs(InputKind):
     more_spaces : tuple of TransformedSpace, default ()
         The other transforms the measures read, each once; recorded in the manifest as
         ``transforms`` (every transform, this one first) only when there are any.
+    bags : tuple of BagOfFeatures, default ()
+        The fitted form (visual words) of every ``bof`` transform among them; such a space
+        has no ``mean`` and ``scale`` (None) and its ``basis`` is CellDocuments.
 
     Raises
     ------
     SpecError
         The spec is not a vector or grid, a transform does not apply to it, or a transform is
-        given twice.
+        given twice, or a fitted transform has no fitted form in ``bags``.
     """
 
     spec: InputSpec
-    mean: np.ndarray
-    scale: float | np.ndarray
-    basis: np.ndarray
+    mean: np.ndarray | None
+    scale: float | np.ndarray | None
+    basis: np.ndarray | CellDocuments
     transform: InputTransform = NO_TRANSFORM
     more_spaces: tuple[TransformedSpace, ...] = ()
-    _bound: BoundTransform = field(init=False, repr=False)
-    _spaces: tuple[tuple[BoundTransform, np.ndarray, Any, np.ndarray], ...] = field(
-        init=False, repr=False
-    )
-    _basis_items: np.ndarray | Spaces = field(init=False, repr=False)
+    bags: tuple[BagOfFeatures, ...] = ()
+    _spaces: tuple[NormalisedSpace | BagSpace, ...] = field(init=False, repr=False)
+    _basis_items: np.ndarray | CellDocuments | Spaces = field(init=False, repr=False)
 
-    has_normalized_form: ClassVar[bool] = True
-    ARRAYS: ClassVar[frozenset[str]] = frozenset({"input_mean", "input_scale", "basis"})
+    ARRAYS: ClassVar[frozenset[str]] = (
+        frozenset({"input_mean", "input_scale", "basis"}) | BagSpace.ARRAYS
+    )
 
     def __post_init__(self) -> None:
         if self.spec.kind not in ("vector", "grid"):
             raise SpecError(f"dense inputs are vectors or grids, not {self.spec}")
         _normalise_space_arrays(self)
         object.__setattr__(self, "more_spaces", tuple(self.more_spaces))
-        object.__setattr__(self, "_bound", self.transform.bind(self.spec))
+        object.__setattr__(self, "bags", tuple(self.bags))
         names = self.transform_names
         if len(set(names)) != len(names):
             raise SpecError(f"a transform is given twice among {', '.join(names)}")
         spaces = (
-            (self._bound, self.mean, self.scale, self.basis),
-            *((s.transform.bind(self.spec), s.mean, s.scale, s.basis) for s in self.more_spaces),
+            self._space(self.transform, self.mean, self.scale, self.basis),
+            *(self._space(s.transform, s.mean, s.scale, s.basis) for s in self.more_spaces),
         )
         object.__setattr__(self, "_spaces", spaces)
-        items = self.basis if not self.more_spaces else Spaces(tuple(s[3] for s in spaces))
+        items = self.basis if not self.more_spaces else Spaces(tuple(s.basis for s in spaces))
         object.__setattr__(self, "_basis_items", items)
+
+    def _space(self, transform: InputTransform, mean, scale, basis) -> NormalisedSpace | BagSpace:
+        """The strategy of one transform's space."""
+        if not transform.is_fitted:
+            return NormalisedSpace(transform.bind(self.spec), mean, scale, basis)
+        bag = next((b for b in self.bags if str(b.transform) == str(transform)), None)
+        if bag is None:
+            raise SpecError(f"transform {transform} has no visual words among the model's bags")
+        return BagSpace(bag.bind(self.spec), basis)
+
+    @property
+    def has_normalized_form(self) -> bool:
+        """Every space is dense vectors (no ``bof`` among the transforms)."""
+        return all(space.has_normalized_form for space in self._spaces)
 
     @property
     def transforms(self) -> tuple[InputTransform, ...]:
@@ -196,16 +284,18 @@ class DenseInputs(InputKind):
 
     @property
     def input_normalization(self) -> str:
-        """``global`` (one scale) or ``per-feature``."""
-        return input_normalization_of(self.scale)
+        """``global`` (one scale) or ``per-feature``, of the normalised spaces (``global``
+        when every space is a fitted transform's, which is not normalised)."""
+        scales = [s.scale for s in self._spaces if isinstance(s, NormalisedSpace)]
+        return input_normalization_of(scales[0]) if scales else GLOBAL_NORMALIZATION
 
     @property
     def n_features(self) -> int:
-        return self._bound.n_features
+        return self._spaces[0].n_features
 
     @property
     def grid_shape(self) -> tuple[int, int, int] | None:
-        return self._bound.grid_shape
+        return self._spaces[0].grid_shape
 
     @property
     def basis_items(self) -> np.ndarray | Spaces:
@@ -213,7 +303,7 @@ class DenseInputs(InputKind):
 
     @property
     def n_basis_values(self) -> int:
-        return sum(int(space[3].size) for space in self._spaces)
+        return sum(space.n_values for space in self._spaces)
 
     def parse(self, instances: Sequence[Any], names: Sequence[str] | None = None) -> np.ndarray:
         """Nested lists (or an array), each instance in one of the spec's accepted shapes and
@@ -269,7 +359,9 @@ class DenseInputs(InputKind):
         """:meth:`check_distances` on a batch already prepared."""
         arrays = items.arrays if isinstance(items, Spaces) else (items,)
         with np.errstate(over="ignore", invalid="ignore"):
-            distances = np.column_stack([np.sqrt(np.einsum("ij,ij->i", a, a)) for a in arrays])
+            distances = np.column_stack(
+                [space.distances(a) for space, a in zip(self._spaces, arrays, strict=True)]
+            )
         far_rows = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE).all(axis=1))  # NaN is far
         if far_rows.size == 0:
             return
@@ -308,15 +400,13 @@ class DenseInputs(InputKind):
         return np.ascontiguousarray(X, dtype=np.float64)
 
     def prepares_serially(self, n_samples: int) -> bool:
-        return all(bound.runs_serially(n_samples) for bound, *_ in self._spaces)
+        return all(space.runs_serially(n_samples) for space in self._spaces)
 
-    def prepare(self, batch: np.ndarray) -> np.ndarray | Spaces:
-        """Transformed, centred and scaled: ndarray of shape (n_samples, d); for a model over
-        several transforms, :class:`Spaces` of each transform's, each computed once."""
-        prepared = tuple(
-            normalize_inputs(bound.apply(batch), mean, scale)
-            for bound, mean, scale, _ in self._spaces
-        )
+    def prepare(self, batch: np.ndarray) -> np.ndarray | CellDocuments | Spaces:
+        """Transformed, centred and scaled: ndarray of shape (n_samples, d) (``bof``: the
+        images as CellDocuments); for a model over several transforms, :class:`Spaces` of each
+        transform's, each computed once."""
+        prepared = tuple(space.prepare(batch) for space in self._spaces)
         return prepared[0] if len(prepared) == 1 else Spaces(prepared)
 
     def normalized(self, X) -> np.ndarray:
@@ -325,6 +415,11 @@ class DenseInputs(InputKind):
         return self.normalized_of(self.prepare(self.batch(X)))
 
     def normalized_of(self, items: np.ndarray | Spaces) -> np.ndarray:
+        if not self.has_normalized_form:
+            raise InvalidInputError(
+                f"a model over {', '.join(self.transform_names)} reads bags of visual words, "
+                "which have no dense normalised form"
+            )
         return items.joined() if isinstance(items, Spaces) else items
 
     def warm_up_batch(self, n_rows: int) -> np.ndarray:
@@ -336,8 +431,7 @@ class DenseInputs(InputKind):
         bound = []
         for spec in specs:
             space = spec.space_index(names)
-            transform = self._spaces[space][0]
-            measure = spec.bind(transform.n_features, transform.grid_shape)
+            measure = self._spaces[space].bind(spec)
             bound.append(replace(measure, space=space) if several else measure)
         return tuple(bound)
 
@@ -371,9 +465,12 @@ class DenseInputs(InputKind):
         names = list(transforms)
         seen = set()
         for measure in measures:
-            measure.check_documents(False, f"inputs {spec}")
             read = settled[measure.space_index(names)]
-            measure.check_grid(read.grid_shape(spec), read.n_features(spec))
+            if read.reads_cells:
+                measure.check_cells(f"{read} of inputs {spec}")
+            else:
+                measure.check_documents(False, f"inputs {spec}")
+                measure.check_grid(read.grid_shape(spec), read.n_features(spec))
             key = (str(read), measure.measure_name)
             if key in seen:
                 terms = " + ".join(map(str, measures))
@@ -383,10 +480,13 @@ class DenseInputs(InputKind):
 
     def problems(self) -> list[str]:
         problems = []
-        for i, (bound, mean, scale, basis) in enumerate(self._spaces):
+        for i, space in enumerate(self._spaces):
             suffix = _space_suffix(i)
-            problems += _space_problems(bound.n_features, self.n_basis, mean, scale, basis, suffix)
-            if i and input_normalization_of(scale) != self.input_normalization:
+            problems += space.problems(suffix, self.n_basis)
+            if (
+                isinstance(space, NormalisedSpace)
+                and input_normalization_of(space.scale) != self.input_normalization
+            ):
                 problems.append(
                     f"input_scale{suffix} is not of the {self.input_normalization} normalisation"
                 )
@@ -404,19 +504,17 @@ class DenseInputs(InputKind):
 
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {}
-        for i, (_, mean, scale, basis) in enumerate(self._spaces):
-            suffix = _space_suffix(i)
-            arrays[f"input_scale{suffix}"] = np.asarray(scale, dtype=np.float64)
-            arrays[f"input_mean{suffix}"] = mean
-            arrays[f"basis{suffix}"] = basis
+        for i, space in enumerate(self._spaces):
+            arrays |= space.arrays(_space_suffix(i))
         return arrays
 
     @classmethod
     def array_names(cls, manifest: dict[str, Any]) -> frozenset[str]:
-        n_spaces = len(manifest.get("transforms") or [None])
-        return cls.ARRAYS | {
-            f"{name}{_space_suffix(i)}" for i in range(1, n_spaces) for name in cls.ARRAYS
-        }
+        names = set()
+        for i, text in enumerate(_transform_texts(manifest)):
+            kind = BagSpace.ARRAYS if parse_transform(text).is_fitted else _NORMALISED_ARRAYS
+            names |= {f"{name}{_space_suffix(i)}" for name in kind}
+        return frozenset(names)
 
     @classmethod
     def from_artifact(cls, spec, manifest, arrays, path) -> DenseInputs:
@@ -426,41 +524,58 @@ class DenseInputs(InputKind):
                 f"{path}: input_normalization must be one of {', '.join(INPUT_NORMALIZATIONS)},"
                 f" got {normalization!r}"
             )
-        transform_texts = [manifest.get("transform", "none")]
-        if "transforms" in manifest:
-            transform_texts = [str(t) for t in manifest["transforms"]]
-            if len(transform_texts) < 2 or transform_texts[0] != manifest.get("transform"):
-                raise ArtifactIntegrityError(
-                    f"{path}: transforms must list two or more transforms, the model's "
-                    f"transform {manifest.get('transform')!r} first"
-                )
-        scales = []
-        for i in range(len(transform_texts)):
-            scale = arrays[f"input_scale{_space_suffix(i)}"]
+        transform_texts = _transform_texts(manifest)
+        if "transforms" in manifest and (
+            len(transform_texts) < 2 or transform_texts[0] != manifest.get("transform")
+        ):
+            raise ArtifactIntegrityError(
+                f"{path}: transforms must list two or more transforms, the model's "
+                f"transform {manifest.get('transform')!r} first"
+            )
+        spaces, bags = [], []
+        for i, text in enumerate(transform_texts):
+            suffix = _space_suffix(i)
+            transform = parse_transform(text)
+            if transform.is_fitted:
+                bag, basis = BagSpace.from_arrays(transform, spec, arrays, suffix, path)
+                bags.append(bag)
+                spaces.append(TransformedSpace(transform, None, None, basis))
+                continue
+            scale = arrays[f"input_scale{suffix}"]
             if input_normalization_of(scale) != normalization:
                 raise ArtifactIntegrityError(
-                    f"{path}: input_scale{_space_suffix(i)} of shape {list(scale.shape)} does "
+                    f"{path}: input_scale{suffix} of shape {list(scale.shape)} does "
                     f"not fit input_normalization {normalization!r} (a scalar for global, one "
                     "per feature for per-feature)"
                 )
-            scales.append(float(scale) if scale.ndim == 0 else scale)
-        more = tuple(
-            TransformedSpace(
-                transform=parse_transform(transform_texts[i]),
-                mean=arrays[f"input_mean{_space_suffix(i)}"],
-                scale=scales[i],
-                basis=arrays[f"basis{_space_suffix(i)}"],
+            spaces.append(
+                TransformedSpace(
+                    transform,
+                    arrays[f"input_mean{suffix}"],
+                    float(scale) if scale.ndim == 0 else scale,
+                    arrays[f"basis{suffix}"],
+                )
             )
-            for i in range(1, len(transform_texts))
-        )
+        own = spaces[0]
         return cls(
             spec=spec,
-            mean=arrays["input_mean"],
-            scale=scales[0],
-            basis=arrays["basis"],
-            transform=parse_transform(transform_texts[0]),
-            more_spaces=more,
+            mean=own.mean,
+            scale=own.scale,
+            basis=own.basis,
+            transform=own.transform,
+            more_spaces=tuple(spaces[1:]),
+            bags=tuple(bags),
         )
+
+
+_NORMALISED_ARRAYS = frozenset({"input_mean", "input_scale", "basis"})
+
+
+def _transform_texts(manifest: dict[str, Any]) -> list[str]:
+    """Every transform a manifest records, canonical text, the model's first."""
+    if "transforms" in manifest:
+        return [str(t) for t in manifest["transforms"]]
+    return [str(manifest.get("transform", "none"))]
 
 
 def _space_suffix(index: int) -> str:
@@ -492,3 +607,39 @@ def _space_problems(d: int, n_basis: int, mean, scale, basis, suffix: str) -> li
             if not np.isfinite(array).all()
         ]
     return problems
+
+
+def bind_in_spaces(
+    specs: Sequence[SimilaritySpec],
+    spaces: Sequence[tuple[str, int, tuple[int, int, int] | None]],
+) -> tuple[BoundSimilarity, ...]:
+    """Every measure bound to the transformed space it reads, for items given as
+    :class:`Spaces` (one space: plain arrays, each measure as :meth:`SimilaritySpec.bind`
+    binds it). Training binds its measures through this, before the model exists; a model
+    binds through its spaces (:meth:`DenseInputs.bind`).
+
+    Parameters
+    ----------
+    specs : sequence of SimilaritySpec, length M
+    spaces : sequence of (transform, n_features, grid_shape[, cells])
+        Each space's transform (canonical text), item length and layout, the model's own
+        transform first (measures without a transform read it); ``cells`` > 0: the items are
+        images as bags of visual words over that many pyramid cells (``n_features`` is cells
+        times words).
+
+    Raises
+    ------
+    SpecError
+        A measure names a transform not among ``spaces``, or does not apply to its items.
+    """
+    names = [space[0] for space in spaces]
+    bound = []
+    for spec in specs:
+        space = spec.space_index(names)
+        _, n_features, grid_shape, *cells = spaces[space]
+        if cells and cells[0]:
+            measure = spec.bind(n_features // cells[0], cells=cells[0])
+        else:
+            measure = spec.bind(n_features, grid_shape)
+        bound.append(replace(measure, space=space) if len(spaces) > 1 else measure)
+    return tuple(bound)

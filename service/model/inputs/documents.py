@@ -22,6 +22,7 @@ from service.model.inputs.words import (
     Vocabulary,
     canonical_counts,
     counts_from_pairs,
+    stored_counts,
 )
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 
@@ -214,16 +215,9 @@ class DocumentInputs(InputKind):
 
 def _basis_counts(path, arrays: dict[str, np.ndarray], n_words: int) -> sp.csr_matrix:
     """The basis of a documents model from its three CSR arrays, checked before use."""
-    indptr, indices, counts = (arrays[k] for k in ("basis_indptr", "basis_indices", "basis_counts"))
-    if (
-        indptr.ndim != 1
-        or indptr.shape[0] < 1
-        or indptr[0] != 0
-        or (np.diff(indptr) < 0).any()
-        or indptr[-1] != indices.shape[0]
-        or indices.ndim != 1
-        or indices.shape != counts.shape
-        or (indices.size and not 0 <= indices.min() <= indices.max() < n_words)
-    ):
+    matrix = stored_counts(
+        *(arrays[k] for k in ("basis_indptr", "basis_indices", "basis_counts")), n_words
+    )
+    if matrix is None:
         raise ArtifactIntegrityError(f"{path}: basis_indptr/indices/counts are not a valid CSR")
-    return sp.csr_matrix((counts, indices, indptr), shape=(indptr.shape[0] - 1, n_words))
+    return matrix

@@ -22,14 +22,18 @@ class Spaces:
     Parameters
     ----------
     arrays : tuple of ndarray, each of shape (n_samples, d_s), float64, C-contiguous
-        Space ``s``'s items; every array has the same rows.
+        Space ``s``'s items; every array has the same rows. A fitted transform's items are
+        bags of visual words (:class:`~service.model.inputs.words.CellDocuments`) instead.
     """
 
     arrays: tuple[np.ndarray, ...]
 
     def __post_init__(self) -> None:
-        arrays = tuple(np.ascontiguousarray(a, dtype=np.float64) for a in self.arrays)
-        if len({a.shape[0] for a in arrays}) > 1:
+        arrays = tuple(
+            np.ascontiguousarray(a, dtype=np.float64) if isinstance(a, np.ndarray) else a
+            for a in self.arrays
+        )
+        if len({len(a) for a in arrays}) > 1:
             raise ValueError("every space holds the same items: the row counts differ")
         object.__setattr__(self, "arrays", arrays)
 
@@ -44,10 +48,10 @@ class Spaces:
     @property
     def shape(self) -> tuple[int, int]:
         """(n_samples, total numbers over every space)."""
-        return self.arrays[0].shape[0], sum(a.shape[1] for a in self.arrays)
+        return len(self), sum(a.shape[1] for a in self.arrays)
 
     def __len__(self) -> int:
-        return self.arrays[0].shape[0]
+        return len(self.arrays[0])
 
     def __getitem__(self, rows) -> Spaces:
         """The items ``rows`` (a slice or indices) in every space."""

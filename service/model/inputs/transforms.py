@@ -9,6 +9,13 @@ pixels) and never compute features themselves. Written like similarity measures:
   histogram bins per ``cell_size x cell_size`` pixel cell, each cell L2-Hys normalised on its
   own (scikit-image's HOG with one-cell blocks, computed by :mod:`service.model.kernels.hog`
   with the same numbers), so grid similarities can shift whole cells.
+- ``bof(patch, step, words, levels, single)``: an image as bags of visual words on a spatial
+  pyramid (the sensing-kernel paper's scenes, section 5): a SIFT-like descriptor of every
+  ``patch x patch`` patch, every ``step`` pixels, becomes the nearest of ``words`` centres
+  learned by k-means on the training images, and each cell of levels 0..``levels``
+  (``2^l x 2^l`` cells; with ``single=1`` level ``levels`` alone) counts its words. It is
+  *fitted*: the model stores the centres (see :mod:`service.model.inputs.bof`), and its output
+  is word counts, which the documents measures read cell by cell, not a dense vector.
 """
 
 from __future__ import annotations
@@ -25,8 +32,18 @@ from service.model.inputs.spec import InputSpec
 from service.model.kernels import hog as hog_kernels
 from service.model.notation import bind_arguments, parse_call
 
-TRANSFORMS = ("none", "pixels", "hog")
-_PARAMETERS = {"none": (), "pixels": (), "hog": (("cell_size", 4), ("orientations", 9))}
+TRANSFORMS = ("none", "pixels", "hog", "bof")
+_PARAMETERS = {
+    "none": (),
+    "pixels": (),
+    "hog": (("cell_size", 4), ("orientations", 9)),
+    "bof": (("patch", 16), ("step", 8), ("words", 400), ("levels", 2), ("single", 0)),
+}
+_MAY_BE_ZERO = frozenset({"levels", "single"})
+# A descriptor's 4 x 4 spatial bins (SIFT's layout): a patch is a multiple of 4 pixels.
+BOF_SPATIAL_BINS = 4
+# The finest pyramid level a bof transform may ask for: 4^5 = 1,024 cells at level 5.
+BOF_MAX_LEVEL = 5
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,19 @@ class InputTransform:
     def is_identity(self) -> bool:
         return self.name in ("none", "pixels")
 
+    @property
+    def is_fitted(self) -> bool:
+        """Learned from the training set (``bof``'s visual words): the model stores what it
+        learned beside the transform's text, and :meth:`bind` does not apply; see
+        :mod:`service.model.inputs.bof`."""
+        return self.name == "bof"
+
+    @property
+    def reads_cells(self) -> bool:
+        """Its output is word counts per pyramid cell (``bof``), which the measures with
+        drivers on cells read (:attr:`service.model.similarity.SimilarityKind.cells`)."""
+        return self.name == "bof"
+
     def check(self, input_spec: InputSpec) -> None:
         """Refuse a transform that does not apply to the model's inputs.
 
@@ -66,19 +96,70 @@ class InputTransform:
                 f"transform {self} needs images (grid(H, W, 1) or grid(H, W, 3)),"
                 f" the inputs are {input_spec}"
             )
+        height, width, _ = input_spec.shape
         if self.name == "hog":
             cell = dict(self.params)["cell_size"]
-            height, width, _ = input_spec.shape
             if cell > min(height, width):
                 raise SpecError(
                     f"transform {self}: cell_size {cell} is larger than the {height}x{width} image"
                 )
+        if self.name == "bof":
+            self._check_bof(height, width)
+
+    def _check_bof(self, height: int, width: int) -> None:
+        params = dict(self.params)
+        patch, step = params["patch"], params["step"]
+        if patch % BOF_SPATIAL_BINS:
+            raise SpecError(
+                f"transform {self}: patch must be a multiple of {BOF_SPATIAL_BINS} pixels "
+                f"({BOF_SPATIAL_BINS} x {BOF_SPATIAL_BINS} spatial bins), got {patch}"
+            )
+        bin_size = patch // BOF_SPATIAL_BINS
+        if step % bin_size:
+            raise SpecError(
+                f"transform {self}: step must be a multiple of a spatial bin, patch / "
+                f"{BOF_SPATIAL_BINS} = {bin_size} pixels, got {step}"
+            )
+        if patch > min(height, width):
+            raise SpecError(
+                f"transform {self}: patch {patch} is larger than the {height}x{width} image"
+            )
+        if params["words"] < 2:
+            raise SpecError(f"transform {self}: a vocabulary needs at least 2 words")
+        if params["levels"] > BOF_MAX_LEVEL:
+            raise SpecError(f"transform {self}: levels must be 0..{BOF_MAX_LEVEL}")
+        if params["single"] not in (0, 1):
+            raise SpecError(f"transform {self}: single is 0 (the pyramid) or 1 (one level)")
+
+    def bof_geometry(self, input_spec: InputSpec) -> tuple[int, int, int, int]:
+        """For ``bof``: the spatial bin in pixels, the step in bins, and the patches per column
+        and per row of an image of ``input_spec``."""
+        self.check(input_spec)
+        params = dict(self.params)
+        bin_size = params["patch"] // BOF_SPATIAL_BINS
+        step_bins = params["step"] // bin_size
+        height, width, _ = input_spec.shape
+        rows = (height // bin_size - BOF_SPATIAL_BINS) // step_bins + 1
+        cols = (width // bin_size - BOF_SPATIAL_BINS) // step_bins + 1
+        return bin_size, step_bins, rows, cols
+
+    def bof_levels(self) -> tuple[int, ...]:
+        """For ``bof``: the pyramid levels whose cells it counts."""
+        params = dict(self.params)
+        top = params["levels"]
+        return (top,) if params["single"] else tuple(range(top + 1))
+
+    def bof_cells(self) -> int:
+        """For ``bof``: the cells of every level it counts (4^l at level l)."""
+        return sum(4**level for level in self.bof_levels())
 
     def grid_shape(self, input_spec: InputSpec) -> tuple[int, int, int] | None:
         """Layout of the transformed instance as (height, width, channels), or None if flat."""
         self.check(input_spec)
         if self.name == "none":
             return tuple(input_spec.shape) if input_spec.kind == "grid" else None
+        if self.name == "bof":
+            return None
         if self.name == "pixels":
             return tuple(input_spec.shape)
         params = dict(self.params)
@@ -87,7 +168,10 @@ class InputTransform:
         return (height // cell, width // cell, params["orientations"])
 
     def n_features(self, input_spec: InputSpec) -> int:
-        """Length of a transformed instance."""
+        """Length of a transformed instance (``bof``: cells times words)."""
+        if self.name == "bof":
+            self.check(input_spec)
+            return self.bof_cells() * dict(self.params)["words"]
         shape = self.grid_shape(input_spec)
         return input_spec.n_features if shape is None else int(np.prod(shape))
 
@@ -113,8 +197,11 @@ class InputTransform:
         Raises
         ------
         SpecError
-            The transform does not apply to the inputs.
+            The transform does not apply to the inputs, or is fitted (``bof``: bind its
+            fitted form, :class:`service.model.inputs.bof.BagOfFeatures`).
         """
+        if self.is_fitted:
+            raise SpecError(f"transform {self} is fitted on training images: it needs its words")
         grid_shape = self.grid_shape(input_spec)
         n_features = input_spec.n_features if grid_shape is None else int(np.prod(grid_shape))
         return BoundTransform(self, input_spec, grid_shape, n_features)
@@ -186,7 +273,8 @@ class BoundTransform:
 
 
 def parse_transform(text: str | None) -> InputTransform:
-    """Parse ``none``, ``pixels``, ``hog``, ``hog(4)`` or ``hog(cell_size=4, orientations=9)``.
+    """Parse ``none``, ``pixels``, ``hog``, ``hog(4)``, ``hog(cell_size=4, orientations=9)``,
+    ``bof`` or ``bof(patch=16, step=8, words=400, levels=2, single=0)``.
 
     Raises
     ------
@@ -203,8 +291,9 @@ def parse_transform(text: str | None) -> InputTransform:
             values[key] = int(raw)
         except ValueError:
             raise SpecError(f"{name}: parameter {key} must be an integer, got {raw!r}") from None
-        if values[key] < 1:
-            raise SpecError(f"{name}: parameter {key} must be >= 1, got {values[key]}")
+        smallest = 0 if key in _MAY_BE_ZERO else 1
+        if values[key] < smallest:
+            raise SpecError(f"{name}: parameter {key} must be >= {smallest}, got {values[key]}")
     return InputTransform(name, tuple((k, values.get(k, v)) for k, v in defaults.items()))
 
 

@@ -160,6 +160,28 @@ def canonical_counts(counts, n_words: int | None = None) -> sp.csr_matrix:
     return matrix
 
 
+def stored_counts(
+    indptr: np.ndarray, indices: np.ndarray, counts: np.ndarray, n_words: int
+) -> sp.csr_matrix | None:
+    """Word counts from the three CSR arrays an artifact stores, or None if they do not form
+    a valid CSR matrix over ``n_words`` words (checked before scipy reads them)."""
+    if (
+        indptr.ndim != 1
+        or indptr.shape[0] < 1
+        or indptr[0] != 0
+        or (np.diff(indptr) < 0).any()
+        or indptr[-1] != indices.shape[0]
+        or indices.ndim != 1
+        or indices.shape != counts.shape
+        or (indices.size and not 0 <= indices.min() <= indices.max() < n_words)
+    ):
+        return None
+    matrix = sp.csr_matrix((counts, indices, indptr), shape=(indptr.shape[0] - 1, n_words))
+    matrix.indices = matrix.indices.astype(np.int64)
+    matrix.indptr = matrix.indptr.astype(np.int64)
+    return matrix
+
+
 def counts_from_pairs(
     documents: Sequence[Any], n_words: int, names: Sequence[str] | None = None
 ) -> sp.csr_matrix:
@@ -378,6 +400,112 @@ class Documents:
         return cached
 
 
+@dataclass(frozen=True)
+class CellPostings:
+    """A basis of images as bags of visual words, one view, as the cell kernels read it: the
+    postings over ``n_cells * W`` columns (cell ``c``'s word ``w`` at ``c * W + w``) and the
+    per-cell statistics.
+
+    Attributes
+    ----------
+    postings : Postings
+        Its ``totals``, ``lgamma_totals1`` and ``sq_norms`` are of whole images (unused).
+    totals, lgamma_totals1, sq_norms : ndarray of shape (n_cells, n_basis)
+        Of every basis item's cells.
+    """
+
+    postings: Postings
+    totals: np.ndarray
+    lgamma_totals1: np.ndarray
+    sq_norms: np.ndarray
+
+    @classmethod
+    def of(cls, view: sp.csr_matrix, n_cells: int) -> CellPostings:
+        """From a view of the cells, rows ``i * n_cells + c`` (shape (n * n_cells, W))."""
+        n_words = view.shape[1]
+        n_items = view.shape[0] // n_cells
+        rows = np.repeat(np.arange(view.shape[0]), np.diff(view.indptr))
+        wide = sp.csr_matrix(
+            (view.data, (rows // n_cells, (rows % n_cells) * n_words + view.indices)),
+            shape=(n_items, n_cells * n_words),
+        )
+        per_cell = Postings.of(view)
+
+        def by_cell(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(values.reshape(n_items, n_cells).T)
+
+        return cls(
+            Postings.of(wide),
+            by_cell(per_cell.totals),
+            by_cell(per_cell.lgamma_totals1),
+            by_cell(per_cell.sq_norms),
+        )
+
+
+@dataclass(eq=False)
+class CellDocuments:
+    """Images as bags of visual words on a spatial pyramid: each image is ``n_cells``
+    documents over the same W visual words, one per cell, and a measure on two images is the
+    weighted sum over cells of the documents measure on their cells (see
+    :mod:`service.model.inputs.bof`).
+
+    Parameters
+    ----------
+    documents : Documents
+        The cells, shape (n * n_cells, W): row ``i * n_cells + c`` is cell ``c`` of image ``i``;
+        its views (counts, frequencies, resampled, tf-idf) are those of each cell.
+    cell_weights : ndarray of shape (n_cells,)
+        The weight of each cell in every measure (the pyramid's level weights).
+    unreadable : ndarray of shape (n,), bool, optional
+        Images whose descriptors could not be computed (values too large): their words mean
+        nothing, and the service refuses them.
+    """
+
+    documents: Documents
+    cell_weights: np.ndarray
+    unreadable: np.ndarray | None = None
+    _postings: dict[tuple, CellPostings] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.cell_weights = np.ascontiguousarray(self.cell_weights, dtype=np.float64)
+        if len(self.documents) % self.n_cells:
+            raise ValueError(
+                f"{len(self.documents)} cell documents are not whole images of {self.n_cells}"
+            )
+
+    @property
+    def n_cells(self) -> int:
+        return int(self.cell_weights.shape[0])
+
+    def __len__(self) -> int:
+        return len(self.documents) // self.n_cells
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(images, cells times words)."""
+        return len(self), self.n_cells * self.documents.n_words
+
+    def __getitem__(self, rows) -> CellDocuments:
+        """The images ``rows`` (a slice or indices), with all their cells."""
+        images = np.arange(len(self))[rows]
+        cells = (images[:, None] * self.n_cells + np.arange(self.n_cells)).ravel()
+        unreadable = None if self.unreadable is None else self.unreadable[images]
+        return CellDocuments(self.documents[cells], self.cell_weights, unreadable)
+
+    def postings(self, name: str, parameter: float = 0.0) -> CellPostings:
+        """The cells' :meth:`Documents.view` as postings over every cell's words, for use as a
+        basis (cached)."""
+        key = (name, parameter)
+        with self._lock:
+            cached = self._postings.get(key)
+        if cached is None:
+            cached = CellPostings.of(self.documents.view(name, parameter), self.n_cells)
+            with self._lock:
+                self._postings[key] = cached
+        return cached
+
+
 # -- the measures' drivers ----------------------------------------------------------------
 #
 # Each documents measure reads cached views of the documents (counts, frequencies, tf-idf,
@@ -444,6 +572,57 @@ def _tfidf_rbf_arguments(basis: Documents, X: Documents, gamma: float) -> tuple:
     )  # fmt: skip
 
 
+# On images as bags of visual words (CellDocuments), the same views cell by cell, summed with
+# the cells' weights by the cell kernels.
+
+
+def _cells_of(basis: CellDocuments, X: CellDocuments) -> tuple:
+    """What every cell kernel takes after the inputs: W and the cell weights."""
+    return float(X.documents.n_words), X.cell_weights
+
+
+def _sensing0_cell_arguments(basis: CellDocuments, X: CellDocuments) -> tuple:
+    return _sensing0_cells_of(basis, X, basis.postings("counts"), X.documents.view("counts"))
+
+
+def _sensing2_cell_arguments(basis: CellDocuments, X: CellDocuments, n_words: float) -> tuple:
+    post = basis.postings("resampled", n_words)
+    return _sensing0_cells_of(basis, X, post, X.documents.view("resampled", n_words))
+
+
+def _sensing0_cells_of(basis, X, cells: CellPostings, view: sp.csr_matrix) -> tuple:
+    post = cells.postings
+    return (
+        post.indptr, post.items, post.values, post.lgamma1, cells.totals, cells.lgamma_totals1,
+        view.indptr, view.indices, view.data, *_cells_of(basis, X),
+    )  # fmt: skip
+
+
+def _sensing1_cell_arguments(basis: CellDocuments, X: CellDocuments, n: float) -> tuple:
+    post, view = basis.postings("frequencies", n).postings, X.documents.view("counts")
+    return (
+        post.indptr, post.items, post.values, post.lgamma1,
+        view.indptr, view.indices, view.data, float(n), *_cells_of(basis, X),
+    )  # fmt: skip
+
+
+def _tfidf_linear_cell_arguments(basis: CellDocuments, X: CellDocuments) -> tuple:
+    post, view = basis.postings("tfidf").postings, X.documents.view("tfidf")
+    return (
+        post.indptr, post.items, post.values, view.indptr, view.indices, view.data,
+        *_cells_of(basis, X),
+    )  # fmt: skip
+
+
+def _tfidf_rbf_cell_arguments(basis: CellDocuments, X: CellDocuments, gamma: float) -> tuple:
+    cells, view = basis.postings("tfidf"), X.documents.view("tfidf")
+    post = cells.postings
+    return (
+        post.indptr, post.items, post.values, cells.sq_norms,
+        view.indptr, view.indices, view.data, float(gamma), *_cells_of(basis, X),
+    )  # fmt: skip
+
+
 SENSING0 = _drivers(
     _sensing0_arguments,
     sparse_kernels.sensing0_similarities_serial,
@@ -468,4 +647,29 @@ TFIDF_RBF = _drivers(
     _tfidf_rbf_arguments,
     sparse_kernels.rbf_similarities_serial,
     sparse_kernels.rbf_similarities,
+)
+SENSING0_CELLS = _drivers(
+    _sensing0_cell_arguments,
+    sparse_kernels.sensing0_cell_similarities_serial,
+    sparse_kernels.sensing0_cell_similarities,
+)
+SENSING1_CELLS = _drivers(
+    _sensing1_cell_arguments,
+    sparse_kernels.sensing1_cell_similarities_serial,
+    sparse_kernels.sensing1_cell_similarities,
+)
+SENSING2_CELLS = _drivers(
+    _sensing2_cell_arguments,
+    sparse_kernels.sensing0_cell_similarities_serial,
+    sparse_kernels.sensing0_cell_similarities,
+)
+TFIDF_LINEAR_CELLS = _drivers(
+    _tfidf_linear_cell_arguments,
+    sparse_kernels.dot_cell_similarities_serial,
+    sparse_kernels.dot_cell_similarities,
+)
+TFIDF_RBF_CELLS = _drivers(
+    _tfidf_rbf_cell_arguments,
+    sparse_kernels.rbf_cell_similarities_serial,
+    sparse_kernels.rbf_cell_similarities,
 )

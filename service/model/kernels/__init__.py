@@ -5,6 +5,8 @@ r"""Every numba kernel of the model, one module per kind of item:
 - :mod:`~service.model.kernels.grid`: rigid and deformable matching of cell grids;
 - :mod:`~service.model.kernels.sparse`: the sensing kernels and tf-idf measures on bags of words;
 - :mod:`~service.model.kernels.hog`: the HOG transform's cells;
+- :mod:`~service.model.kernels.bof`: the bof transform's descriptors, visual words and pyramid
+  counts (images as bags of visual words);
 - :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code;
 - :mod:`~service.model.kernels.l1svm`: the l1 squared-hinge SVM path that learns a code from
   examples (a solver: Newton steps on small dense problems, no parallel driver).
@@ -18,7 +20,8 @@ numba caches such a driver only for an explicit signature, one dtype and layout 
 without one it recompiled at every process start, 1.5 s per driver.) The search kernel's serial
 and parallel drivers are two algorithms (one heap, or a heap per range then a merge), not one
 loop. Callers never pick a driver themselves: :class:`service.model.similarity.
-BoundSimilarity` (measures), :class:`service.model.inputs.transforms.BoundTransform` (HOG) and
+BoundSimilarity` (measures), :class:`service.model.inputs.transforms.BoundTransform` (HOG),
+:class:`service.model.inputs.bof.BoundBagOfFeatures` (bof) and
 :func:`service.model.kernels.search.search_shards` choose by the size of the call, with the
 thresholds of :mod:`service.model.threads`.
 
@@ -75,6 +78,8 @@ def row_drivers(rows: Callable[..., None], *, fastmath: bool = False):
     -------
     parallel, serial : numba dispatchers
     """
+    if rows.__closure__ or rows.__kwdefaults__:
+        raise TypeError(f"{rows.__name__}: a row loop is a module-level function, no closure")
     options = {"cache": True, "nogil": True, "fastmath": fastmath}
     copy = types.FunctionType(
         rows.__code__, rows.__globals__, f"{rows.__name__}_serial", rows.__defaults__

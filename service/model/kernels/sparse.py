@@ -286,6 +286,155 @@ def rbf_similarities(
 rbf_similarities, rbf_similarities_serial = row_drivers(rbf_similarities, fastmath=FASTMATH)
 
 
+# -- drivers on images as bags of visual words: a weighted sum over pyramid cells ------------------
+#
+# An image is ``n_cells`` documents (service.model.kernels.bof): CSR rows ``i * n_cells + c``. The
+# basis postings run over ``n_cells * W`` columns, cell ``c``'s words at ``c * W + w``, so
+# ``post_indptr[c * W : (c + 1) * W + 1]`` are cell c's postings; per-cell basis totals and norms
+# are arrays of shape (n_cells, n_basis). Each measure is its row kernel per cell, weighted:
+#
+#     s(b, x) = sum_c  weight_c * kappa(b_c, x_c)
+
+
+def sensing0_cell_similarities(
+    post_indptr, post_items, post_values, post_lgamma1, cell_totals, cell_lgamma_totals1,
+    X_indptr, X_indices, X_values, vocabulary_size, cell_weights, out,
+):  # fmt: skip
+    r"""Fill ``out[i]`` with the weighted sum over cells of :func:`sensing0_row`, images in
+    parallel.
+
+    .. math:: s(b, x) = \sum_c \alpha_c \log K(b_c, x_c)
+
+    Parameters
+    ----------
+    post_indptr : ndarray of shape (n_cells * W + 1,)
+    post_items, post_values, post_lgamma1 : ndarray of shape (nnz_basis,)
+    cell_totals, cell_lgamma_totals1 : ndarray of shape (n_cells, n_basis)
+        :math:`N_{b_c}` and :math:`\ln\Gamma(N_{b_c} + 1)` of every basis item's cells.
+    X_indptr, X_indices, X_values
+        The inputs' cells, CSR of shape (n_samples * n_cells, W).
+    vocabulary_size : float
+        W, the words of one cell.
+    cell_weights : ndarray of shape (n_cells,)
+        :math:`\alpha_c`.
+    out : ndarray of shape (n_samples, n_basis)
+        Written in place.
+    """
+    n_cells = cell_weights.shape[0]
+    n_words = int(vocabulary_size)
+    for i in numba.prange(out.shape[0]):
+        scratch = np.empty(out.shape[1])
+        out[i, :] = 0.0
+        for c in range(n_cells):
+            start, stop = X_indptr[i * n_cells + c], X_indptr[i * n_cells + c + 1]
+            sensing0_row(
+                post_indptr[c * n_words : (c + 1) * n_words + 1], post_items, post_values,
+                post_lgamma1, cell_totals[c], cell_lgamma_totals1[c], X_indices[start:stop],
+                X_values[start:stop], vocabulary_size, scratch,
+            )  # fmt: skip
+            weight = cell_weights[c]
+            for j in range(scratch.shape[0]):
+                out[i, j] += weight * scratch[j]
+
+
+sensing0_cell_similarities, sensing0_cell_similarities_serial = row_drivers(
+    sensing0_cell_similarities, fastmath=FASTMATH
+)
+
+
+def sensing1_cell_similarities(
+    post_indptr, post_items, post_values, post_lgamma1, X_indptr, X_indices, X_values, n,
+    vocabulary_size, cell_weights, out,
+):  # fmt: skip
+    r"""Fill ``out[i]`` with the weighted sum over cells of :func:`sensing1_row` (each cell's
+    frequencies scaled by n), images in parallel.
+
+    .. math:: s(b, x) = \sum_c \alpha_c \sum_{w \in b_c \cap x_c} f(n \bar b_{cw},
+              n \bar x_{cw})
+    """
+    n_cells = cell_weights.shape[0]
+    n_words = int(vocabulary_size)
+    for i in numba.prange(out.shape[0]):
+        scratch = np.empty(out.shape[1])
+        out[i, :] = 0.0
+        for c in range(n_cells):
+            start, stop = X_indptr[i * n_cells + c], X_indptr[i * n_cells + c + 1]
+            sensing1_row(
+                post_indptr[c * n_words : (c + 1) * n_words + 1], post_items, post_values,
+                post_lgamma1, X_indices[start:stop], X_values[start:stop], n, scratch,
+            )  # fmt: skip
+            weight = cell_weights[c]
+            for j in range(scratch.shape[0]):
+                out[i, j] += weight * scratch[j]
+
+
+sensing1_cell_similarities, sensing1_cell_similarities_serial = row_drivers(
+    sensing1_cell_similarities, fastmath=FASTMATH
+)
+
+
+def dot_cell_similarities(
+    post_indptr, post_items, post_values, X_indptr, X_indices, X_values, vocabulary_size,
+    cell_weights, out,
+):  # fmt: skip
+    r"""Fill ``out[i]`` with the weighted sum over cells of :func:`dot_row`, images in
+    parallel.
+
+    .. math:: s(b, x) = \sum_c \alpha_c \, b_c \cdot x_c
+    """
+    n_cells = cell_weights.shape[0]
+    n_words = int(vocabulary_size)
+    for i in numba.prange(out.shape[0]):
+        scratch = np.empty(out.shape[1])
+        out[i, :] = 0.0
+        for c in range(n_cells):
+            start, stop = X_indptr[i * n_cells + c], X_indptr[i * n_cells + c + 1]
+            dot_row(
+                post_indptr[c * n_words : (c + 1) * n_words + 1], post_items, post_values,
+                X_indices[start:stop], X_values[start:stop], scratch,
+            )  # fmt: skip
+            weight = cell_weights[c]
+            for j in range(scratch.shape[0]):
+                out[i, j] += weight * scratch[j]
+
+
+dot_cell_similarities, dot_cell_similarities_serial = row_drivers(
+    dot_cell_similarities, fastmath=FASTMATH
+)
+
+
+def rbf_cell_similarities(
+    post_indptr, post_items, post_values, cell_sq_norms, X_indptr, X_indices, X_values, gamma,
+    vocabulary_size, cell_weights, out,
+):  # fmt: skip
+    r"""Fill ``out[i]`` with the weighted sum over cells of :func:`rbf_row`, images in
+    parallel.
+
+    .. math:: s(b, x) = \sum_c \alpha_c \exp(-\gamma \lVert b_c - x_c \rVert^2)
+
+    ``cell_sq_norms`` : ndarray of shape (n_cells, n_basis), the basis cells' squared norms.
+    """
+    n_cells = cell_weights.shape[0]
+    n_words = int(vocabulary_size)
+    for i in numba.prange(out.shape[0]):
+        scratch = np.empty(out.shape[1])
+        out[i, :] = 0.0
+        for c in range(n_cells):
+            start, stop = X_indptr[i * n_cells + c], X_indptr[i * n_cells + c + 1]
+            rbf_row(
+                post_indptr[c * n_words : (c + 1) * n_words + 1], post_items, post_values,
+                cell_sq_norms[c], X_indices[start:stop], X_values[start:stop], gamma, scratch,
+            )  # fmt: skip
+            weight = cell_weights[c]
+            for j in range(scratch.shape[0]):
+                out[i, j] += weight * scratch[j]
+
+
+rbf_cell_similarities, rbf_cell_similarities_serial = row_drivers(
+    rbf_cell_similarities, fastmath=FASTMATH
+)
+
+
 # -- deterministic resampling (sensing2) --------------------------------------------------------
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -1,0 +1,402 @@
+"""The Open Inference Protocol over gRPC (``inference.GRPCInferenceService``, as KServe,
+MLServer and Triton serve it), beside REST, on ``GRPC_PORT``.
+
+Thin, as the REST routes are: the same data plane finds the model, applies the limits and runs
+the work; the request's tensor goes through the REST protocol's decoding
+(:func:`service.api.v2_tensors.decode_request`, which sees typed ``contents`` as JSON ``data``
+and ``raw_input_contents`` as binary tensor data), and the answer's tensors are those of
+:func:`~service.api.v2_tensors.output_tensors`, sent as ``raw_output_contents`` (as Triton
+does, and as tritonclient reads them).
+
+Around every call (:meth:`InferenceServicer._serve`): the request id (``x-request-id``
+metadata, answered in the trailing metadata with ``x-model-version``), the API key
+(``authorization: Bearer <key>`` or ``x-api-key`` metadata;
+:class:`~service.api.auth.AccessPolicy`), the client's deadline (the work is waited for at most
+that long: DEADLINE_EXCEEDED), the errors as gRPC status codes, the
+metrics (``besvm_grpc_requests_total``, ``besvm_grpc_request_duration_seconds``) and the access
+line (method ``GRPC``). Messages over ``MAX_REQUEST_BYTES`` are refused by gRPC itself
+(RESOURCE_EXHAUSTED).
+
+The server runs on the worker's event loop, started and stopped by the app's lifespan: each
+worker process binds ``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker
+serves gRPC on the one port, the kernel spreading the connections), and SIGTERM drains it
+as it drains HTTP (:func:`drain_on_signals`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+import numpy as np
+from grpc import aio
+
+import service
+from service.api.auth import Access, AccessPolicy, ForbiddenError, MissingKeyError, identify
+from service.api.auth import presented_key as key_of
+from service.api.dataplane import DataPlane
+from service.api.errors import LoadRefusedError, status_of
+from service.api.metrics import Metrics
+from service.api.observability import log_access, request_scope
+from service.api.protocol import inference_pb2 as pb
+from service.api.protocol import inference_pb2_grpc as pb_grpc
+from service.api.registry import ModelState
+from service.api.responses import VERSION_HEADER
+from service.api.settings import Settings
+from service.api.tls import TlsFiles
+from service.api.v2 import ALL_CLASSES, EXTENSIONS, SERVER_NAME
+from service.api.v2_schemas import InferParameters, InferRequest, RequestInput, RequestOutput
+from service.api.v2_tensors import BINARY_DATA_SIZE, decode_request, model_metadata, output_tensors
+from service.model import InvalidInputError, ModelError, ModelNotReadyError, NotFoundError
+
+logger = logging.getLogger("service.api")
+
+SERVICE = "inference.GRPCInferenceService"
+# The HTTP status of a domain error (service.api.errors, the one mapping) as a gRPC code.
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# Where typed contents hold each datatype's values (FP16 has no field: raw contents only).
+CONTENTS_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+_LENGTH_PREFIX = 4
+
+
+def _parameter_value(parameter) -> Any:
+    choice = parameter.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameter, choice)
+
+
+def _parameters(parameters) -> dict[str, Any] | None:
+    return {name: _parameter_value(value) for name, value in parameters.items()} or None
+
+
+def _length_prefixed(elements: Sequence[bytes]) -> bytes:
+    """BYTES elements as the protocol's raw form: each a 4-byte little-endian length, then it."""
+    return b"".join(len(e).to_bytes(_LENGTH_PREFIX, "little") + e for e in elements)
+
+
+def infer_request(request: pb.ModelInferRequest) -> tuple[InferRequest, bytes]:
+    """A gRPC inference request as the REST protocol's request and binary data: typed
+    contents become ``data`` (BYTES: binary data), ``raw_input_contents`` binary data."""
+    inputs, binary = [], b""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInputError(
+            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs"
+        )
+    for index, tensor in enumerate(request.inputs):
+        if any(dimension < 0 for dimension in tensor.shape):
+            raise InvalidInputError(f"input {tensor.name!r}: a dimension of {tensor.shape} < 0")
+        data = None
+        parameters = _parameters(tensor.parameters) or {}
+        if raw:
+            binary = raw[index]
+            parameters[BINARY_DATA_SIZE] = len(binary)
+        else:
+            field = CONTENTS_FIELDS.get(tensor.datatype)
+            if field is None and tensor.datatype == "FP16":
+                raise InvalidInputError("FP16 has no typed contents: send raw_input_contents")
+            values = getattr(tensor.contents, field) if field is not None else ()
+            if field == "bytes_contents":
+                binary = _length_prefixed(values)
+                parameters[BINARY_DATA_SIZE] = len(binary)
+            else:
+                data = list(values)
+                if not data and tensor.contents.ByteSize():
+                    raise InvalidInputError(
+                        f"input {tensor.name!r} of {tensor.datatype} holds its values in "
+                        f"contents.{field}"
+                    )
+        inputs.append(
+            RequestInput.model_construct(
+                name=tensor.name,
+                shape=list(tensor.shape),
+                datatype=tensor.datatype,
+                parameters=parameters or None,
+                data=data,
+            )
+        )
+    top_k = _parameter_value(request.parameters["top_k"]) if "top_k" in request.parameters else None
+    if top_k is not None and (type(top_k) is not int or top_k < 1):
+        raise InvalidInputError("parameters.top_k must be an integer of at least 1")
+    outputs = [
+        RequestOutput.model_construct(name=o.name, parameters=_parameters(o.parameters))
+        for o in request.outputs
+    ]
+    body = InferRequest.model_construct(
+        id=request.id or None,
+        inputs=inputs,
+        outputs=outputs or None,
+        parameters=InferParameters.model_construct(top_k=top_k),
+    )
+    return body, binary
+
+
+def _raw_tensor(datatype: str, data: list) -> bytes:
+    if datatype == "BYTES":
+        return _length_prefixed([element.encode() for element in data])
+    return np.asarray(data, dtype="<f8").tobytes()
+
+
+def _tensor_metadata(tensor: dict[str, Any]) -> pb.ModelMetadataResponse.TensorMetadata:
+    metadata = pb.ModelMetadataResponse.TensorMetadata(
+        name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
+    )
+    for name, value in (tensor.get("parameters") or {}).items():
+        # Lists and objects (the classes, the measures) as JSON text in a string parameter.
+        metadata.parameters[name].string_param = json.dumps(value)
+    return metadata
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The protocol's calls on one data plane (see the module docstring).
+
+    Parameters
+    ----------
+    plane : DataPlane
+    policy : AccessPolicy
+    metrics : Metrics
+    """
+
+    def __init__(self, plane: DataPlane, policy: AccessPolicy, metrics: Metrics) -> None:
+        self.plane = plane
+        self.policy = policy
+        self.metrics = metrics
+
+    async def _serve(
+        self,
+        method: str,
+        needed: Access,
+        context: aio.ServicerContext,
+        answer: Callable[[], Awaitable[Any]],
+    ) -> Any:
+        """Run ``answer`` as a call of ``method``: request id, key, deadline, errors, metrics
+        and the access line."""
+        started = time.perf_counter()
+        metadata = dict(context.invocation_metadata() or ())
+        code, message, result = grpc.StatusCode.OK, "", None
+        with request_scope(metadata.get("x-request-id")) as request:
+            # Answered in the trailing metadata, which travels with the status: a separate
+            # send of initial metadata costs every call a write.
+            trailing = [("x-request-id", request.request_id)]
+            try:
+                key = self.policy.check(
+                    needed, key_of(metadata.get("authorization"), metadata.get("x-api-key"))
+                )
+                identify(key)
+                remaining = context.time_remaining()
+                async with asyncio.timeout(remaining):
+                    result = await answer()
+                version = getattr(result, "model_version", "")
+                if version:
+                    trailing.append((VERSION_HEADER, version))
+            except TimeoutError:
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+                message = "the call's deadline passed before its work finished"
+            except MissingKeyError as error:
+                code, message = grpc.StatusCode.UNAUTHENTICATED, str(error)
+            except ForbiddenError as error:
+                code, message = grpc.StatusCode.PERMISSION_DENIED, str(error)
+            except ModelError as error:
+                status, _ = status_of(error)
+                code, message = _CODES.get(status, grpc.StatusCode.INTERNAL), str(error)
+                if status == 500:
+                    logger.error("gRPC %s failed: %s", method, error)
+            except asyncio.CancelledError:
+                code, message = grpc.StatusCode.CANCELLED, "cancelled"
+                raise
+            except Exception:
+                logger.exception("unhandled error in gRPC %s", method)
+                code, message = grpc.StatusCode.INTERNAL, "internal error; the server log has it"
+            finally:
+                seconds = time.perf_counter() - started
+                self.metrics.grpc_finished(method, request.model, code.name, seconds)
+                log_access(
+                    "GRPC", f"/{SERVICE}/{method}", code.name, seconds, context.peer(), request.key
+                )
+            if code is not grpc.StatusCode.OK:
+                await context.abort(code, message, tuple(trailing))
+            context.set_trailing_metadata(tuple(trailing))
+            return result
+
+    # -- health and metadata -------------------------------------------------------------------
+
+    async def ServerLive(self, request, context):
+        async def answer():
+            return pb.ServerLiveResponse(live=True)
+
+        return await self._serve("ServerLive", Access.OPEN, context, answer)
+
+    async def ServerReady(self, request, context):
+        async def answer():
+            return pb.ServerReadyResponse(ready=self.plane.readiness()[0])
+
+        return await self._serve("ServerReady", Access.OPEN, context, answer)
+
+    async def ServerMetadata(self, request, context):
+        async def answer():
+            return pb.ServerMetadataResponse(
+                name=SERVER_NAME, version=service.__version__, extensions=EXTENSIONS
+            )
+
+        return await self._serve("ServerMetadata", self.policy.default, context, answer)
+
+    async def ModelReady(self, request, context):
+        async def answer():
+            try:
+                self.plane.snapshot(request.name, request.version or None)
+            except (ModelNotReadyError, NotFoundError):  # as REST answers tritonclient
+                return pb.ModelReadyResponse(ready=False)
+            return pb.ModelReadyResponse(ready=True)
+
+        return await self._serve("ModelReady", self.policy.default, context, answer)
+
+    async def ModelMetadata(self, request, context):
+        async def answer():
+            snapshot = self.plane.snapshot(request.name, request.version or None)
+            meta = model_metadata(snapshot.predictor, snapshot.name, snapshot.version)
+            return pb.ModelMetadataResponse(
+                name=meta["name"],
+                versions=meta["versions"],
+                platform=meta["platform"],
+                inputs=[_tensor_metadata(t) for t in meta["inputs"]],
+                outputs=[_tensor_metadata(t) for t in meta["outputs"]],
+            )
+
+        return await self._serve("ModelMetadata", self.policy.default, context, answer)
+
+    # -- inference -----------------------------------------------------------------------------
+
+    async def ModelInfer(self, request, context):
+        async def answer():
+            name, version = request.model_name, request.model_version or None
+            body, binary = infer_request(request)
+            plane = self.plane
+            inputs, names = decode_request(body, binary, plane.snapshot(name, version).predictor)
+            snapshot, answers = await plane.classify(
+                name, inputs.instances, inputs.texts, ALL_CLASSES, version=version
+            )
+            top_k = body.parameters.top_k
+            k = plane.default_top_k if top_k is None else top_k
+            tensors = output_tensors(answers, snapshot.predictor.classes, names, k)
+            response = pb.ModelInferResponse(
+                model_name=snapshot.name, model_version=snapshot.version, id=request.id
+            )
+            for tensor in tensors:
+                response.outputs.add(
+                    name=tensor["name"], datatype=tensor["datatype"], shape=tensor["shape"]
+                )
+                response.raw_output_contents.append(_raw_tensor(tensor["datatype"], tensor["data"]))
+            return response
+
+        return await self._serve("ModelInfer", self.policy.default, context, answer)
+
+    # -- the repository extension --------------------------------------------------------------
+
+    async def RepositoryIndex(self, request, context):
+        async def answer():
+            entries = await self.plane.registry.sync()
+            return pb.RepositoryIndexResponse(
+                models=[
+                    pb.RepositoryIndexResponse.ModelIndex(
+                        name=entry.name,
+                        version=entry.describe().get("version") or "",
+                        state=str(entry.state),
+                        reason=entry.reason or "",
+                    )
+                    for entry in entries
+                    if not request.ready or entry.state == ModelState.READY
+                ]
+            )
+
+        return await self._serve("RepositoryIndex", Access.ADMIN, context, answer)
+
+    async def RepositoryModelLoad(self, request, context):
+        async def answer():
+            entry = await self.plane.registry.load(request.model_name)
+            if entry.reason is not None:
+                raise LoadRefusedError(entry.reason)
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
+
+    async def RepositoryModelUnload(self, request, context):
+        async def answer():
+            await self.plane.registry.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
+
+
+async def start_grpc_server(
+    settings: Settings, plane: DataPlane, policy: AccessPolicy, metrics: Metrics
+) -> aio.Server:
+    """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set)."""
+    options = [
+        ("grpc.max_receive_message_length", settings.max_request_bytes),
+        ("grpc.max_send_message_length", -1),
+        # Workers share the port (the kernel spreads the connections); a lone server must not
+        # share it unknowingly with another process.
+        ("grpc.so_reuseport", 1 if settings.workers > 1 else 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+    ]
+    server = aio.server(options=options)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
+        InferenceServicer(plane, policy, metrics), server
+    )
+    address = f"{settings.host}:{settings.grpc_port}"
+    tls = TlsFiles.from_settings(settings)
+    if tls is None:
+        server.add_insecure_port(address)
+    else:
+        server.add_secure_port(address, tls.grpc_credentials())
+    await server.start()
+    logger.info("gRPC (Open Inference Protocol) on %s%s", address, "" if tls is None else ", TLS")
+    return server
+
+
+def drain_on_signals(on_signal: Callable[[], None]) -> None:
+    """Call ``on_signal`` on the running loop when SIGTERM or SIGINT arrives, before the handler
+    in place (uvicorn's, which starts the HTTP drain). Only where signals can be handled (the
+    main thread); elsewhere (a test client's thread) nothing is installed."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+
+        def handler(number, frame, previous=previous):
+            loop.call_soon_threadsafe(on_signal)
+            if callable(previous):
+                previous(number, frame)
+
+        with contextlib.suppress(ValueError):
+            signal.signal(signum, handler)

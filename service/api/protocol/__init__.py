@@ -1,0 +1,2 @@
+"""The Open Inference Protocol's gRPC messages and service, generated from inference.proto
+(``make proto``)."""

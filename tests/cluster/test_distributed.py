@@ -1,0 +1,159 @@
+"""The squared-hinge solver over shards held by a real Dask cluster (two worker processes)
+against the one-process solver on the same features."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+from sklearn.metrics.pairwise import rbf_kernel
+
+from tests.cluster.conftest import start_local_cluster
+from training.distributed import fit_one_vs_rest_distributed, shard_blocks, shard_classes
+from training.shards import write_shards
+from training.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
+
+TOL = 1e-8
+
+
+def _sharded(tmp_path, n_samples, n_classes=4, rows_per_shard=500, n_basis=60, seed=0):
+    X, y = make_classification(
+        n_samples=n_samples,
+        n_features=10,
+        n_informative=6,
+        n_classes=n_classes,
+        n_clusters_per_class=1,
+        random_state=seed,
+    )
+    labels = np.array([f"class-{c}" for c in y])
+    data = write_shards(X, labels, tmp_path / "shards", rows_per_shard=rows_per_shard)
+    basis = X[np.random.default_rng(seed).choice(n_samples, n_basis, replace=False)]
+    featurize = functools.partial(rbf_kernel, Y=basis, gamma=0.05)
+    return X, labels, data, featurize
+
+
+def _one_process(X, labels, featurize):
+    classes, codes = np.unique(labels, return_inverse=True)
+    features = featurize(X)
+    fitted = fit_one_vs_rest(
+        features.copy(), codes, len(classes), C=1.0, max_iter=1000, n_jobs=1, tol=TOL
+    )
+    return features, codes, fitted
+
+
+def _on_cluster(client, data, featurize):
+    classes = shard_classes(client, data.shards)
+    blocks = shard_blocks(client, data.shards, classes, featurize)
+    n_features = featurize(np.zeros((1, 10))).shape[1]
+    return classes, fit_one_vs_rest_distributed(
+        client, blocks, n_features, len(classes), C=1.0, max_iter=1000, tol=TOL
+    )
+
+
+def _stopping_norms(features, codes, n_classes):
+    """Each problem's gradient norm at which the solver stops: tol's share of the norm at 0."""
+    signs = np.where(codes[:, None] == np.arange(n_classes)[None, :], 1.0, -1.0)
+    loss = InMemorySquaredHinge(features, signs, 1.0)
+    _, g0 = loss.value_and_gradient(np.zeros((features.shape[1] + 1, n_classes)), np.arange(4))
+    return liblinear_tolerance((signs > 0).sum(axis=0), len(signs), TOL) * np.linalg.norm(
+        g0, axis=0
+    )
+
+
+def test_the_fit_on_the_cluster_is_the_one_process_fit(dask_client, tmp_path):
+    """The objective is 1-strongly convex (the regulariser), so a point whose gradient has norm
+    g lies within g of the optimum: two solutions that each stopped below their problem's
+    stopping norm are within twice it of each other (summation orders differ, by 1e-16)."""
+    X, labels, data, featurize = _sharded(tmp_path, 3000)
+    assert len(data.shards) == 6
+    features, codes, (coef, intercept, _, accuracy) = _one_process(X, labels, featurize)
+    classes, (coef_c, intercept_c, n_iter_c, accuracy_c) = _on_cluster(dask_client, data, featurize)
+    np.testing.assert_array_equal(classes, np.unique(labels))
+    bound = 2 * _stopping_norms(features, codes, 4)
+    distance = np.linalg.norm(np.column_stack([coef - coef_c, intercept - intercept_c]), axis=1)
+    assert (distance <= bound + 1e-12).all(), (distance, bound)
+    scores, scores_c = features @ coef.T + intercept, features @ coef_c.T + intercept_c
+    np.testing.assert_array_equal(scores.argmax(axis=1), scores_c.argmax(axis=1))
+    assert accuracy_c == pytest.approx(accuracy)
+    assert n_iter_c > 1
+
+
+def test_two_classes_on_the_cluster_give_opposite_rows(dask_client, tmp_path):
+    X, labels, data, featurize = _sharded(tmp_path, 1000, n_classes=2)
+    features, _, (coef, intercept, _, _) = _one_process(X, labels, featurize)
+    _, (coef_c, intercept_c, _, _) = _on_cluster(dask_client, data, featurize)
+    np.testing.assert_allclose(coef_c[0], -coef_c[1])
+    np.testing.assert_allclose(
+        features @ coef_c.T + intercept_c, features @ coef.T + intercept, atol=1e-5
+    )
+
+
+def _executed(client) -> int:
+    return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+
+
+def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path):
+    """Dask recomputes a lost worker's shards from their files (the blocks' lineage): the fit
+    goes on and reaches the same model, within the solver's tolerance (BLAS's results may
+    differ in the last bits between processes, so not to the bit) and with the same
+    predictions."""
+    from distributed import Client
+
+    X, labels, data, featurize = _sharded(tmp_path, 10_000, rows_per_shard=1000, n_basis=200)
+    with start_local_cluster() as cluster, Client(cluster) as client:
+        _, expected = _on_cluster(client, data, featurize)
+        pids = list(client.run(os.getpid).values())
+        result: dict = {}
+        fit = threading.Thread(
+            target=lambda: result.setdefault("model", _on_cluster(client, data, featurize)[1])
+        )
+        executed = _executed(client)
+        fit.start()
+        # Killed once the solver is iterating: its tasks have started to run.
+        while fit.is_alive() and _executed(client) < executed + 60:
+            time.sleep(0.02)
+        assert fit.is_alive(), "the fit ended before a worker could be killed: make it longer"
+        os.kill(pids[0], signal.SIGKILL)
+        fit.join(timeout=300)
+        assert not fit.is_alive()
+        assert pids[0] not in client.run(os.getpid).values()  # the nanny started a new one
+    coef, intercept = result["model"][:2]
+    features = featurize(X)
+    codes = np.unique(labels, return_inverse=True)[1]
+    bound = 2 * _stopping_norms(features, codes, 4)
+    distance = np.linalg.norm(
+        np.column_stack([coef - expected[0], intercept - expected[1]]), axis=1
+    )
+    assert (distance <= bound + 1e-12).all(), (distance, bound)
+    np.testing.assert_array_equal(
+        (features @ coef.T + intercept).argmax(axis=1),
+        (features @ expected[0].T + expected[1]).argmax(axis=1),
+    )
+
+
+@pytest.mark.slow
+def test_features_larger_than_a_worker_memory_limit_are_spilled_and_the_fit_completes(tmp_path):
+    """Features of 1.3 times one worker's memory limit, in shards of 16 MB: Dask spills blocks
+    to disk past 60% of the limit and reads them back for each pass."""
+    from distributed import Client
+
+    X, _labels, data, _ = _sharded(tmp_path, 70_000, rows_per_shard=2000, n_basis=1)
+    featurize = functools.partial(rbf_kernel, Y=X[:1000], gamma=0.05)
+    limit = 400 * 2**20
+    assert 1.3 * limit < 70_000 * 1000 * 8
+    with start_local_cluster(memory_limit=limit) as cluster, Client(cluster) as client:
+        classes = shard_classes(client, data.shards)
+        blocks = shard_blocks(client, data.shards, classes, featurize)
+        coef, _, _, accuracy = fit_one_vs_rest_distributed(
+            client, blocks, 1000, len(classes), C=1.0, max_iter=2, tol=1e-1
+        )
+        spilled = client.run(lambda dask_worker: len(dask_worker.data.slow))
+    assert coef.shape == (4, 1000)
+    assert accuracy > 0.5
+    assert sum(spilled.values()) > 0, "nothing was spilled: the test does not test spilling"

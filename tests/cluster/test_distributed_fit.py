@@ -1,0 +1,132 @@
+"""BasisExpandingSVC on a real Dask cluster (two worker processes): the same model as in one
+process, from arrays, from shards, inside a Client context and from the command line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from service.model import Predictor
+from training import BasisExpandingSVC
+from training.cli import main
+from training.shards import open_shards, write_shards
+
+PARAMS = {"similarity": "rbf(gamma=1)", "basis_per_class": 8}
+
+
+@pytest.fixture(scope="module")
+def digits_arrays():
+    X, y = load_digits(return_X_y=True)
+    return X[:900], y[:900], X[1000:1300]
+
+
+@pytest.fixture(scope="module")
+def one_process(digits_arrays):
+    X, y, _ = digits_arrays
+    return BasisExpandingSVC(**PARAMS, n_jobs=1).fit(X, y)
+
+
+def _assert_same_model(model, reference, X_test):
+    """The same basis and normalisation; weights within the solver's tolerance of each other
+    (the one-process solver's own tests derive it: here the blocks are summed in another order)
+    and the same predictions."""
+    np.testing.assert_array_equal(model.classes_.astype(str), reference.classes_.astype(str))
+    # The same items; the input normaliser's mean, summed shard by shard, may differ in the
+    # last bit.
+    np.testing.assert_allclose(
+        model.predictor_.inputs.basis_items, reference.predictor_.inputs.basis_items, atol=1e-12
+    )
+    np.testing.assert_allclose(model.predictor_.coef, reference.predictor_.coef, atol=1e-6)
+    np.testing.assert_array_equal(
+        model.predict(X_test).astype(str), reference.predict(X_test).astype(str)
+    )
+
+
+def test_arrays_fitted_on_the_cluster_give_the_one_process_model(
+    dask_cluster, digits_arrays, one_process
+):
+    X, y, X_test = digits_arrays
+    model = BasisExpandingSVC(**PARAMS, cluster=dask_cluster.scheduler_address).fit(X, y)
+    _assert_same_model(model, one_process, X_test)
+    assert model.n_iter_ > 1
+    np.testing.assert_array_equal(model.classes_, one_process.classes_)  # labels keep their type
+
+
+def test_shards_fitted_on_the_cluster_give_the_one_process_model(
+    dask_cluster, digits_arrays, one_process, tmp_path
+):
+    X, y, X_test = digits_arrays
+    data = write_shards(X, y, tmp_path / "shards", format="parquet", rows_per_shard=200)
+    model = BasisExpandingSVC(**PARAMS, cluster=dask_cluster.scheduler_address).fit(data)
+    _assert_same_model(model, one_process, X_test)
+
+
+def test_a_fit_inside_a_client_context_runs_on_that_cluster(dask_cluster, digits_arrays):
+    from distributed import Client
+
+    X, y, X_test = digits_arrays
+    with Client(dask_cluster) as client:
+        before = sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+        model = BasisExpandingSVC(**PARAMS, normalization="besvm").fit(X, y)
+        after = sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
+    assert after > before  # the workers did the work
+    reference = BasisExpandingSVC(**PARAMS, normalization="besvm", n_jobs=1).fit(X, y)
+    np.testing.assert_allclose(model.predictor_.feature_offset, reference.predictor_.feature_offset)
+    np.testing.assert_allclose(model.predictor_.feature_scale, reference.predictor_.feature_scale)
+    _assert_same_model(model, reference, X_test)
+
+
+def test_selection_is_refused_on_a_cluster_with_the_way_out(dask_cluster, digits_arrays):
+    X, y, _ = digits_arrays
+    with pytest.raises(ValueError, match=r"'auto'.*does not run on a cluster yet"):
+        BasisExpandingSVC(similarity="auto", cluster=dask_cluster.scheduler_address).fit(X, y)
+
+
+def test_a_bof_transform_is_refused_on_a_cluster_with_the_way_out(dask_cluster):
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0.0, 1.0, size=(40, 32 * 32)), np.repeat([0, 1], 20)
+    model = BasisExpandingSVC(
+        similarity="sensing0",
+        input_transform="bof(patch=8, step=4, words=16, levels=1, single=1)",
+        basis_per_class=3,
+        input_shape="grid(32, 32, 1)",
+        cluster=dask_cluster.scheduler_address,
+    )
+    with pytest.raises(ValueError, match=r"bof\(.*does not train on a cluster yet.*without a"):
+        model.fit(X, y)
+
+
+def test_fit_from_the_command_line_on_shards_writes_the_model(
+    dask_cluster, digits_arrays, one_process, tmp_path, capsys
+):
+    X, y, X_test = digits_arrays
+    np.savez(tmp_path / "digits.npz", X=X, y=y)
+    shards = tmp_path / "shards"
+    assert (
+        main(
+            ["shard", "--data", str(tmp_path / "digits.npz"), "--out", str(shards), "--rows", "300"]
+        )
+        == 0
+    )
+    assert len(open_shards(shards).shards) == 3
+    status = main(
+        [
+            "fit",
+            "--data",
+            str(shards),
+            "--similarity",
+            PARAMS["similarity"],
+            "--basis-per-class",
+            "8",
+            "--cluster",
+            dask_cluster.scheduler_address,
+            "--out",
+            str(tmp_path / "model"),
+            "--quiet",
+        ]
+    )
+    assert status == 0
+    assert "3 shards, 900 items" in capsys.readouterr().out
+    served = Predictor.load(tmp_path / "model")
+    np.testing.assert_array_equal(served.predict(X_test), one_process.predict(X_test).astype(str))

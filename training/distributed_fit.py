@@ -1,0 +1,324 @@
+"""Fitting a :class:`~training.estimator.BasisExpandingSVC` on a Dask cluster.
+
+The estimator's ``fit`` comes here when it has a ``cluster``, runs inside ``with
+distributed.Client(...)``, or is given a :class:`~training.shards.ShardedData`. The steps are
+the one-process fit's, each where its data lives:
+
+1. The rows live on the workers: each shard is read there (its lineage is the file, so a lost
+   worker's shards are read again), or, for arrays given to ``fit``, scattered in row blocks.
+2. The labels' classes, the input normalisation's mean and scale, and the feature
+   normalisation's statistics (``besvm``, ``zscore``) are reductions over the shards.
+3. The basis is drawn on the driver from a sample of each class: for ``index``, the default
+   strategy, the very items a one-process fit picks (evenly spaced over the class, located by
+   the shards' class counts); ``random`` and ``kmedoids`` draw from the class's first
+   :data:`SAMPLE_PER_BASIS_ITEM` times as many items.
+4. Each worker expands its shards on the basis (the same kernels and normalisation as serving)
+   and keeps the features, spilled to disk by Dask when memory runs short.
+5. The one-vs-rest problems are solved over those features by the one solver
+   (:func:`training.distributed.fit_one_vs_rest_distributed`): the driver holds
+   (B + 1) x K vectors.
+
+Dense inputs only (vectors and images); documents need a vocabulary, fitted in one process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.model import SpecError
+from service.model.inputs.spec import InputSpec
+from service.model.similarity import parse_specs
+from training.cluster import client_for
+from training.distributed import FeatureBlock, fit_one_vs_rest_distributed, tree_sum
+from training.expansion import BasisExpansion
+from training.preparation import DensePreparation, is_texts
+from training.preprocessing import InputNormalizer
+from training.shards import ShardedData, read_shard
+
+__all__ = ["ROWS_PER_SCATTERED_BLOCK", "SAMPLE_PER_BASIS_ITEM", "fit_on_cluster"]
+
+# Arrays given to fit are scattered to the workers in blocks of this many rows.
+ROWS_PER_SCATTERED_BLOCK = 20_000
+# The random and kmedoids strategies draw each class's basis from this many times as many of
+# its first items.
+SAMPLE_PER_BASIS_ITEM = 20
+
+
+def fit_on_cluster(estimator, X, y=None):
+    """Fit ``estimator`` (a BasisExpandingSVC with fixed measures) on a Dask cluster.
+
+    Parameters
+    ----------
+    estimator : BasisExpandingSVC
+    X : ShardedData, or array-like of shape (n_samples, n_features) or images
+    y : array-like of shape (n_samples,), or None with ShardedData
+
+    Returns
+    -------
+    estimator
+    """
+    if is_texts(X):
+        raise ValueError("documents train in one process: fit them without a cluster")
+    with client_for(estimator.cluster) as client:
+        if client is None:  # sharded data and no cluster: this process reads every shard
+            from distributed import Client, LocalCluster
+
+            with LocalCluster(n_workers=1, processes=False) as local, Client(local) as client:
+                return _fit(estimator, client, X, y)
+        return _fit(estimator, client, X, y)
+
+
+def _sources(client, estimator, X, y):
+    """Futures of each shard's (rows, labels) on the workers, the input spec and the count."""
+    if isinstance(X, ShardedData):
+        if y is not None:
+            raise ValueError("sharded data holds its labels: pass no y")
+        spec = (
+            InputSpec.parse(estimator.input_shape)
+            if estimator.input_shape
+            else InputSpec("vector", (X.n_features,))
+        )
+        if spec.n_features != X.n_features:
+            raise ValueError(
+                f"input_shape {spec} has {spec.n_features} numbers, rows {X.n_features}"
+            )
+        return client.map(read_shard, X.shards, pure=False), spec, X.n_samples
+    preparation = DensePreparation(
+        InputSpec.parse(estimator.input_shape) if estimator.input_shape else None
+    )
+    X, y = preparation.validate_fit(estimator, X, y)
+    labels = np.asarray(y)
+    blocks = [
+        (
+            X[start : start + ROWS_PER_SCATTERED_BLOCK],
+            labels[start : start + ROWS_PER_SCATTERED_BLOCK],
+        )
+        for start in range(0, len(X), ROWS_PER_SCATTERED_BLOCK)
+    ]
+    return client.scatter(blocks), preparation.spec, len(X)
+
+
+def _labels(source) -> np.ndarray:
+    return np.unique(source[1])
+
+
+def _transformed_moments(source, transform, spec, mean):
+    """Sums for a space's normaliser: the rows' sum (mean None), else the centred squares'."""
+    rows = transform.apply(source[0], spec)
+    if mean is None:
+        return rows.sum(axis=0), np.array(len(rows), dtype=np.float64)
+    centred = rows - mean
+    return (centred * centred).sum(axis=0), np.array(len(rows), dtype=np.float64)
+
+
+def _centred_norms(source, transform, spec, mean, std) -> np.ndarray:
+    centred = transform.apply(source[0], spec) - mean
+    if std is not None:
+        centred /= std
+    return np.array(np.linalg.norm(centred, axis=1).sum())
+
+
+def _normalizers(client, sources, preparation, n_samples: int) -> list[InputNormalizer]:
+    """Each space's InputNormalizer from reductions, as InputNormalizer.fit learns it."""
+    scaling = preparation.input_normalization
+    spec = preparation.spec
+    normalizers = []
+    for transform in preparation.transforms:
+        sums = client.map(
+            _transformed_moments, sources, transform=transform, spec=spec, mean=None, pure=False
+        )
+        mean = tree_sum(client, sums)[0] / n_samples
+        std = None
+        if scaling == "per-feature":
+            squares = client.map(
+                _transformed_moments, sources, transform=transform, spec=spec, mean=mean, pure=False
+            )
+            std = np.sqrt(tree_sum(client, squares)[0] / n_samples)
+            std[std <= 0.0] = 1.0
+        norms = client.map(
+            _centred_norms, sources, transform=transform, spec=spec, mean=mean, std=std, pure=False
+        )
+        scale = float(tree_sum(client, norms)) / n_samples
+        scale = scale if scale > 0.0 else 1.0
+        normalizers.append(
+            InputNormalizer.from_statistics(
+                scaling, mean, std * scale if std is not None else scale
+            )
+        )
+    return normalizers
+
+
+def _class_counts(source, classes) -> np.ndarray:
+    return np.bincount(np.searchsorted(classes, source[1]), minlength=len(classes))
+
+
+@dataclass(frozen=True)
+class _Picks:
+    """The ranks to take of each class (one sorted array per class): one object in a task's
+    arguments, which Dask passes as it is (a list or a set there is a graph to walk)."""
+
+    ranks: tuple[np.ndarray, ...]
+
+
+def _ranked_rows(source, first_rank, preparation, classes, wanted: _Picks):
+    """The rows of a shard whose rank within their class (over all shards, in order) is
+    wanted, prepared, with their codes and ranks.
+
+    ``first_rank[c]``: the rank of the shard's first item of class c."""
+    codes = np.searchsorted(classes, source[1])
+    ranks = np.empty(len(codes), dtype=np.int64)
+    keep = np.zeros(len(codes), dtype=bool)
+    for code in np.unique(codes):
+        members = np.flatnonzero(codes == code)
+        ranks[members] = first_rank[code] + np.arange(len(members))
+        keep[members] = np.isin(ranks[members], wanted.ranks[code])
+    if not keep.any():
+        return None
+    return preparation.prepare(source[0][keep]), codes[keep], ranks[keep]
+
+
+def _sample(client, sources, preparation, classes, per_class: int, evenly: bool):
+    """Each class's items that the basis is drawn from, in the order a one-process fit sees
+    them: ``evenly``, the ``index`` strategy's own picks (evenly spaced over the class); else
+    the class's first ``per_class`` items."""
+    counts = np.array(
+        client.gather(client.map(_class_counts, sources, classes=classes, pure=False))
+    )
+    first_rank = np.vstack([np.zeros(len(classes), dtype=np.int64), np.cumsum(counts, axis=0)[:-1]])
+    totals = counts.sum(axis=0)
+    wanted = []
+    for total in totals:
+        k = min(per_class, int(total))
+        wanted.append((np.arange(k) * total) // k if evenly else np.arange(k))
+    parts = client.gather(
+        client.map(
+            _ranked_rows,
+            sources,
+            list(first_rank),
+            preparation=preparation,
+            classes=classes,
+            wanted=_Picks(tuple(wanted)),
+            pure=False,
+        )
+    )
+    parts = [part for part in parts if part is not None]
+    items = np.vstack([p[0] for p in parts])
+    codes = np.concatenate([p[1] for p in parts])
+    ranks = np.concatenate([p[2] for p in parts])
+    order = np.lexsort((ranks, codes))
+    return items[order], codes[order]
+
+
+def _feature_block(source, preparation, expansion, classes) -> FeatureBlock:
+    """A shard's training features and codes (a worker's task, kept there)."""
+    features = expansion.transform(preparation.prepare(source[0]))
+    return FeatureBlock(features, np.searchsorted(classes, source[1]))
+
+
+def _raw_sums(source, preparation, expansion, offset):
+    """Sums over a shard's features before normalisation: of the features (offset None), else
+    of their squares and per-measure norms after subtracting ``offset``."""
+    raw = expansion.transform(preparation.prepare(source[0]))  # offset 0, scale 1: raw
+    if offset is None:
+        return raw.sum(axis=0)
+    raw -= offset
+    n_measures = len(expansion.specs_)
+    blocks = raw.reshape(len(raw), n_measures, -1)
+    return (raw * raw).sum(axis=0), np.linalg.norm(blocks, axis=2).sum(axis=0)
+
+
+def _feature_statistics(client, sources, preparation, expansion, n_samples: int) -> None:
+    """``besvm`` and ``zscore``: the offset and scale from reductions over every shard's raw
+    features (expansion.normalization_statistics on the whole set, in one process)."""
+    n_features = len(expansion.offset_)
+    expansion.offset_, expansion.scale_ = np.zeros(n_features), np.ones(n_features)
+    raw = _shared(client, expansion)
+    sums = client.map(
+        _raw_sums, sources, preparation=preparation, expansion=raw, offset=None, pure=False
+    )
+    mean = tree_sum(client, sums) / n_samples
+    parts = client.map(
+        _raw_sums, sources, preparation=preparation, expansion=raw, offset=mean, pure=False
+    )
+    squares, norms = tree_sum(client, parts)
+    if expansion.normalization_ == "zscore":
+        std = np.sqrt(squares / n_samples)
+        expansion.offset_, expansion.scale_ = mean, np.where(std > 0, std, 1.0)
+    else:
+        mean_norms = norms / n_samples
+        n_basis = n_features // len(mean_norms)
+        scale = np.repeat(np.where(mean_norms > 0, mean_norms, 1.0), n_basis)
+        expansion.offset_, expansion.scale_ = mean, scale
+
+
+def _shared(client, expansion: BasisExpansion):
+    """The fitted expansion on every worker, sent once (its basis and Gram matrices are
+    megabytes: inside each task they would travel once a shard)."""
+    return client.scatter(expansion, broadcast=True, hash=False)
+
+
+def _fit(estimator, client, X, y):
+    started = time.perf_counter()
+    sources, spec, n_samples = _sources(client, estimator, X, y)
+    classes = np.unique(np.concatenate(client.gather(client.map(_labels, sources, pure=False))))
+    if len(classes) < 2:
+        raise ValueError(f"a classifier needs at least two classes, got {list(classes)}")
+    estimator.classes_ = classes
+    estimator.n_features_in_ = spec.n_features
+    preparation = DensePreparation(spec, estimator.input_transform, estimator.input_normalization)
+    try:
+        preparation.settle(parse_specs(estimator.similarity))
+    except SpecError as error:
+        raise ValueError(str(error)) from None
+    learned = [str(t) for t in preparation.transforms if t.is_fitted]
+    if learned:
+        raise ValueError(
+            f"input_transform {', '.join(learned)} learns its visual words from the training "
+            "items in one process: it does not train on a cluster yet; fit without a cluster"
+        )
+    preparation.use_normalizers(_normalizers(client, sources, preparation, n_samples))
+    evenly = estimator.basis_strategy == "index"
+    per_class = estimator.basis_per_class * (1 if evenly else SAMPLE_PER_BASIS_ITEM)
+    items, codes = _sample(client, sources, preparation, classes, per_class, evenly)
+    expansion = BasisExpansion(
+        similarities=estimator.similarity,
+        n_basis_per_class=estimator.basis_per_class,
+        basis_strategy=estimator.basis_strategy,
+        normalization=estimator.normalization,
+        grid_shape=preparation.grid_shape,
+        spaces=preparation.spaces,
+        random_state=estimator.random_state,
+    )
+    try:
+        expansion.fit(items, codes)
+    except SpecError as error:
+        raise ValueError(str(error)) from None
+    if expansion.normalization_ in ("besvm", "zscore"):
+        _feature_statistics(client, sources, preparation, expansion, n_samples)
+    blocks = client.map(
+        _feature_block,
+        sources,
+        preparation=preparation,
+        expansion=_shared(client, expansion),
+        classes=classes,
+        pure=False,
+    )
+    timings = {"expand_seconds": time.perf_counter() - started}
+    started = time.perf_counter()
+    coef, intercept, estimator.n_iter_, estimator.train_accuracy_ = fit_one_vs_rest_distributed(
+        client,
+        blocks,
+        expansion.offset_.shape[0],
+        len(classes),
+        C=estimator.C,
+        max_iter=estimator.max_iter,
+    )
+    del blocks
+    timings["svm_seconds"] = time.perf_counter() - started
+    timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
+    class_names = tuple(str(c) for c in classes)
+    estimator.set_fitted(preparation, expansion, class_names, coef, intercept, n_samples, timings)
+    return estimator
