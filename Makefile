@@ -61,7 +61,7 @@ endef
 
 .DEFAULT_GOAL := help
 # (glyph-fonts, glyphs and report-glyphs: the bof transform's real images, issue 25)
-.PHONY: help setup lock proto train run serve test soak lint glyph-fonts glyphs report-glyphs lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search report report-fortunes report-fortunes-search clean
+.PHONY: help setup lock proto train run serve test soak lint glyph-fonts glyphs report-glyphs lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search bench-codes bench-catalogue report report-fortunes report-fortunes-search clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
@@ -134,6 +134,12 @@ bench-search: setup  ## /search at N = 1,000,000: the kernel against numpy and F
 	$(BIN)/python -m pip install --quiet --require-hashes -r $(BENCH_LOCK)
 	$(BIN)/python benchmarks/bench_search.py
 	$(BIN)/python benchmarks/bench_search_http.py
+
+bench-codes: train  ## queries by examples before and after the numba path solver: time and top-20 precision on digits
+	$(BIN)/python benchmarks/bench_codes.py --model $(MODEL_DIR)
+
+bench-catalogue: setup  ## the live catalogue at N = 10,000,000, A = 64: 1/4/16 shards in process and on 2 Dask workers, 1% filter, the Dask hop, upserts (about 3 GB of disk, half an hour)
+	$(BIN)/python benchmarks/bench_catalogue.py
 
 report: train  ## rebuild the digits report and its search evaluation in docs/reports/digits (6 min)
 	$(BIN)/python -m training report --out docs/reports/digits

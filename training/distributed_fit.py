@@ -273,6 +273,12 @@ def _fit(estimator, client, X, y):
         preparation.settle(parse_specs(estimator.similarity))
     except SpecError as error:
         raise ValueError(str(error)) from None
+    learned = [str(t) for t in preparation.transforms if t.is_fitted]
+    if learned:
+        raise ValueError(
+            f"input_transform {', '.join(learned)} learns its visual words from the training "
+            "items in one process: it does not train on a cluster yet; fit without a cluster"
+        )
     preparation.use_normalizers(_normalizers(client, sources, preparation, n_samples))
     evenly = estimator.basis_strategy == "index"
     per_class = estimator.basis_per_class * (1 if evenly else SAMPLE_PER_BASIS_ITEM)

@@ -15,7 +15,7 @@ from grpc import aio as grpc_aio
 from pydantic import BaseModel
 
 import service
-from service.api import admin, observability, routes, tls, v2
+from service.api import admin, catalogue, observability, routes, tls, v2
 from service.api.auth import AccessPolicy, KeyCheckMiddleware, KeyStore, document_security
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
@@ -25,6 +25,7 @@ from service.api.limits import install_limits
 from service.api.metrics import Metrics, PrometheusMetrics
 from service.api.registry import ModelRegistry, Repository
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
+from service.model.search.remote import CatalogueSource, SearchCluster
 from service.model.threads import limit_threads
 
 logger = logging.getLogger("service.api")
@@ -82,8 +83,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        cluster = await search_cluster(settings)
         registry = ModelRegistry(
-            repository_of(settings), settings.default_model, metrics, settings.load_timeout_s
+            repository_of(settings),
+            settings.default_model,
+            metrics,
+            settings.load_timeout_s,
+            CatalogueSource(cluster),
         )
         plane = app.state.dataplane = DataPlane(registry, settings, metrics)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
@@ -112,6 +118,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if grpc is not None:
                     await grpc.stop()
                 plane.close()
+                if cluster is not None:
+                    await cluster.close()
 
     app = FastAPI(
         title="BE-SVM model service",
@@ -127,7 +135,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.keys = keys
     # Until the lifespan has run: a registry with nothing loaded, so every route answers 503.
     app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings, metrics)
-    app.openapi = _openapi_with(app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS, policy)
+    app.openapi = _openapi_with(
+        app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS + catalogue.BODY_SCHEMAS, policy
+    )
     install_error_handlers(app)
     # Added first, so innermost of the middleware: the hot routes are answered inside every
     # limit and the key check, and CORS preflights before the key check.
@@ -138,10 +148,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_limits(app, settings)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
-    for router in (routes.router, v2.router, admin.router, observability.router):
+    for router in (routes.router, catalogue.router, v2.router, admin.router, observability.router):
         app.router.routes.extend(router.routes)
     observability.install(app, metrics, settings.access_log)
     return app
+
+
+async def search_cluster(settings: Settings) -> SearchCluster | None:
+    """The Dask cluster that holds the catalogues' shards (SEARCH_CLUSTER), connected; None
+    when the shards are searched in this process."""
+    if settings.search_cluster is None:
+        return None
+    try:
+        import distributed  # noqa: F401 (only to say what is missing)
+    except ImportError:
+        raise RuntimeError(
+            "SEARCH_CLUSTER is set but dask and distributed are not installed: install the "
+            "cluster extra (requirements-cluster.lock)"
+        ) from None
+    logger.info("searching catalogues on the Dask cluster at %s", settings.search_cluster)
+    return await SearchCluster(settings.search_cluster, settings.search_shard_timeout_s).start()
 
 
 def _openapi_with(app: FastAPI, schemas: tuple[type[BaseModel], ...], policy: AccessPolicy):

@@ -8,11 +8,12 @@ digests only; a presented key's digest is compared with every one held, in const
 the time taken tells nothing of which digest, if any, it matched. Logs and answers name a key by
 its fingerprint (the first 8 hex digits of its digest), never the key.
 
-**What needs a key** (:class:`AccessPolicy`): the repository routes an ``admin`` key, always
-(with no admin key configured they answer 403 and say how to enable them); every other route a
+**What needs a key** (:class:`AccessPolicy`): the repository routes and catalogue updates
+(``POST /v1/models/{name}/catalogue/items`` and ``.../delete``) an ``admin`` key, always (with no
+admin key configured they answer 403 and say how to enable them); every other route a
 key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, the API docs, and
-``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the repository routes
-are guarded (as they were by ``ADMIN_TOKEN`` alone).
+``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the admin routes are
+guarded (as they were by ``ADMIN_TOKEN`` alone).
 
 **Re-reading.** :meth:`KeyStore.reload` reads the file again (on SIGHUP and on each rescan of
 the repository): a key removed is refused from then on, without a restart. A file that cannot
@@ -25,6 +26,7 @@ import enum
 import hashlib
 import hmac
 import logging
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,6 +212,9 @@ def presented_key(authorization: str | None, api_key: str | None) -> str | None:
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_PREFIX = "/v2/repository/"
+# The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
+# Matches a request's path and the OpenAPI document's template alike.
+CATALOGUE_UPDATE = re.compile(r"/v1/models/[^/]+/catalogue/(?:items|delete)")
 METRICS_PATH = "/metrics"
 
 
@@ -232,8 +237,11 @@ class AccessPolicy:
         """Whether the read routes need a key."""
         return self.default is not Access.OPEN
 
-    def for_path(self, path: str) -> Access:
+    def for_route(self, method: str, path: str) -> Access:
+        """What a request of ``method`` (HTTP, upper case) on ``path`` needs."""
         if path.startswith(ADMIN_PREFIX):
+            return Access.ADMIN
+        if method == "POST" and CATALOGUE_UPDATE.fullmatch(path):
             return Access.ADMIN
         if path in PROBE_PATHS or path in DOCS_PATHS:
             return Access.OPEN
@@ -255,8 +263,8 @@ class AccessPolicy:
             return None
         if needed is Access.ADMIN and not self.keys.has_admin:
             raise ForbiddenError(
-                "the repository routes are disabled: set ADMIN_TOKEN, or give a key the admin "
-                f"scope in API_KEYS_FILE, and {HOW_TO_SEND}"
+                "the repository routes and catalogue updates are disabled: set ADMIN_TOKEN, or "
+                f"give a key the admin scope in API_KEYS_FILE, and {HOW_TO_SEND}"
             )
         if presented is None:
             raise MissingKeyError(f"this route needs an API key: {HOW_TO_SEND}")
@@ -291,7 +299,7 @@ class KeyCheckMiddleware:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        needed = self.policy.for_path(path)
+        needed = self.policy.for_route(scope["method"], path)
         if needed is not Access.OPEN:
             authorization = api_key = None
             for name, value in scope["headers"]:
@@ -341,12 +349,12 @@ def document_security(document: dict[str, Any], policy: AccessPolicy) -> None:
     }
     forbidden = {
         "description": "The key's scope does not allow this route (or, for the repository "
-        "routes, no admin key is configured).",
+        "routes and catalogue updates, no admin key is configured).",
         "content": unauthorized["content"],
     }
     for path, operations in document.get("paths", {}).items():
-        needed = policy.for_path(path)
-        for operation in operations.values():
+        for method, operation in operations.items():
+            needed = policy.for_route(method.upper(), path)
             if needed is Access.OPEN:
                 operation["security"] = []
                 continue

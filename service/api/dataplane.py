@@ -27,6 +27,8 @@ concurrent work.
 from __future__ import annotations
 
 import enum
+import os
+import signal
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -38,11 +40,11 @@ from service.api.metrics import Metrics
 from service.api.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
-from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
+from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
 from service.model.errors import ArtifactChangedError, brief
 from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer
-from service.model.search import SearchQuery, SearchResult
+from service.model.search import Catalogue, SearchIndex, SearchQuery, SearchResult, UpdateResult
 
 T = TypeVar("T")
 
@@ -87,6 +89,9 @@ class DataPlane:
         self.default_top_k = settings.default_top_k
         self.default_search_top_k = settings.default_search_top_k
         self.max_search_top_k = settings.max_search_top_k
+        self.max_search_offset = settings.max_search_offset
+        # Worker processes beside this one (uvicorn's supervisor passes SIGHUP on to them).
+        self.has_siblings = settings.workers > 1
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
         self.inline_body_bytes = settings.inline_body_bytes
         self.max_json_values = settings.max_json_values
@@ -190,11 +195,17 @@ class DataPlane:
                 f"strongest_atoms must be at most {MAX_STRONGEST_ATOMS}, "
                 f"got {query.strongest_atoms}"
             )
+        if query.offset > self.max_search_offset:
+            raise InvalidInputError(
+                f"offset must be at most {self.max_search_offset} (MAX_SEARCH_OFFSET), got "
+                f"{query.offset}: page further with next_cursor"
+            )
         examples = len(query.positives or ()) + len(query.negatives or ())
         self._check_batch(examples, "positives and negatives")
-        # Learning a code fits small SVMs: never on the loop, and no cost estimate to keep.
+        # Learning a code fits small SVMs, and shards held elsewhere are waited for: never on
+        # the loop, and no cost estimate to keep.
         parts = None
-        if query.positives is None:
+        if query.positives is None and not index.answers_elsewhere:
             parts = {"search": 1 + query.strongest_atoms, "ids": len(query.exclude)}
         result = await self._run(
             snapshot, parts, index.runs_serially(query), lambda: index.run(query)
@@ -212,9 +223,69 @@ class DataPlane:
         k = self.default_search_top_k if top_k is None else top_k
         self._check_top_k(k)
         serially = index.runs_serially(SearchQuery(code=([atom], [1.0]), top_k=k))
-        items = await self._run(snapshot, {"atom": 1}, serially, lambda: index.atom_items(atom, k))
+        parts = None if index.answers_elsewhere else {"atom": 1}
+        items = await self._run(snapshot, parts, serially, lambda: index.atom_items(atom, k))
         self.metrics.search_rows(snapshot.name, 1)
         return snapshot, items, index.atom_classes(atom)
+
+    # -- catalogues ----------------------------------------------------------------------------
+
+    def catalogue(self, name: str) -> tuple[ModelSnapshot, Catalogue]:
+        """The catalogue version model ``name`` serves; NotFoundError without one."""
+        snapshot = self.snapshot(name)
+        return snapshot, snapshot.require_search().require_catalogue()
+
+    async def catalogue_item(
+        self, name: str, item_id: str
+    ) -> tuple[ModelSnapshot, int, dict[str, Any]]:
+        """The catalogue version and attributes of one item of model ``name``'s catalogue
+        (looked up on a worker thread: the shards may be held elsewhere); NotFoundError if it
+        is not there."""
+        snapshot, catalogue = self.catalogue(name)
+
+        def find() -> dict[str, Any]:
+            (position,) = catalogue.lookup([item_id]).tolist()
+            if position < 0:
+                raise NotFoundError(f"model {snapshot.name!r}: no catalogue item {brief(item_id)}")
+            return catalogue.attributes_at([position])[0]
+
+        self.work.admit()
+        return snapshot, catalogue.version, await self.work.run(self.work.pool(), find)
+
+    async def update_catalogue(
+        self, name: str, size: int, change: Callable[[SearchIndex], UpdateResult]
+    ) -> tuple[ModelSnapshot, UpdateResult]:
+        """Run ``change`` (an upsert or a deletion of ``size`` items) on model ``name``'s search
+        index, on a worker thread, then serve the version it wrote before answering.
+
+        The change is on disk when it returns (see :mod:`service.model.search.store`); the
+        version served here is then at least the one written. Other worker processes are told
+        at once (SIGHUP through the supervisor, which rescans every worker), and in any case
+        see it at their next rescan (RELOAD_INTERVAL_S).
+
+        Raises
+        ------
+        BatchTooLargeError
+            More than MAX_BATCH_SIZE items.
+        ModelNotReadyError
+            The version written could not be loaded (the reason says why; it is on disk).
+        """
+        self._check_batch(size, "ids")
+        snapshot = self.snapshot(name)
+        index = snapshot.require_search()
+        self.work.admit()
+        result = await self.work.run(self.work.pool(), lambda: change(index))
+        entry = await self.registry.load(snapshot.name, force=False)
+        served = entry.snapshot
+        catalogue = None if served is None or served.search is None else served.search.catalogue
+        if catalogue is None or catalogue.version < result.version:
+            raise ModelNotReadyError(
+                f"model {snapshot.name!r}: catalogue version {result.version} was written but "
+                f"is not served: {entry.reason}"
+            )
+        if self.has_siblings:
+            os.kill(os.getppid(), signal.SIGHUP)
+        return served, result
 
     def _check_batch(self, size: int, what: str) -> None:
         if size > self.max_batch_size:

@@ -29,7 +29,9 @@ from service.model.errors import (
     ModelError,
     ModelNotReadyError,
     NotFoundError,
+    ShardsUnavailableError,
     SpecError,
+    VersionConflictError,
 )
 
 logger = logging.getLogger("service.api")
@@ -70,12 +72,14 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (MalformedBodyError, 400, "bad_request"),
     (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
     (LoadRefusedError, 409, "load_refused"),
+    (VersionConflictError, 409, "version_conflict"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (RequestTooLargeError, 413, "request_too_large"),
     (InvalidInputError, 422, "invalid_input"),
     (SpecError, 422, "invalid_input"),
     (NotFoundError, 404, "not_found"),
     (ModelNotReadyError, 503, "not_ready"),
+    (ShardsUnavailableError, 503, "shards_unavailable"),
     (ArtifactError, 503, "not_ready"),
     (OverloadedError, 503, "overloaded"),
     (WorkTimeoutError, 504, "timeout"),

@@ -36,6 +36,8 @@ from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Pred
 from service.model.artifact import manifest_digest, read_manifest
 from service.model.errors import brief
 from service.model.search import SearchIndex, catalogue_dir, search_dir
+from service.model.search.catalogue import SHARDS_DIR
+from service.model.search.remote import CatalogueSource
 
 logger = logging.getLogger("service.api")
 
@@ -97,28 +99,46 @@ class ModelState(enum.StrEnum):
     UNLOADED = "unloaded"
 
 
+# The levels of a model on disk, as _level_paths lists them.
+MODEL_LEVEL, SEARCH_LEVEL, CATALOGUE_LEVEL = 0, 1, 2
+
+
 def _level_paths(path: Path) -> tuple[Path, Path, Path]:
     return path, search_dir(path), catalogue_dir(path)
 
 
 def fingerprint(path: Path) -> tuple:
     """What identifies the model, search model and catalogue at ``path`` as they are on disk:
-    their manifests' checksums, and every file's size, modification time and inode. Any new
-    version, and any file still being copied or changed in place, changes it."""
+    their manifests' checksums, and every file's size, modification time and inode (the
+    catalogue's shards' files included; names starting with a dot, a writer's staging files,
+    left out). Any new version, and any file still being copied or changed in place, changes
+    it."""
     levels = []
-    for directory in _level_paths(path):
+    for level, directory in enumerate(_level_paths(path)):
         try:
             digest = manifest_digest(directory)
-            files = tuple(
-                (entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino)
-                for entry in sorted(os.scandir(directory), key=lambda e: e.name)
-                if entry.is_file() and (stat := entry.stat())
-            )
+            files = _file_stats(directory)
+            shards = directory / SHARDS_DIR
+            if level == CATALOGUE_LEVEL and shards.is_dir():
+                files += tuple(
+                    (f"{entry.name}/{name}", *stat)
+                    for entry in sorted(os.scandir(shards), key=lambda e: e.name)
+                    if entry.is_dir() and not entry.name.startswith(".")
+                    for name, *stat in _file_stats(Path(entry.path))
+                )
         except (OSError, ArtifactError):  # loading says what is wrong
             levels.append(None)
             continue
         levels.append((digest, files))
     return tuple(levels)
+
+
+def _file_stats(directory: Path) -> tuple:
+    return tuple(
+        (entry.name, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name)
+        if entry.is_file() and not entry.name.startswith(".") and (stat := entry.stat())
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -178,7 +198,11 @@ class ModelChangedWhileLoadingError(ArtifactError):
 
 
 def load_snapshot(
-    name: str, path: Path, previous: ModelSnapshot | None = None, force: bool = False
+    name: str,
+    path: Path,
+    previous: ModelSnapshot | None = None,
+    force: bool = False,
+    source: CatalogueSource | None = None,
 ) -> ModelSnapshot:
     """Load, verify and warm up one version of a model (blocking: run it on a thread).
 
@@ -193,6 +217,8 @@ def load_snapshot(
         and catalogue are not rebuilt yet), so that an update never takes /search away.
     force : bool
         Accept a version with fewer search levels than ``previous`` (an explicit load).
+    source : CatalogueSource, optional
+        Where catalogues are searched (this process, or a cluster's workers).
 
     Raises
     ------
@@ -203,7 +229,7 @@ def load_snapshot(
     """
     before = fingerprint(path)
     try:
-        snapshot = _load(name, path, before, previous, force)
+        snapshot = _load(name, path, before, previous, force, source)
     except ArtifactError as error:
         if fingerprint(path) != before:
             raise ModelChangedWhileLoadingError(f"{path} changed while loading it") from error
@@ -214,14 +240,31 @@ def load_snapshot(
 
 
 def _load(
-    name: str, path: Path, before: tuple, previous: ModelSnapshot | None, force: bool
+    name: str,
+    path: Path,
+    before: tuple,
+    previous: ModelSnapshot | None,
+    force: bool,
+    source: CatalogueSource | None,
 ) -> ModelSnapshot:
-    predictor = Predictor.load(path)
-    predictor.warm_up()
+    # Only the catalogue changed (an update of its items): the model and search model served
+    # stay, and the catalogue's new version loads only the shards it adds.
+    catalogue_only = (
+        previous is not None
+        and previous.search is not None
+        and before[:CATALOGUE_LEVEL] == previous.fingerprint[:CATALOGUE_LEVEL]
+    )
+    if catalogue_only:
+        predictor = previous.predictor
+    else:
+        predictor = Predictor.load(path)
+        predictor.warm_up()
     search, search_problem = None, None
     try:
-        search = SearchIndex.load(path, predictor)
-        if search is not None:
+        reuse = None if previous is None else previous.search
+        search = SearchIndex.load(path, predictor, reuse, source)
+        # A new catalogue version needs no warm-up, unless it is the first (nothing ran yet).
+        if search is not None and (not catalogue_only or previous.search.catalogue is None):
             search.warm_up()
     except ArtifactError as error:
         if previous is not None:
@@ -389,6 +432,8 @@ class ModelRegistry:
     load_timeout_s : float
         Seconds one read of the repository may take (a scan, or loading one version); a
         version that takes longer is refused.
+    source : CatalogueSource, optional
+        Where the models' catalogues are searched; default: in this process.
     """
 
     def __init__(
@@ -397,11 +442,13 @@ class ModelRegistry:
         default_model: str | None = None,
         metrics: Metrics | None = None,
         load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S,
+        source: CatalogueSource | None = None,
     ) -> None:
         self.repository = repository
         self.default_model = default_model
         self.metrics = metrics or Metrics()
         self.load_timeout_s = load_timeout_s
+        self.source = source
         self.entries: dict[str, ModelEntry] = {}
         self._sync_lock = asyncio.Lock()
         self._rechecks: dict[str, asyncio.Task] = {}
@@ -592,7 +639,7 @@ class ModelRegistry:
     def _checked_load(self, entry: ModelEntry, path: Path, force: bool) -> ModelSnapshot:
         """Load a version (on a thread) once its links are known to stay in the repository."""
         self.repository.check_links(path)
-        return load_snapshot(entry.name, path, entry.snapshot, force)
+        return load_snapshot(entry.name, path, entry.snapshot, force, self.source)
 
     def _too_slow(self, path: Path, doing: str) -> str:
         return f"{doing} {path} took longer than {self.load_timeout_s:g} s (LOAD_TIMEOUT_S)"

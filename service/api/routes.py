@@ -163,6 +163,10 @@ def _search_payload(
         else None,
         "n_positives": result.n_positives if learned else None,
         "n_negatives": result.n_negatives if learned else None,
+        "catalogue_version": result.catalogue_version,
+        "next_cursor": result.next_cursor,
+        "partial": bool(result.missing_shards),
+        "missing_shards": list(result.missing_shards),
     }
 
 
@@ -180,6 +184,10 @@ async def _search(request: Request, name: str | None) -> Response:
         exclude=body.exclude,
         exclude_positives=body.exclude_positives,
         strongest_atoms=body.strongest_atoms,
+        filter=None if body.filter is None else body.filter.model_dump(exclude_none=True),
+        offset=body.offset or 0,
+        cursor=body.cursor,
+        allow_partial=body.allow_partial,
     )
     snapshot, result = await plane.search(name, query)
     return json_answer(_search_payload(snapshot, result, bool(body.strongest_atoms)), snapshot)
@@ -253,6 +261,7 @@ def _search_info(snapshot: ModelSnapshot) -> dict[str, Any] | None:
         "n_features": model.n_features,
         "n_nonzero": meta.get("n_nonzero"),
         "catalogue_size": None if search.catalogue is None else search.catalogue.n_items,
+        "catalogue_version": None if search.catalogue is None else search.catalogue.version,
         "estimator": meta.get("estimator", {}),
         "training": meta.get("training", {}),
     }
@@ -354,6 +363,10 @@ def state_limits(document: dict[str, Any], settings: Settings) -> None:
         ("SearchRequest", "negatives"): {"minItems": 1, "maxItems": batch},
         ("SearchRequest", "top_k"): {"maximum": top_k},
         ("SearchRequest", "strongest_atoms"): {"maximum": MAX_STRONGEST_ATOMS},
+        ("SearchRequest", "offset"): {"maximum": settings.max_search_offset},
+        ("CatalogueItemsRequest", "ids"): {"minItems": 1, "maxItems": batch},
+        ("CatalogueItemsRequest", "instances"): {"minItems": 1, "maxItems": batch},
+        ("CatalogueDeleteRequest", "ids"): {"minItems": 1, "maxItems": batch},
     }
     for (schema, field), bound in bounds.items():
         properties = schemas.get(schema, {}).get("properties", {})

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.model.inputs.dense import MAX_INPUT_DISTANCE
 from service.model.inputs.words import MAX_WORDS
+from service.model.search.filters import MAX_ANY_VALUES
 
 # Item 1,009 of scikit-learn's digits (held out from the default model's training split): a 7.
 _DIGIT_SEVEN = [
@@ -118,6 +119,9 @@ class SearchInfo(BaseModel):
     n_features: int = Field(..., description="d, the dictionary's rows.")
     n_nonzero: int | None = Field(None, description="Non-zeros kept per class code.")
     catalogue_size: int | None = Field(None, description="N, items in the catalogue (or none).")
+    catalogue_version: int | None = Field(
+        None, description="The catalogue version served (GET /v1/models/{name}/catalogue)."
+    )
     estimator: dict[str, Any] = Field(default_factory=dict, description="Hyper-parameters.")
     training: dict[str, Any] = Field(default_factory=dict, description="Training summary.")
 
@@ -243,6 +247,67 @@ class CodeIn(BaseModel):
     values: list[float] = Field(..., description="The code's values at those atoms.")
 
 
+Number = int | float
+
+
+class MatchValue(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    value: str | Number = Field(..., description="The attribute equals this string or number.")
+
+
+class MatchAny(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    any: list[str] | list[Number] = Field(
+        ..., description=f"The attribute equals one of these (1 to {MAX_ANY_VALUES})."
+    )
+
+
+class RangeBounds(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    gt: Number | None = None
+    gte: Number | None = None
+    lt: Number | None = None
+    lte: Number | None = None
+
+
+class FieldCondition(BaseModel):
+    """A condition on one attribute: ``match`` (a value, or any of values) or ``range``
+    (numbers). An item without the attribute does not hold it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    key: str = Field(..., description="The attribute (GET /v1/models/{name}/catalogue lists them).")
+    match: MatchValue | MatchAny | None = None
+    range: RangeBounds | None = None
+
+
+class SearchFilter(BaseModel):
+    """Which items a search may return, in Qdrant's shape: ``must`` (every clause holds),
+    ``must_not`` (none does), ``should`` (at least one does, when given). A clause is a
+    condition or a nested filter. Applied inside the scan: ``top_k`` is exact among the items
+    that pass."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "must": [{"key": "source", "match": {"value": "scan"}}],
+                    "must_not": [{"key": "year", "range": {"lt": 2000}}],
+                }
+            ]
+        },
+    )
+
+    must: list[FieldCondition | SearchFilter] | None = None
+    must_not: list[FieldCondition | SearchFilter] | None = None
+    should: list[FieldCondition | SearchFilter] | None = None
+
+
 class SearchRequest(BaseModel):
     """Rank the catalogue for a class, a sparse code, or examples of something new."""
 
@@ -301,6 +366,28 @@ class SearchRequest(BaseModel):
         description="Also report this many of the code's strongest atoms, each with the items "
         "it ranks highest on its own: the modes of a class.",
     )
+    filter: SearchFilter | None = Field(
+        None,
+        description="Only items whose attributes pass this filter (Qdrant's shape); an "
+        "unknown attribute or an operand of the wrong kind is a 422.",
+    )
+    offset: int | None = Field(
+        None,
+        json_schema_extra={"minimum": 0},
+        description="Skip this many of the best items (default 0; at most the server's "
+        "MAX_SEARCH_OFFSET): results are the ranking's items offset .. offset + top_k.",
+    )
+    cursor: str | None = Field(
+        None,
+        description="A previous answer's next_cursor, sent with the same query: the next page, "
+        "after that answer's last item. Valid while its catalogue version is served (409 "
+        "naming the new version once it is not).",
+    )
+    allow_partial: bool = Field(
+        False,
+        description="With a catalogue held by a cluster (SEARCH_CLUSTER): answer without the "
+        "shards that miss their deadline (partial: true) instead of 503.",
+    )
 
 
 class SearchHit(BaseModel):
@@ -338,6 +425,20 @@ class SearchResponse(BaseModel):
     strongest_atoms: list[AtomHits] | None = None
     n_positives: int | None = Field(None, description="With positives: examples learned from.")
     n_negatives: int | None = Field(None, description="With positives: counter-examples used.")
+    catalogue_version: int | None = Field(
+        None, description="The catalogue version that answered (each update makes one)."
+    )
+    next_cursor: str | None = Field(
+        None,
+        description="Send as cursor, with the same query, for the next page; null once fewer "
+        "than top_k items came back.",
+    )
+    partial: bool = Field(
+        False, description="Some shards did not answer in time (allow_partial): see missing_shards."
+    )
+    missing_shards: list[str] = Field(
+        default_factory=list, description="The shards a partial answer leaves out."
+    )
 
 
 class ClassWeight(BaseModel):
@@ -353,3 +454,85 @@ class AtomResponse(BaseModel):
     classes: list[ClassWeight] = Field(
         ..., description="Classes whose code uses this atom, by decreasing |weight|."
     )
+
+
+class CatalogueItemsRequest(BaseModel):
+    """Items to add to a model's catalogue (upsert): an id that is there already is replaced."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "ids": ["scan-0001"],
+                    "instances": [_DIGIT_SEVEN],
+                    "attributes": [{"source": "scan", "year": 2024}],
+                }
+            ]
+        },
+    )
+
+    ids: list[Id] = Field(
+        ...,
+        description="The items' ids: distinct, non-empty, at most 512 characters; at least one "
+        "and at most MAX_BATCH_SIZE.",
+    )
+    instances: list[Any] = Field(
+        ..., description="One instance per id, in the model's input shape (as /classify takes)."
+    )
+    attributes: list[dict[str, str | Number | None] | None] | None = Field(
+        None,
+        description="One object per id (or null): attribute keys to strings or numbers, which "
+        "filters match. A key keeps one kind across the catalogue.",
+    )
+
+
+class CatalogueDeleteRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ids: list[Id] = Field(
+        ...,
+        description="Ids to remove (at least one, at most MAX_BATCH_SIZE); unknown ones are "
+        "listed in the answer, not refused.",
+    )
+
+
+class CatalogueUpdateResponse(BaseModel):
+    model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
+    catalogue_version: int = Field(
+        ...,
+        description="The version written; on disk before this answer, served by this "
+        "process from now on.",
+    )
+    n_items: int = Field(..., description="Live items in that version.")
+    upserted: int = Field(0, description="Items written.")
+    replaced: int = Field(0, description="Of those, ids that were in the catalogue.")
+    deleted: int = Field(0, description="Items removed.")
+    missing: list[str] = Field(
+        default_factory=list, description="Ids to delete that were not there."
+    )
+
+
+class CatalogueInfo(BaseModel):
+    model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
+    search_version: str | None = Field(None, description="The catalogue manifest's sha256.")
+    version: int = Field(..., description="The catalogue version served.")
+    n_items: int = Field(..., description="Live items.")
+    n_removed: int = Field(
+        ..., description="Items removed (replaced or deleted) since the last compaction."
+    )
+    n_shards: int
+    shard_sizes: list[int] = Field(..., description="Items of each shard, removed ones included.")
+    attributes: dict[str, str] = Field(
+        ..., description="Each attribute filters may name, and its kind (string or number)."
+    )
+
+
+class CatalogueItem(BaseModel):
+    model: str
+    catalogue_version: int
+    id: str
+    attributes: dict[str, str | float] = Field(..., description="The item's attributes.")

@@ -53,6 +53,24 @@ class Settings(BaseSettings):
     max_search_top_k: int = Field(
         1000, ge=1, description="Most items one /search may ask for; more get 422."
     )
+    max_search_offset: int = Field(
+        10_000,
+        ge=0,
+        description="Largest offset one /search may ask for (offset + top_k items are ranked); "
+        "more get 422: page further with next_cursor (MAX_SEARCH_OFFSET).",
+    )
+    search_cluster: str | None = Field(
+        None,
+        description="A Dask scheduler (tcp://host:port) whose workers hold the catalogues' "
+        "shards (SEARCH_CLUSTER): searches fan out to them and this process maps no shard. "
+        "Needs the cluster extra (dask, distributed).",
+    )
+    search_shard_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="With SEARCH_CLUSTER: seconds a shard has to answer a search; later, the "
+        "search answers 503, or partial if the request allows it (SEARCH_SHARD_TIMEOUT_S).",
+    )
     # -- limits and timeouts (docs/limits.md) ---------------------------------------------------
     header_timeout_s: float = Field(
         10.0,
@@ -219,6 +237,7 @@ class Settings(BaseSettings):
         "model_dir",
         "default_model",
         "admin_token",
+        "search_cluster",
         "api_keys_file",
         "tls_cert_file",
         "tls_key_file",

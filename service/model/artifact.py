@@ -254,20 +254,10 @@ def write_artifact(
                 "shape": list(shape),
                 "dtype": dtype.str,
             }
-        full = {
-            "schema_version": SCHEMA_VERSION,
-            "format": FORMAT,
-            **manifest,
-            "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "versions": library_versions(),
-            "arrays": entries,
-        }
+        full = complete_manifest(manifest, entries)
         (staging / MANIFEST_NAME).write_text(json.dumps(full, indent=2) + "\n")
         _fsync_tree(staging)
-        if path.exists():
-            _replace_directory(staging, path)
-        else:
-            staging.rename(path)
+        install_directory(staging, path)
     except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(error, OSError):
@@ -315,6 +305,74 @@ def remove_stale_staging(path: Path) -> list[Path]:
         finally:
             os.close(descriptor)
     return removed
+
+
+def complete_manifest(manifest: dict[str, Any], entries: dict[str, dict]) -> dict[str, Any]:
+    """``manifest`` with the format's fields: schema version, format, created, library versions
+    and the array ``entries`` (see :func:`write_array_file`)."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "format": FORMAT,
+        **manifest,
+        "created": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "versions": library_versions(),
+        "arrays": entries,
+    }
+
+
+def write_array_file(directory: str | os.PathLike, file_name: str, array) -> dict[str, Any]:
+    """Save one array of an artifact that grows in place (a new file beside the others, synced
+    to disk) and return its manifest entry (file, sha256, shape, dtype).
+
+    Parameters
+    ----------
+    directory : path-like
+    file_name : str
+        A plain ``.npy`` name that is not in use.
+    array : ndarray or StreamedArray
+    """
+    file = Path(directory) / file_name
+    shape, dtype = _save_array(file, file.stem, array)
+    with file.open("rb") as handle:
+        os.fsync(handle.fileno())
+    return {"file": file.name, "sha256": _sha256(file), "shape": list(shape), "dtype": dtype.str}
+
+
+def replace_manifest(directory: str | os.PathLike, manifest: dict[str, Any]) -> None:
+    """Replace an artifact's manifest atomically: written beside, synced, renamed over the old
+    one, and the directory synced. A crash at any point leaves the old manifest or the new one,
+    never a mix; once this returns, the new one survives a crash."""
+    directory = Path(directory)
+    staging = directory / f".{MANIFEST_NAME}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        with staging.open("w") as handle:
+            handle.write(json.dumps(manifest, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(staging, directory / MANIFEST_NAME)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+    fsync_directory(directory)
+
+
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """Make the names in ``directory`` (files created, renamed, removed) survive a crash."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def install_directory(staging: Path, path: Path) -> None:
+    """Put the complete directory ``staging`` at ``path``: renamed there, or swapped with the
+    directory there (see :func:`_replace_directory`), and the parent directory synced."""
+    if path.exists():
+        _replace_directory(staging, path)
+    else:
+        staging.rename(path)
+    fsync_directory(path.parent)
 
 
 def _replace_directory(new: Path, old: Path) -> None:

@@ -53,3 +53,13 @@ def brief(value: object, limit: int = 60) -> str:
     if len(text) <= limit:
         return text
     return f"{text[: limit - 20]}...{text[-8:]} ({len(text):,} characters)"
+
+
+class VersionConflictError(ModelError):
+    """A request refers to a version that is no longer served (a page's cursor of a catalogue
+    version since replaced)."""
+
+
+class ShardsUnavailableError(ModelError):
+    """Shards of a catalogue held elsewhere (a Dask cluster's workers) did not answer within
+    their deadline."""

@@ -13,6 +13,7 @@ from service.model.inputs.words import CellDocuments, Documents, canonical_count
 from service.model.kernels import bof as bof_kernels
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.search import search_top_k
+from service.model.search.codes import sparse_svm_code
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SEARCH_PARALLEL_MIN_ENTRIES
 
@@ -53,7 +54,7 @@ def compile_kernels() -> list[str]:
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
         names.append(kind.name)
-    return names + compile_search() + compile_hog() + compile_bof()
+    return names + compile_search() + compile_codes() + compile_hog() + compile_bof()
 
 
 def compile_search() -> list[str]:
@@ -65,6 +66,14 @@ def compile_search() -> list[str]:
         search_top_k(catalogue, atom, weight, 0.0, 3)
         search_top_k(catalogue, atom, weight, 0.0, 3, excluded)
     return ["search"]
+
+
+def compile_codes() -> list[str]:
+    """The path solver of codes learned from examples (service.model.kernels.l1svm)."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6, 3))
+    sparse_svm_code(X, np.r_[np.ones(2), -np.ones(4)], 2)
+    return ["l1 svm path"]
 
 
 def compile_hog() -> list[str]:

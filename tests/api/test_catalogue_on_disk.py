@@ -24,7 +24,7 @@ def test_a_catalogue_cut_short_in_place_answers_503_and_the_server_lives(
 ):
     model = tmp_path / "digits"
     shutil.copytree(search_model_dir, model)
-    projected = catalogue_dir(model) / "projected.npy"
+    (projected,) = (catalogue_dir(model) / "shards").glob("*/projected.npy")
     image = {"instances": [digits.X_test[0].reshape(8, 8).tolist()]}
     with server_process(model) as server:
         url = server.url

@@ -184,7 +184,8 @@ def test_unload_index_and_load(repository, digits):
 def test_a_broken_catalogue_leaves_classify_serving(tmp_path, search_model_dir, digits):
     broken = tmp_path / "digits"
     shutil.copytree(search_model_dir, broken)
-    (catalogue_dir(broken) / "ids.npy").write_bytes(b"\x93NUMPY broken")
+    (ids,) = (catalogue_dir(broken) / "shards").glob("*/ids.npy")
+    ids.write_bytes(b"\x93NUMPY broken")
     image = digits.X_test[:1].reshape(1, 8, 8).tolist()
     with TestClient(create_app(Settings(_env_file=None, model_dir=broken))) as client:
         assert client.get("/readyz").status_code == 200

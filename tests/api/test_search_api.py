@@ -154,6 +154,12 @@ def test_model_info_describes_the_search_model(search_server, index):
         ({"positives": []}, 422, "positives is empty"),
         ({"positives": ["nope"]}, 422, "unknown catalogue positive(s): 'nope'"),
         ({"class": "1", "negatives": ["test-1"]}, 422, "negatives go with positives"),
+        # It answered 200 with a code of weight 0, which ranks nothing.
+        (
+            {"positives": ["test-1", "test-4"], "negatives": ["test-1"]},
+            422,
+            "among both positives and negatives: 'test-1'",
+        ),
         ({"class": "1", "top_k": 0}, 422, "top_k must be at least 1, got 0"),
         ({"class": "1", "top_k": 1001}, 422, "top_k must be at most 1000"),
         ({"class": "1", "exclude": ["x"]}, 422, "unknown catalogue id(s): 'x'"),

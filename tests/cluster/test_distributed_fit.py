@@ -83,6 +83,20 @@ def test_selection_is_refused_on_a_cluster_with_the_way_out(dask_cluster, digits
         BasisExpandingSVC(similarity="auto", cluster=dask_cluster.scheduler_address).fit(X, y)
 
 
+def test_a_bof_transform_is_refused_on_a_cluster_with_the_way_out(dask_cluster):
+    rng = np.random.default_rng(0)
+    X, y = rng.uniform(0.0, 1.0, size=(40, 32 * 32)), np.repeat([0, 1], 20)
+    model = BasisExpandingSVC(
+        similarity="sensing0",
+        input_transform="bof(patch=8, step=4, words=16, levels=1, single=1)",
+        basis_per_class=3,
+        input_shape="grid(32, 32, 1)",
+        cluster=dask_cluster.scheduler_address,
+    )
+    with pytest.raises(ValueError, match=r"bof\(.*does not train on a cluster yet.*without a"):
+        model.fit(X, y)
+
+
 def test_fit_from_the_command_line_on_shards_writes_the_model(
     dask_cluster, digits_arrays, one_process, tmp_path, capsys
 ):

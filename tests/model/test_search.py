@@ -254,20 +254,20 @@ def test_run_takes_no_serving_limits(index, digits):
     assert (learned.n_positives, learned.n_negatives) == (60, 2)
 
 
-def test_the_same_items_as_positives_and_negatives_learn_a_code(index):
-    # l1_min_c has no start for them (it raised ValueError, an HTTP 500).
-    result = index.run(SearchQuery(positives=["test-1"], negatives=["test-1"], top_k=3))
-    assert result.kind == "positives"
-    assert len(result.items) == 3
+def test_an_id_among_both_positives_and_negatives_is_named(index):
+    # It answered a code of weight 0 (l1_min_c has no start for it), which ranks nothing.
+    with pytest.raises(InvalidInputError, match=r"among both positives and negatives: 'test-1'"):
+        index.run(SearchQuery(positives=["test-1", "test-2"], negatives=["test-1"], top_k=3))
+    with pytest.raises(InvalidInputError, match=r"'7'"):
+        index.run(SearchQuery(positives=[7], negatives=["7", "test-3"]))
 
 
-def test_the_same_instances_as_positives_and_negatives_learn_a_code(index, digits):
-    # The same defect with instances instead of ids (it was an HTTP 500 too).
+def test_the_same_instances_as_positives_and_negatives_are_refused(index, digits):
+    # The same defect with instances: nothing separates them (it was an HTTP 500, then a
+    # meaningless code).
     image = digits.X_test[9].reshape(8, 8).tolist()
-    result = index.run(SearchQuery(positives=[image], negatives=[image], top_k=3))
-    assert result.kind == "positives"
-    assert (result.n_positives, result.n_negatives) == (1, 1)
-    assert len(result.items) == 3
+    with pytest.raises(InvalidInputError, match="nothing separates the positives"):
+        index.run(SearchQuery(positives=[image], negatives=[image], top_k=3))
 
 
 def test_atoms_out_of_range_are_not_found(index):
@@ -321,7 +321,7 @@ def test_a_catalogue_of_another_dictionary_is_refused(search_model_dir, tmp_path
 def test_a_tampered_catalogue_is_refused(search_model_dir, tmp_path):
     copy = tmp_path / "model"
     shutil.copytree(search_model_dir, copy)
-    projected = catalogue_dir(copy) / "projected.npy"
+    (projected,) = (catalogue_dir(copy) / "shards").glob("*/projected.npy")
     data = bytearray(projected.read_bytes())
     data[-1] ^= 0xFF
     projected.write_bytes(bytes(data))
@@ -369,7 +369,7 @@ def test_ids_are_stored_asnarrow_strings_and_must_be_unique(search_model_dir, tm
     predictor = Predictor.load(copy)
     model = UnionOfSubspacesModel.load(search_dir(copy), copy)
     ids = np.array(["a", "b", "a"])
-    with pytest.raises(InvalidInputError, match=r"duplicate catalogue ids, e\.g\. 'a'"):
+    with pytest.raises(InvalidInputError, match=r"'a' is given twice"):
         build_catalogue(copy, predictor, model, np.zeros((3, 64)), ids, progress=False,
                         overwrite=True)  # fmt: skip
     assert catalogue_dir(copy).exists()  # the old catalogue is untouched
@@ -389,17 +389,19 @@ def test_a_search_model_without_catalogue_refuses_searches(search_model_dir, tmp
 _WARM_UP_SCRIPT = """
 import sys
 from service.model import Predictor
+from service.model.kernels.l1svm import l1_svm_path
 from service.model.search import SearchIndex
 
 index = SearchIndex.load(sys.argv[1], Predictor.load(sys.argv[1]))
-assert "sklearn.svm" not in sys.modules, "loading already imported sklearn.svm"
+assert not l1_svm_path.signatures, "loading already ran the path solver"
 index.warm_up()
-assert "sklearn.svm" in sys.modules, "warm_up did not import sklearn.svm"
+assert l1_svm_path.signatures, "warm_up did not run the path solver"
+assert "sklearn.svm" not in sys.modules, "learning a code imported scikit-learn's SVMs"
 """
 
 
-def test_warm_up_imports_and_fits_what_a_query_by_positives_needs(search_model_dir):
-    # A fresh interpreter: this one has long imported scikit-learn's SVMs.
+def test_warm_up_runs_what_a_query_by_positives_needs(search_model_dir):
+    # A fresh interpreter: this one has long run the solver.
     completed = subprocess.run(
         [sys.executable, "-c", _WARM_UP_SCRIPT, str(search_model_dir)],
         capture_output=True,
@@ -408,19 +410,6 @@ def test_warm_up_imports_and_fits_what_a_query_by_positives_needs(search_model_d
         check=False,
     )
     assert completed.returncode == 0, completed.stderr
-
-
-def test_warm_up_learns_one_code_from_the_first_items(index, monkeypatch):
-    calls = []
-    learn_code = index.learn_code
-
-    def spy(positives, negatives, sparsity):
-        calls.append((positives, negatives, sparsity))
-        return learn_code(positives, negatives, sparsity)
-
-    monkeypatch.setattr(index, "learn_code", spy)
-    index.warm_up()
-    assert calls == [(["test-0", "test-1"], None, None)]
 
 
 @pytest.mark.parametrize("n_items", [1, 2])
@@ -436,5 +425,6 @@ def test_warm_up_of_a_catalogue_smaller_than_its_positives(search_model_dir, dig
     index = SearchIndex.load(copy, predictor)
     index.warm_up()  # every item is a positive: no default negatives are left
     assert index.run(SearchQuery(class_label="3", top_k=5)).items[0][0] in ids
-    learned = index.run(SearchQuery(positives=["item-0"], negatives=[f"item-{n_items - 1}"]))
+    other = digits.X_test[5].reshape(8, 8).tolist()
+    learned = index.run(SearchQuery(positives=["item-0"], negatives=[other]))
     assert learned.n_positives == learned.n_negatives == 1

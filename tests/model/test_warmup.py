@@ -23,6 +23,7 @@ from numba.core.dispatcher import Dispatcher
 from service.model.kernels import bof as bof_kernels
 from service.model.kernels import dense as dense_kernels
 from service.model.kernels import hog as hog_kernels
+from service.model.kernels import l1svm as l1svm_kernels
 from service.model.kernels import search as search_kernels
 from service.model.kernels import sparse as sparse_kernels
 from service.model.similarity import SIMILARITY_KINDS
@@ -192,8 +193,9 @@ def serving_drivers() -> list[str]:
         if isinstance(obj, Dispatcher) and name.endswith(("_similarities", "_similarities_serial"))
     ]
     names += [_name(dense_kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
-    names += [_name(search_kernels.search_top_k_serial)]
-    names += [_name(search_kernels.search_top_k_parallel)]
+    names += [_name(search_kernels.search_shards_serial)]
+    names += [_name(search_kernels.search_shards_parallel)]
+    names += [_name(l1svm_kernels.l1_svm_path)]
     names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]
     names += [_name(bof_kernels.bof_words), _name(bof_kernels.bof_words_serial)]
     names += [_name(bof_kernels.pyramid_counts)]

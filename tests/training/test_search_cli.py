@@ -146,3 +146,104 @@ def test_refitting_a_model_says_its_search_model_went_with_it(search_model_dir, 
     assert main([*args, "--quiet"]) == 0
     assert not (path / "search").exists()
     assert "rebuild them (python -m training dictionary" in capsys.readouterr().err
+
+
+# -- shards, updates and attributes from the command line ------------------------------------
+
+
+@pytest.fixture
+def search_copy(search_model_dir, tmp_path):
+    path = tmp_path / "digits-search"
+    shutil.copytree(search_model_dir, path)
+    return path
+
+
+def _ranking(path, **query) -> list:
+    index = SearchIndex.load(path, Predictor.load(path))
+    return index.run(SearchQuery(**query)).items
+
+
+def test_index_with_attributes_in_shards_then_append_delete_and_compact(
+    search_copy, digits, tmp_path, capsys
+):
+    records = [{"source": "scan" if j % 2 else "photo", "year": 1990 + j % 30} for j in range(797)]
+    attributes = tmp_path / "attributes.jsonl"
+    attributes.write_text("\n".join(json.dumps(r) for r in records))
+    argv = ["index", "--model", str(search_copy), "--attributes", str(attributes),
+            "--shard-items", "200", "--force", "--quiet"]  # fmt: skip
+    assert main(argv) == 0
+    assert "in 4 shard(s)" in capsys.readouterr().out
+    catalogue = read_catalogue(catalogue_dir(search_copy), search_dir(search_copy))
+    assert [s.n_items for s in catalogue.shards] == [200, 200, 200, 197]
+    assert catalogue.attributes == {"source": "string", "year": "number"}
+    scans = {"must": [{"key": "source", "match": {"value": "scan"}}]}
+    hits = _ranking(search_copy, class_label="3", top_k=797, filter=scans)
+    assert len(hits) == 398
+    assert all(int(i.split("-")[1]) % 2 for i, _ in hits)
+    before = _ranking(search_copy, class_label="5", top_k=797)
+    # Append: the training split's first 50 items, one id replaced.
+    items, ids = tmp_path / "items.npy", tmp_path / "ids.txt"
+    np.save(items, digits.X_train[:50])
+    ids.write_text("\n".join(["test-0", *(f"extra-{j}" for j in range(49))]))
+    csv_file = tmp_path / "extra.csv"
+    csv_file.write_text("source,year\n" + "\n".join("sketch,2001" for _ in range(50)))
+    assert main(["index", "--model", str(search_copy), "--append", "--items", str(items),
+                 "--ids", str(ids), "--attributes", str(csv_file), "--quiet"]) == 0  # fmt: skip
+    assert "version 2, 846 items in 5 shards (50 written, 1 replaced)" in capsys.readouterr().out
+    sketches = {"must": [{"key": "source", "match": {"value": "sketch"}}]}
+    assert len(_ranking(search_copy, class_label="1", top_k=100, filter=sketches)) == 50
+    # Delete the new ones (and one that is not there), then compact: the ranking as before.
+    ids.write_text("\n".join([*(f"extra-{j}" for j in range(49)), "nope"]))
+    assert main(["index", "--model", str(search_copy), "--delete", "--ids", str(ids)]) == 0
+    assert "49 removed, 1 not there (e.g. 'nope')" in capsys.readouterr().out
+    assert main(["index", "--model", str(search_copy), "--compact", "--shard-items", "500"]) == 0
+    assert "version 4, 797 items in 2 shards (compacted)" in capsys.readouterr().out
+    catalogue = read_catalogue(catalogue_dir(search_copy), search_dir(search_copy))
+    assert not catalogue.tombstones.size
+    after = _ranking(search_copy, class_label="5", top_k=797)
+    # test-0 now holds a training image: every other item keeps its place and score.
+    assert [i for i in after if i[0] != "test-0"] == [i for i in before if i[0] != "test-0"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--delete"], "--delete needs --ids"),
+        (["--attributes", "{tmp}/a.txt"], "reads a .jsonl or a .csv file"),
+        (["--attributes", "{tmp}/short.jsonl"], "1 records for 797 items"),
+        (["--attributes", "{tmp}/bad.jsonl"], "not JSON"),
+        (["--append", "--delete"], None),
+        (["--cluster", "nowhere"], "names no cluster"),
+    ],
+)
+def test_index_changes_refuse_bad_options(search_copy, tmp_path, capsys, argv, message):
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / "short.jsonl").write_text('{"a": 1}')
+    (tmp_path / "bad.jsonl").write_text("{nope")
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    if message is None:  # argparse refuses it
+        with pytest.raises(SystemExit):
+            main(["index", "--model", str(search_copy), *argv])
+        return
+    assert main(["index", "--model", str(search_copy), "--force", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_index_on_a_local_cluster_writes_the_shards_the_process_would(search_copy, tmp_path):
+    records = [{"year": j} for j in range(797)]
+    attributes = tmp_path / "attributes.jsonl"
+    attributes.write_text("\n".join(json.dumps(r) for r in records))
+    common = ["index", "--model", str(search_copy), "--attributes", str(attributes),
+              "--shard-items", "300", "--force", "--quiet"]  # fmt: skip
+    assert main(common) == 0
+    here = read_catalogue(catalogue_dir(search_copy), search_dir(search_copy))
+    expected = np.array(here.projected)
+    assert main([*common, "--cluster", "local:2"]) == 0
+    there = read_catalogue(catalogue_dir(search_copy), search_dir(search_copy))
+    assert [s.n_items for s in there.shards] == [300, 300, 197]
+    np.testing.assert_allclose(there.projected, expected, rtol=2.0**-23, atol=1e-12)
+    np.testing.assert_array_equal(there.ids, here.ids)
+    np.testing.assert_array_equal(there.labels, here.labels)
+    assert there.attributes_at(np.array([5, 796])) == [{"year": 5.0}, {"year": 796.0}]
+    assert not list(search_copy.glob("search/.items-*"))  # the items' file for the workers

@@ -7,7 +7,9 @@ r"""Every numba kernel of the model, one module per kind of item:
 - :mod:`~service.model.kernels.hog`: the HOG transform's cells;
 - :mod:`~service.model.kernels.bof`: the bof transform's descriptors, visual words and pyramid
   counts (images as bags of visual words);
-- :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code.
+- :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code;
+- :mod:`~service.model.kernels.l1svm`: the l1 squared-hinge SVM path that learns a code from
+  examples (a solver: Newton steps on small dense problems, no parallel driver).
 
 Each module keeps the same layout: small pure kernels on one pair (or one input row) with a
 ``.. math::`` docstring, then one loop over the rows of a batch, written once with
@@ -20,7 +22,7 @@ and parallel drivers are two algorithms (one heap, or a heap per range then a me
 loop. Callers never pick a driver themselves: :class:`service.model.similarity.
 BoundSimilarity` (measures), :class:`service.model.inputs.transforms.BoundTransform` (HOG),
 :class:`service.model.inputs.bof.BoundBagOfFeatures` (bof) and
-:func:`service.model.kernels.search.search_top_k` choose by the size of the call, with the
+:func:`service.model.kernels.search.search_shards` choose by the size of the call, with the
 thresholds of :mod:`service.model.threads`.
 
 A measure's drivers on one kind of item are one :class:`Drivers` record: the dense modules give

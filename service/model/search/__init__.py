@@ -15,7 +15,9 @@ The artifact lives inside the model's directory, so retraining the model retires
 
     model-dir/                 the Basis Expanding SVM (see service.model.predictor)
         search/                the dictionary, the class codes and biases (manifest + .npy)
-            catalogue/         projected.npy (A x N float32), ids, negatives sample, labels
+            catalogue/         a manifest naming the version's shards, its tombstones and
+                               negatives sample; shards/ (each X' of a range of items, A x n
+                               float32, with ids, labels and attributes)
 
 Each level records the checksum of the level it derives from and refuses to load over another.
 
@@ -27,21 +29,32 @@ codes
     :class:`SparseCode` and :func:`sparse_svm_code`, which learns one from examples.
 model
     :class:`UnionOfSubspacesModel` (``D``, the class codes, biases) and its feature space.
+shards
+    :class:`~service.model.search.shards.Shard`: one shard's rows, ids and attributes.
 catalogue
-    :class:`Catalogue` (``X'``, ids, negatives sample), :func:`write_catalogue`,
+    :class:`Catalogue` (one version: shards, tombstones, negatives sample),
     :func:`read_catalogue`.
+store
+    Writing versions: :func:`build_catalogue` (a whole build), :class:`CatalogueUpdate`
+    (upserts, deletions, compaction), under one writer lock, acknowledged once on disk.
+filters
+    Item attributes and :class:`Filter` (Qdrant's shape), applied in the kernel as bitmaps.
+pages
+    :class:`~service.model.search.pages.Cursor`: pages of a ranking within a version.
 index
-    :class:`SearchQuery`, :class:`SearchResult`, :class:`SearchIndex` (answers queries).
+    :class:`SearchQuery`, :class:`SearchResult`, :class:`SearchIndex` (answers queries,
+    writes updates).
 """
 
 from service.model.search.catalogue import (
     CATALOGUE_TYPE,
     DEFAULT_NEGATIVES,
     Catalogue,
+    Ranking,
     read_catalogue,
-    write_catalogue,
 )
 from service.model.search.codes import LEARN_C_FACTOR, LEARN_C_STEPS, SparseCode, sparse_svm_code
+from service.model.search.filters import Filter
 from service.model.search.index import (
     ITEMS_PER_ATOM,
     AtomReport,
@@ -57,11 +70,20 @@ from service.model.search.model import (
     feature_space_for,
     search_features,
 )
+from service.model.search.store import (
+    DEFAULT_SHARD_ITEMS,
+    CatalogueUpdate,
+    ShardItems,
+    UpdateResult,
+    build_catalogue,
+    rows_filler,
+)
 
 __all__ = [
     "CATALOGUE_DIR",
     "CATALOGUE_TYPE",
     "DEFAULT_NEGATIVES",
+    "DEFAULT_SHARD_ITEMS",
     "FEATURE_SPACES",
     "ITEMS_PER_ATOM",
     "LEARN_C_FACTOR",
@@ -70,16 +92,22 @@ __all__ = [
     "SEARCH_DIR",
     "AtomReport",
     "Catalogue",
+    "CatalogueUpdate",
+    "Filter",
+    "Ranking",
     "SearchIndex",
     "SearchQuery",
     "SearchResult",
+    "ShardItems",
     "SparseCode",
     "UnionOfSubspacesModel",
+    "UpdateResult",
+    "build_catalogue",
     "catalogue_dir",
     "feature_space_for",
     "read_catalogue",
+    "rows_filler",
     "search_dir",
     "search_features",
     "sparse_svm_code",
-    "write_catalogue",
 ]

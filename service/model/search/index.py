@@ -9,21 +9,32 @@ many items or examples a client may ask for) are the HTTP layer's.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from service.model.errors import ArtifactIntegrityError, InvalidInputError, NotFoundError
+from service.model.errors import (
+    ArtifactIntegrityError,
+    InvalidInputError,
+    NotFoundError,
+    brief,
+)
 from service.model.kernels.search import search_runs_serially
 from service.model.predictor import Predictor
-from service.model.search.catalogue import Catalogue, read_catalogue
+from service.model.search.catalogue import Catalogue
 from service.model.search.codes import SparseCode, sparse_svm_code
+from service.model.search.filters import Filter
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
+from service.model.search.pages import Cursor, query_digest
+from service.model.search.remote import CatalogueSource
+from service.model.search.store import CatalogueUpdate, UpdateResult, check_ids, rows_filler
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
 # at most A terms, no score can overflow to infinity (which JSON cannot carry).
@@ -60,13 +71,23 @@ class SearchQuery:
         Leave out positives given as ids.
     strongest_atoms : int
         Report this many of the code's strongest atoms, each with its best items (>= 0).
+    filter : dict or Filter, optional
+        Only items whose attributes pass it (Qdrant's shape, see
+        :mod:`service.model.search.filters`); parsed here, checked against the catalogue's
+        attributes by :meth:`SearchIndex.run`.
+    offset : int
+        Skip this many of the best items (>= 0).
+    cursor : str, optional
+        A previous answer's ``next_cursor``: continue its ranking after its last item.
+    allow_partial : bool
+        Where shards are held elsewhere: answer without those that do not answer in time.
 
     Raises
     ------
     InvalidInputError
         Not exactly one of ``class_label``, ``code`` and ``positives``; ``negatives`` without
         ``positives``; empty ``positives`` or ``negatives``; ``top_k`` or ``sparsity`` below 1;
-        ``strongest_atoms`` below 0.
+        ``strongest_atoms`` or ``offset`` below 0; a malformed filter or cursor.
     """
 
     class_label: str | None = None
@@ -79,6 +100,10 @@ class SearchQuery:
     exclude: Sequence[Any] = ()
     exclude_positives: bool = True
     strongest_atoms: int = 0
+    filter: Any = None
+    offset: int = 0
+    cursor: Any = None
+    allow_partial: bool = False
 
     def __post_init__(self) -> None:
         given = [q is not None for q in (self.class_label, self.code, self.positives)]
@@ -96,6 +121,12 @@ class SearchQuery:
             raise InvalidInputError(f"sparsity must be at least 1, got {self.sparsity!r}")
         if not _is_integer(self.strongest_atoms) or self.strongest_atoms < 0:
             raise InvalidInputError(f"strongest_atoms must be >= 0, got {self.strongest_atoms!r}")
+        if not _is_integer(self.offset) or self.offset < 0:
+            raise InvalidInputError(f"offset must be >= 0, got {self.offset!r}")
+        if self.filter is not None and not isinstance(self.filter, Filter):
+            object.__setattr__(self, "filter", Filter.parse(self.filter))
+        if self.cursor is not None and not isinstance(self.cursor, Cursor):
+            object.__setattr__(self, "cursor", Cursor.decode(self.cursor))
 
 
 @dataclass(frozen=True)
@@ -130,6 +161,12 @@ class SearchResult:
     strongest_atoms : list of AtomReport, length <= strongest_atoms
     n_positives, n_negatives : int
         Examples a learned code was fitted on (0 for the other kinds).
+    catalogue_version : int
+        The catalogue version that answered.
+    next_cursor : str or None
+        Continues the ranking after the last item (None once fewer than top_k came back).
+    missing_shards : tuple of str
+        Shards left out of a partial answer.
     """
 
     kind: str
@@ -138,6 +175,9 @@ class SearchResult:
     strongest_atoms: list[AtomReport]
     n_positives: int = 0
     n_negatives: int = 0
+    catalogue_version: int = 0
+    next_cursor: str | None = None
+    missing_shards: tuple[str, ...] = ()
 
 
 class SearchIndex:
@@ -150,31 +190,63 @@ class SearchIndex:
     model : UnionOfSubspacesModel
     catalogue : Catalogue or None
         Without one, only the model's codes are known: searches are refused.
+    model_dir : path-like, optional
+        Where the model lives: updates of the catalogue are written there.
+    answers_elsewhere : bool
+        The catalogue's shards are searched by other processes (a cluster's workers): a query
+        waits for them, and must never run on an event loop.
     """
 
     def __init__(
-        self, predictor: Predictor, model: UnionOfSubspacesModel, catalogue: Catalogue | None
+        self,
+        predictor: Predictor,
+        model: UnionOfSubspacesModel,
+        catalogue: Catalogue | None,
+        model_dir: str | os.PathLike | None = None,
+        answers_elsewhere: bool = False,
     ):
         self.predictor = predictor
         self.model = model
         self.catalogue = catalogue
+        self.model_dir = None if model_dir is None else Path(model_dir)
+        self.answers_elsewhere = answers_elsewhere
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike, predictor: Predictor) -> SearchIndex | None:
-        """The search index under ``model_dir``, or None if the model has none."""
+    def load(
+        cls,
+        model_dir: str | os.PathLike,
+        predictor: Predictor,
+        reuse: SearchIndex | None = None,
+        source: CatalogueSource | None = None,
+    ) -> SearchIndex | None:
+        """The search index under ``model_dir``, or None if the model has none.
+
+        Parameters
+        ----------
+        model_dir : path-like
+        predictor : Predictor
+        reuse : SearchIndex, optional
+            The index loaded before from the same model (the one served): its search model
+            is kept if its manifest is unchanged, and the catalogue shards it holds are taken
+            as they are (a new catalogue version loads only its new shards).
+        source : CatalogueSource, optional
+            Where the catalogue's shards are searched; default: in this process.
+        """
         model_path, catalogue_path = search_dir(model_dir), catalogue_dir(model_dir)
         if not model_path.exists():
             return None
         model = UnionOfSubspacesModel.load(model_path, model_dir)
+        source = source or CatalogueSource()
         catalogue = None
         if catalogue_path.exists():
-            catalogue = read_catalogue(catalogue_path, model_path)
+            previous = None if reuse is None else reuse.catalogue
+            catalogue = source.open(catalogue_path, model_path, previous)
             if catalogue.n_atoms != model.n_atoms:
                 raise ArtifactIntegrityError(
                     f"{catalogue_path}: {catalogue.n_atoms} atoms, the dictionary has "
                     f"{model.n_atoms}"
                 )
-        return cls(predictor, model, catalogue)
+        return cls(predictor, model, catalogue, model_dir, source.remote)
 
     def require_catalogue(self) -> Catalogue:
         if self.catalogue is None:
@@ -190,7 +262,9 @@ class SearchIndex:
         learn. False without a catalogue: such a query fails anyway."""
         if self.catalogue is None or query.positives is not None:
             return False
-        return search_runs_serially(self.model.n_atoms, self.catalogue.n_items)
+        if self.answers_elsewhere:
+            return True  # no parallel region here: the shards are searched elsewhere
+        return search_runs_serially(self.model.n_atoms, self.catalogue.n_positions)
 
     def run(self, query: SearchQuery) -> SearchResult:
         """Answer one query (its own rules were checked when it was made).
@@ -212,6 +286,8 @@ class SearchIndex:
             No catalogue.
         """
         catalogue = self.require_catalogue()
+        if query.filter is not None:
+            catalogue.check_filter(query.filter)
         excluded = [catalogue.positions(list(query.exclude), "id")]
         n_positives = n_negatives = 0
         if query.class_label is not None:
@@ -227,14 +303,33 @@ class SearchIndex:
                 excluded.append(positive_positions)
         code = code.pruned(query.sparsity)
         excluded_positions = np.unique(np.concatenate(excluded)).astype(np.int64)
-        positions, scores = catalogue.top(code, query.top_k, excluded_positions)
+        digest = query_digest(code, query.filter, excluded_positions)
+        after = None
+        if query.cursor is not None:
+            query.cursor.check(catalogue.digest, catalogue.version, catalogue.n_positions, digest)
+            after = (query.cursor.after_sum, query.cursor.after_position)
+        ranking = catalogue.top(
+            code, query.offset + query.top_k, excluded_positions, query.filter, after,
+            query.allow_partial,
+        )  # fmt: skip
+        page = slice(query.offset, None)
+        positions, sums = ranking.positions[page], ranking.sums[page]
+        next_cursor = None
+        if len(positions) == query.top_k:
+            last = Cursor(catalogue.digest, catalogue.version, float(sums[-1]),
+                          int(positions[-1]), digest)  # fmt: skip
+            next_cursor = last.encode()
+        scores = (code.bias + sums).tolist()
         return SearchResult(
             kind=kind,
             code=code,
-            items=self._named(positions, scores),
+            items=list(zip(ranking.ids[page], scores, strict=True)),
             strongest_atoms=self.strongest_atoms(code, query.strongest_atoms),
             n_positives=n_positives,
             n_negatives=n_negatives,
+            catalogue_version=catalogue.version,
+            next_cursor=next_cursor,
+            missing_shards=ranking.missing_shards,
         )
 
     def check_code(self, indices, values, bias: float = 0.0) -> SparseCode:
@@ -292,6 +387,7 @@ class SearchIndex:
         catalogue = self.require_catalogue()
         if len(positives) == 0:  # a SearchQuery never holds one; direct callers may
             raise InvalidInputError("positives is empty: give at least one id or instance")
+        _refuse_shared_ids(positives, negatives)
         positive_rows, positive_positions = self._example_rows(positives, "positive")
         if negatives is None:
             negative_rows = catalogue.negative_rows(positive_positions)
@@ -346,7 +442,8 @@ class SearchIndex:
         if not 0 <= atom < self.model.n_atoms:
             raise NotFoundError(f"no atom {atom}: atoms are 0..{self.model.n_atoms - 1}")
         code = SparseCode(np.array([atom], dtype=np.int64), np.array([sign]), 0.0)
-        return self._named(*catalogue.top(code, top_k))
+        ranking = catalogue.top(code, top_k)
+        return list(zip(ranking.ids, ranking.sums.tolist(), strict=True))
 
     def atom_classes(self, atom: int) -> list[tuple[str, float]]:
         """Classes whose code uses ``atom``, by decreasing ``|z|``."""
@@ -354,24 +451,101 @@ class SearchIndex:
         order = np.argsort(-np.abs(row), kind="stable")
         return [(self.model.classes[k], float(row[k])) for k in order if row[k] != 0.0]
 
-    def _named(self, positions: np.ndarray, scores: np.ndarray) -> list[tuple[str, float]]:
-        ids = self.require_catalogue().ids[positions]
-        return list(zip(ids.tolist(), scores.tolist(), strict=True))
+    # -- updates -------------------------------------------------------------------------------
+
+    def project_instances(self, instances: Sequence[Any], what: str = "instances") -> np.ndarray:
+        """``D^T x`` of instances in the model's input shape, shape (n, A), float64; malformed
+        instances raise InvalidInputError naming them (``instances[3]``)."""
+        names = [f"{what}[{j}]" for j in range(len(instances))]
+        _, items = self.predictor.validate_prepared(list(instances), names)
+        features = prepared_search_features(self.predictor, self.model.feature_space, items)
+        rows = self.model.project(features)
+        bad = np.flatnonzero(~np.isfinite(rows).all(axis=1))
+        if bad.size:
+            raise InvalidInputError(f"{what}[{int(bad[0])}] has non-finite features")
+        return rows
+
+    def _update(self) -> CatalogueUpdate:
+        if self.model_dir is None:
+            raise NotFoundError("this search index was not loaded from a model directory")
+        return CatalogueUpdate(
+            catalogue_dir(self.model_dir), search_dir(self.model_dir), self.model.n_atoms,
+            reuse=self.catalogue,
+        )  # fmt: skip
+
+    def upsert(
+        self,
+        ids: Sequence[Any],
+        instances: Sequence[Any],
+        attributes: Sequence[dict[str, Any] | None] | None = None,
+    ) -> UpdateResult:
+        """Project ``instances`` and add them to the catalogue as a new shard, under ``ids``;
+        items already there under those ids are replaced (see
+        :meth:`service.model.search.store.CatalogueUpdate.upsert`). Returns once the new
+        version is on disk; this index keeps answering from the version it holds.
+
+        Raises
+        ------
+        InvalidInputError
+            Ids and instances of other lengths, empty or repeated ids, malformed instances,
+            attributes of the wrong kind.
+        """
+        if not len(ids):
+            raise InvalidInputError("ids is empty: give at least one item")
+        if len(ids) != len(instances):
+            raise InvalidInputError(f"{len(ids)} ids but {len(instances)} instances")
+        if attributes is not None and len(attributes) != len(ids):
+            raise InvalidInputError(f"{len(ids)} ids but {len(attributes)} attributes")
+        check_ids(ids)
+        rows = self.project_instances(instances).astype(np.float32)
+        with self._update() as update:
+            return update.upsert(ids, rows_filler(rows), attributes)
+
+    def delete(self, ids: Sequence[Any]) -> UpdateResult:
+        """Remove the items of ``ids`` from the catalogue (a new version, on disk when this
+        returns); ids it lacks are reported in the result."""
+        self.require_catalogue()
+        with self._update() as update:
+            return update.delete(ids)
 
     def warm_up(self) -> None:
         """Make the first query of every kind as fast as the next: compile and page in the
         scoring path (serial and parallel) with the first class, and learn one code from the
-        first catalogue items as positives, which imports scikit-learn and fits its first
-        LinearSVCs (a first query by positives otherwise pays for both)."""
-        if self.catalogue is None:
+        first live items as positives (the path solver's first call otherwise loads its
+        compiled code)."""
+        catalogue = self.catalogue
+        if catalogue is None:
             return
         code = self.model.class_code(self.model.classes[0])
-        self.catalogue.top(code, 10)
+        catalogue.top(code, 10)
         if code.n_nonzero:
-            self.catalogue.top(code.pruned(1), 10)
-        positions = np.arange(min(WARM_UP_POSITIVES, self.catalogue.n_items), dtype=np.int64)
-        ids = self.catalogue.ids[positions].tolist()
-        # In a catalogue no larger than that, the default sample may have no negatives left:
-        # the same items then stand on both sides, which sparse_svm_code accepts.
-        negatives = None if len(self.catalogue.negative_rows(positions)) else ids
-        self.learn_code(ids, negatives, None)
+            catalogue.top(code.pruned(1), 10)
+        positions = catalogue.negatives[:WARM_UP_POSITIVES]
+        positives = catalogue.rows(positions)
+        negatives = catalogue.negative_rows(positions)
+        if not len(negatives):
+            # A catalogue no larger than that: every sampled item is a positive.
+            negatives = -positives
+        X = np.vstack([positives, negatives])
+        y = np.r_[np.ones(len(positives)), -np.ones(len(negatives))]
+        n_nonzero = self.model.metadata.get("n_nonzero") or self.model.n_atoms
+        # The same rows on both sides (an all-zero catalogue) are refused, compiled all the same.
+        with contextlib.suppress(InvalidInputError):
+            sparse_svm_code(X, y, n_nonzero)
+
+
+def _example_ids(examples: Sequence[Any] | None) -> set[str]:
+    """The catalogue ids among examples (strings or integers), as strings."""
+    return {str(e) for e in examples or () if isinstance(e, str | int) and not isinstance(e, bool)}
+
+
+def _refuse_shared_ids(positives: Sequence[Any], negatives: Sequence[Any] | None) -> None:
+    """An id among both positives and negatives makes the code meaningless: InvalidInputError
+    naming it."""
+    shared = sorted(_example_ids(positives) & _example_ids(negatives))
+    if shared:
+        named = ", ".join(brief(i) for i in shared[:5])
+        more = "" if len(shared) <= 5 else f" (and {len(shared) - 5} more)"
+        raise InvalidInputError(
+            f"id(s) among both positives and negatives: {named}{more}; an item is one or the other"
+        )

@@ -6,9 +6,14 @@ import pytest
 from service.model import threads
 from service.model.kernels import search as search_kernels
 from service.model.kernels.search import (
+    ShardSet,
+    accumulate_chunk,
+    accumulate_picked,
+    count_allowed,
+    search_shards,
+    search_shards_parallel,
+    search_shards_serial,
     search_top_k,
-    search_top_k_parallel,
-    search_top_k_serial,
 )
 
 SMALL_CHUNK = 64  # so that a catalogue of a thousand items spans many chunks
@@ -155,17 +160,142 @@ def test_drivers_directly(n_groups):
     atoms = np.array([0, 2, 3], dtype=np.int64)
     weights = np.array([1.0, 0.5, 0.25])
     excluded = np.array([0, 5, 100, 350, 351, 700], dtype=np.int64)
-    expected = reference(projected, atoms, weights, 1.0, 40, excluded)
-    projected.flags.writeable = False  # as search_top_k passes it: no second compilation
+    expected = reference(projected, atoms, weights, 0.0, 40, excluded)
+    shards = ShardSet(split(projected, [300, 1]))
+    no_filter = np.empty(0, dtype=np.uint64)
     for chunk in (1, 13, 1000):
-        positions, scores = np.empty(40, np.int64), np.empty(40)
-        search_top_k_parallel(
-            projected, atoms, weights, 1.0, excluded, chunk, n_groups, positions, scores
+        segments, starts = shards.plan(n_groups, chunk)
+        positions, sums = np.empty(40, np.int64), np.empty(40)
+        size = search_shards_parallel(
+            shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments, starts,
+            atoms, weights, excluded,
+            no_filter, shards.bitmap_bases, np.inf, -1, chunk, positions, sums,
+        )  # fmt: skip
+        assert size == 40
+        assert_matches((positions, sums), expected, tolerance=0.0)
+        positions, sums = np.empty(40, np.int64), np.empty(40)
+        size = search_shards_serial(
+            shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments, atoms,
+            weights, excluded, no_filter,
+            shards.bitmap_bases, np.inf, -1, chunk, positions, sums,
+        )  # fmt: skip
+        assert size == 40
+        assert_matches((positions, sums), expected, tolerance=0.0)
+
+
+def split(projected, sizes):
+    """Shards of ``projected`` of the given sizes (the rest in a last one)."""
+    cuts = np.cumsum(sizes)
+    return [np.ascontiguousarray(part) for part in np.split(projected, cuts, axis=1)]
+
+
+@pytest.mark.parametrize("sizes", [[1], [64, 64], [100, 1, 299], [999], [130, 130, 130, 130]])
+def test_shards_rank_as_one_catalogue(mode, sizes):
+    rng = np.random.default_rng(9)
+    # few distinct values: ties everywhere, across shards too
+    projected = rng.integers(-3, 4, size=(6, 1000)).astype(np.float32)
+    atoms, weights = np.array([5, 0, 2], dtype=np.int64), np.array([1.0, -0.5, 2.0])
+    shards = ShardSet(split(projected, sizes))
+    excluded = np.array([0, 99, 100, 101, 640, 999], dtype=np.int64)
+    for k in (1, 30, 1000):
+        one = search_top_k(projected, atoms, weights, 0.0, k, excluded)
+        positions, sums = search_shards(shards, atoms, weights, k, excluded)
+        np.testing.assert_array_equal(positions, one[0])
+        np.testing.assert_array_equal(sums, one[1])
+
+
+def test_picked_sums_equal_chunk_sums():
+    # The two paths a filtered search scores items by: the same sums, bit for bit.
+    rng = np.random.default_rng(10)
+    projected = rng.standard_normal((40, 3000)).astype(np.float32)
+    for nnz in range(0, 12):
+        atoms = rng.choice(40, size=nnz, replace=False).astype(np.int64)
+        weights = rng.standard_normal(nnz)
+        buf = np.empty(3000)
+        accumulate_chunk(projected, atoms, weights, 0, 3000, buf)
+        picked = np.sort(rng.choice(3000, size=700, replace=False)).astype(np.int64)
+        sums = np.empty(700)
+        accumulate_picked(projected, atoms, weights, picked, 700, sums)
+        np.testing.assert_array_equal(sums, buf[picked])
+
+
+def bitmap_of(shards: ShardSet, mask: np.ndarray) -> np.ndarray:
+    """``mask`` (one bool per global position) in the kernels' bitmap layout."""
+    bitmap = shards.empty_bitmap()
+    for s, base in enumerate(shards.bitmap_bases):
+        part = mask[shards.offsets[s] : shards.offsets[s + 1]]
+        words = np.packbits(part, bitorder="little")
+        words = np.pad(words, (0, -len(words) % 8)).view(np.uint64)
+        bitmap[base : base + len(words)] = words
+    return bitmap
+
+
+def test_count_allowed_counts_bits_in_a_range():
+    rng = np.random.default_rng(11)
+    mask = rng.random(1000) < 0.3
+    shards = ShardSet([np.zeros((1, 1000), dtype=np.float32)])
+    bitmap = bitmap_of(shards, mask)
+    for lo, hi in [(0, 1000), (64, 65), (128, 1000), (0, 63), (960, 1000), (64, 64), (3, 70),
+                   (13, 26), (65, 127), (999, 1000)]:  # fmt: skip
+        assert count_allowed(bitmap, 0, lo, hi) == mask[lo:hi].sum()
+
+
+@pytest.mark.parametrize("chunk", [64, 100])
+@pytest.mark.parametrize("density", [0.0, 0.002, 0.05, 0.3, 1.0])
+def test_filtered_search_is_exact_among_the_allowed(mode, density, chunk, monkeypatch):
+    monkeypatch.setattr(search_kernels, "CHUNK_ITEMS", chunk)  # chunks off the words too
+    rng = np.random.default_rng(12)
+    projected = rng.standard_normal((8, 3000)).astype(np.float32)
+    atoms, weights = np.array([1, 6, 3, 0, 7], dtype=np.int64), rng.standard_normal(5)
+    mask = rng.random(3000) < density
+    mask[2048:2200] = density > 0.2  # a dense run beside sparse ones
+    shards = ShardSet(split(projected, [700, 1300]))
+    excluded = np.unique(rng.choice(3000, 50, replace=False)).astype(np.int64)
+    scores = weights @ projected[atoms].astype(np.float64)
+    keep = mask.copy()
+    keep[excluded] = False
+    candidates = np.flatnonzero(keep)
+    for k in (1, 20, 3000):
+        positions, sums = search_shards(
+            shards, atoms, weights, k, excluded, bitmap_of(shards, mask)
         )
-        assert_matches((positions, scores), expected, tolerance=0.0)
-        positions, scores = np.empty(40, np.int64), np.empty(40)
-        search_top_k_serial(projected, atoms, weights, 1.0, excluded, chunk, positions, scores)
-        assert_matches((positions, scores), expected, tolerance=0.0)
+        expected = candidates[np.argsort(-scores[candidates], kind="stable")][:k]
+        assert len(positions) == min(k, candidates.size)  # top k among the allowed, never fewer
+        np.testing.assert_array_equal(positions, expected)
+        np.testing.assert_allclose(sums, scores[expected], rtol=1e-12, atol=1e-12)
+
+
+def test_pages_after_a_cursor_cover_the_ranking(mode):
+    rng = np.random.default_rng(13)
+    projected = rng.integers(-2, 3, size=(4, 900)).astype(np.float32)  # many ties
+    atoms, weights = np.array([0, 1, 3], dtype=np.int64), np.array([1.0, 2.0, -1.0])
+    shards = ShardSet(split(projected, [300, 300]))
+    mask = rng.random(900) < 0.5
+    for allowed in (None, bitmap_of(shards, mask)):
+        full = search_shards(shards, atoms, weights, 900, allowed=allowed)
+        pages, after = [], None
+        while True:
+            positions, sums = search_shards(
+                shards, atoms, weights, 37, allowed=allowed, after=after
+            )
+            if not len(positions):
+                break
+            pages.append(positions)
+            after = (sums[-1], positions[-1])
+        np.testing.assert_array_equal(np.concatenate(pages), full[0])
+
+
+def test_a_shard_set_may_start_past_zero():
+    rng = np.random.default_rng(14)
+    projected = rng.standard_normal((3, 200)).astype(np.float32)
+    shards = ShardSet([projected], first_position=5000)
+    positions, _ = search_shards(
+        shards, [0], [1.0], 3, excluded=[5000 + int(np.argmax(projected[0]))]
+    )
+    expected = 5000 + np.argsort(-projected[0], kind="stable")[1:4]
+    np.testing.assert_array_equal(positions, expected)
+    with pytest.raises(ValueError, match=r"5000\.\.5199"):
+        search_shards(shards, [0], [1.0], 3, excluded=[3])
 
 
 def test_default_dispatch_on_a_large_catalogue():
