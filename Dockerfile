@@ -13,16 +13,19 @@ ARG BASE_IMAGE=python:3.11-slim
 # resolves and fetches nothing), then everything serving does not read is cut from it. This stage
 # and its build/, *.egg-info, pip and the CA bundle stay behind: the image copies the venv only.
 FROM ${BASE_IMAGE} AS build
+# The lock the venv is installed from: the service's, or requirements-cluster.lock for the
+# image of the compose profile `cluster` (the same pins, and Dask's scheduler and workers).
+ARG LOCK=requirements-service.lock
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
-COPY requirements-build.lock requirements-service.lock ./
+COPY requirements-build.lock requirements-service.lock requirements-cluster.lock ./
 # build_ca: a CA bundle for pip (behind a TLS-inspecting proxy, or on a base without one), a build
 # secret: mounted for this RUN only, written to no layer. Optional: without it pip uses its own.
 RUN --mount=type=secret,id=build_ca \
     if [ -s /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi \
     && python3 -m venv /opt/besvm \
     && /opt/besvm/bin/python -m pip install --quiet --require-hashes --only-binary=:all: -r requirements-build.lock \
-    && /opt/besvm/bin/python -m pip install --quiet --require-hashes --only-binary=:all: -r requirements-service.lock
+    && /opt/besvm/bin/python -m pip install --quiet --require-hashes --only-binary=:all: -r "$LOCK"
 COPY pyproject.toml README.md ./
 COPY service ./service
 COPY training ./training

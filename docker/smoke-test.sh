@@ -10,6 +10,8 @@
 # the base image (docker/build-base-image.sh) unless SMOKE_BASE_IMAGE already exists. gRPC (the Open
 # Inference Protocol, tritonclient.grpc) is called on its published port as well.
 #   SMOKE_PROTOCOL=0        skip /v2/models/digits/infer, gRPC, /metrics and the probe-log check
+#   SMOKE_CLUSTER=0         skip the compose profile `cluster` (a Dask scheduler and two workers
+#                           train a model into the volume, which the running API then serves)
 #   SMOKE_BASE_IMAGE=...    the base image (default besvm-base:bookworm); SMOKE_REBUILD_BASE=1
 #   DOCKERD_STORAGE_DRIVER  overlay2 or vfs, for an engine this script starts (default: dockerd's)
 set -euo pipefail
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/.."
 STARTED_AT=$(date +%s)
 RUN_ID=${SMOKE_RUN_ID:-$$}
 PROJECT=besvm-smoke-$RUN_ID
-export IMAGE=besvm-smoke:$RUN_ID
+export IMAGE=besvm-smoke:$RUN_ID CLUSTER_IMAGE=besvm-smoke-cluster:$RUN_ID
 export BASE_IMAGE=${SMOKE_BASE_IMAGE:-besvm-base:bookworm}
 PYTHON=${PYTHON:-.venv/bin/python}
 HEALTH_TIMEOUT_S=${SMOKE_HEALTH_TIMEOUT_S:-600}
@@ -48,12 +50,12 @@ teardown() {
     set +e
     if [ "$status" -ne 0 ] && [ -n "${COMPOSE:-}" ]; then
         log "failed: the containers' last log lines"
-        compose logs --no-color --tail 100
+        compose --profile cluster logs --no-color --tail 100
     fi
     if [ -n "${COMPOSE:-}" ]; then
         log "tearing down"
-        compose down --volumes --remove-orphans --rmi all --timeout 30 >/dev/null 2>&1
-        docker image rm --force "$IMAGE" >/dev/null 2>&1
+        compose --profile cluster down --volumes --remove-orphans --rmi all --timeout 30 >/dev/null 2>&1
+        docker image rm --force "$IMAGE" "$CLUSTER_IMAGE" >/dev/null 2>&1
         [ -n "$BUILT_BASE" ] && docker image rm --force "$BASE_IMAGE" >/dev/null 2>&1
         [ "${CI:-}" = true ] && docker builder prune --force >/dev/null 2>&1
     fi
@@ -101,7 +103,8 @@ free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0
 PORT=$(free_port)
 GRPC_HOST_PORT=$(free_port)
 CPUS=$(( $(nproc) < 2 ? $(nproc) : 2 ))
-export PORT GRPC_HOST_PORT BIND_ADDRESS=127.0.0.1 CPUS TRAINER_CPUS=$CPUS NUMBA_NUM_THREADS=$CPUS
+DASK_DASHBOARD_PORT=$(free_port)
+export PORT GRPC_HOST_PORT DASK_DASHBOARD_PORT BIND_ADDRESS=127.0.0.1 CPUS TRAINER_CPUS=$CPUS NUMBA_NUM_THREADS=$CPUS
 if [ ! -s "${BUILD_CA_FILE:-/etc/ssl/certs/ca-certificates.crt}" ]; then export BUILD_CA_FILE=/dev/null; fi
 log "compose build ($IMAGE from $BASE_IMAGE)"
 compose build --quiet
@@ -155,4 +158,26 @@ if [ "${SMOKE_PROTOCOL:-1}" != 0 ]; then
     probes=$(compose logs --no-color api | grep -c 'GET /readyz' || true)
     [ "$probes" -eq 0 ] || { echo "$probes health-probe lines in the api's log" >&2; exit 1; }
     log "no health-probe lines in the api's log"
+fi
+
+# 5. The compose profile `cluster`: its image, a scheduler and two workers; the cluster trainer
+# fits a model through them (DASK_SCHEDULER_ADDRESS) into the volume, and the API above, which
+# rescans the volume every RELOAD_INTERVAL_S, serves it.
+if [ "${SMOKE_CLUSTER:-1}" != 0 ]; then
+    log "cluster profile: build ($CLUSTER_IMAGE)"
+    compose --profile cluster build --quiet dask-scheduler
+    log "cluster image built at $(elapsed): $(docker image ls --format '{{.Size}}' "$CLUSTER_IMAGE")"
+    timeout "$UP_TIMEOUT_S" "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml --profile cluster \
+        up -d --quiet-pull --wait dask-scheduler dask-worker
+    workers=$(compose --profile cluster ps --quiet dask-worker | wc -l)
+    [ "$workers" -eq 2 ] || { echo "$workers dask workers running, not 2" >&2; exit 1; }
+    timeout "$UP_TIMEOUT_S" "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml --profile cluster \
+        run --rm --no-deps cluster-trainer
+    # The fit ran on the workers: they executed its tasks (not the trainer alone).
+    executed=$(compose --profile cluster run --rm --no-deps --entrypoint python cluster-trainer -c \
+        'from distributed import Client; c = Client(timeout=30); print(sum(c.run(lambda dask_worker: dask_worker.state.executed_count).values()))')
+    [ "${executed##*$'\n'}" -gt 0 ] || { echo "the workers ran no task of the fit: $executed" >&2; exit 1; }
+    log "trained through the cluster at $(elapsed): the workers ran ${executed##*$'\n'} tasks"
+    "$PYTHON" docker/smoke_check.py --cluster-model digits-cluster "http://127.0.0.1:$PORT"
+    log "the API serves the model trained on the cluster"
 fi

@@ -1,5 +1,6 @@
 """The docker smoke test's requests, sent from outside the container:
-``python smoke_check.py URL [GRPC_ADDRESS]``.
+``python smoke_check.py URL [GRPC_ADDRESS]``, or ``python smoke_check.py --cluster-model NAME URL``
+for the model the compose profile `cluster` trained.
 
 Checks the answers against scikit-learn's digits (the data set the trainer fitted: items 1000 on
 are the held-out catalogue, ``test-<i>`` being item ``1000 + i``), not against the server's own
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -120,5 +122,28 @@ def main(base: str, grpc_address: str | None = None) -> None:
     print(f"/metrics: 200, {len(ours)} besvm_ metric families")
 
 
+def check_cluster_model(base: str, name: str, wait_s: float = 120.0) -> None:
+    """Model ``name``, trained through the compose profile `cluster`, served once the API's
+    rescan (RELOAD_INTERVAL_S) finds it: held-out digits classified as the default model is."""
+    digits = load_digits()
+    items = list(range(FIRST_HELD_OUT, FIRST_HELD_OUT + 10))
+    body = {"instances": digits.images[items].tolist()}
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, payload = request(base, f"/v1/models/{name}/classify", body)
+        if status == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    check(status == 200, f"/v1/models/{name}/classify: {status} {payload[:500]!r}")
+    labels = [prediction["label"] for prediction in json.loads(payload)["predictions"]]
+    right = sum(label == str(digits.target[i]) for label, i in zip(labels, items, strict=True))
+    check(labels[items.index(KNOWN_ITEM)] == "7", f"{name}: item {KNOWN_ITEM} is a 7: {labels}")
+    check(right >= 8, f"{name}: {right}/10 held-out digits right: {labels}")
+    print(f"/v1/models/{name}/classify: 200, {right}/10 held-out digits right")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1].rstrip("/"), *sys.argv[2:3])
+    if sys.argv[1] == "--cluster-model":
+        check_cluster_model(sys.argv[3].rstrip("/"), sys.argv[2])
+    else:
+        main(sys.argv[1].rstrip("/"), *sys.argv[2:3])
