@@ -21,7 +21,7 @@ from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
 from service.api.grpc_server import drain_on_signals, start_grpc_server
 from service.api.hotpath import HotRoutes
-from service.api.limits import install_limits
+from service.api.limits import MemoryBudget, install_limits
 from service.api.metrics import Metrics, PrometheusMetrics
 from service.api.registry import ModelRegistry, Repository
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
@@ -80,6 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = PrometheusMetrics()
     keys = KeyStore(settings)
     policy = AccessPolicy(keys, settings)
+    # The request bytes the process holds at once: one budget for HTTP bodies and gRPC messages.
+    budget = MemoryBudget(settings.max_buffered_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -105,7 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             grpc = None
             try:
                 if settings.grpc_port is not None:
-                    grpc = await GrpcService.start(settings, plane, policy, metrics)
+                    grpc = await GrpcService.start(settings, plane, policy, metrics, budget)
                 rescans = Rescans(
                     registry,
                     settings.reload_interval_s,
@@ -145,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         HotRoutes, routes=app.router.routes, handlers={**routes.HOT_HANDLERS, **v2.HOT_HANDLERS}
     )
     app.add_middleware(KeyCheckMiddleware, policy=policy)
-    install_limits(app, settings)
+    install_limits(app, settings, budget)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
     for router in (routes.router, catalogue.router, v2.router, admin.router, observability.router):
@@ -271,11 +273,15 @@ class GrpcService:
 
     @classmethod
     async def start(
-        cls, settings: Settings, plane: DataPlane, policy: AccessPolicy, metrics: Metrics
+        cls,
+        settings: Settings,
+        plane: DataPlane,
+        policy: AccessPolicy,
+        metrics: Metrics,
+        budget: MemoryBudget,
     ) -> GrpcService:
-        service = cls(
-            await start_grpc_server(settings, plane, policy, metrics), settings.shutdown_timeout_s
-        )
+        server = await start_grpc_server(settings, plane, policy, metrics, budget)
+        service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service
 

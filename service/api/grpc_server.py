@@ -17,6 +17,17 @@ metrics (``besvm_grpc_requests_total``, ``besvm_grpc_request_duration_seconds``)
 line (method ``GRPC``). Messages over ``MAX_REQUEST_BYTES`` are refused by gRPC itself
 (RESOURCE_EXHAUSTED).
 
+Every message takes its bytes from the process's one :class:`~service.api.limits.MemoryBudget`
+(``MAX_BUFFERED_BYTES``), the budget HTTP bodies take theirs from (:class:`MessageBudget`):
+counted twice (the bytes received and the message parsed from them) as soon as it has arrived
+and before it is parsed, typed contents' values as they are decoded, and given back when the
+call ends, however it ends. A message that finds no room is never parsed: UNAVAILABLE (HTTP's
+503), as Triton answers a full queue and as gRPC's retry policies expect of a condition that
+passes; one larger than the whole budget on its own RESOURCE_EXHAUSTED (HTTP's 413, as gRPC
+answers a message over its size limit). The calls under way at once are bounded by
+MAX_CONCURRENT_REQUESTS (grpcio's ``maximum_concurrent_rpcs``: RESOURCE_EXHAUSTED beyond it,
+before the message is read).
+
 The server runs on the worker's event loop, started and stopped by the app's lifespan: each
 worker process binds ``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker
 serves gRPC on the one port, the kernel spreading the connections), and SIGTERM drains it
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import signal
@@ -43,6 +55,13 @@ from service.api.auth import Access, AccessPolicy, ForbiddenError, MissingKeyErr
 from service.api.auth import presented_key as key_of
 from service.api.dataplane import DataPlane
 from service.api.errors import LoadRefusedError, status_of
+from service.api.limits import (
+    BODY_COPIES,
+    DECODED_BYTES_PER_VALUE,
+    MemoryBudget,
+    RequestHold,
+    concurrency_bound,
+)
 from service.api.metrics import Metrics
 from service.api.observability import log_access, request_scope
 from service.api.protocol import inference_pb2 as pb
@@ -94,6 +113,12 @@ CONTENTS_FIELDS = {
     "BYTES": "bytes_contents",
 }
 _LENGTH_PREFIX = 4
+# What the call under way in this task holds of the budget, and the error that refused its
+# message (if one did): set when the message arrives. The gRPC library parses a call's message
+# and then runs its handler in the call's own task, with no wait between.
+_ARRIVAL: contextvars.ContextVar[tuple[RequestHold, ModelError | None] | None] = (
+    contextvars.ContextVar("besvm_grpc_arrival", default=None)
+)
 
 
 def _parameter_value(parameter) -> Any:
@@ -108,6 +133,62 @@ def _parameters(parameters) -> dict[str, Any] | None:
 def _length_prefixed(elements: Sequence[bytes]) -> bytes:
     """BYTES elements as the protocol's raw form: each a 4-byte little-endian length, then it."""
     return b"".join(len(e).to_bytes(_LENGTH_PREFIX, "little") + e for e in elements)
+
+
+def typed_values(request: pb.ModelInferRequest) -> int:
+    """The values of the request's typed contents (what decoding them turns into objects)."""
+    if request.raw_input_contents:
+        return 0
+    return sum(
+        len(getattr(tensor.contents, CONTENTS_FIELDS[tensor.datatype]))
+        for tensor in request.inputs
+        if tensor.datatype in CONTENTS_FIELDS
+    )
+
+
+class MessageBudget(aio.ServerInterceptor):
+    """Every call's message counted in the process's :class:`MemoryBudget` as it arrives, before
+    it is parsed: :data:`BODY_COPIES` times its size, the first
+    :data:`~service.api.limits.UNCOUNTED_BYTES` free, as an HTTP body is counted. A message
+    that does not fit is not parsed; the call's handler answers the refusal
+    (:meth:`InferenceServicer._serve`), which also gives the bytes back when the call ends.
+
+    Parameters
+    ----------
+    budget : MemoryBudget
+        The one the HTTP server counts its bodies in.
+    """
+
+    def __init__(self, budget: MemoryBudget) -> None:
+        self.budget = budget
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        counted = self._handlers.get(method)
+        if counted is None:
+            handler = await continuation(handler_call_details)
+            if handler is None or handler.request_streaming or handler.response_streaming:
+                return handler  # the protocol's calls are all unary
+            counted = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
+                handler.unary_unary,
+                request_deserializer=self._counting(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        return counted
+
+    def _counting(self, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+        def counted(raw: bytes) -> Any:
+            hold = RequestHold(self.budget)
+            try:
+                hold.add(BODY_COPIES * len(raw), "the message")
+            except ModelError as error:
+                _ARRIVAL.set((hold, error))
+                return None
+            _ARRIVAL.set((hold, None))
+            return parse(raw)
+
+        return counted
 
 
 def infer_request(request: pb.ModelInferRequest) -> tuple[InferRequest, bytes]:
@@ -210,11 +291,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         started = time.perf_counter()
         metadata = dict(context.invocation_metadata() or ())
         code, message, result = grpc.StatusCode.OK, "", None
+        arrival = _ARRIVAL.get()
         with request_scope(metadata.get("x-request-id")) as request:
             # Answered in the trailing metadata, which travels with the status: a separate
             # send of initial metadata costs every call a write.
             trailing = [("x-request-id", request.request_id)]
             try:
+                if arrival is not None and arrival[1] is not None:
+                    raise arrival[1]
                 key = self.policy.check(
                     needed, key_of(metadata.get("authorization"), metadata.get("x-api-key"))
                 )
@@ -248,6 +332,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 logger.exception("unhandled error in gRPC %s", method)
                 code, message = grpc.StatusCode.INTERNAL, "internal error; the server log has it"
             finally:
+                if arrival is not None:
+                    arrival[0].release()
                 seconds = time.perf_counter() - started
                 self.metrics.grpc_finished(method, request.model, code.name, seconds)
                 log_access(
@@ -316,6 +402,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 body, binary = infer_request(request)
                 return body, *decode_request(body, binary, predictor, plane.max_batch_size)
 
+            values, arrival = typed_values(request), _ARRIVAL.get()
+            if values and arrival is not None:
+                arrival[0].add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
             # A large message's values are converted off the event loop, as REST's are.
             body, inputs, names = await plane.convert(request.ByteSize(), decoded)
             snapshot, answers = await plane.classify(
@@ -374,9 +463,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 
 async def start_grpc_server(
-    settings: Settings, plane: DataPlane, policy: AccessPolicy, metrics: Metrics
+    settings: Settings,
+    plane: DataPlane,
+    policy: AccessPolicy,
+    metrics: Metrics,
+    budget: MemoryBudget,
 ) -> aio.Server:
-    """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set)."""
+    """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set), its
+    messages counted in ``budget`` (the process's, shared with HTTP)."""
     options = [
         ("grpc.max_receive_message_length", settings.max_request_bytes),
         ("grpc.max_send_message_length", -1),
@@ -386,7 +480,13 @@ async def start_grpc_server(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
-    server = aio.server(options=options)
+    server = aio.server(
+        interceptors=[MessageBudget(budget)],
+        options=options,
+        # Each call's message is held by the gRPC library while it arrives, before it can be
+        # counted: the calls under way are bounded as the process's work is.
+        maximum_concurrent_rpcs=concurrency_bound(settings),
+    )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
         InferenceServicer(plane, policy, metrics), server
     )

@@ -127,12 +127,11 @@ def _value_marks_outside_strings(raw: bytes) -> int:
     return count
 
 
-def install_limits(app: FastAPI, settings: Settings) -> None:
-    """Add the request-level limits (size, body deadline) and, if configured, CORS."""
+def install_limits(app: FastAPI, settings: Settings, budget: MemoryBudget) -> None:
+    """Add the request-level limits (size, body deadline, the process's ``budget`` of request
+    bytes, which gRPC shares) and, if configured, CORS."""
     app.add_middleware(
-        RequestSizeLimitMiddleware,
-        max_bytes=settings.max_request_bytes,
-        budget=MemoryBudget(settings.max_buffered_bytes),
+        RequestSizeLimitMiddleware, max_bytes=settings.max_request_bytes, budget=budget
     )
     app.add_middleware(BodyDeadlineMiddleware)
     if settings.cors_origins:
@@ -149,7 +148,7 @@ def install_limits(app: FastAPI, settings: Settings) -> None:
 
 class MemoryBudget:
     """The request bytes one process holds at once (``MAX_BUFFERED_BYTES``), shared by its
-    requests through :class:`RequestHold`; safe to use from any thread.
+    requests, HTTP and gRPC, through :class:`RequestHold`; safe to use from any thread.
 
     Parameters
     ----------
