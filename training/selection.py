@@ -42,7 +42,9 @@ estimator (``max_iter``, ``min_df``, ``stop_words``, ``input_shape``, ...) is th
 folds as in the final model. Candidates and folds are scored in parallel with joblib
 (``n_jobs`` processes), each process limiting its threads through
 :func:`service.model.threads.limit_threads` (numba: its share of the cores; BLAS: one) so that
-together they use the cores once.
+together they use the cores once. On a Dask cluster they are tasks on its workers instead
+(joblib's Dask backend, the items searched scattered once), and sharded data is searched on a
+stratified sample of its shards (:meth:`ForwardSelectionCV.fit`).
 """
 
 from __future__ import annotations
