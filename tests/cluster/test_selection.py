@@ -177,3 +177,14 @@ def test_an_unreachable_scheduler_is_one_error_naming_it():
     X, y = load_wine(return_X_y=True)
     with pytest.raises(ClusterError, match=f"no Dask scheduler answered at {address}"):
         BasisExpandingSVC(similarity="auto", cluster=address).fit(X, y)
+
+
+def test_shards_without_a_cluster_are_searched_and_fitted_in_this_process(tmp_path):
+    """No cluster named: the sample is read by worker threads of this process, the fold fits
+    run here, and the fit on every shard too."""
+    X, y = load_wine(return_X_y=True)
+    data = write_shards(X, y, tmp_path / "shards", rows_per_shard=60)
+    model = BasisExpandingSVC(similarity="auto", selection_budget=3).fit(data)
+    assert model.selection_.n_items_ == 178
+    assert model.predictor_.metadata["training"]["n_train"] == 178
+    assert (model.predict(X).astype(str) == y.astype(str)).mean() > 0.85
