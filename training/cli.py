@@ -740,6 +740,12 @@ def _run_fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Pat
     predictor = estimator.to_predictor(name, record=record)
     predictor.save(out, overwrite=args.force)
     timings = estimator.timings_
+    selection = getattr(estimator, "selection_", None)
+    if selection is not None:
+        print(
+            "selection path (CV accuracy on a stratified sample of the shards):\n"
+            f"{selection.describe()}"
+        )
     print(
         "\n".join(
             [

@@ -18,13 +18,19 @@ the one-process fit's, each where its data lives:
    (:func:`training.distributed.fit_one_vs_rest_distributed`): the driver holds
    (B + 1) x K vectors.
 
-Dense inputs only (vectors and images); documents need a vocabulary, fitted in one process.
+Dense inputs only (vectors and images): documents need a vocabulary and the ``bof`` transform
+its visual words, both learned from every item in one process (:class:`OneProcessOnly`).
+:func:`draw_sample` draws a stratified sample of sharded data where the shards are (the model
+selection searches it, :class:`training.selection.ForwardSelectionCV`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,13 +44,34 @@ from training.preparation import DensePreparation, is_texts
 from training.preprocessing import InputNormalizer
 from training.shards import ShardedData, read_shard
 
-__all__ = ["ROWS_PER_SCATTERED_BLOCK", "SAMPLE_PER_BASIS_ITEM", "fit_on_cluster"]
+__all__ = [
+    "ROWS_PER_SCATTERED_BLOCK",
+    "SAMPLE_PER_BASIS_ITEM",
+    "OneProcessOnly",
+    "draw_sample",
+    "fit_on_cluster",
+    "in_process_client",
+]
 
 # Arrays given to fit are scattered to the workers in blocks of this many rows.
 ROWS_PER_SCATTERED_BLOCK = 20_000
 # The random and kmedoids strategies draw each class's basis from this many times as many of
 # its first items.
 SAMPLE_PER_BASIS_ITEM = 20
+
+
+class OneProcessOnly(ValueError):
+    """The inputs or the configuration train in one process only; the message says why."""
+
+
+@contextmanager
+def in_process_client() -> Iterator[Any]:
+    """A client of a cluster of one worker in this process's threads, for the block: how
+    sharded data that names no cluster is read, shard by shard."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False) as local, Client(local) as client:
+        yield client
 
 
 def fit_on_cluster(estimator, X, y=None):
@@ -59,16 +86,33 @@ def fit_on_cluster(estimator, X, y=None):
     Returns
     -------
     estimator
+
+    Raises
+    ------
+    OneProcessOnly
+        Documents, or an input transform that learns from every item (``bof``): checked
+        before any work is sent.
     """
     if is_texts(X):
-        raise ValueError("documents train in one process: fit them without a cluster")
+        raise OneProcessOnly(
+            "documents train in one process (their vocabulary is learned from every text)"
+        )
+    _refuse_learned_transforms(estimator)
     with client_for(estimator.cluster) as client:
         if client is None:  # sharded data and no cluster: this process reads every shard
-            from distributed import Client, LocalCluster
-
-            with LocalCluster(n_workers=1, processes=False) as local, Client(local) as client:
-                return _fit(estimator, client, X, y)
+            with in_process_client() as reader:
+                return _fit(estimator, reader, X, y)
         return _fit(estimator, client, X, y)
+
+
+def _refuse_learned_transforms(estimator) -> None:
+    """Raise OneProcessOnly for an input transform that learns from every item (bof)."""
+    transform = estimator.input_transform
+    if transform is not None and transform.strip().lower().startswith("bof"):
+        raise OneProcessOnly(
+            f"input_transform {transform} learns its visual words from every training item, "
+            "in one process"
+        )
 
 
 def _sources(client, estimator, X, y):
@@ -177,22 +221,32 @@ def _ranked_rows(source, first_rank, preparation, classes, wanted: _Picks):
         keep[members] = np.isin(ranks[members], wanted.ranks[code])
     if not keep.any():
         return None
-    return preparation.prepare(source[0][keep]), codes[keep], ranks[keep]
+    rows = source[0][keep]
+    return rows if preparation is None else preparation.prepare(rows), codes[keep], ranks[keep]
+
+
+def _class_counts_by_shard(client, sources, classes) -> np.ndarray:
+    """Items of each class (columns) in each shard (rows)."""
+    return np.array(client.gather(client.map(_class_counts, sources, classes=classes, pure=False)))
 
 
 def _sample(client, sources, preparation, classes, per_class: int, evenly: bool):
     """Each class's items that the basis is drawn from, in the order a one-process fit sees
     them: ``evenly``, the ``index`` strategy's own picks (evenly spaced over the class); else
     the class's first ``per_class`` items."""
-    counts = np.array(
-        client.gather(client.map(_class_counts, sources, classes=classes, pure=False))
-    )
-    first_rank = np.vstack([np.zeros(len(classes), dtype=np.int64), np.cumsum(counts, axis=0)[:-1]])
-    totals = counts.sum(axis=0)
+    counts = _class_counts_by_shard(client, sources, classes)
     wanted = []
-    for total in totals:
+    for total in counts.sum(axis=0):
         k = min(per_class, int(total))
         wanted.append((np.arange(k) * total) // k if evenly else np.arange(k))
+    return _items_at(client, sources, preparation, classes, counts, wanted)
+
+
+def _items_at(client, sources, preparation, classes, counts, wanted):
+    """The items of each class c whose ranks within the class are ``wanted[c]`` (sorted),
+    prepared by ``preparation`` (None: as stored), with their codes, by class, then rank;
+    fetched from the shards that hold them (``counts``: each shard's items of each class)."""
+    first_rank = np.vstack([np.zeros(len(classes), dtype=np.int64), np.cumsum(counts, axis=0)[:-1]])
     parts = client.gather(
         client.map(
             _ranked_rows,
@@ -210,6 +264,34 @@ def _sample(client, sources, preparation, classes, per_class: int, evenly: bool)
     ranks = np.concatenate([p[2] for p in parts])
     order = np.lexsort((ranks, codes))
     return items[order], codes[order]
+
+
+def draw_sample(client, data: ShardedData, n_items: int, random_state: int):
+    """A stratified sample of sharded data, drawn where the shards are: each class's share of
+    about ``n_items`` items (at least 2 of a class that has them), at random among the
+    class's items (seeded by ``random_state``).
+
+    Returns
+    -------
+    X : ndarray of shape (n_drawn, n_features)
+        The rows as the shards store them, by class, then in the shards' order.
+    y : ndarray of shape (n_drawn,)
+        Their labels.
+    class_counts : ndarray of shape (n_classes,)
+        Items of each class in the whole data (the classes sorted).
+    """
+    sources = client.map(read_shard, data.shards, pure=False)
+    classes = np.unique(np.concatenate(client.gather(client.map(_labels, sources, pure=False))))
+    counts = _class_counts_by_shard(client, sources, classes)
+    totals = counts.sum(axis=0)
+    share = min(1.0, n_items / totals.sum())
+    rng = np.random.default_rng(random_state)
+    wanted = [
+        np.sort(rng.choice(total, size=min(total, max(2, round(share * total))), replace=False))
+        for total in totals
+    ]
+    rows, codes = _items_at(client, sources, None, classes, counts, wanted)
+    return rows, classes[codes], totals
 
 
 def _feature_block(source, preparation, expansion, classes) -> FeatureBlock:
@@ -274,10 +356,9 @@ def _fit(estimator, client, X, y):
     except SpecError as error:
         raise ValueError(str(error)) from None
     learned = [str(t) for t in preparation.transforms if t.is_fitted]
-    if learned:
-        raise ValueError(
-            f"input_transform {', '.join(learned)} learns its visual words from the training "
-            "items in one process: it does not train on a cluster yet; fit without a cluster"
+    if learned:  # a transform _refuse_learned_transforms does not know by name
+        raise OneProcessOnly(
+            f"input_transform {', '.join(learned)} learns from every training item, in one process"
         )
     preparation.use_normalizers(_normalizers(client, sources, preparation, n_samples))
     evenly = estimator.basis_strategy == "index"

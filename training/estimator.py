@@ -52,7 +52,7 @@ from training.basis import BASIS_STRATEGIES
 from training.cluster import enclosing_client
 from training.datasets import Dataset
 from training.diagnostics import eigen_diagnostics
-from training.distributed_fit import fit_on_cluster
+from training.distributed_fit import OneProcessOnly, fit_on_cluster
 from training.expansion import BasisExpansion
 from training.preparation import preparation_for, preparation_for_spec
 from training.selection import ForwardSelectionCV
@@ -126,7 +126,11 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         On a cluster, each worker expands its own rows and the SVM's products are sums over
         them; the model is the one-process fit's (the basis drawn per class from the first
         items, as ``index`` does). ``fit`` also takes a :class:`training.shards.ShardedData`
-        (``X``, without ``y``) there, which no process loads whole.
+        (``X``, without ``y``) there, which no process loads whole. With similarity 'auto',
+        the selection's fold fits are tasks on the workers and the chosen configuration gets
+        the distributed fit (sharded data: searched on a stratified sample of its shards).
+        Documents and the ``bof`` transform learn from every item in one process: in memory,
+        they train here with a warning; sharded, they are refused.
     random_state : int or None, default=0
         Seed of the random and kmedoids basis strategies and of the selection's folds.
     verbose : bool, default=False
@@ -246,15 +250,22 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         self._validate_params()
         sharded = isinstance(X, ShardedData)
         if self.similarity.strip().lower() == AUTO_SIMILARITY:
-            if sharded or self.cluster is not None or enclosing_client() is not None:
-                raise ValueError(
-                    "similarity 'auto' (the selection) does not run on a cluster yet: give the "
-                    f"measures, e.g. similarity={BasisExpandingSVC().similarity!r} is selected "
-                    "from; or fit without a cluster"
-                )
             return self._fit_selected(X, y)
         if sharded or self.cluster is not None or enclosing_client() is not None:
-            return fit_on_cluster(self, X, y)
+            try:
+                return fit_on_cluster(self, X, y)
+            except OneProcessOnly as reason:
+                if sharded:
+                    raise OneProcessOnly(
+                        f"{reason}: sharded data cannot train with it (choose another "
+                        "input_transform, or fit arrays that fit in memory)"
+                    ) from None
+                # The data is here, and only one process can learn from all of it.
+                warnings.warn(
+                    f"{reason}: trained in this process, not on the cluster",
+                    UserWarning,
+                    stacklevel=2,
+                )
         if y is None:
             raise ValueError(
                 "this estimator requires y to be passed, but the target y is None (only sharded "

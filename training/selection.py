@@ -42,7 +42,9 @@ estimator (``max_iter``, ``min_df``, ``stop_words``, ``input_shape``, ...) is th
 folds as in the final model. Candidates and folds are scored in parallel with joblib
 (``n_jobs`` processes), each process limiting its threads through
 :func:`service.model.threads.limit_threads` (numba: its share of the cores; BLAS: one) so that
-together they use the cores once.
+together they use the cores once. On a Dask cluster they are tasks on its workers instead
+(joblib's Dask backend, the items searched scattered once), and sharded data is searched on a
+stratified sample of its shards (:meth:`ForwardSelectionCV.fit`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
-from joblib import Parallel, delayed
+from joblib import Parallel, delayed, parallel_config
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import RepeatedStratifiedKFold, train_test_split
@@ -73,7 +75,10 @@ from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import parse_transform
 from service.model.similarity import parse_spec, split_specs
 from service.model.threads import available_cpus, limit_threads
+from training.cluster import client_for, enclosing_client
+from training.distributed_fit import draw_sample, in_process_client
 from training.preparation import preparation_for
+from training.shards import ShardedData
 
 # The search's time budget grows with the items it cross-validates: digits (1,000 training
 # images) gets 40 s, a sample of 3,000 items 120 s (docs/model-selection.md has the measurements).
@@ -340,20 +345,22 @@ def prediction_work(params: dict[str, Any], input_spec: InputSpec, n_classes: in
 
 @dataclass(frozen=True)
 class _Fold:
-    """One fold's training part and validation part; ``valid_index`` places the validation
-    items among the searched ones, ``repeat`` is the shuffle the fold belongs to."""
+    """One fold, as positions among the searched items (``train_index``, ``valid_index``) and
+    their labels; ``repeat`` is the shuffle the fold belongs to. A fold carries no items: the
+    searched items travel to each process (or cluster worker) once, and its tasks carry only
+    these positions."""
 
-    X_train: Any
+    train_index: np.ndarray
     y_train: np.ndarray
-    X_valid: Any
+    valid_index: np.ndarray
     y_valid: np.ndarray
     repeat: int
-    valid_index: np.ndarray
 
 
 def _folds(X, y: np.ndarray, n_splits: int, repeats: int, random_state: int, max_items: int):
     """The training set as ``repeats`` shuffles of ``n_splits`` stratified folds, on a
-    stratified sample of at most ``max_items`` items; the folds and the items they share."""
+    stratified sample of at most ``max_items`` items; the items searched, the folds and how
+    many items they share."""
     if len(y) > max_items:
         X, _, y, _ = train_test_split(
             X, y, train_size=max_items, stratify=y, random_state=random_state
@@ -364,14 +371,15 @@ def _folds(X, y: np.ndarray, n_splits: int, repeats: int, random_state: int, max
         n_splits=n_splits, n_repeats=repeats, random_state=random_state
     )
     folds = [
-        _Fold(X[train], y[train], X[valid], y[valid], i // n_splits, valid)
+        _Fold(train, y[train], valid, y[valid], i // n_splits)
         for i, (train, valid) in enumerate(splitter.split(np.zeros(len(y)), y))
     ]
-    return folds, len(y)
+    return X, folds, len(y)
 
 
-def _score_fold(estimator, params: dict[str, Any], fold: _Fold, threads: int) -> np.ndarray:
-    """Which validation items of a fold are predicted right, trained on the fold's rest."""
+def _score_fold(X, estimator, params: dict[str, Any], fold: _Fold, threads: int) -> np.ndarray:
+    """Which validation items of a fold are predicted right, trained on the fold's rest
+    (``X``: the searched items, which the fold's positions index)."""
     model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
     # A candidate whose features are ill-conditioned (a wide rbf on one dominant feature) can
     # keep the solver for thousands of iterations (breast cancer, rbf(gamma=1/16), C = 10: 10,000
@@ -382,7 +390,8 @@ def _score_fold(estimator, params: dict[str, Any], fold: _Fold, threads: int) ->
     # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
     with limit_threads(numba_threads=threads, blas_threads=1), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        predicted = model.fit(fold.X_train, fold.y_train).predict(fold.X_valid)
+        model.fit(X[fold.train_index], fold.y_train)
+        predicted = model.predict(X[fold.valid_index])
     return np.asarray(predicted == fold.y_valid)
 
 
@@ -463,14 +472,16 @@ class _FoldScorer:
     def __init__(
         self,
         estimator,
+        X,
         folds: list[_Fold],
         n_items: int,
-        n_jobs: int,
+        parallel: Parallel,
         threads: int,
         deadline: float,
         progress,
     ):
         self.estimator = estimator
+        self.X = X
         self.folds = folds
         self.n_items = n_items
         self.repeats = 1 + max(fold.repeat for fold in folds)
@@ -479,7 +490,7 @@ class _FoldScorer:
         self.progress = progress
         self.fits = 0
         self.out_of_time = False
-        self.parallel = Parallel(n_jobs=n_jobs, return_as="generator_unordered")
+        self.parallel = parallel
 
     def __call__(
         self, stage: str, candidates: Sequence[Candidate], reference: np.ndarray | None
@@ -560,6 +571,7 @@ class _FoldScorer:
             delayed(_indexed)(
                 (i, f),
                 _score_fold,
+                self.X,
                 self.estimator,
                 candidates[i].params,
                 self.folds[f],
@@ -777,6 +789,37 @@ class _Search:
         )
 
 
+# -- where the fold fits run ---------------------------------------------------------------
+
+
+class _ThisMachine:
+    """Fold fits in ``n_jobs`` joblib processes on this machine (one: in this process), each
+    with its share of the cores."""
+
+    def parallel(self, X, n_jobs: int) -> Parallel:
+        return Parallel(n_jobs=n_jobs, return_as="generator_unordered")
+
+    def threads(self, threads: int) -> int:
+        return threads
+
+
+class _OnCluster:
+    """Fold fits as tasks on a Dask cluster's workers, through joblib's Dask backend: the
+    searched items ``X`` are scattered to every worker once (each task carries a fold's
+    positions and labels, which the backend swaps for the scattered copy), and each fit runs
+    on one worker thread, with one numba thread (workers run a task per core)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def parallel(self, X, n_jobs: int) -> Parallel:
+        with parallel_config(backend="dask", client=self.client, scatter=[X]):
+            return Parallel(n_jobs=-1, return_as="generator_unordered")
+
+    def threads(self, threads: int) -> int:
+        return 1
+
+
 # -- the wrapper ---------------------------------------------------------------------------
 
 
@@ -898,14 +941,23 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.refit = refit
         self.verbose = verbose
 
-    def fit(self, X, y):
+    def fit(self, X, y=None):
         """Select a configuration on (X, y) and, with ``refit``, fit it on all of (X, y).
+
+        On a Dask cluster (the wrapped estimator's ``cluster``, or an enclosing ``with
+        distributed.Client(...)``) the fold fits are tasks on its workers, through joblib's
+        Dask backend: the searched items are scattered to every worker once, each task carries
+        a fold's positions. The refit is then the distributed fit
+        (:mod:`training.distributed_fit`). Sharded data, which no process loads whole, is
+        searched on a stratified sample of ``max_items`` items drawn from its shards
+        (:func:`training.distributed_fit.draw_sample`), and the configuration chosen is fitted
+        on every shard. Without a cluster nothing imports Dask.
 
         Parameters
         ----------
-        X : array-like or sequence of str
+        X : array-like, sequence of str, or ShardedData
             Training inputs, as the wrapped estimator's ``fit`` takes them.
-        y : array-like of shape (n_samples,)
+        y : array-like of shape (n_samples,), or None with ShardedData
 
         Returns
         -------
@@ -914,9 +966,63 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Fewer than two classes, or inputs the estimator refuses.
+            Fewer than two classes, inputs the estimator refuses, or labels given with
+            sharded data.
         """
         self._validate_params()
+        cluster = self.estimator.get_params().get("cluster")
+        sharded = isinstance(X, ShardedData)
+        if sharded and y is not None:
+            raise ValueError("sharded data holds its labels: pass no y")
+        if cluster is None and enclosing_client() is None and not sharded:
+            self._search(_ThisMachine(), X, y)
+            if self.refit:
+                self._refit(X, y)
+            return self
+        with client_for(cluster) as client:
+            if client is None:  # sharded data and no cluster: read here, fit the folds here
+                with in_process_client() as reader:
+                    return self._fit_shards(_ThisMachine(), reader, X)
+            site = _OnCluster(client)
+            if sharded:
+                return self._fit_shards(site, client, X)
+            self._search(site, X, y)
+            if self.refit:
+                self._refit(X, y, client)
+        return self
+
+    def _fit_shards(self, site, client, data: ShardedData):
+        """Search a stratified sample of the shards, then fit the choice on every shard."""
+        X, y, class_counts = draw_sample(client, data, self.max_items, self.random_state)
+        # The bof transform learns its visual words from every item in one process: a choice
+        # the fit on the shards could not make.
+        self._search(site, X, y, class_counts, one_process_transforms=False)
+        if self.refit:
+            self._refit(data, None, client)
+        return self
+
+    def _refit(self, X, y, client=None) -> None:
+        """``best_estimator_``: the chosen configuration fitted on all of (X, y), on
+        ``client``'s cluster where one is given (the distributed fit; one process for what
+        only one process can learn, such as documents' vocabulary)."""
+        model = clone(self.estimator).set_params(**self.best_params_)
+        if client is None:
+            model.fit(X, y)
+        else:
+            # The fit finds the cluster as the enclosing client instead of connecting again.
+            cluster = model.get_params()["cluster"]
+            with client.as_current():
+                model.set_params(cluster=None).fit(X, y)
+            model.set_params(cluster=cluster)
+        self.best_estimator_ = model
+        self.classes_ = model.classes_
+
+    def _search(
+        self, site, X, y, class_counts=None, *, one_process_transforms: bool = True
+    ) -> None:
+        """The forward selection on (X, y), its fold fits where ``site`` runs them; the basis
+        grows for a set of ``class_counts`` items per class (default: y's own, X being the
+        whole set; else X is a sample of it)."""
         started = time.monotonic()
         preparation = preparation_for(X, self.estimator)
         probe = clone(self.estimator)
@@ -932,12 +1038,14 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             raise ValueError(
                 f"a classifier needs at least two classes in y, got 1 class: {labels[0]!r}"
             )
+        if class_counts is None:
+            class_counts = np.unique(labels, return_counts=True)[1]
         searched = min(len(labels), self.max_items)
         jobs, threads = _jobs(
             self.n_jobs, searched * (1 if spec.is_documents else spec.n_features), spec
         )
         repeats = repeats_for(searched) if self.repeats is None else self.repeats
-        folds, n_items = _folds(
+        X_searched, folds, n_items = _folds(
             X_checked, labels, self.cv, repeats, self.random_state, self.max_items
         )
         self.budget_s_ = budget_for(n_items) if self.budget is None else float(self.budget)
@@ -945,9 +1053,12 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         n_classes = len(np.unique(labels))
         # Every fold's training part holds about as many items of each class as the first's.
         fold_largest = int(np.unique(folds[0].y_train, return_counts=True)[1].max())
+        transforms = [
+            t for t in transform_candidates(spec) if one_process_transforms or not _is_bof(t)
+        ]
         start = {
             "similarity": START_MEASURE if not spec.is_documents else "linear",
-            "input_transform": transform_candidates(spec)[0],
+            "input_transform": transforms[0],
             "input_normalization": GLOBAL_NORMALIZATION,
             "basis_per_class": START_BASIS_PER_CLASS,
             "basis_strategy": "index",
@@ -956,7 +1067,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         }
         # The folds read flat rows: the wrapped estimator must read them as the whole set's.
         # Their bases are drawn with the selection's seed where the estimator has none, so that
-        # a seed gives one path.
+        # a seed gives one path. Each fold fit runs in one process (on a cluster, one worker's).
         base = clone(self.estimator).set_params(
             input_shape=None if spec.is_documents else str(spec),
             random_state=(
@@ -965,8 +1076,17 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
                 else self.estimator.get_params()["random_state"]
             ),
         )
+        if "cluster" in base.get_params():
+            base.set_params(cluster=None)
         scorer = _FoldScorer(
-            base, folds, n_items, jobs, threads, started + self.budget_s_, self.verbose
+            base,
+            X_searched,
+            folds,
+            n_items,
+            site.parallel(X_searched, jobs),
+            site.threads(threads),
+            started + self.budget_s_,
+            self.verbose,
         )
         search = _Search(
             scorer,
@@ -975,9 +1095,9 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             started,
             lambda params: prediction_work(params, spec, n_classes),
         )
-        _run_stages(search, spec, n_classes, fold_largest, rules)
+        _run_stages(search, spec, n_classes, fold_largest, rules, transforms)
         self.best_params_ = self._final_params(
-            search.current, fold_largest, len(folds[0].y_train), labels, n_items, rules
+            search.current, fold_largest, len(folds[0].y_train), class_counts, n_items, rules
         )
         self.best_score_ = search.accuracy
         self.path_ = search.path
@@ -993,33 +1113,31 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.searched_basis_per_class_ = search.current["basis_per_class"]
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
-        if self.refit:
-            self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X, y)
-            self.classes_ = self.best_estimator_.classes_
-        return self
 
     @staticmethod
     def _final_params(
-        chosen, fold_largest: int, fold_items: int, labels, n_items: int, rules
+        chosen, fold_largest: int, fold_items: int, class_counts, n_items: int, rules
     ) -> dict[str, Any]:
-        """The chosen parameters with the basis for the whole split: grown in proportion where
-        the rules say so (documents, a sampled search), every item of each class when the
-        folds chose every item of theirs, else as the folds chose it."""
+        """The chosen parameters with the basis for the whole split (``class_counts`` items
+        of each class): grown in proportion where the rules say so (documents, a sampled
+        search), every item of each class when the folds chose every item of theirs, else as
+        the folds chose it."""
         chosen = dict(chosen)
-        classes, counts = np.unique(labels, return_counts=True)
+        counts = np.asarray(class_counts)
+        n_train = int(counts.sum())
         weight = basis_weight(chosen["similarity"])
-        if rules.grows_basis(n_items, len(labels)):
+        if rules.grows_basis(n_items, n_train):
             chosen["basis_per_class"] = grown_basis_per_class(
                 chosen["basis_per_class"],
                 fold_items,
-                len(labels),
+                n_train,
                 int(counts.max()),
                 weight,
-                len(classes),
-                rules.grown_features(len(labels)),
+                len(counts),
+                rules.grown_features(n_train),
             )
         elif chosen["basis_per_class"] >= fold_largest:
-            cap = basis_cap(chosen["similarity"], len(classes), rules.max_features)
+            cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
             chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
         return chosen
 
@@ -1256,11 +1374,15 @@ def _add_measures(search: _Search, spec: InputSpec, n_classes: int, rules: _Kind
 
 
 def _run_stages(
-    search: _Search, spec: InputSpec, n_classes: int, largest: int, rules: _KindRules
+    search: _Search,
+    spec: InputSpec,
+    n_classes: int,
+    largest: int,
+    rules: _KindRules,
+    transforms: list[str | None],
 ) -> None:
     """The stages of the module docstring, in order, on ``search``; ``largest`` is the
-    largest class of a fold's training part."""
-    transforms = transform_candidates(spec)
+    largest class of a fold's training part, ``transforms`` the input transforms to try."""
     if len(transforms) > 1:
         search.step(
             "inputs",

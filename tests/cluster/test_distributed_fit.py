@@ -77,24 +77,37 @@ def test_a_fit_inside_a_client_context_runs_on_that_cluster(dask_cluster, digits
     _assert_same_model(model, reference, X_test)
 
 
-def test_selection_is_refused_on_a_cluster_with_the_way_out(dask_cluster, digits_arrays):
-    X, y, _ = digits_arrays
-    with pytest.raises(ValueError, match=r"'auto'.*does not run on a cluster yet"):
-        BasisExpandingSVC(similarity="auto", cluster=dask_cluster.scheduler_address).fit(X, y)
-
-
-def test_a_bof_transform_is_refused_on_a_cluster_with_the_way_out(dask_cluster):
+def test_a_bof_transform_in_memory_trains_in_this_process_with_a_warning(dask_cluster):
+    """Its visual words are learned from every item in one process: with the data in memory,
+    the fit runs here, says so, and is the one-process model."""
     rng = np.random.default_rng(0)
     X, y = rng.uniform(0.0, 1.0, size=(40, 32 * 32)), np.repeat([0, 1], 20)
+    params = {
+        "similarity": "sensing0",
+        "input_transform": "bof(patch=8, step=4, words=16, levels=1, single=1)",
+        "basis_per_class": 3,
+        "input_shape": "grid(32, 32, 1)",
+    }
+    model = BasisExpandingSVC(**params, cluster=dask_cluster.scheduler_address)
+    with pytest.warns(UserWarning, match=r"bof\(.*visual words.*trained in this process"):
+        model.fit(X, y)
+    reference = BasisExpandingSVC(**params).fit(X, y)
+    np.testing.assert_array_equal(model.predictor_.coef, reference.predictor_.coef)
+
+
+def test_a_bof_transform_on_shards_is_refused_naming_it(dask_cluster, tmp_path):
+    rng = np.random.default_rng(0)
+    data = write_shards(
+        rng.uniform(0.0, 1.0, size=(40, 32 * 32)), np.repeat([0, 1], 20), tmp_path / "s"
+    )
     model = BasisExpandingSVC(
         similarity="sensing0",
         input_transform="bof(patch=8, step=4, words=16, levels=1, single=1)",
-        basis_per_class=3,
         input_shape="grid(32, 32, 1)",
         cluster=dask_cluster.scheduler_address,
     )
-    with pytest.raises(ValueError, match=r"bof\(.*does not train on a cluster yet.*without a"):
-        model.fit(X, y)
+    with pytest.raises(ValueError, match=r"bof\(.*visual words.*sharded data cannot train"):
+        model.fit(data)
 
 
 def test_fit_from_the_command_line_on_shards_writes_the_model(

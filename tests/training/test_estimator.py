@@ -286,9 +286,9 @@ def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset
     folds_fitted = []
     score_fold = selection_module._score_fold
 
-    def recording(estimator, params, fold, threads):
+    def recording(X, estimator, params, fold, threads):
         folds_fitted.append(clone(estimator).set_params(**params).get_params())
-        return score_fold(estimator, params, fold, threads)
+        return score_fold(X, estimator, params, fold, threads)
 
     monkeypatch.setattr(selection_module, "_score_fold", recording)  # one process: n_jobs=1
     auto = BasisExpandingSVC(

@@ -1,0 +1,190 @@
+"""Model selection on a real Dask cluster (two worker processes): the fold fits as tasks on the
+workers, the same choice as in one process, the refit the distributed fit; sharded data searched
+on a stratified sample of its shards and fitted on all of them; the error paths."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits, load_wine
+
+from service.model import Predictor
+from training import BasisExpandingSVC, ForwardSelectionCV
+from training.cli import main
+from training.cluster import ClusterError
+from training.distributed_fit import draw_sample
+from training.shards import open_shards, write_shards
+
+# Never reached on these sets (every stage runs: see `stopped_`), so that both searches score
+# the same candidates; a budget that cut either would stop them at different candidates.
+GENEROUS_BUDGET_S = 600.0
+
+
+def _without_times(path: list[dict]) -> list[dict]:
+    return [{k: v for k, v in entry.items() if k != "elapsed_s"} for entry in path]
+
+
+def _fold_fits(task_stream) -> int:
+    """Fold fits run on the workers: joblib's Dask backend names each of its tasks
+    ``batch_of_<function>_<calls>_calls-<id>``, the function here the scorer's ``_indexed``."""
+    calls = [re.match(r"batch_of__indexed_(\d+)_calls", task["key"]) for task in task_stream]
+    return sum(int(match.group(1)) for match in calls if match)
+
+
+@pytest.fixture(scope="module")
+def digits_shards(tmp_path_factory):
+    X, y = load_digits(return_X_y=True)
+    root = tmp_path_factory.mktemp("digits") / "shards"
+    return write_shards(X[:900], y[:900], root, rows_per_shard=300), X[1000:1400], y[1000:1400]
+
+
+def test_selection_on_the_cluster_chooses_what_one_process_chooses(dask_cluster, dask_client):
+    """The same seed gives the same folds, the same candidates and the same fits (one numba
+    thread each, here and on a worker), so the same path and choice; the budget is generous
+    enough that it cuts neither search (otherwise the one that ran faster would have scored
+    more candidates). One shuffle of the folds keeps the test short on 2 loaded cores."""
+    from distributed import get_task_stream
+
+    X, y = load_wine(return_X_y=True)
+    search = {"budget": GENEROUS_BUDGET_S, "repeats": 1}
+    alone = ForwardSelectionCV(BasisExpandingSVC(n_jobs=1), **search, n_jobs=1).fit(X, y)
+    with get_task_stream(client=dask_client) as stream:
+        clustered = ForwardSelectionCV(
+            BasisExpandingSVC(cluster=dask_cluster.scheduler_address), **search
+        ).fit(X, y)
+    assert alone.stopped_ == clustered.stopped_ == "every stage done"
+    assert clustered.best_params_ == alone.best_params_
+    assert _without_times(clustered.path_) == _without_times(alone.path_)
+    assert clustered.best_score_ == alone.best_score_
+    assert clustered.n_fits_ == alone.n_fits_ > 20
+    # Every fold fit ran on the workers, and so did the refit (the distributed fit's tasks).
+    assert _fold_fits(stream.data) == clustered.n_fits_
+    assert any(task["key"].startswith("_feature_block") for task in stream.data)
+    model, reference = clustered.best_estimator_, alone.best_estimator_
+    assert model.cluster == dask_cluster.scheduler_address  # the parameters stay as given
+    # The distributed fit sums the shards in another order: weights within the solver's
+    # tolerance (tests/cluster/test_distributed_fit.py), the same predictions.
+    np.testing.assert_allclose(model.predictor_.coef, reference.predictor_.coef, atol=1e-6)
+    np.testing.assert_array_equal(model.predict(X), reference.predict(X))
+
+
+def test_auto_inside_a_client_context_selects_on_that_cluster(dask_cluster):
+    """BasisExpandingSVC(similarity='auto') in ``with Client(...)``: the search's fits are the
+    workers' (their executed tasks grow by at least the fold fits), and the artifact records
+    the selection."""
+    from distributed import Client
+
+    X, y = load_wine(return_X_y=True)
+    with Client(dask_cluster) as client:
+        executed = lambda: sum(  # noqa: E731
+            client.run(lambda dask_worker: dask_worker.state.executed_count).values()
+        )
+        before = executed()
+        model = BasisExpandingSVC(similarity="auto", selection_budget=8).fit(X, y)
+        after = executed()
+    selection = model.selection_
+    assert after - before > 0
+    assert selection.n_fits_ > 0
+    assert model.predictor_.metadata["training"]["selection"]["chosen"] == selection.best_params_
+    assert model.score(X, y) > 0.85
+
+
+def test_a_stratified_sample_is_drawn_from_the_shards(dask_client, tmp_path):
+    X, y = load_digits(return_X_y=True)
+    labels = y.astype(str)
+    data = write_shards(X, labels, tmp_path / "shards", rows_per_shard=250)
+    rows, drawn, counts = draw_sample(dask_client, data, 300, random_state=3)
+    classes, expected = np.unique(labels, return_counts=True)
+    np.testing.assert_array_equal(counts, expected)
+    drawn_classes, drawn_counts = np.unique(drawn, return_counts=True)
+    np.testing.assert_array_equal(drawn_classes, classes)
+    np.testing.assert_allclose(drawn_counts, expected * 300 / len(labels), atol=0.5 + 1e-9)
+    # Items of the data set, with their own labels, each drawn once.
+    where = {row.tobytes(): i for i, row in enumerate(X)}
+    positions = [where[row.tobytes()] for row in rows]
+    np.testing.assert_array_equal(labels[positions], drawn)
+    assert len(set(positions)) == len(positions)
+    again, _, _ = draw_sample(dask_client, data, 300, random_state=3)
+    np.testing.assert_array_equal(again, rows)  # the seed decides
+    other, _, _ = draw_sample(dask_client, data, 300, random_state=4)
+    assert not np.array_equal(other, rows)
+
+
+def test_sharded_data_is_searched_on_a_sample_and_fitted_on_every_shard(
+    dask_cluster, digits_shards
+):
+    data, X_test, y_test = digits_shards
+    selection = ForwardSelectionCV(
+        BasisExpandingSVC(cluster=dask_cluster.scheduler_address), budget=10, max_items=300
+    ).fit(data)
+    assert selection.n_items_ <= 300  # the search saw a sample of the 900 items
+    model = selection.best_estimator_
+    assert model.predictor_.metadata["training"]["n_train"] == 900  # the fit saw them all
+    chosen = selection.best_params_
+    assert {k: model.get_params()[k] for k in chosen} == chosen
+    # The basis grows with the whole set where the search was on a sample.
+    assert chosen["basis_per_class"] >= selection.searched_basis_per_class_
+    # Shards keep labels as text (every layout can store them so).
+    assert (model.predict(X_test).astype(str) == y_test.astype(str)).mean() > 0.9
+
+
+def test_fit_auto_on_shards_from_the_command_line(dask_cluster, tmp_path, capsys):
+    X, y = load_wine(return_X_y=True)
+    np.savez(tmp_path / "wine.npz", X=X, y=y)
+    assert main(["shard", "--data", str(tmp_path / "wine.npz"), "--out", str(tmp_path / "s")]) == 0
+    argv = ["fit", "--data", str(tmp_path / "s"), "--budget", "6", "--out", str(tmp_path / "m")]
+    status = main([*argv, "--cluster", dask_cluster.scheduler_address, "--quiet"])
+    assert status == 0  # --similarity auto, the default
+    out = capsys.readouterr().out
+    assert "selection path (CV accuracy on a stratified sample of the shards)" in out
+    assert "chosen: " in out
+    manifest = json.loads((tmp_path / "m" / "manifest.json").read_text())
+    selection = manifest["training"]["selection"]
+    assert selection["n_items"] == 178
+    config = manifest["training"]["config"]
+    assert {k: config[k] for k in selection["chosen"]} == selection["chosen"]
+    served = Predictor.load(tmp_path / "m")
+    assert (served.predict(X) == y.astype(str)).mean() > 0.85
+    assert open_shards(tmp_path / "s").n_samples == 178
+
+
+def test_documents_select_on_the_cluster_and_train_here_with_a_warning(dask_cluster, text_dataset):
+    texts, labels = list(text_dataset.X_train), text_dataset.y_train
+    model = BasisExpandingSVC(
+        similarity="auto", min_df=1, selection_budget=5, cluster=dask_cluster.scheduler_address
+    )
+    with pytest.warns(UserWarning, match="documents train in one process.*in this process"):
+        model.fit(texts, labels)
+    assert model.selection_.n_fits_ > 0
+    assert model.predictor_.vocabulary is not None
+
+
+def test_labels_given_with_shards_are_refused(dask_cluster, digits_shards):
+    data, _, _ = digits_shards
+    auto = BasisExpandingSVC(similarity="auto", cluster=dask_cluster.scheduler_address)
+    with pytest.raises(ValueError, match="sharded data holds its labels: pass no y"):
+        auto.fit(data, np.zeros(data.n_samples))
+
+
+def test_an_unreachable_scheduler_is_one_error_naming_it():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    X, y = load_wine(return_X_y=True)
+    with pytest.raises(ClusterError, match=f"no Dask scheduler answered at {address}"):
+        BasisExpandingSVC(similarity="auto", cluster=address).fit(X, y)
+
+
+def test_shards_without_a_cluster_are_searched_and_fitted_in_this_process(tmp_path):
+    """No cluster named: the sample is read by worker threads of this process, the fold fits
+    run here, and the fit on every shard too."""
+    X, y = load_wine(return_X_y=True)
+    data = write_shards(X, y, tmp_path / "shards", rows_per_shard=60)
+    model = BasisExpandingSVC(similarity="auto", selection_budget=3).fit(data)
+    assert model.selection_.n_items_ == 178
+    assert model.predictor_.metadata["training"]["n_train"] == 178
+    assert (model.predict(X).astype(str) == y.astype(str)).mean() > 0.85
