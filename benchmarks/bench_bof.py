@@ -37,16 +37,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_defaults import SMALL_SVC_GRID, SVC_GRID
-from sklearn.model_selection import GridSearchCV
-from sklearn.pipeline import Pipeline
-from sklearn.svm import SVC
 
 from service.model.inputs.transforms import parse_transform
 from service.model.threads import limit_threads
 from training.datasets import Dataset, load_dataset
 from training.estimator import fit_dataset
-from training.evaluate import median_seconds
+from training.evaluate import median_seconds, tuned_svc
 
 MEASURES = ("sensing0", "sensing1(n=150)", "sensing2(n_words=500)", "linear")
 SETTINGS = {
@@ -87,13 +83,7 @@ def _hog_cells(dataset: Dataset, X: np.ndarray) -> np.ndarray:
 
 
 def _svc(dataset: Dataset, features, name: str, args) -> dict:
-    grid = SMALL_SVC_GRID if args.svc_grid == "small" else SVC_GRID
-    search = GridSearchCV(
-        Pipeline([("scale", "passthrough"), ("svc", SVC(kernel="rbf"))]),
-        grid,
-        cv=5,
-        n_jobs=args.n_jobs,
-    )
+    search = tuned_svc(documents=False, grid=args.svc_grid, n_jobs=args.n_jobs)
     started = time.perf_counter()
     search.fit(features(dataset.X_train), dataset.y_train)
     seconds = time.perf_counter() - started

@@ -279,6 +279,26 @@ def _write_error(path: Path, error: OSError) -> ArtifactError:
     return ArtifactError(f"cannot write {path}: {reason}{free}")
 
 
+@contextmanager
+def locked_staging(path: Path) -> Iterator[Path]:
+    """A new, empty staging directory beside ``path`` for a writer of the artifact there, after
+    removing what dead writers left (:func:`remove_stale_staging`). It stays locked while the
+    block runs, so that no other writer removes it, and is removed if the block raises; the
+    block installs it (:func:`install_directory`)."""
+    remove_stale_staging(path)
+    staging = path.parent / f"{_STAGING.format(name=path.name)}{uuid.uuid4().hex[:8]}"
+    staging.mkdir()
+    lock = os.open(staging, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield staging
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        os.close(lock)
+
+
 def remove_stale_staging(path: Path) -> list[Path]:
     """Remove what writers of the artifact at ``path`` that died left beside it: staging and
     retired directories that no live writer holds locked. Returns those removed."""

@@ -35,6 +35,7 @@ from service.model.artifact import (
     complete_manifest,
     fsync_directory,
     install_directory,
+    locked_staging,
     manifest_digest,
     read_manifest,
     replace_manifest,
@@ -232,9 +233,8 @@ def _build_locked(
     schema: dict[str, str] = {}
     for items in shards:
         schema = merged_schema(schema, {k: c.kind for k, c in items.columns.items()})
-    staging = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    (staging / SHARDS_DIR).mkdir(parents=True)
-    try:
+    with locked_staging(path) as staging:
+        (staging / SHARDS_DIR).mkdir()
         written = write_shards(staging / SHARDS_DIR, shards, n_atoms)
         fsync_directory(staging / SHARDS_DIR)
         manifest = _write_version(
@@ -242,9 +242,6 @@ def _build_locked(
             n_negatives, seed, metadata,
         )  # fmt: skip
         install_directory(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return int(manifest["n_items"])
 
 
