@@ -364,15 +364,7 @@ def _fit(estimator, client, X, y):
     evenly = estimator.basis_strategy == "index"
     per_class = estimator.basis_per_class * (1 if evenly else SAMPLE_PER_BASIS_ITEM)
     items, codes = _sample(client, sources, preparation, classes, per_class, evenly)
-    expansion = BasisExpansion(
-        similarities=estimator.similarity,
-        n_basis_per_class=estimator.basis_per_class,
-        basis_strategy=estimator.basis_strategy,
-        normalization=estimator.normalization,
-        grid_shape=preparation.grid_shape,
-        spaces=preparation.spaces,
-        random_state=estimator.random_state,
-    )
+    expansion = estimator.basis_expansion(preparation)
     try:
         expansion.fit(items, codes)
     except SpecError as error:

@@ -226,6 +226,21 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
 
     # -- fitting ---------------------------------------------------------------------------
 
+    def basis_expansion(self, preparation, verbose: bool = False) -> BasisExpansion:
+        """The unfitted basis expansion of this estimator's parameters, over the inputs as
+        ``preparation`` (settled on the measures) prepares them: one process's fit and the
+        cluster's (:mod:`training.distributed_fit`) build it here."""
+        return BasisExpansion(
+            similarities=self.similarity,
+            n_basis_per_class=self.basis_per_class,
+            basis_strategy=self.basis_strategy,
+            normalization=self.normalization,
+            grid_shape=preparation.grid_shape,
+            spaces=preparation.spaces,
+            random_state=self.random_state,
+            verbose=verbose,
+        )
+
     def fit(self, X, y=None):
         """Choose the basis, expand the training set on it and train the SVMs.
 
@@ -295,16 +310,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         started = time.perf_counter()
         with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
             items = inputs.fit_items(X)
-            expansion = BasisExpansion(
-                similarities=self.similarity,
-                n_basis_per_class=self.basis_per_class,
-                basis_strategy=self.basis_strategy,
-                normalization=self.normalization,
-                grid_shape=inputs.grid_shape,
-                spaces=inputs.spaces,
-                random_state=self.random_state,
-                verbose=self.verbose,
-            )
+            expansion = self.basis_expansion(inputs, verbose=self.verbose)
             try:
                 features = expansion.fit_transform(items, codes)
             except SpecError as error:

@@ -261,7 +261,7 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
     ``transform``, each scaled one at the coarse grid of its :class:`Scale`: linear and rbf for
     vectors; those, ``rigid`` and ``deformable(1, 1)`` on image grids (pixels or HOG cells);
     ``sensing1`` and tf-idf ``linear`` for documents and for bags of visual words (``bof``)."""
-    if input_spec.is_documents or _is_bof(transform):
+    if input_spec.is_documents or _learns_from_items(transform):
         return [SENSING_SCALE.measure(n) for n in SENSING_SCALE.coarse] + ["linear"]
     candidates = ["linear"] + [RBF_SCALE.measure(gamma) for gamma in RBF_SCALE.coarse]
     if input_spec.kind == "grid" and transform is not None:
@@ -270,8 +270,11 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
     return candidates
 
 
-def _is_bof(transform: str | None) -> bool:
-    return transform is not None and transform.startswith("bof")
+def _learns_from_items(transform: str | None) -> bool:
+    """Whether ``transform`` learns from the training items (bof's visual words), in one
+    process: its outputs are word counts, read by the document measures and never
+    input-normalised."""
+    return transform is not None and parse_transform(transform).is_fitted
 
 
 def transform_candidates(input_spec: InputSpec) -> list[str | None]:
@@ -1054,7 +1057,9 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         # Every fold's training part holds about as many items of each class as the first's.
         fold_largest = int(np.unique(folds[0].y_train, return_counts=True)[1].max())
         transforms = [
-            t for t in transform_candidates(spec) if one_process_transforms or not _is_bof(t)
+            t
+            for t in transform_candidates(spec)
+            if one_process_transforms or not _learns_from_items(t)
         ]
         start = {
             "similarity": START_MEASURE if not spec.is_documents else "linear",
@@ -1262,7 +1267,7 @@ def _coarse_candidates(search: _Search, spec: InputSpec, rules: _KindRules, n_cl
     current = search.current
     ranked = []
     normalizations = rules.input_normalizations
-    if _is_bof(current["input_transform"]):
+    if _learns_from_items(current["input_transform"]):
         normalizations = (GLOBAL_NORMALIZATION,)  # word counts are not normalised
     for n, normalization in enumerate(normalizations):
         if normalization == current["input_normalization"]:
@@ -1398,7 +1403,7 @@ def _run_stages(
                 for transform in transforms
                 for normalization in rules.input_normalizations
                 # word counts are not normalised: one candidate for bof
-                if not _is_bof(transform) or normalization == GLOBAL_NORMALIZATION
+                if not _learns_from_items(transform) or normalization == GLOBAL_NORMALIZATION
             ],
         )
     search.step("widths and C", _coarse_candidates(search, spec, rules, n_classes))

@@ -233,38 +233,25 @@ def write_artifact(
         raise ArtifactError(f"{path} already exists; choose another path or allow overwriting")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_staging(path)
-        staging = path.parent / f"{_STAGING.format(name=path.name)}{uuid.uuid4().hex[:8]}"
-        staging.mkdir()
-        # Locked while it is written: a later writer removes only directories nobody locks.
-        lock = os.open(staging, os.O_RDONLY | os.O_CLOEXEC)
+        with locked_staging(path) as staging:
+            entries = {}
+            for name, array in arrays.items():
+                if not _ARRAY_NAME.match(name):
+                    raise ArtifactError(f"array name {name!r} must be letters, digits and _")
+                file = staging / f"{name}.npy"
+                shape, dtype = _save_array(file, name, array)
+                entries[name] = {
+                    "file": file.name,
+                    "sha256": _sha256(file),
+                    "shape": list(shape),
+                    "dtype": dtype.str,
+                }
+            full = complete_manifest(manifest, entries)
+            (staging / MANIFEST_NAME).write_text(json.dumps(full, indent=2) + "\n")
+            _fsync_tree(staging)
+            install_directory(staging, path)
     except OSError as error:
         raise _write_error(path, error) from None
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        entries = {}
-        for name, array in arrays.items():
-            if not _ARRAY_NAME.match(name):
-                raise ArtifactError(f"array name {name!r} must be letters, digits and _")
-            file = staging / f"{name}.npy"
-            shape, dtype = _save_array(file, name, array)
-            entries[name] = {
-                "file": file.name,
-                "sha256": _sha256(file),
-                "shape": list(shape),
-                "dtype": dtype.str,
-            }
-        full = complete_manifest(manifest, entries)
-        (staging / MANIFEST_NAME).write_text(json.dumps(full, indent=2) + "\n")
-        _fsync_tree(staging)
-        install_directory(staging, path)
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise _write_error(path, error) from None
-        raise
-    finally:
-        os.close(lock)
     return path
 
 
