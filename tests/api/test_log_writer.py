@@ -1,5 +1,6 @@
-"""The background log writer: lines formatted and written off the logging thread, in order,
-with the request id read where the line was logged, and every line written by close()."""
+"""The background log writer: lines formatted where they are logged (no record is held) and
+written off the logging thread, in order, with the request id read where the line was logged,
+and every line written by close()."""
 
 from __future__ import annotations
 
@@ -18,8 +19,20 @@ from service.api.observability import (
 )
 
 
+class _Stream(io.StringIO):
+    """Records the threads that write to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writers: set[str] = set()
+
+    def write(self, text: str) -> int:
+        self.writers.add(threading.current_thread().name)
+        return super().write(text)
+
+
 def test_lines_keep_their_order_and_ids_and_close_writes_them_all():
-    stream = io.StringIO()
+    stream = _Stream()
     handler = BackgroundStreamHandler(stream)
     handler.setFormatter(JsonFormatter())
     handler.addFilter(RequestIdFilter())
@@ -48,7 +61,8 @@ def test_lines_keep_their_order_and_ids_and_close_writes_them_all():
         f"line {i}" for i in range(2000)
     ]
     assert all(f'"request_id":"req-{i}"' in line for i, line in enumerate(lines))
-    assert formatted_on == {"besvm-log-writer"}
+    assert formatted_on == {threading.current_thread().name}
+    assert stream.writers == {"besvm-log-writer"}
 
 
 def test_json_timestamps_are_those_of_datetime():
