@@ -159,12 +159,15 @@ class NumericTensor(TensorCodec):
             )
         if dtype.kind in "iu" and values.dtype.kind == "f":
             raise InvalidInputError(f"{where}: data of {tensor.datatype} must be whole numbers")
-        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
-        finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
-        if finite.size and (finite.min() < info.min or finite.max() > info.max):
-            raise InvalidInputError(f"{where}: a value is out of the range of {tensor.datatype}")
+        if dtype != np.float64:  # float64 holds every number JSON data decodes to
+            info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+            finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+            if finite.size and (finite.min() < info.min or finite.max() > info.max):
+                raise InvalidInputError(
+                    f"{where}: a value is out of the range of {tensor.datatype}"
+                )
         # Values as the declared datatype holds them (an FP32 0.1 is float32's 0.1).
-        return values.reshape(-1).astype(dtype)
+        return values.reshape(-1).astype(dtype, copy=False)
 
 
 class TextTensor(TensorCodec):
