@@ -15,6 +15,7 @@ from service.api.observability import (
     BackgroundStreamHandler,
     JsonFormatter,
     RequestIdFilter,
+    log_access,
     request_scope,
 )
 
@@ -78,3 +79,55 @@ def test_json_timestamps_are_those_of_datetime():
         assert json.loads(formatter.format(record))["ts"] == expected.isoformat(
             timespec="milliseconds"
         )
+
+
+def _access_lines(extra_handler: logging.Handler | None) -> tuple[list[dict], int]:
+    """Two access lines written through the server's handler (the second one's key set), with
+    ``extra_handler`` on the way if given, as JSON without their timestamps; and how many
+    records the handler formatted."""
+    stream = _Stream()
+    handler = BackgroundStreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    records = []
+    format_record = handler.format
+    handler.format = lambda record: records.append(record) or format_record(record)
+    handler.addFilter(RequestIdFilter())
+    logger = logging.getLogger("service")
+    saved = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers[:] = [handler] + ([extra_handler] if extra_handler else [])
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        with request_scope("req-a"):
+            log_access("POST", "/classify", 200, 0.0012345, "127.0.0.1:5000")
+        with request_scope("req-b"):
+            log_access("GRPC", "/inference.GRPCInferenceService/ModelInfer", "OK", 2.5, None,
+                       key="sha256:ab12")  # fmt: skip
+            log_access("GET", "/readyz", 200, 0.001, None)  # a probe: debug, not written
+    finally:
+        logger.handlers[:], level, logger.propagate = saved[0], saved[1], saved[2]
+        logger.setLevel(level)
+        handler.close()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    for line in lines:
+        datetime.datetime.fromisoformat(line.pop("ts"))
+    return lines, len(records)
+
+
+def test_an_access_line_written_directly_is_the_line_logging_writes():
+    direct, records = _access_lines(None)
+    assert records == 0  # no LogRecord made
+    through_logging, records = _access_lines(logging.NullHandler())  # not the sole handler
+    assert records == 2
+    assert direct == through_logging
+    assert direct == [
+        {"level": "info", "logger": "service.api.access",
+         "message": '127.0.0.1:5000 "POST /classify" 200 1.234 ms', "request_id": "req-a",
+         "method": "POST", "path": "/classify", "status": 200, "duration_ms": 1.234,
+         "client": "127.0.0.1:5000"},
+        {"level": "info", "logger": "service.api.access",
+         "message": 'None "GRPC /inference.GRPCInferenceService/ModelInfer" OK 2500.000 ms',
+         "request_id": "req-b", "method": "GRPC",
+         "path": "/inference.GRPCInferenceService/ModelInfer", "status": "OK",
+         "duration_ms": 2500.0, "client": None, "key": "sha256:ab12"},
+    ]  # fmt: skip
