@@ -147,7 +147,7 @@ def add_cluster_argument(parser) -> None:
         metavar="BYTES",
         help="memory limit of each local:N worker, e.g. 2GiB (Dask spills persisted data to "
         "disk past 60%% of it, and restarts a worker at 95%%); default: "
-        f"{LOCAL_MEMORY_SHARE:.0%} of this machine's memory shared among the workers",
+        f"{LOCAL_MEMORY_SHARE:.0%}% of this machine's memory shared among the workers",
     )
 
 

@@ -1,5 +1,6 @@
 """The trainer's command line, run in-process and as ``python -m training``."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -14,6 +15,20 @@ from sklearn.svm import SVC
 from service.model import Predictor
 from service.model.similarity import parse_specs
 from training.cli import build_parser, main
+
+
+def _commands() -> list[str]:
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sorted(commands.choices)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_command_prints_its_help(command, capsys):
+    # A help text with a bare "%" (as "80% of") breaks argparse's formatting: index --help did.
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, "--help"])
+    assert exit_.value.code == 0
+    assert f"usage: python -m training {command}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", [[], ["fit"], ["evaluate"]])
