@@ -286,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=Path("report"), help="output directory (default: report)"
     )
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cluster_argument(rep.add_argument_group("cluster (the cross-validation's fits)"))
     rep.set_defaults(handler=_run_report)
     return parser
 
@@ -1083,7 +1084,7 @@ def _run_report(args: argparse.Namespace) -> int:
         f"training {len(grid.fits())} settings ({grid.folds} folds + 1 fit each) on "
         f"{dataset.name} ...",
     )
-    report = run_report(dataset, grid, verbose=not args.quiet)
+    report = run_report(dataset, grid, not args.quiet, args.cluster, args.worker_memory)
     command = _command_line(args)
     markdown = write_report(report, args.out, command)
     best = report.best()

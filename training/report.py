@@ -14,6 +14,12 @@ training split; the *best* configuration is chosen by cross-validated accuracy, 
 never picks the winner. Baselines (LinearSVC,
 SVC(RBF), Nystroem + LinearSVC) are trained on the same inputs.
 
+The cross-validation's fits (settings x folds: most of a report's work) can run on a Dask
+cluster (``--cluster``): each is a task, through joblib's Dask backend, with the data set
+scattered to the workers once; the scores are those of one process. The final fit of each
+setting, whose training and prediction times the report shows, stays in this process, so that
+times compare across settings and with the baselines.
+
 The grid, the records and the report itself are defined in :mod:`training.report_data`, which
 :mod:`training.plots` reads too (plots does not import this module).
 """
@@ -28,6 +34,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from joblib import Parallel, delayed, parallel_config
 from sklearn.model_selection import StratifiedKFold
 from tqdm.auto import tqdm
 
@@ -36,6 +43,7 @@ from service.model.features import parse_normalization
 from service.model.inputs.kinds import input_kind_for_data
 from service.model.similarity import format_spec
 from training.basis import BASIS_STRATEGIES
+from training.cluster import client_for
 from training.datasets import Dataset
 from training.diagnostics import format_ratio
 from training.estimator import BasisExpandingSVC, fit_dataset
@@ -109,7 +117,13 @@ def parse_configuration(text: str, dataset: Dataset) -> Configuration:
     return Configuration(str(transform), " + ".join(format_spec(s) for s in specs), C)
 
 
-def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Report:
+def run_report(
+    dataset: Dataset,
+    grid: ReportGrid,
+    verbose: bool = True,
+    cluster: str | None = None,
+    worker_memory: str | None = None,
+) -> Report:
     """Train every fit of the grid and the baselines.
 
     Parameters
@@ -117,19 +131,22 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
     dataset : Dataset
     grid : ReportGrid
     verbose : bool
-        Progress bar over the grid.
+        Progress bars over the grid.
+    cluster : str, optional
+        Run the cross-validation's fits on this Dask cluster (``local:N`` or an address; see
+        :func:`training.cluster.connect`); the final fits stay in this process. None: in this
+        process, unless inside ``with distributed.Client(...)``, whose cluster then runs every
+        fit (as it does a :class:`BasisExpandingSVC`'s).
+    worker_memory : str, optional
+        The memory limit of each ``local:N`` worker (see :func:`training.cluster.connect`).
 
     Returns
     -------
     Report
     """
-    folds = _folds(dataset, grid.folds, grid.seed)
-    records = []
     fits = grid.fits()
-    for configuration, size, strategy, normalization in tqdm(
-        fits, desc="report grid", unit="fit", disable=not verbose
-    ):
-        config = dict(
+    configs = [
+        dict(
             similarity=configuration.similarities,
             input_transform=configuration.transform,
             basis_per_class=size,
@@ -138,14 +155,18 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
             C=configuration.C,
             random_state=grid.seed,
         )
-        correct = sum(
-            _accuracy(
-                fit_dataset(fit_part, "fold", diagnostics=False, **config).predictor, held_out
-            )
-            * len(held_out.y_test)
-            for fit_part, held_out in folds
-        )
-        validation_accuracy = correct / len(dataset.y_train)
+        for configuration, size, strategy, normalization in fits
+    ]
+    with client_for(cluster, worker_memory=worker_memory) as client:
+        correct = _validation_correct(dataset, configs, grid.folds, grid.seed, client, verbose)
+    records = []
+    for (configuration, size, strategy, normalization), config, n_correct in tqdm(
+        list(zip(fits, configs, correct, strict=True)),
+        desc="report fits",
+        unit="fit",
+        disable=not verbose,
+    ):
+        validation_accuracy = n_correct / len(dataset.y_train)
         result = fit_dataset(dataset, "report", **config)
         predictor = result.predictor
         predictor.warm_up()
@@ -203,6 +224,52 @@ def run_report(dataset: Dataset, grid: ReportGrid, verbose: bool = True) -> Repo
         records=records,
         baselines=baselines,
     )
+
+
+def _validation_correct(
+    dataset: Dataset,
+    configs: Sequence[dict],
+    n_folds: int,
+    seed: int,
+    client,
+    verbose: bool,
+) -> list[int]:
+    """For each setting of ``configs``, the training items its fold models classify right
+    (each item held out once): in this process (``client`` None), or as tasks on the workers
+    of ``client``'s cluster."""
+    tasks = [(c, fold) for c in range(len(configs)) for fold in range(n_folds)]
+    correct = [0] * len(configs)
+    progress = tqdm(total=len(tasks), desc="validation fits", unit="fit", disable=not verbose)
+    with progress:
+        if client is None:
+            for c, fold in tasks:
+                correct[c] += _fold_correct(dataset, configs[c], n_folds, seed, fold)
+                progress.update()
+            return correct
+        # One worker thread a task, and its kernels on that thread (workers run a task a core).
+        jobs = (
+            delayed(_setting_fold_correct)(
+                c, dataset, {**configs[c], "n_jobs": 1}, n_folds, seed, fold
+            )
+            for c, fold in tasks
+        )
+        with parallel_config(backend="dask", client=client, scatter=[dataset]):
+            for c, n_correct in Parallel(n_jobs=-1, return_as="generator_unordered")(jobs):
+                correct[c] += n_correct
+                progress.update()
+    return correct
+
+
+def _setting_fold_correct(setting: int, *args) -> tuple[int, int]:
+    return setting, _fold_correct(*args)
+
+
+def _fold_correct(dataset: Dataset, config: dict, n_folds: int, seed: int, fold: int) -> int:
+    """The items of fold ``fold`` of the training split that a model fitted with ``config`` on
+    the other folds classifies right."""
+    fit_part, held_out = _folds(dataset, n_folds, seed)[fold]
+    predictor = fit_dataset(fit_part, "fold", diagnostics=False, **config).predictor
+    return int((predictor.predict(held_out.X_test) == held_out.y_test).sum())
 
 
 def _folds(dataset: Dataset, n_folds: int, seed: int) -> list[tuple[Dataset, Dataset]]:
