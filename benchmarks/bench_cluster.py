@@ -129,10 +129,14 @@ def main() -> None:
                         command, capture_output=True, text=True, timeout=args.timeout
                     )
                 except subprocess.TimeoutExpired:
+                    print(f"{n:>9} {method}: past --timeout {args.timeout:g} s", flush=True)
                     continue
                 lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
                 if done.returncode == 0 and lines:
                     results[method] = json.loads(lines[-1][len("RESULT ") :])
+                else:
+                    why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                    print(f"{n:>9} {method}: exit {done.returncode}: {why}", flush=True)
             for method, result in results.items():
                 ratio = (
                     result["seconds"] / results["one"]["seconds"]
