@@ -300,31 +300,50 @@ def _feature_block(source, preparation, expansion, classes) -> FeatureBlock:
     return FeatureBlock(features, np.searchsorted(classes, source[1]))
 
 
-def _raw_sums(source, preparation, expansion, offset):
-    """Sums over a shard's features before normalisation: of the features (offset None), else
-    of their squares and per-measure norms after subtracting ``offset``."""
-    raw = expansion.transform(preparation.prepare(source[0]))  # offset 0, scale 1: raw
+def _design_sums(block: FeatureBlock, offset, n_measures: int):
+    """Sums over a block's raw features: of the features (offset None), else of their squares
+    and per-measure norms after subtracting ``offset``."""
     if offset is None:
-        return raw.sum(axis=0)
-    raw -= offset
+        return block.design.sum(axis=0)
+    centred = block.design - offset
+    blocks = centred.reshape(len(centred), n_measures, -1)
+    return (centred * centred).sum(axis=0), np.linalg.norm(blocks, axis=2).sum(axis=0)
+
+
+def _normalized(block: FeatureBlock, offset: np.ndarray, scale: np.ndarray) -> FeatureBlock:
+    """A block's raw features normalised as :func:`service.model.features.expand` does
+    (subtract, then divide, in place of a new array: the same numbers)."""
+    design = block.design - offset
+    design /= scale
+    return FeatureBlock(design, block.codes)
+
+
+def _feature_blocks(client, sources, preparation, expansion, classes, n_samples: int) -> list:
+    """Every shard's training features and codes (futures of :class:`FeatureBlock` kept on the
+    workers), each computed once.
+
+    ``besvm`` and ``zscore`` normalisation take their offset and scale from reductions over the
+    raw features of every shard (what expansion.normalization_statistics computes on the whole
+    set in one process), then apply them to the blocks where they are.
+    """
+    normalized = expansion.normalization_ in ("besvm", "zscore")
+    if normalized:  # offset 0 and scale 1: the raw features
+        n_features = len(expansion.offset_)
+        expansion.offset_, expansion.scale_ = np.zeros(n_features), np.ones(n_features)
+    blocks = client.map(
+        _feature_block,
+        sources,
+        preparation=preparation,
+        expansion=_shared(client, expansion),
+        classes=classes,
+        pure=False,
+    )
+    if not normalized:
+        return blocks
     n_measures = len(expansion.specs_)
-    blocks = raw.reshape(len(raw), n_measures, -1)
-    return (raw * raw).sum(axis=0), np.linalg.norm(blocks, axis=2).sum(axis=0)
-
-
-def _feature_statistics(client, sources, preparation, expansion, n_samples: int) -> None:
-    """``besvm`` and ``zscore``: the offset and scale from reductions over every shard's raw
-    features (expansion.normalization_statistics on the whole set, in one process)."""
-    n_features = len(expansion.offset_)
-    expansion.offset_, expansion.scale_ = np.zeros(n_features), np.ones(n_features)
-    raw = _shared(client, expansion)
-    sums = client.map(
-        _raw_sums, sources, preparation=preparation, expansion=raw, offset=None, pure=False
-    )
+    sums = client.map(_design_sums, blocks, offset=None, n_measures=n_measures, pure=False)
     mean = tree_sum(client, sums) / n_samples
-    parts = client.map(
-        _raw_sums, sources, preparation=preparation, expansion=raw, offset=mean, pure=False
-    )
+    parts = client.map(_design_sums, blocks, offset=mean, n_measures=n_measures, pure=False)
     squares, norms = tree_sum(client, parts)
     if expansion.normalization_ == "zscore":
         std = np.sqrt(squares / n_samples)
@@ -334,6 +353,9 @@ def _feature_statistics(client, sources, preparation, expansion, n_samples: int)
         n_basis = n_features // len(mean_norms)
         scale = np.repeat(np.where(mean_norms > 0, mean_norms, 1.0), n_basis)
         expansion.offset_, expansion.scale_ = mean, scale
+    return client.map(
+        _normalized, blocks, offset=expansion.offset_, scale=expansion.scale_, pure=False
+    )
 
 
 def _shared(client, expansion: BasisExpansion):
@@ -369,16 +391,7 @@ def _fit(estimator, client, X, y):
         expansion.fit(items, codes)
     except SpecError as error:
         raise ValueError(str(error)) from None
-    if expansion.normalization_ in ("besvm", "zscore"):
-        _feature_statistics(client, sources, preparation, expansion, n_samples)
-    blocks = client.map(
-        _feature_block,
-        sources,
-        preparation=preparation,
-        expansion=_shared(client, expansion),
-        classes=classes,
-        pure=False,
-    )
+    blocks = _feature_blocks(client, sources, preparation, expansion, classes, n_samples)
     timings = {"expand_seconds": time.perf_counter() - started}
     started = time.perf_counter()
     coef, intercept, estimator.n_iter_, estimator.train_accuracy_ = fit_one_vs_rest_distributed(
