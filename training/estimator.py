@@ -107,8 +107,10 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         feature first (for features on different scales).
     selection_budget : float or None, default=None
         With similarity 'auto': seconds the selection may take before it keeps the best
-        configuration found; None: it grows with the data, 40 s per 1,000 training items
-        cross-validated (40 s up to 1,000 items, 120 s from 3,000, the most it samples).
+        configuration found, counted as its fold fits' CPU time per core (so that other
+        processes' load does not cut it; at most 10 times as much wall time); None: it grows
+        with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
+        120 s from 3,000, the most it samples).
     input_shape : str or None, default=None
         How to read a flat row: 'grid(H, W, C)' for images given as (n, H * W * C), or
         'vector(d)'; unset: from the array (2-d: vectors, 3-d or 4-d: images).

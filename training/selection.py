@@ -85,6 +85,11 @@ from training.shards import ShardedData
 BUDGET_S_PER_1000_ITEMS = 40.0
 # Kept for callers that name the budget of a 1,000-item set.
 DEFAULT_BUDGET_S = BUDGET_S_PER_1000_ITEMS
+# The budget counts the fold fits' CPU time per core the search uses, which other processes'
+# load does not change (at a load average of 20 a fold fit took 10 to 15 times its CPU time in
+# wall time, and a wall-clock budget scored a tenth of the search); past this many times the
+# budget in wall time the search stops all the same.
+WALL_BACKSTOP = 10.0
 # A step must gain more than this many standard errors of the paired difference.
 DEFAULT_MIN_GAIN_SE = 1.0
 # Sets smaller than this are cross-validated with several shuffles of the folds (at most
@@ -380,9 +385,12 @@ def _folds(X, y: np.ndarray, n_splits: int, repeats: int, random_state: int, max
     return X, folds, len(y)
 
 
-def _score_fold(X, estimator, params: dict[str, Any], fold: _Fold, threads: int) -> np.ndarray:
+def _score_fold(
+    X, estimator, params: dict[str, Any], fold: _Fold, threads: int
+) -> tuple[np.ndarray, float]:
     """Which validation items of a fold are predicted right, trained on the fold's rest
-    (``X``: the searched items, which the fold's positions index)."""
+    (``X``: the searched items, which the fold's positions index); and the CPU seconds the fit
+    and prediction took (the process's: its numba threads count)."""
     model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
     # A candidate whose features are ill-conditioned (a wide rbf on one dominant feature) can
     # keep the solver for thousands of iterations (breast cancer, rbf(gamma=1/16), C = 10: 10,000
@@ -391,11 +399,12 @@ def _score_fold(X, estimator, params: dict[str, Any], fold: _Fold, threads: int)
     # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
     # threads spin-wait, which costs far more than they save when another process holds a core
     # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
+    started = time.process_time()
     with limit_threads(numba_threads=threads, blas_threads=1), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(X[fold.train_index], fold.y_train)
         predicted = model.predict(X[fold.valid_index])
-    return np.asarray(predicted == fold.y_valid)
+    return np.asarray(predicted == fold.y_valid), time.process_time() - started
 
 
 def paired_gain(candidate: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
@@ -469,8 +478,53 @@ class _Scored:
     raced_out: int
 
 
+class SearchBudget:
+    """A search's budget: ``seconds`` of its fold fits' CPU time per core it uses (what an idle
+    machine spends in about as many seconds of wall time), so that other processes' load does
+    not cut the search; and :data:`WALL_BACKSTOP` times ``seconds`` of wall time at most.
+
+    Parameters
+    ----------
+    seconds : float
+    cores : int
+        The cores the fold fits run on at once (processes or cluster threads x each fit's
+        threads).
+    """
+
+    def __init__(self, seconds: float, cores: int) -> None:
+        self.seconds = float(seconds)
+        self.cores = max(1, int(cores))
+        self.started = time.monotonic()
+        self.cpu_seconds = 0.0
+
+    def add(self, cpu_seconds: float) -> None:
+        self.cpu_seconds += cpu_seconds
+
+    @property
+    def used_s(self) -> float:
+        """CPU seconds of the fits so far, per core."""
+        return self.cpu_seconds / self.cores
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def spent(self) -> bool:
+        return self.used_s >= self.seconds or self.wall_s >= WALL_BACKSTOP * self.seconds
+
+    def describe(self) -> str:
+        """Why the search stopped, when the budget stopped it."""
+        if self.used_s >= self.seconds:
+            return f"budget of {self.seconds:g} s spent"
+        return (
+            f"budget of {self.seconds:g} s cut by the wall clock ({self.wall_s:.0f} s, "
+            f"{WALL_BACKSTOP:g} times the budget; {self.used_s:.1f} s of CPU a core)"
+        )
+
+
 class _FoldScorer:
-    """Scores candidates on the folds, in parallel, within a deadline, racing them."""
+    """Scores candidates on the folds, in parallel, within a budget, racing them."""
 
     def __init__(
         self,
@@ -480,7 +534,7 @@ class _FoldScorer:
         n_items: int,
         parallel: Parallel,
         threads: int,
-        deadline: float,
+        budget: SearchBudget,
         progress,
     ):
         self.estimator = estimator
@@ -489,7 +543,7 @@ class _FoldScorer:
         self.n_items = n_items
         self.repeats = 1 + max(fold.repeat for fold in folds)
         self.threads = threads
-        self.deadline = deadline
+        self.budget = budget
         self.progress = progress
         self.fits = 0
         self.out_of_time = False
@@ -567,7 +621,7 @@ class _FoldScorer:
     ) -> None:
         if not tasks:
             return
-        if time.monotonic() >= self.deadline:
+        if self.budget.spent:
             self.out_of_time = True
             return
         jobs = (
@@ -583,16 +637,17 @@ class _FoldScorer:
             for i, f in tasks
         )
         bar = _progress_bar(len(tasks), stage, self.progress)
-        # Cancelling the fits left at the deadline is the point, not a mistake to warn about.
+        # Cancelling the fits left when the budget is spent is the point, not a mistake.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*tasks which were still being processed")
             outcomes = self.parallel(jobs)
             try:
-                for (i, f), right in outcomes:
+                for (i, f), (right, cpu_seconds) in outcomes:
                     results[i][f] = right
                     self.fits += 1
+                    self.budget.add(cpu_seconds)
                     bar.update(1)
-                    if time.monotonic() >= self.deadline:
+                    if self.budget.spent:
                         self.out_of_time = True
                         break
             finally:
@@ -805,6 +860,9 @@ class _ThisMachine:
     def threads(self, threads: int) -> int:
         return threads
 
+    def cores(self, n_jobs: int, threads: int) -> int:
+        return n_jobs * threads
+
 
 class _OnCluster:
     """Fold fits as tasks on a Dask cluster's workers, through joblib's Dask backend: the
@@ -822,6 +880,9 @@ class _OnCluster:
     def threads(self, threads: int) -> int:
         return 1
 
+    def cores(self, n_jobs: int, threads: int) -> int:
+        return sum(self.client.nthreads().values())
+
 
 # -- the wrapper ---------------------------------------------------------------------------
 
@@ -836,7 +897,10 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         The estimator whose :data:`SEARCHED_PARAMETERS` are chosen; its other parameters are
         kept. Cloned, never fitted itself.
     budget : float or None, default=None
-        Seconds the search may take; it stops, keeping the best configuration found, when they
+        Seconds the search may take, counted as its fold fits' CPU time per core it uses (on
+        an idle machine about as many seconds of wall time; on a loaded one the same search,
+        in more wall time: :class:`SearchBudget`), and at most :data:`WALL_BACKSTOP` times as
+        many seconds of wall time. It stops, keeping the best configuration found, when they
         are spent (the fits running then are finished or cancelled, so it may overrun by about
         one fold fit). None: it grows with the data, 40 s per 1,000 items cross-validated
         (:func:`budget_for`: 40 s up to 1,000 items, 120 s for a sample of 3,000).
@@ -889,7 +953,9 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
     stopped_ : str
         Why the search ended.
     seconds_ : float
-        The search's time (the refit not counted).
+        The search's wall time (the refit not counted).
+    cpu_seconds_ : float
+        Its fold fits' CPU time, all cores together (what the budget counts, per core).
     n_fits_ : int
         Fold fits run.
     n_splits_ : int
@@ -1083,6 +1149,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         )
         if "cluster" in base.get_params():
             base.set_params(cluster=None)
+        budget = SearchBudget(self.budget_s_, site.cores(jobs, threads))
         scorer = _FoldScorer(
             base,
             X_searched,
@@ -1090,7 +1157,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             n_items,
             site.parallel(X_searched, jobs),
             site.threads(threads),
-            started + self.budget_s_,
+            budget,
             self.verbose,
         )
         search = _Search(
@@ -1107,10 +1174,9 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.best_score_ = search.accuracy
         self.path_ = search.path
         self.stages_ = search.stages
-        self.stopped_ = (
-            f"budget of {self.budget_s_:g} s spent" if scorer.out_of_time else "every stage done"
-        )
+        self.stopped_ = budget.describe() if scorer.out_of_time else "every stage done"
         self.seconds_ = time.monotonic() - started
+        self.cpu_seconds_ = budget.cpu_seconds
         self.n_fits_ = scorer.fits
         self.n_splits_ = len(folds) // repeats
         self.n_repeats_ = repeats
@@ -1172,8 +1238,11 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
                 if self.budget is None
                 else "given"
             ),
+            "budget_clock": "the fold fits' CPU seconds per core used; at most "
+            f"{WALL_BACKSTOP:g} times the budget in wall time",
             "min_gain_se": float(self.min_gain_se),
             "seconds": round(self.seconds_, 2),
+            "cpu_seconds": round(self.cpu_seconds_, 2),
             "fits": self.n_fits_,
             "stopped": self.stopped_,
             # NaN is no JSON: the budget ran out before the start was scored.
@@ -1431,6 +1500,7 @@ __all__ = [
     "Candidate",
     "ForwardSelectionCV",
     "Scale",
+    "SearchBudget",
     "basis_size_candidates",
     "basis_weight",
     "budget_for",

@@ -5,6 +5,7 @@ test split."""
 import dataclasses
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -159,6 +160,44 @@ def test_the_budget_stops_the_search_and_the_record_says_where(digits):
     assert cut
     assert "cut by the budget" in selection.describe()
     fit_dataset(digits, "d", diagnostics=False, **selection.best_params_)  # still valid
+
+
+class _WaitingSVC(BasisExpandingSVC):
+    """A BE-SVM whose fit first waits without computing, as a fold fit does on a machine whose
+    cores other processes hold."""
+
+    wait_s = 0.5
+
+    def fit(self, X, y):
+        time.sleep(self.wait_s)
+        return super().fit(X, y)
+
+
+class _LongWaitingSVC(_WaitingSVC):
+    wait_s = 3.0
+
+
+def test_the_budget_counts_the_fits_cpu_time_not_time_spent_waiting():
+    """A wine fold fit takes about 0.1 s of CPU: a 1 s budget counted in wall time would have
+    stopped this search after two fits (0.6 s each); counted in CPU time it scores about ten,
+    in several times the budget's wall time, as it would on an idle machine in one second."""
+    X, y = load_wine(return_X_y=True)
+    search = ForwardSelectionCV(_WaitingSVC(), budget=1.0, n_jobs=1, refit=False).fit(X, y)
+    assert search.stopped_ == "budget of 1 s spent"
+    assert search.n_fits_ >= 5
+    assert search.seconds_ > 2.5
+    assert search.cpu_seconds_ >= 1.0
+    record = search.record()
+    assert record["cpu_seconds"] == round(search.cpu_seconds_, 2)
+    assert "CPU seconds per core" in record["budget_clock"]
+
+
+def test_the_wall_clock_stops_a_search_that_waits_ten_times_its_budget():
+    X, y = load_wine(return_X_y=True)
+    search = ForwardSelectionCV(_LongWaitingSVC(), budget=0.2, n_jobs=1, refit=False).fit(X, y)
+    assert search.stopped_.startswith("budget of 0.2 s cut by the wall clock")
+    assert search.n_fits_ == 1  # 3 s of waiting for one fit: past 2 s, nothing new starts
+    assert search.cpu_seconds_ < 0.2
 
 
 def test_the_budget_and_the_repeats_grow_with_the_data():
