@@ -409,10 +409,11 @@ class BackgroundStreamHandler(logging.StreamHandler):
     line. Lines keep their order. :meth:`close` (``logging.shutdown``, at exit) writes what is
     still queued; a process killed outright loses the lines of its last moments.
 
-    Formatting moved here from the writer thread by measurement: the queued records (objects
-    with a dictionary each, a busy server's hundreds of them at a time) were carried through
-    the collector's young generations, and cost the event loop more than formatting them
-    (28 µs a request against 20 µs for the whole access line now, at 8 concurrent clients).
+    Formatting moved here from the writer thread by measurement: queued records (objects with a
+    dictionary each, a busy server's hundreds of them at a time) rode through the collector's
+    young generations and cost the event loop about 28 µs a request at 8 concurrent clients,
+    more than formatting them (the whole access line cost about 48 µs then, 20 µs with strings
+    queued; docs/benchmarks-operations.md).
     """
 
     def __init__(self, stream=None) -> None:

@@ -153,8 +153,10 @@ class ShardActor:
             return self.versions[version]
 
     async def search(self, request: bytes) -> bytes:
-        """This shard's best ``k`` live items for a :func:`pack_search` request: a message of
-        their global positions, unbiased sums and ids (:func:`unpack_answer`)."""
+        """This shard's best ``k`` live items for a request packed by :meth:`RemoteCatalogue.top`
+        (:func:`pack_message`: the version, k, the filter and cursor in the header; atoms,
+        weights and excluded positions as arrays): a message of their ids (header) and global
+        positions and unbiased sums (arrays)."""
         header, (atoms, weights, excluded) = unpack_message(request)
         live = self._live(header["version"])
         allowed = live
