@@ -33,6 +33,7 @@ from training.solver import (
     liblinear_tolerance,
     minimize_squared_hinge,
     one_vs_rest_weights,
+    problem_weights,
     squared_hinge_hessian_product,
     squared_hinge_terms,
     warn_unconverged,
@@ -42,6 +43,7 @@ __all__ = [
     "REDUCTION_FAN_IN",
     "DistributedSquaredHinge",
     "FeatureBlock",
+    "fit_along_C",
     "fit_one_vs_rest_distributed",
     "persist_blocks",
     "shard_blocks",
@@ -223,6 +225,7 @@ def fit_one_vs_rest_distributed(
     C: float,
     max_iter: int,
     tol: float = TOLERANCE,
+    start: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """:func:`training.solver.fit_one_vs_rest` on shards held by Dask workers: the same
     problems, the same trust-region Newton-CG, all classes in one pass over the shards.
@@ -242,6 +245,8 @@ def fit_one_vs_rest_distributed(
     C : float
     max_iter : int
     tol : float, default=TOLERANCE
+    start : (coef, intercept), optional
+        A model to start from (a warm start: the solution at a nearby C).
 
     Returns
     -------
@@ -255,11 +260,78 @@ def fit_one_vs_rest_distributed(
     n_samples = int(counts.sum())
     tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
     loss = DistributedSquaredHinge(client, blocks, n_features, problems, C)
-    solution = minimize_squared_hinge(loss, max_iter, tolerance)
+    solution = minimize_squared_hinge(
+        loss, max_iter, tolerance, None if start is None else problem_weights(*start)
+    )
     warn_unconverged([solution], max_iter)
     coef, intercept = one_vs_rest_weights(solution.W, n_classes)
     correct = client.map(_correct, blocks, coef=coef, intercept=intercept, pure=False)
     return coef, intercept, int(solution.n_iter.max()), sum(client.gather(correct)) / n_samples
+
+
+def _held_part(block: FeatureBlock, index: int, held: bool, share: float, seed: int):
+    """The rows of block ``index`` held out (``held``) or kept for training: a seeded ``share``
+    of each block's rows, drawn at random."""
+    rng = np.random.default_rng([seed, index])
+    out = rng.random(block.n_rows) < share
+    rows = np.flatnonzero(out if held else ~out)
+    return FeatureBlock(block.design[rows], block.codes[rows])
+
+
+def fit_along_C(
+    client,
+    blocks: Sequence,
+    n_features: int,
+    n_classes: int,
+    Cs: Sequence[float],
+    *,
+    max_iter: int,
+    held_out: float,
+    seed: int,
+) -> tuple[list[dict], tuple[np.ndarray, np.ndarray]]:
+    """Fits along a grid of C on every block's training rows, each warm-started from the one
+    before (in increasing C, as liblinear's path runs), scored on the rows held out.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    blocks : list of Future
+        :class:`FeatureBlock` futures.
+    n_features, n_classes : int
+    Cs : sequence of float
+    max_iter : int
+    held_out : float
+        Share of each block's rows held out, drawn at random (seeded by ``seed`` and the
+        block's position).
+    seed : int
+
+    Returns
+    -------
+    path : list of dict
+        In increasing C: ``C``, ``held_out_accuracy``, ``newton_steps``.
+    best : (coef, intercept)
+        The model of the most accurate C (the smallest among equals), to warm-start the fit on
+        every row.
+    """
+    indices = list(range(len(blocks)))
+    kept = client.map(_held_part, blocks, indices, held=False, share=held_out, seed=seed,
+                      pure=False)  # fmt: skip
+    held = client.map(_held_part, blocks, indices, held=True, share=held_out, seed=seed,
+                      pure=False)  # fmt: skip
+    n_held = sum(client.gather(client.map(_n_rows, held, pure=False)))
+    path: list[dict] = []
+    start = best = None
+    for C in sorted(float(c) for c in Cs):
+        coef, intercept, n_iter, _ = fit_one_vs_rest_distributed(
+            client, kept, n_features, n_classes, C=C, max_iter=max_iter, start=start
+        )
+        correct = client.map(_correct, held, coef=coef, intercept=intercept, pure=False)
+        accuracy = sum(client.gather(correct)) / max(n_held, 1)
+        path.append({"C": C, "held_out_accuracy": accuracy, "newton_steps": n_iter})
+        start = (coef, intercept)
+        if best is None or accuracy > best[0]:
+            best = (accuracy, start)
+    return path, best[1]
 
 
 def _shard_block(shard, classes: np.ndarray, featurize) -> FeatureBlock:

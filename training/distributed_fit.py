@@ -27,7 +27,7 @@ selection searches it, :class:`training.selection.ForwardSelectionCV`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +38,12 @@ from service.model import SpecError
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
 from training.cluster import client_for
-from training.distributed import FeatureBlock, fit_one_vs_rest_distributed, tree_sum
+from training.distributed import (
+    FeatureBlock,
+    fit_along_C,
+    fit_one_vs_rest_distributed,
+    tree_sum,
+)
 from training.expansion import BasisExpansion
 from training.preparation import DensePreparation, is_texts
 from training.preprocessing import InputNormalizer
@@ -58,6 +63,8 @@ ROWS_PER_SCATTERED_BLOCK = 20_000
 # The random and kmedoids strategies draw each class's basis from this many times as many of
 # its first items.
 SAMPLE_PER_BASIS_ITEM = 20
+# The share of each shard's items held out to score a grid of C (fit_on_cluster's C_grid).
+HELD_OUT_SHARE = 0.1
 
 
 class OneProcessOnly(ValueError):
@@ -74,7 +81,7 @@ def in_process_client() -> Iterator[Any]:
         yield client
 
 
-def fit_on_cluster(estimator, X, y=None):
+def fit_on_cluster(estimator, X, y=None, *, C_grid: Sequence[float] | None = None):
     """Fit ``estimator`` (a BasisExpandingSVC with fixed measures) on a Dask cluster.
 
     Parameters
@@ -82,6 +89,11 @@ def fit_on_cluster(estimator, X, y=None):
     estimator : BasisExpandingSVC
     X : ShardedData, or array-like of shape (n_samples, n_features) or images
     y : array-like of shape (n_samples,), or None with ShardedData
+    C_grid : sequence of float, optional
+        Choose C among these first (:func:`training.distributed.fit_along_C`: a warm-started
+        path on every shard, :data:`HELD_OUT_SHARE` of each shard's items held out to score
+        it); the estimator is then fitted on every item at the C chosen, which its ``C``
+        parameter is set to, and ``C_path_`` records the path.
 
     Returns
     -------
@@ -101,8 +113,8 @@ def fit_on_cluster(estimator, X, y=None):
     with client_for(estimator.cluster) as client:
         if client is None:  # sharded data and no cluster: this process reads every shard
             with in_process_client() as reader:
-                return _fit(estimator, reader, X, y)
-        return _fit(estimator, client, X, y)
+                return _fit(estimator, reader, X, y, C_grid)
+        return _fit(estimator, client, X, y, C_grid)
 
 
 def _refuse_learned_transforms(estimator) -> None:
@@ -364,7 +376,7 @@ def _shared(client, expansion: BasisExpansion):
     return client.scatter(expansion, broadcast=True, hash=False)
 
 
-def _fit(estimator, client, X, y):
+def _fit(estimator, client, X, y, C_grid=None):
     started = time.perf_counter()
     sources, spec, n_samples = _sources(client, estimator, X, y)
     classes = np.unique(np.concatenate(client.gather(client.map(_labels, sources, pure=False))))
@@ -394,13 +406,23 @@ def _fit(estimator, client, X, y):
     blocks = _feature_blocks(client, sources, preparation, expansion, classes, n_samples)
     timings = {"expand_seconds": time.perf_counter() - started}
     started = time.perf_counter()
+    n_features = expansion.offset_.shape[0]
+    start = None
+    if C_grid is not None:
+        estimator.C_path_, start = fit_along_C(
+            client, blocks, n_features, len(classes), C_grid, max_iter=estimator.max_iter,
+            held_out=HELD_OUT_SHARE, seed=estimator.random_state or 0,
+        )  # fmt: skip
+        best = max(estimator.C_path_, key=lambda entry: entry["held_out_accuracy"])
+        estimator.set_params(C=best["C"])  # the C it is fitted with below
     coef, intercept, estimator.n_iter_, estimator.train_accuracy_ = fit_one_vs_rest_distributed(
         client,
         blocks,
-        expansion.offset_.shape[0],
+        n_features,
         len(classes),
         C=estimator.C,
         max_iter=estimator.max_iter,
+        start=start,
     )
     del blocks
     timings["svm_seconds"] = time.perf_counter() - started

@@ -43,6 +43,7 @@ __all__ = [
     "fit_one_vs_rest",
     "liblinear_tolerance",
     "minimize_squared_hinge",
+    "problem_weights",
     "squared_hinge_objective",
     "training_design",
 ]
@@ -421,7 +422,10 @@ def liblinear_tolerance(positives: np.ndarray, n_samples: int, tol: float) -> np
 
 
 def minimize_squared_hinge(
-    loss: SquaredHingeLoss, max_iter: int, tolerance: float | np.ndarray = TOLERANCE
+    loss: SquaredHingeLoss,
+    max_iter: int,
+    tolerance: float | np.ndarray = TOLERANCE,
+    start: np.ndarray | None = None,
 ) -> Solution:
     """Minimise :math:`\\lVert w_k\\rVert^2 / 2 + L_k(w_k)` for each problem k by trust-region
     Newton-CG (liblinear's primal method, ``tron.cpp``).
@@ -438,6 +442,10 @@ def minimize_squared_hinge(
     tolerance : float or ndarray of shape (K,), default=TOLERANCE
         A problem stops when its gradient's norm is below this fraction of its norm at zero
         weights (:func:`liblinear_tolerance` makes LinearSVC's).
+    start : ndarray of shape (n_features + 1, K), optional
+        Weights to start from (a warm start: the solution at a nearby C); default zero. The
+        stopping rule still measures the gradient against its norm at zero, as liblinear's does
+        with an initial model, so a warm start stops where a cold one would.
 
     Returns
     -------
@@ -446,8 +454,13 @@ def minimize_squared_hinge(
     K = loss.n_problems
     W = np.zeros((loss.n_features + 1, K))
     f, G = loss.value_and_gradient(W, np.arange(K))
+    stop_at = np.asarray(tolerance, dtype=float) * np.linalg.norm(G, axis=0)
+    if start is not None:
+        W = np.array(start, dtype=np.float64)
+        f, G = loss.value_and_gradient(W, np.arange(K))
+        G += W
+        f = f + 0.5 * _dots(W, W)
     gradient_norm = np.linalg.norm(G, axis=0)
-    stop_at = np.asarray(tolerance, dtype=float) * gradient_norm
     radius = gradient_norm.copy()
     first_step = np.ones(K, dtype=bool)
     n_iter = np.zeros(K, dtype=np.int64)
@@ -645,6 +658,19 @@ def warn_unconverged(solutions, max_iter: int) -> None:
             ConvergenceWarning,
             stacklevel=3,
         )
+
+
+def problem_weights(coef: np.ndarray, intercept: np.ndarray) -> np.ndarray:
+    """The problems' weight columns of a model (:func:`one_vs_rest_weights` undone): what
+    :func:`minimize_squared_hinge` starts from to warm-start on the same problems.
+
+    Returns
+    -------
+    ndarray of shape (n_features + 1, n_problems)
+    """
+    if len(coef) == 2:  # one problem, class 1 against class 0
+        coef, intercept = coef[1:], intercept[1:]
+    return np.vstack([coef.T, intercept[None, :]])
 
 
 def one_vs_rest_weights(weights: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -130,6 +130,16 @@ def test_sharded_data_is_searched_on_a_sample_and_fitted_on_every_shard(
     assert chosen["basis_per_class"] >= selection.searched_basis_per_class_
     # Shards keep labels as text (every layout can store them so).
     assert (model.predict(X_test).astype(str) == y_test.astype(str)).mean() > 0.9
+    # C is chosen again on every shard: a path of distributed fits, each warm-started from the
+    # one before, scored on the items held out of every shard; the model is the best C's.
+    path = selection.C_path_
+    assert len(path) >= 3
+    assert [entry["C"] for entry in path] == sorted(entry["C"] for entry in path)
+    best = max(path, key=lambda entry: entry["held_out_accuracy"])
+    assert chosen["C"] == model.C == best["C"]
+    assert all(0 < entry["held_out_accuracy"] <= 1 for entry in path)
+    assert selection.record()["C_path_on_shards"] == path
+    assert "C on every shard (held-out accuracy): " in selection.describe()
 
 
 def test_fit_auto_on_shards_from_the_command_line(dask_cluster, tmp_path, capsys):
