@@ -183,7 +183,8 @@ def test_a_warm_start_reaches_the_cold_optimum_in_fewer_steps(problem):
     at_one = minimize_squared_hinge(InMemorySquaredHinge(X, signs, 1.0), 1000, tolerance)
     cold = minimize_squared_hinge(InMemorySquaredHinge(X, signs, 3.0), 1000, tolerance)
     warm = minimize_squared_hinge(InMemorySquaredHinge(X, signs, 3.0), 1000, tolerance, at_one.W)
-    assert cold.converged.all() and warm.converged.all()
+    assert cold.converged.all()
+    assert warm.converged.all()
     _, g0 = InMemorySquaredHinge(X, signs, 3.0).value_and_gradient(
         np.zeros((X.shape[1] + 1, 4)), np.arange(4)
     )
