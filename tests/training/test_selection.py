@@ -197,7 +197,7 @@ def test_the_wall_clock_stops_a_search_that_waits_ten_times_its_budget():
     search = ForwardSelectionCV(_LongWaitingSVC(), budget=0.2, n_jobs=1, refit=False).fit(X, y)
     assert search.stopped_.startswith("budget of 0.2 s cut by the wall clock")
     assert search.n_fits_ == 1  # 3 s of waiting for one fit: past 2 s, nothing new starts
-    assert search.cpu_seconds_ < 0.2
+    assert search.cpu_seconds_ < search.seconds_ / 2  # it waited, it did not compute
 
 
 def test_the_budget_and_the_repeats_grow_with_the_data():
