@@ -288,7 +288,7 @@ def fit_along_C(
     max_iter: int,
     held_out: float,
     seed: int,
-) -> tuple[list[dict], tuple[np.ndarray, np.ndarray]]:
+) -> tuple[list[dict], tuple[float, tuple[np.ndarray, np.ndarray]]]:
     """Fits along a grid of C on every block's training rows, each warm-started from the one
     before (in increasing C, as liblinear's path runs), scored on the rows held out.
 
@@ -309,8 +309,8 @@ def fit_along_C(
     -------
     path : list of dict
         In increasing C: ``C``, ``held_out_accuracy``, ``newton_steps``.
-    best : (coef, intercept)
-        The model of the most accurate C (the smallest among equals), to warm-start the fit on
+    best : (C, (coef, intercept))
+        The most accurate C (the smallest among equals) and its model, to warm-start the fit on
         every row.
     """
     indices = list(range(len(blocks)))
@@ -330,8 +330,8 @@ def fit_along_C(
         path.append({"C": C, "held_out_accuracy": accuracy, "newton_steps": n_iter})
         start = (coef, intercept)
         if best is None or accuracy > best[0]:
-            best = (accuracy, start)
-    return path, best[1]
+            best = (accuracy, C, start)
+    return path, best[1:]
 
 
 def _shard_block(shard, classes: np.ndarray, featurize) -> FeatureBlock:

@@ -409,12 +409,11 @@ def _fit(estimator, client, X, y, C_grid=None):
     n_features = expansion.offset_.shape[0]
     start = None
     if C_grid is not None:
-        estimator.C_path_, start = fit_along_C(
+        estimator.C_path_, (best_C, start) = fit_along_C(
             client, blocks, n_features, len(classes), C_grid, max_iter=estimator.max_iter,
             held_out=HELD_OUT_SHARE, seed=estimator.random_state or 0,
         )  # fmt: skip
-        best = max(estimator.C_path_, key=lambda entry: entry["held_out_accuracy"])
-        estimator.set_params(C=best["C"])  # the C it is fitted with below
+        estimator.set_params(C=best_C)  # the C it is fitted with below
     coef, intercept, estimator.n_iter_, estimator.train_accuracy_ = fit_one_vs_rest_distributed(
         client,
         blocks,

@@ -1074,28 +1074,17 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         # the fit on the shards could not make.
         self._search(site, X, y, class_counts, one_process_transforms=False)
         if self.refit:
-            self._refit_shards(data, client)
+            self._refit(data, None, client, C_grid=_C_path(self.best_params_["C"]))
         return self
 
-    def _refit_shards(self, data: ShardedData, client) -> None:
-        """``best_estimator_`` on every shard, its C chosen again there: the distributed fit
-        along a warm-started path of the sample's C and :data:`SHARD_C_STEPS` steps of
-        :data:`C_LADDER` either way, each scored on items held out of every shard
-        (``C_path_``), then fitted on every item at the best."""
-        model = clone(self.estimator).set_params(**self.best_params_)
-        cluster = model.get_params()["cluster"]
-        with client.as_current():
-            fit_on_cluster(model.set_params(cluster=None), data, C_grid=_C_path(model.C))
-        model.set_params(cluster=cluster)
-        self.C_path_ = model.C_path_
-        self.best_params_ = {**self.best_params_, "C": model.C}
-        self.best_estimator_ = model
-        self.classes_ = model.classes_
-
-    def _refit(self, X, y, client=None) -> None:
+    def _refit(self, X, y, client=None, C_grid: Sequence[float] | None = None) -> None:
         """``best_estimator_``: the chosen configuration fitted on all of (X, y), on
         ``client``'s cluster where one is given (the distributed fit; one process for what
-        only one process can learn, such as documents' vocabulary)."""
+        only one process can learn, such as documents' vocabulary).
+
+        With ``C_grid`` (sharded data), C is chosen again on every shard first: the distributed
+        fit along that warm-started path, each C scored on items held out of every shard
+        (``C_path_``); the model is fitted at the best, which ``best_params_`` then names."""
         model = clone(self.estimator).set_params(**self.best_params_)
         if client is None:
             model.fit(X, y)
@@ -1103,8 +1092,15 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             # The fit finds the cluster as the enclosing client instead of connecting again.
             cluster = model.get_params()["cluster"]
             with client.as_current():
-                model.set_params(cluster=None).fit(X, y)
+                model.set_params(cluster=None)
+                if C_grid is None:
+                    model.fit(X, y)
+                else:
+                    fit_on_cluster(model, X, y, C_grid=C_grid)
             model.set_params(cluster=cluster)
+        if C_grid is not None:
+            self.C_path_ = model.C_path_
+            self.best_params_ = {**self.best_params_, "C": model.C}
         self.best_estimator_ = model
         self.classes_ = model.classes_
 
