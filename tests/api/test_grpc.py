@@ -28,6 +28,7 @@ from tests.api.conftest import server_process, worker_pids
 pytestmark = pytest.mark.slow
 
 READER, ADMIN = "grpc-reader-0a1b2c3d4e", "grpc-admin-5f6a7b8c9d"
+FULL_BATCH = 1000
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,7 @@ def served(repository, tmp_path_factory):
         DEFAULT_MODEL="digits",
         GRPC_PORT=str(port),
         API_KEYS_FILE=str(keys),
+        MAX_BATCH_SIZE=str(FULL_BATCH),
     ) as server:
         yield server, port
 
@@ -238,9 +240,9 @@ def _digit_request(**changes) -> service_pb2.ModelInferRequest:
         (_digit_request(parameters={"top_k": 0}), "INVALID_ARGUMENT", "top_k"),
         (_digit_request(outputs=["probabilities"]), "INVALID_ARGUMENT", "unknown output"),
         (
-            _digit_request(shape=[51, 8, 8], values=[0.0] * 64 * 51),
+            _digit_request(shape=[FULL_BATCH + 1, 8, 8], values=[0.0] * 64 * (FULL_BATCH + 1)),
             "RESOURCE_EXHAUSTED",
-            "the limit is 50",
+            f"the limit is {FULL_BATCH}",
         ),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
@@ -266,9 +268,12 @@ def test_a_message_over_the_size_limit_is_refused(digits_model_dir):
 
 
 def test_the_clients_deadline_bounds_the_call(stub):
-    # A deadline already past when the server looks at it: no work, DEADLINE_EXCEEDED.
+    # gRPC keeps deadlines in whole milliseconds, so a 1 µs timeout leaves the server up to a
+    # millisecond: one digit can be answered in it. A full batch cannot be decoded and scored
+    # in a millisecond, so whichever side notices first, the call ends DEADLINE_EXCEEDED.
+    full = _digit_request(shape=[FULL_BATCH, 8, 8, 1], values=[0.0] * (64 * FULL_BATCH))
     with pytest.raises(grpc.RpcError) as late:
-        stub.ModelInfer(_digit_request(), metadata=_metadata(READ), timeout=1e-6)
+        stub.ModelInfer(full, metadata=_metadata(READ), timeout=1e-6)
     assert late.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert stub.ModelInfer(_digit_request(), metadata=_metadata(READ), timeout=30).outputs
 
