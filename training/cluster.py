@@ -36,6 +36,7 @@ __all__ = [
     "CHECKED_PACKAGES",
     "CONNECT_TIMEOUT_S",
     "SCHEDULER_ENV",
+    "WORKER_PRELOAD",
     "ClusterError",
     "ClusterSpec",
     "add_cluster_argument",
@@ -50,6 +51,9 @@ __all__ = [
 CONNECT_TIMEOUT_S = 10.0
 # How long a started LocalCluster may take to bring its workers up.
 LOCAL_START_TIMEOUT_S = 60.0
+# The module every local worker imports as it starts (Dask's worker preload): the fitting code
+# and what it imports. A remote cluster's workers take the same with ``--preload``.
+WORKER_PRELOAD = "training.distributed_fit"
 # The environment variable Dask's own tools read for the scheduler's address.
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 # Packages whose versions must be the same on the client, the scheduler and the workers.
@@ -226,6 +230,9 @@ def connect(
                 # bokeh is installed): any free one, rather than a warning that 8787 is taken.
                 dashboard_address="127.0.0.1:0",
                 env=_ONE_THREAD,
+                # Each worker imports the fitting code as it starts, in parallel with the
+                # others, rather than inside the fit's first tasks (3 s on 2 cores).
+                preload=[WORKER_PRELOAD],
                 timeout=LOCAL_START_TIMEOUT_S,
             )
         except (OSError, TimeoutError, ValueError) as error:

@@ -26,6 +26,7 @@ selection searches it, :class:`training.selection.ForwardSelectionCV`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -50,16 +51,24 @@ from training.preprocessing import InputNormalizer
 from training.shards import ShardedData, read_shard
 
 __all__ = [
+    "MIN_PIECE_ROWS",
+    "PIECES_PER_THREAD",
     "ROWS_PER_SCATTERED_BLOCK",
     "SAMPLE_PER_BASIS_ITEM",
     "OneProcessOnly",
     "draw_sample",
     "fit_on_cluster",
     "in_process_client",
+    "row_pieces",
 ]
 
-# Arrays given to fit are scattered to the workers in blocks of this many rows.
+# Arrays given to fit are scattered to the workers in blocks of at most this many rows.
 ROWS_PER_SCATTERED_BLOCK = 20_000
+# Shards and blocks are cut into row pieces so that each worker thread gets this many at least
+# (a shard as large as a 20,000-item set on one worker left the other idle), of at least
+# MIN_PIECE_ROWS rows (smaller tasks cost more in the scheduler than they compute).
+PIECES_PER_THREAD = 2
+MIN_PIECE_ROWS = 1_000
 # The random and kmedoids strategies draw each class's basis from this many times as many of
 # its first items.
 SAMPLE_PER_BASIS_ITEM = 20
@@ -127,8 +136,27 @@ def _refuse_learned_transforms(estimator) -> None:
         )
 
 
+def row_pieces(n_rows: Sequence[int], n_pieces: int) -> list[tuple[int, int, int]]:
+    """Each part's rows cut into pieces of about equal size, so that there are at least
+    ``n_pieces`` in all (none under :data:`MIN_PIECE_ROWS` rows, a part not cut below that).
+
+    Returns
+    -------
+    list of (part, start, stop)
+        In the parts' order, then the rows'.
+    """
+    most = max(MIN_PIECE_ROWS, -(-sum(n_rows) // max(n_pieces, 1)))
+    pieces = []
+    for part, rows in enumerate(n_rows):
+        cuts = np.linspace(0, rows, -(-rows // most) + 1).round().astype(int)
+        pieces.extend((part, int(a), int(b)) for a, b in itertools.pairwise(cuts))
+    return pieces
+
+
 def _sources(client, estimator, X, y):
-    """Futures of each shard's (rows, labels) on the workers, the input spec and the count."""
+    """Futures of the rows and labels on the workers, in pieces that keep every worker's
+    threads busy (:data:`PIECES_PER_THREAD`), the input spec and the count."""
+    n_pieces = PIECES_PER_THREAD * sum(client.nthreads().values())
     if isinstance(X, ShardedData):
         if y is not None:
             raise ValueError("sharded data holds its labels: pass no y")
@@ -141,19 +169,16 @@ def _sources(client, estimator, X, y):
             raise ValueError(
                 f"input_shape {spec} has {spec.n_features} numbers, rows {X.n_features}"
             )
-        return client.map(read_shard, X.shards, pure=False), spec, X.n_samples
+        pieces = row_pieces([shard.n_rows for shard in X.shards], n_pieces)
+        shards, starts, stops = zip(*((X.shards[i], a, b) for i, a, b in pieces), strict=True)
+        return client.map(read_shard, shards, starts, stops, pure=False), spec, X.n_samples
     preparation = DensePreparation(
         InputSpec.parse(estimator.input_shape) if estimator.input_shape else None
     )
     X, y = preparation.validate_fit(estimator, X, y)
     labels = np.asarray(y)
-    blocks = [
-        (
-            X[start : start + ROWS_PER_SCATTERED_BLOCK],
-            labels[start : start + ROWS_PER_SCATTERED_BLOCK],
-        )
-        for start in range(0, len(X), ROWS_PER_SCATTERED_BLOCK)
-    ]
+    n_pieces = max(n_pieces, -(-len(X) // ROWS_PER_SCATTERED_BLOCK))
+    blocks = [(X[a:b], labels[a:b]) for _, a, b in row_pieces([len(X)], n_pieces)]
     return client.scatter(blocks), preparation.spec, len(X)
 
 

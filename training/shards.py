@@ -295,39 +295,53 @@ def open_shards(path: str | Path, label_column: str = DEFAULT_LABEL_COLUMN) -> S
     return ShardedData(root, layout, tuple(shards), int(first[1]))
 
 
-def read_shard(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
-    """Load one shard: its rows as float64 and its labels as text.
+def read_shard(
+    shard: Shard, start: int = 0, stop: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Load one shard's rows ``start`` to ``stop`` (default: all of them) as float64, and their
+    labels as text. An npy stack's rows are read alone (memory-mapped); the other layouts are
+    read whole, then sliced.
 
     Returns
     -------
-    X : ndarray of shape (n_rows, n_features), float64, C-contiguous
-    y : ndarray of shape (n_rows,), str
+    X : ndarray of shape (stop - start, n_features), float64, C-contiguous
+    y : ndarray of shape (stop - start,), str
 
     Raises
     ------
     ShardError
         The shard changed since its header was read, or holds NaN or infinity.
     """
-    if shard.format == NPY_STACK:
-        X = np.load(shard.path, allow_pickle=False)
-        y = np.load(shard.labels, allow_pickle=False)
-    elif shard.format == NPZ:
-        with np.load(shard.path, allow_pickle=False) as archive:
-            X, y = archive["X"], archive["y"]
-    else:
+    stop = shard.n_rows if stop is None else stop
+    if shard.format == PARQUET:
         import pyarrow.parquet as pq
 
         table = pq.read_table(shard.path)
+        _check_rows(shard, table.num_rows, table.num_rows)
+        table = table.slice(start, stop - start)
         y = table.column(shard.label_column).to_numpy(zero_copy_only=False)
         features = table.drop_columns([shard.label_column])
         X = np.column_stack([c.to_numpy(zero_copy_only=False) for c in features.columns])
+    else:
+        if shard.format == NPY_STACK:
+            X = np.load(shard.path, mmap_mode="r", allow_pickle=False)
+            y = np.load(shard.labels, mmap_mode="r", allow_pickle=False)
+        else:
+            with np.load(shard.path, allow_pickle=False) as archive:
+                X, y = archive["X"], archive["y"]
+        _check_rows(shard, len(X), len(y))
+        # A copy: the rows outlive the file's mapping.
+        X, y = np.array(X[start:stop], dtype=np.float64, order="C"), np.array(y[start:stop])
     X = np.ascontiguousarray(X, dtype=np.float64)
-    if len(X) != shard.n_rows or len(y) != shard.n_rows:
-        raise ShardError(f"{shard.path}: {len(X)} rows, its header said {shard.n_rows}")
     if not np.isfinite(X).all():
-        row = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
+        row = start + int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
         raise ShardError(f"{shard.path}: row {row} contains NaN or infinity")
     return X, np.asarray(y).astype(str)
+
+
+def _check_rows(shard: Shard, n_x: int, n_y: int) -> None:
+    if n_x != shard.n_rows or n_y != shard.n_rows:
+        raise ShardError(f"{shard.path}: {n_x} rows, its header said {shard.n_rows}")
 
 
 def write_shards(

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from dask.utils import key_split
 from sklearn.datasets import make_classification
 from sklearn.metrics.pairwise import rbf_kernel
 
@@ -47,13 +48,21 @@ def _one_process(X, labels, featurize):
     return features, codes, fitted
 
 
-def _on_cluster(client, data, featurize):
+def _on_cluster(client, data, featurize, one_task_bytes=0):
+    """The fit on the cluster: by default every product a task on every block (features of
+    any size), else as :func:`fit_one_vs_rest_distributed` chooses by ``one_task_bytes``."""
     classes = shard_classes(client, data.shards)
     blocks = shard_blocks(client, data.shards, classes, featurize)
     n_features = featurize(np.zeros((1, 10))).shape[1]
     return classes, fit_one_vs_rest_distributed(
-        client, blocks, n_features, len(classes), C=1.0, max_iter=1000, tol=TOL
-    )
+        client, blocks, n_features, len(classes), C=1.0, max_iter=1000, tol=TOL,
+        one_task_bytes=one_task_bytes,
+    )  # fmt: skip
+
+
+def _task_names(stream) -> list[str]:
+    """The functions of the tasks a task stream saw (Dask's names drop a leading underscore)."""
+    return [key_split(task["key"]) for task in stream.data]
 
 
 def _stopping_norms(features, codes, n_classes):
@@ -66,14 +75,33 @@ def _stopping_norms(features, codes, n_classes):
     )
 
 
-def test_the_fit_on_the_cluster_is_the_one_process_fit(dask_client, tmp_path):
+@pytest.mark.parametrize(
+    ("one_task_bytes", "solver_task"),
+    [(0, "hessian_part"), (None, "solve_in_one_task")],
+    ids=["products-on-every-shard", "small-features-in-one-task"],
+)
+def test_the_fit_on_the_cluster_is_the_one_process_fit(
+    dask_client, tmp_path, one_task_bytes, solver_task
+):
     """The objective is 1-strongly convex (the regulariser), so a point whose gradient has norm
     g lies within g of the optimum: two solutions that each stopped below their problem's
-    stopping norm are within twice it of each other (summation orders differ, by 1e-16)."""
+    stopping norm are within twice it of each other (summation orders differ, by 1e-16).
+
+    Features of 3000 x 60 are solved in one task by default, and with ``one_task_bytes=0``
+    by products over the six shards; both are checked, and that each ran as it says."""
+    from distributed import get_task_stream
+
     X, labels, data, featurize = _sharded(tmp_path, 3000)
     assert len(data.shards) == 6
     features, codes, (coef, intercept, _, accuracy) = _one_process(X, labels, featurize)
-    classes, (coef_c, intercept_c, n_iter_c, accuracy_c) = _on_cluster(dask_client, data, featurize)
+    with get_task_stream(dask_client) as stream:
+        classes, (coef_c, intercept_c, n_iter_c, accuracy_c) = _on_cluster(
+            dask_client, data, featurize, one_task_bytes
+        )
+    names = _task_names(stream)
+    other = ({"hessian_part", "solve_in_one_task"} - {solver_task}).pop()
+    assert solver_task in names, sorted(set(names))
+    assert other not in names, sorted(set(names))
     np.testing.assert_array_equal(classes, np.unique(labels))
     bound = 2 * _stopping_norms(features, codes, 4)
     distance = np.linalg.norm(np.column_stack([coef - coef_c, intercept - intercept_c]), axis=1)
@@ -98,31 +126,49 @@ def _executed(client) -> int:
     return sum(client.run(lambda dask_worker: dask_worker.state.executed_count).values())
 
 
-def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path):
-    """Dask recomputes a lost worker's shards from their files (the blocks' lineage): the fit
-    goes on and reaches the same model, within the solver's tolerance (BLAS's results may
-    differ in the last bits between processes, so not to the bit) and with the same
-    predictions."""
+def _solving_worker(client) -> str | None:
+    """The worker running the one-task solve, if it runs."""
+    for worker, keys in client.processing().items():
+        if any(key_split(key) == "solve_in_one_task" for key in keys):
+            return worker
+    return None
+
+
+@pytest.mark.parametrize("one_task_bytes", [0, None], ids=["products", "one-task"])
+def test_killing_a_worker_mid_fit_gives_the_same_model(tmp_path, one_task_bytes):
+    """Dask recomputes a lost worker's shards from their files (the blocks' lineage), and runs
+    a lost one-task solve again on another worker: the fit goes on and reaches the same model,
+    within the solver's tolerance (BLAS's results may differ in the last bits between
+    processes, so not to the bit) and with the same predictions.
+
+    Products: a worker is killed once the solver's tasks have started to run. One task: the
+    worker running it is killed."""
     from distributed import Client
 
     X, labels, data, featurize = _sharded(tmp_path, 10_000, rows_per_shard=1000, n_basis=200)
     with start_local_cluster() as cluster, Client(cluster) as client:
-        _, expected = _on_cluster(client, data, featurize)
-        pids = list(client.run(os.getpid).values())
+        _, expected = _on_cluster(client, data, featurize, one_task_bytes)
+        pids = client.run(os.getpid)
         result: dict = {}
         fit = threading.Thread(
-            target=lambda: result.setdefault("model", _on_cluster(client, data, featurize)[1])
+            target=lambda: result.setdefault(
+                "model", _on_cluster(client, data, featurize, one_task_bytes)[1]
+            )
         )
         executed = _executed(client)
         fit.start()
-        # Killed once the solver is iterating: its tasks have started to run.
-        while fit.is_alive() and _executed(client) < executed + 60:
+        victim = None
+        while fit.is_alive() and victim is None:
             time.sleep(0.02)
+            if one_task_bytes is None:
+                victim = _solving_worker(client)
+            elif _executed(client) >= executed + 60:
+                victim = next(iter(pids))
         assert fit.is_alive(), "the fit ended before a worker could be killed: make it longer"
-        os.kill(pids[0], signal.SIGKILL)
+        os.kill(pids[victim], signal.SIGKILL)
         fit.join(timeout=300)
         assert not fit.is_alive()
-        assert pids[0] not in client.run(os.getpid).values()  # the nanny started a new one
+        assert pids[victim] not in client.run(os.getpid).values()  # the nanny started a new one
     coef, intercept = result["model"][:2]
     features = featurize(X)
     codes = np.unique(labels, return_inverse=True)[1]

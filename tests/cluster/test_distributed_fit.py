@@ -3,13 +3,17 @@ process, from arrays, from shards, inside a Client context and from the command 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
-from sklearn.datasets import load_digits
+from dask.utils import key_split
+from sklearn.datasets import load_digits, make_classification
 
 from service.model import Predictor
 from training import BasisExpandingSVC
 from training.cli import main
+from training.distributed_fit import MIN_PIECE_ROWS, row_pieces
 from training.shards import open_shards, write_shards
 
 PARAMS = {"similarity": "rbf(gamma=1)", "basis_per_class": 8}
@@ -143,3 +147,36 @@ def test_fit_from_the_command_line_on_shards_writes_the_model(
     assert "3 shards, 900 items" in capsys.readouterr().out
     served = Predictor.load(tmp_path / "model")
     np.testing.assert_array_equal(served.predict(X_test), one_process.predict(X_test).astype(str))
+
+
+@pytest.mark.parametrize(
+    ("n_rows", "n_pieces"),
+    [([50_000], 4), ([2_000], 4), ([50_000, 50_000, 50_000], 4), ([20_000, 20_000, 5_000], 8)],
+)
+def test_row_pieces_cover_every_row_once_in_order(n_rows, n_pieces):
+    pieces = row_pieces(n_rows, n_pieces)
+    for part, rows in enumerate(n_rows):
+        own = [(start, stop) for p, start, stop in pieces if p == part]
+        assert own[0][0] == 0
+        assert own[-1][1] == rows
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(own))
+    sizes = np.array([stop - start for _, start, stop in pieces])
+    assert len(pieces) >= min(n_pieces, sum(n_rows) // MIN_PIECE_ROWS)
+    assert sizes.min() >= min(MIN_PIECE_ROWS, min(n_rows))
+    assert [p for p, _, _ in pieces] == sorted(p for p, _, _ in pieces)
+
+
+def test_one_large_shard_is_read_and_expanded_on_every_worker(dask_cluster, tmp_path):
+    """A shard of all the items is cut into row pieces: both workers compute features."""
+    from distributed import Client, get_task_stream
+
+    X, y = make_classification(n_samples=4_000, n_features=8, n_classes=3, n_informative=4,
+                               random_state=0)  # fmt: skip
+    data = write_shards(X, y, tmp_path / "shards", rows_per_shard=4_000)
+    assert len(data.shards) == 1
+    with Client(dask_cluster) as client, get_task_stream(client) as stream:
+        model = BasisExpandingSVC(**PARAMS).fit(data)
+    workers = {task["worker"] for task in stream.data if key_split(task["key"]) == "feature_block"}
+    assert len(workers) == 2
+    reference = BasisExpandingSVC(**PARAMS, n_jobs=1).fit(X, y)
+    _assert_same_model(model, reference, X[:500])

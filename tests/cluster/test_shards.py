@@ -36,6 +36,27 @@ def test_each_layout_is_read_back_as_written(arrays, tmp_path, layout):
     np.testing.assert_array_equal(y_back, y)
 
 
+@pytest.mark.parametrize("layout", ["npz", "npy-stack", "parquet"])
+def test_a_range_of_a_shards_rows_is_read_alone(arrays, tmp_path, layout):
+    X, y = arrays
+    (shard,) = write_shards(X, y, tmp_path / "data", format=layout, rows_per_shard=250).shards
+    part, labels = read_shard(shard, 40, 97)
+    np.testing.assert_array_equal(part, X[40:97])
+    np.testing.assert_array_equal(labels, y[40:97])
+    assert part.flags.c_contiguous
+    assert part.flags.owndata
+
+
+def test_a_bad_row_is_named_by_its_place_in_the_shard_when_a_range_is_read(arrays, tmp_path):
+    X, y = arrays
+    X = X.copy()
+    X[120, 3] = np.nan
+    (shard,) = write_shards(X, y, tmp_path / "data", rows_per_shard=250).shards
+    np.testing.assert_array_equal(read_shard(shard, 0, 120)[0], X[:120])
+    with pytest.raises(ShardError, match=r"0\.npz: row 120 contains NaN"):
+        read_shard(shard, 100, 200)
+
+
 def test_an_npy_stack_written_by_dask_itself_is_read_without_its_pickled_info(arrays, tmp_path):
     import dask.array as da
 
