@@ -20,12 +20,15 @@ Nothing here starts or names a cluster: the caller passes a ``distributed.Client
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
+from service.model.threads import limit_threads
 from training.solver import (
     TOLERANCE,
     InMemorySquaredHinge,
@@ -53,19 +56,23 @@ __all__ = [
     "tree_sum",
 ]
 
+logger = logging.getLogger(__name__)
+
 # Partial sums are added in groups of this many per task, level by level, until at most this
 # many are left, which the driver fetches and adds: the driver receives at most this many
 # (n_features + 1) x k blocks a call, however many shards. Each level costs a round trip through
 # the scheduler (15-50 ms measured on a loaded 2-core machine), so few shards skip the tree.
 REDUCTION_FAN_IN = 16
 
-# Features up to this size are solved in one task on one worker: a product over shards costs a
-# round trip through the scheduler (10-15 ms here) and a fit makes 100-150 of them. Measured on
-# 2 cores, local:2, B = 1,000 (time over one process's): 20,000 items (160 MB) 0.91x in one
-# task against 1.26x by products on both workers; 50,000 (400 MB) 1.15x against 1.44x.
+# The one-task solve (fit_one_vs_rest_distributed) uses every thread of the machine it runs on:
+# on a cluster of one machine, all of them. There it is chosen whenever the features fit
+# ONE_TASK_MEMORY_SHARE of a worker's memory limit (the task holds every block and their
+# concatenation, twice the features), since each product over shards costs a round trip
+# through the scheduler (10-15 ms here) and a fit makes 100-150 of them. Measured, local:2 on
+# 2 cores, B = 1,000, 50,000 items (400 MB): 1.11x one process's time in one task, 1.44x by
+# products. Products use every machine of a larger cluster, so there one task is chosen only
+# up to ONE_TASK_BYTES.
 ONE_TASK_BYTES = 512 * 2**20
-# ... and at most this share of the smallest worker's memory limit: the task holds every block
-# and their concatenation, twice the features.
 ONE_TASK_MEMORY_SHARE = 0.25
 
 
@@ -242,10 +249,11 @@ def fit_one_vs_rest_distributed(
     """:func:`training.solver.fit_one_vs_rest` on shards held by Dask workers: the same
     problems, the same trust-region Newton-CG, all classes in one pass over the shards.
 
-    Small features (``one_task_bytes``) are solved in one task, on one worker that fetches
-    every block: the solver's products would each cost a round trip through the scheduler.
-    Larger ones are solved by :class:`DistributedSquaredHinge`, each product a task on every
-    block where it is. Dask reruns a lost worker's tasks either way.
+    Features that one worker holds with room to spare (``one_task_bytes``) are solved in one
+    task, on the worker holding the most blocks, in the threads of its machine: the solver's
+    products would each cost a round trip through the scheduler. Larger ones are solved by
+    :class:`DistributedSquaredHinge`, each product a task on every block where it is. Dask
+    reruns a lost worker's tasks either way.
 
     The design is each block's features as they are (no shift around medians: a dense or
     sparse block is used as given), so the model equals the one-process fit's wherever that
@@ -266,9 +274,9 @@ def fit_one_vs_rest_distributed(
         A model to start from (a warm start: the solution at a nearby C).
     one_task_bytes : int, optional
         Features of at most this many bytes (counted dense, with the bias column) are solved
-        in one task; default :data:`ONE_TASK_BYTES`, and never more than
-        :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's memory limit. 0: always on
-        every block.
+        in one task. Default: what :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's
+        memory limit holds, on a cluster of one machine; on several, :data:`ONE_TASK_BYTES`
+        at most. 0: always by products on every block.
 
     Returns
     -------
@@ -283,11 +291,15 @@ def fit_one_vs_rest_distributed(
     tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
     start_W = None if start is None else problem_weights(*start)
     if n_samples * (n_features + 1) * 8 <= _one_task_limit(client, one_task_bytes):
+        worker, n_threads = _one_task_site(client, blocks)
+        logger.info("solving in one task on %s, %d threads", worker, n_threads)
         solution, correct = client.submit(
-            _solve_in_one_task, blocks, n_classes, C, max_iter, tolerance, start_W, pure=False
-        ).result()
+            _solve_in_one_task, blocks, n_classes, C, max_iter, tolerance, start_W, n_threads,
+            workers=[worker], allow_other_workers=True, pure=False,
+        ).result()  # fmt: skip
         coef, intercept = one_vs_rest_weights(solution.W, n_classes)
     else:
+        logger.info("solving by products over %d blocks", len(blocks))
         loss = DistributedSquaredHinge(client, blocks, n_features, problems, C)
         solution = minimize_squared_hinge(loss, max_iter, tolerance, start_W)
         coef, intercept = one_vs_rest_weights(solution.W, n_classes)
@@ -298,29 +310,46 @@ def fit_one_vs_rest_distributed(
 
 
 def _one_task_limit(client, one_task_bytes: int | None) -> float:
-    """The largest features (bytes) solved in one task: ``one_task_bytes`` (default
-    :data:`ONE_TASK_BYTES`), within :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's
-    memory limit (none: no bound)."""
-    limit = ONE_TASK_BYTES if one_task_bytes is None else one_task_bytes
-    memory = [w.get("memory_limit") or 0 for w in client.scheduler_info()["workers"].values()]
-    if memory and min(memory) > 0:
-        limit = min(limit, ONE_TASK_MEMORY_SHARE * min(memory))
-    return limit
+    """The largest features (bytes) solved in one task: ``one_task_bytes`` if given, else as
+    much as :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's memory limit holds on a
+    cluster of one machine, and at most :data:`ONE_TASK_BYTES` on several (or without memory
+    limits)."""
+    if one_task_bytes is not None:
+        return one_task_bytes
+    workers = client.scheduler_info()["workers"].values()
+    memory = min((info.get("memory_limit") or 0 for info in workers), default=0)
+    if memory <= 0:
+        return ONE_TASK_BYTES
+    limit = ONE_TASK_MEMORY_SHARE * memory
+    one_machine = len({info["host"] for info in workers}) == 1
+    return limit if one_machine else min(limit, ONE_TASK_BYTES)
 
 
-def _solve_in_one_task(blocks, n_classes, C, max_iter, tolerance, start):
-    """The problems solved on one worker's copy of every block, by the one-process loss (a
-    worker's task): the :class:`~training.solver.Solution` and the items it classifies
-    correctly."""
+def _one_task_site(client, blocks) -> tuple[str, int]:
+    """The worker holding the most blocks (the one-task solve runs there, fetching fewer), and
+    the threads of every worker on its machine: the fit has nothing else for them while it
+    solves."""
+    held = Counter(worker for workers in client.who_has(blocks).values() for worker in workers)
+    workers = client.scheduler_info()["workers"]
+    worker = held.most_common(1)[0][0] if held else next(iter(workers))
+    host = workers[worker]["host"]
+    return worker, sum(info["nthreads"] for info in workers.values() if info["host"] == host)
+
+
+def _solve_in_one_task(blocks, n_classes, C, max_iter, tolerance, start, n_threads):
+    """The problems solved on one worker's copy of every block, by the one-process loss in
+    ``n_threads`` threads (a worker's task): the :class:`~training.solver.Solution` and the
+    items it classifies correctly."""
     designs = [block.design for block in blocks]
     design = sp.vstack(designs, format="csr") if sp.issparse(designs[0]) else np.vstack(designs)
     del designs
     codes = np.concatenate([block.codes for block in blocks])
     problems = np.array([1] if n_classes == 2 else range(n_classes))
     signs = np.where(codes[:, None] == problems[None, :], 1.0, -1.0)
-    solution = minimize_squared_hinge(
-        InMemorySquaredHinge(design, signs, C), max_iter, tolerance, start
-    )
+    with limit_threads(blas_threads=1):
+        solution = minimize_squared_hinge(
+            InMemorySquaredHinge(design, signs, C, n_threads=n_threads), max_iter, tolerance, start
+        )
     coef, intercept = one_vs_rest_weights(solution.W, n_classes)
     correct = int(((design @ coef.T + intercept).argmax(axis=1) == codes).sum())
     return solution, correct

@@ -27,6 +27,7 @@ selection searches it, :class:`training.selection.ForwardSelectionCV`).
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -61,6 +62,8 @@ __all__ = [
     "in_process_client",
     "row_pieces",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Arrays given to fit are scattered to the workers in blocks of at most this many rows.
 ROWS_PER_SCATTERED_BLOCK = 20_000
@@ -404,6 +407,7 @@ def _shared(client, expansion: BasisExpansion):
 def _fit(estimator, client, X, y, C_grid=None):
     started = time.perf_counter()
     sources, spec, n_samples = _sources(client, estimator, X, y)
+    logger.info("cluster fit: %d items in %d pieces", n_samples, len(sources))
     classes = np.unique(np.concatenate(client.gather(client.map(_labels, sources, pure=False))))
     if len(classes) < 2:
         raise ValueError(f"a classifier needs at least two classes, got {list(classes)}")
@@ -419,7 +423,9 @@ def _fit(estimator, client, X, y, C_grid=None):
         raise OneProcessOnly(
             f"input_transform {', '.join(learned)} learns from every training item, in one process"
         )
+    logger.info("cluster fit: input normalisation")
     preparation.use_normalizers(_normalizers(client, sources, preparation, n_samples))
+    logger.info("cluster fit: drawing the basis")
     evenly = estimator.basis_strategy == "index"
     per_class = estimator.basis_per_class * (1 if evenly else SAMPLE_PER_BASIS_ITEM)
     items, codes = _sample(client, sources, preparation, classes, per_class, evenly)
@@ -428,17 +434,20 @@ def _fit(estimator, client, X, y, C_grid=None):
         expansion.fit(items, codes)
     except SpecError as error:
         raise ValueError(str(error)) from None
+    logger.info("cluster fit: features on %d basis items", len(items))
     blocks = _feature_blocks(client, sources, preparation, expansion, classes, n_samples)
     timings = {"expand_seconds": time.perf_counter() - started}
     started = time.perf_counter()
     n_features = expansion.offset_.shape[0]
     start = None
     if C_grid is not None:
+        logger.info("cluster fit: C along %s", sorted(C_grid))
         estimator.C_path_, (best_C, start) = fit_along_C(
             client, blocks, n_features, len(classes), C_grid, max_iter=estimator.max_iter,
             held_out=HELD_OUT_SHARE, seed=estimator.random_state or 0,
         )  # fmt: skip
         estimator.set_params(C=best_C)  # the C it is fitted with below
+    logger.info("cluster fit: solving at C=%g", estimator.C)
     coef, intercept, estimator.n_iter_, estimator.train_accuracy_ = fit_one_vs_rest_distributed(
         client,
         blocks,
@@ -449,6 +458,7 @@ def _fit(estimator, client, X, y, C_grid=None):
         start=start,
     )
     del blocks
+    logger.info("cluster fit: model")
     timings["svm_seconds"] = time.perf_counter() - started
     timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
     class_names = tuple(str(c) for c in classes)
