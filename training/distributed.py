@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,11 +45,13 @@ from training.solver import (
 
 __all__ = [
     "ONE_TASK_BYTES",
+    "ONE_TASK_MEMORY_SHARE",
     "REDUCTION_FAN_IN",
     "DistributedSquaredHinge",
     "FeatureBlock",
     "fit_along_C",
     "fit_one_vs_rest_distributed",
+    "one_task_limit",
     "persist_blocks",
     "shard_blocks",
     "shard_classes",
@@ -274,9 +276,8 @@ def fit_one_vs_rest_distributed(
         A model to start from (a warm start: the solution at a nearby C).
     one_task_bytes : int, optional
         Features of at most this many bytes (counted dense, with the bias column) are solved
-        in one task. Default: what :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's
-        memory limit holds, on a cluster of one machine; on several, :data:`ONE_TASK_BYTES`
-        at most. 0: always by products on every block.
+        in one task; default :func:`one_task_limit` of the cluster's workers. 0: always by
+        products on every block.
 
     Returns
     -------
@@ -290,7 +291,8 @@ def fit_one_vs_rest_distributed(
     n_samples = int(counts.sum())
     tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
     start_W = None if start is None else problem_weights(*start)
-    if n_samples * (n_features + 1) * 8 <= _one_task_limit(client, one_task_bytes):
+    workers = client.scheduler_info()["workers"].values()
+    if n_samples * (n_features + 1) * 8 <= one_task_limit(workers, one_task_bytes):
         worker, n_threads = _one_task_site(client, blocks)
         logger.info("solving in one task on %s, %d threads", worker, n_threads)
         solution, correct = client.submit(
@@ -309,14 +311,27 @@ def fit_one_vs_rest_distributed(
     return coef, intercept, int(solution.n_iter.max()), correct / n_samples
 
 
-def _one_task_limit(client, one_task_bytes: int | None) -> float:
-    """The largest features (bytes) solved in one task: ``one_task_bytes`` if given, else as
-    much as :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's memory limit holds on a
-    cluster of one machine, and at most :data:`ONE_TASK_BYTES` on several (or without memory
-    limits)."""
+def one_task_limit(workers: Iterable[dict], one_task_bytes: int | None = None) -> float:
+    """The largest features (bytes) :func:`fit_one_vs_rest_distributed` solves in one task.
+
+    Parameters
+    ----------
+    workers : iterable of dict
+        The cluster's workers as ``Client.scheduler_info()["workers"]`` describes them (their
+        ``host`` and ``memory_limit``, 0 or None for none).
+    one_task_bytes : int, optional
+        Returned as it is when given.
+
+    Returns
+    -------
+    float
+        :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's memory limit on a cluster of one
+        machine; on several, that and :data:`ONE_TASK_BYTES` at most; without memory limits,
+        :data:`ONE_TASK_BYTES`.
+    """
     if one_task_bytes is not None:
         return one_task_bytes
-    workers = client.scheduler_info()["workers"].values()
+    workers = list(workers)
     memory = min((info.get("memory_limit") or 0 for info in workers), default=0)
     if memory <= 0:
         return ONE_TASK_BYTES

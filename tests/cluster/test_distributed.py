@@ -16,7 +16,14 @@ from sklearn.datasets import make_classification
 from sklearn.metrics.pairwise import rbf_kernel
 
 from tests.cluster.conftest import start_local_cluster
-from training.distributed import fit_one_vs_rest_distributed, shard_blocks, shard_classes
+from training.distributed import (
+    ONE_TASK_BYTES,
+    ONE_TASK_MEMORY_SHARE,
+    fit_one_vs_rest_distributed,
+    one_task_limit,
+    shard_blocks,
+    shard_classes,
+)
 from training.shards import write_shards
 from training.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
 
@@ -217,3 +224,16 @@ def test_features_larger_than_a_worker_memory_limit_are_spilled_and_the_fit_comp
     assert coef.shape == (4, 1000)
     assert accuracy > 0.5
     assert sum(spilled.values()) > 0, "nothing was spilled: the test does not test spilling"
+
+
+def test_one_task_holds_a_quarter_of_a_worker_on_one_machine_and_less_across_machines():
+    gib = 2**30
+    one_machine = [{"host": "10.0.0.1", "memory_limit": 4 * gib}] * 2
+    assert one_task_limit(one_machine) == ONE_TASK_MEMORY_SHARE * 4 * gib
+    two_machines = [{"host": "10.0.0.1", "memory_limit": 4 * gib},
+                    {"host": "10.0.0.2", "memory_limit": 8 * gib}]  # fmt: skip
+    assert one_task_limit(two_machines) == min(ONE_TASK_MEMORY_SHARE * 4 * gib, ONE_TASK_BYTES)
+    small = [{"host": "a", "memory_limit": gib}, {"host": "b", "memory_limit": gib}]
+    assert one_task_limit(small) == ONE_TASK_MEMORY_SHARE * gib
+    assert one_task_limit([{"host": "a", "memory_limit": 0}]) == ONE_TASK_BYTES
+    assert one_task_limit(one_machine, one_task_bytes=0) == 0
