@@ -57,6 +57,7 @@ class _DriverPhases(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
         self.phase, self.peaks = "connected", {}
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
 
@@ -64,13 +65,15 @@ class _DriverPhases(logging.Handler):
         message = record.getMessage()
         if message.startswith("cluster fit: "):
             self._sample_once()
-            self.phase = message.removeprefix("cluster fit: ")
+            with self._lock:
+                self.phase = message.removeprefix("cluster fit: ")
 
     def _sample_once(self):
         import psutil
 
         rss = psutil.Process().memory_info().rss
-        self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
+        with self._lock:
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss)
 
     def _sample(self):
         while not self._stop.wait(0.05):
@@ -78,6 +81,7 @@ class _DriverPhases(logging.Handler):
 
     def __enter__(self):
         logger = logging.getLogger("training")
+        self._level = logger.level
         logger.addHandler(self)
         logger.setLevel(logging.INFO)
         self._sampler.start()
@@ -86,7 +90,9 @@ class _DriverPhases(logging.Handler):
     def __exit__(self, *exc):
         self._stop.set()
         self._sampler.join()
-        logging.getLogger("training").removeHandler(self)
+        logger = logging.getLogger("training")
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
 
 
 def _data(n: int):

@@ -1,9 +1,10 @@
 r"""The squared-hinge solver's data term summed over feature shards held by Dask workers.
 
 :class:`DistributedSquaredHinge` is the :class:`~training.solver.SquaredHingeLoss` that
-:func:`training.solver.minimize_squared_hinge` minimises when the features do not fit one
-process: every value, gradient and Hessian product is a sum over the shards, each term computed
-by a task on the worker that holds the shard (the same kernels as in one process,
+:func:`training.solver.minimize_squared_hinge` minimises when the features are larger than one
+worker holds with room to spare (:func:`one_task_limit`; smaller ones are solved in one task):
+every value, gradient and Hessian product is a sum over the shards, each term computed by a
+task on the worker that holds the shard (the same kernels as in one process,
 :mod:`training.hessian_kernels`), for every problem still iterating at once, and the terms are
 added up in a tree of tasks on the workers (:func:`tree_sum`), so that the driver receives a
 few ``(n_features + 1) x k`` blocks a call. Spark's ``treeAggregate`` and dask-glm's ``lbfgs`` have
@@ -56,6 +57,7 @@ __all__ = [
     "shard_blocks",
     "shard_classes",
     "tree_sum",
+    "uniform_by_row",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,9 +73,10 @@ REDUCTION_FAN_IN = 16
 # ONE_TASK_MEMORY_SHARE of a worker's memory limit (the task holds every block and their
 # concatenation, twice the features), since each product over shards costs a round trip
 # through the scheduler (10-15 ms here) and a fit makes 100-150 of them. Measured, local:2 on
-# 2 cores, B = 1,000, 50,000 items (400 MB): 1.11x one process's time in one task, 1.44x by
+# 2 cores, B = 1,000, 50,000 items (400 MB): 1.15x one process's time in one task, 1.44x by
 # products. Products use every machine of a larger cluster, so there one task is chosen only
-# up to ONE_TASK_BYTES.
+# up to ONE_TASK_BYTES: on two one-thread workers one task on one thread was still the faster
+# at 400 MB (1.15x against 1.44x, before the task took its machine's threads).
 ONE_TASK_BYTES = 512 * 2**20
 ONE_TASK_MEMORY_SHARE = 0.25
 
@@ -291,9 +294,9 @@ def fit_one_vs_rest_distributed(
     n_samples = int(counts.sum())
     tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
     start_W = None if start is None else problem_weights(*start)
-    workers = client.scheduler_info()["workers"].values()
-    if n_samples * (n_features + 1) * 8 <= one_task_limit(workers, one_task_bytes):
-        worker, n_threads = _one_task_site(client, blocks)
+    workers = client.scheduler_info()["workers"]
+    if n_samples * (n_features + 1) * 8 <= one_task_limit(workers.values(), one_task_bytes):
+        worker, n_threads = _one_task_site(client, blocks, workers)
         logger.info("solving in one task on %s, %d threads", worker, n_threads)
         solution, correct = client.submit(
             _solve_in_one_task, blocks, n_classes, C, max_iter, tolerance, start_W, n_threads,
@@ -325,27 +328,31 @@ def one_task_limit(workers: Iterable[dict], one_task_bytes: int | None = None) -
     Returns
     -------
     float
-        :data:`ONE_TASK_MEMORY_SHARE` of the smallest worker's memory limit on a cluster of one
-        machine; on several, that and :data:`ONE_TASK_BYTES` at most; without memory limits,
-        :data:`ONE_TASK_BYTES`.
+        :data:`ONE_TASK_MEMORY_SHARE` of the smallest memory limit (of the workers that have
+        one) on a cluster of one machine; on several, that and :data:`ONE_TASK_BYTES` at most;
+        where no worker has a limit, :data:`ONE_TASK_BYTES`.
     """
     if one_task_bytes is not None:
-        return one_task_bytes
+        return float(one_task_bytes)
     workers = list(workers)
-    memory = min((info.get("memory_limit") or 0 for info in workers), default=0)
-    if memory <= 0:
-        return ONE_TASK_BYTES
-    limit = ONE_TASK_MEMORY_SHARE * memory
+    limits = [info["memory_limit"] for info in workers if (info.get("memory_limit") or 0) > 0]
+    if not limits:
+        return float(ONE_TASK_BYTES)
+    limit = ONE_TASK_MEMORY_SHARE * min(limits)
     one_machine = len({info["host"] for info in workers}) == 1
-    return limit if one_machine else min(limit, ONE_TASK_BYTES)
+    return limit if one_machine else min(limit, float(ONE_TASK_BYTES))
 
 
-def _one_task_site(client, blocks) -> tuple[str, int]:
+def _one_task_site(client, blocks, workers: dict[str, dict]) -> tuple[str, int]:
     """The worker holding the most blocks (the one-task solve runs there, fetching fewer), and
-    the threads of every worker on its machine: the fit has nothing else for them while it
-    solves."""
-    held = Counter(worker for workers in client.who_has(blocks).values() for worker in workers)
-    workers = client.scheduler_info()["workers"]
+    the threads of every worker on its machine (``workers``: the scheduler's description):
+    the fit has nothing else for them while it solves."""
+    held = Counter(
+        worker
+        for holders in client.who_has(blocks).values()
+        for worker in holders
+        if worker in workers
+    )
     worker = held.most_common(1)[0][0] if held else next(iter(workers))
     host = workers[worker]["host"]
     return worker, sum(info["nthreads"] for info in workers.values() if info["host"] == host)
@@ -357,7 +364,6 @@ def _solve_in_one_task(blocks, n_classes, C, max_iter, tolerance, start, n_threa
     items it classifies correctly."""
     designs = [block.design for block in blocks]
     design = sp.vstack(designs, format="csr") if sp.issparse(designs[0]) else np.vstack(designs)
-    del designs
     codes = np.concatenate([block.codes for block in blocks])
     problems = np.array([1] if n_classes == 2 else range(n_classes))
     signs = np.where(codes[:, None] == problems[None, :], 1.0, -1.0)
@@ -370,11 +376,36 @@ def _solve_in_one_task(blocks, n_classes, C, max_iter, tolerance, start, n_threa
     return solution, correct
 
 
-def _held_part(block: FeatureBlock, index: int, held: bool, share: float, seed: int):
-    """The rows of block ``index`` held out (``held``) or kept for training: a seeded ``share``
-    of each block's rows, drawn at random."""
-    rng = np.random.default_rng([seed, index])
-    out = rng.random(block.n_rows) < share
+def uniform_by_row(rows: np.ndarray, seed: int) -> np.ndarray:
+    r"""A number in [0, 1) for each row number, a function of the row number and the seed alone
+    (SplitMix64 of them), so that the same rows get the same numbers however they are cut into
+    blocks.
+
+    .. math:: u = \operatorname{splitmix64}(2^{40} s + r) / 2^{64}
+
+    Parameters
+    ----------
+    rows : ndarray of int, shape (n,)
+        Row numbers in the whole data, below :math:`2^{40}`.
+    seed : int
+
+    Returns
+    -------
+    ndarray of shape (n,), float64
+    """
+    z = (np.uint64(seed) << np.uint64(40)) + rows.astype(np.uint64)
+    z += np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _held_part(block: FeatureBlock, first_row: int, held: bool, share: float, seed: int):
+    """The rows of a block held out (``held``) or kept for training: each row of the data is
+    held out with probability ``share``, drawn from its number (the block's first row is
+    ``first_row``) and the seed, the same however the data was cut into blocks."""
+    out = uniform_by_row(first_row + np.arange(block.n_rows), seed) < share
     rows = np.flatnonzero(out if held else ~out)
     return FeatureBlock(block.design[rows], block.codes[rows])
 
@@ -403,8 +434,8 @@ def fit_along_C(
     Cs : sequence of float
     max_iter : int
     held_out : float
-        Share of each block's rows held out, drawn at random (seeded by ``seed`` and the
-        block's position).
+        Share of the rows held out, each row drawn by its number in the data and ``seed``
+        (:func:`uniform_by_row`): the same rows however the data is cut into blocks.
     seed : int
     one_task_bytes : int, optional
         As :func:`fit_one_vs_rest_distributed`'s.
@@ -417,10 +448,11 @@ def fit_along_C(
         The most accurate C (the smallest among equals) and its model, to warm-start the fit on
         every row.
     """
-    indices = list(range(len(blocks)))
-    kept = client.map(_held_part, blocks, indices, held=False, share=held_out, seed=seed,
+    sizes = client.gather(client.map(_n_rows, blocks, pure=False))
+    first_rows = [int(row) for row in np.cumsum([0, *sizes[:-1]])]
+    kept = client.map(_held_part, blocks, first_rows, held=False, share=held_out, seed=seed,
                       pure=False)  # fmt: skip
-    held = client.map(_held_part, blocks, indices, held=True, share=held_out, seed=seed,
+    held = client.map(_held_part, blocks, first_rows, held=True, share=held_out, seed=seed,
                       pure=False)  # fmt: skip
     n_held = sum(client.gather(client.map(_n_rows, held, pure=False)))
     path: list[dict] = []

@@ -67,9 +67,9 @@ logger = logging.getLogger(__name__)
 
 # Arrays given to fit are scattered to the workers in blocks of at most this many rows.
 ROWS_PER_SCATTERED_BLOCK = 20_000
-# Shards and blocks are cut into row pieces so that each worker thread gets this many at least
-# (a shard as large as a 20,000-item set on one worker left the other idle), of at least
-# MIN_PIECE_ROWS rows (smaller tasks cost more in the scheduler than they compute).
+# Shards and blocks are cut into row pieces so that each worker thread gets this many (a shard
+# as large as a 20,000-item set on one worker left the other idle), of MIN_PIECE_ROWS rows at
+# least: smaller pieces made a fresh cluster's first fit slower at 1,000-2,000 items.
 PIECES_PER_THREAD = 2
 MIN_PIECE_ROWS = 1_000
 # The random and kmedoids strategies draw each class's basis from this many times as many of
@@ -140,8 +140,15 @@ def _refuse_learned_transforms(estimator) -> None:
 
 
 def row_pieces(n_rows: Sequence[int], n_pieces: int) -> list[tuple[int, int, int]]:
-    """Each part's rows cut into pieces of about equal size, so that there are at least
-    ``n_pieces`` in all (none under :data:`MIN_PIECE_ROWS` rows, a part not cut below that).
+    """Each part's rows cut into pieces of about equal size, towards ``n_pieces`` in all: no
+    piece under :data:`MIN_PIECE_ROWS` rows (a part smaller than that stays whole).
+
+    Parameters
+    ----------
+    n_rows : sequence of int
+        Rows of each part (a shard, or an array given to ``fit``), in order.
+    n_pieces : int
+        Pieces wanted in all.
 
     Returns
     -------
@@ -151,7 +158,8 @@ def row_pieces(n_rows: Sequence[int], n_pieces: int) -> list[tuple[int, int, int
     most = max(MIN_PIECE_ROWS, -(-sum(n_rows) // max(n_pieces, 1)))
     pieces = []
     for part, rows in enumerate(n_rows):
-        cuts = np.linspace(0, rows, -(-rows // most) + 1).round().astype(int)
+        count = max(1, min(-(-rows // most), rows // MIN_PIECE_ROWS))
+        cuts = np.linspace(0, rows, count + 1).round().astype(int)
         pieces.extend((part, int(a), int(b)) for a, b in itertools.pairwise(cuts))
     return pieces
 

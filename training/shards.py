@@ -311,8 +311,12 @@ def read_shard(
     ------
     ShardError
         The shard changed since its header was read, or holds NaN or infinity.
+    ValueError
+        Not ``0 <= start <= stop <= n_rows``.
     """
     stop = shard.n_rows if stop is None else stop
+    if not 0 <= start <= stop <= shard.n_rows:
+        raise ValueError(f"{shard.path}: rows {start} to {stop} of {shard.n_rows}")
     if shard.format == PARQUET:
         import pyarrow.parquet as pq
 

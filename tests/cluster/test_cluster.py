@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from training.cluster import ClusterError, check_versions, connect, parse_cluster
+from training.cluster import WORKER_PRELOAD, ClusterError, check_versions, connect, parse_cluster
 
 
 def _free_port() -> int:
@@ -83,6 +83,9 @@ def test_a_local_cluster_is_started_and_stopped_with_the_versions_checked(dask_c
     with connect("local:1", worker_memory="512MiB") as client:
         (memory,) = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
         assert memory == 512 * 2**20
+        # The fitting code was imported as the worker started, before any task of ours.
+        (preloaded,) = client.run(lambda: WORKER_PRELOAD in sys.modules).values()
+        assert preloaded
         assert client.submit(sum, [1, 2]).result() == 3
         cluster = client.cluster
     assert cluster.status.name == "closed"

@@ -19,10 +19,12 @@ from tests.cluster.conftest import start_local_cluster
 from training.distributed import (
     ONE_TASK_BYTES,
     ONE_TASK_MEMORY_SHARE,
+    fit_along_C,
     fit_one_vs_rest_distributed,
     one_task_limit,
     shard_blocks,
     shard_classes,
+    uniform_by_row,
 )
 from training.shards import write_shards
 from training.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
@@ -119,10 +121,11 @@ def test_the_fit_on_the_cluster_is_the_one_process_fit(
     assert n_iter_c > 1
 
 
-def test_two_classes_on_the_cluster_give_opposite_rows(dask_client, tmp_path):
+@pytest.mark.parametrize("one_task_bytes", [0, None], ids=["products", "one-task"])
+def test_two_classes_on_the_cluster_give_opposite_rows(dask_client, tmp_path, one_task_bytes):
     X, labels, data, featurize = _sharded(tmp_path, 1000, n_classes=2)
     features, _, (coef, intercept, _, _) = _one_process(X, labels, featurize)
-    _, (coef_c, intercept_c, _, _) = _on_cluster(dask_client, data, featurize)
+    _, (coef_c, intercept_c, _, _) = _on_cluster(dask_client, data, featurize, one_task_bytes)
     np.testing.assert_allclose(coef_c[0], -coef_c[1])
     np.testing.assert_allclose(
         features @ coef_c.T + intercept_c, features @ coef.T + intercept, atol=1e-5
@@ -236,4 +239,51 @@ def test_one_task_holds_a_quarter_of_a_worker_on_one_machine_and_less_across_mac
     small = [{"host": "a", "memory_limit": gib}, {"host": "b", "memory_limit": gib}]
     assert one_task_limit(small) == ONE_TASK_MEMORY_SHARE * gib
     assert one_task_limit([{"host": "a", "memory_limit": 0}]) == ONE_TASK_BYTES
+    unlimited_beside = [{"host": "a", "memory_limit": None}, {"host": "a", "memory_limit": gib}]
+    assert one_task_limit(unlimited_beside) == ONE_TASK_MEMORY_SHARE * gib
     assert one_task_limit(one_machine, one_task_bytes=0) == 0
+
+
+def _splitmix64(x: int) -> int:
+    """SplitMix64 (Steele, Lea and Flood), written out on Python's integers."""
+    mask = (1 << 64) - 1
+    z = (x + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)
+
+
+def test_each_rows_number_is_splitmix64_of_its_number_and_the_seed():
+    rows = np.array([0, 1, 2, 999_999, 2**39 + 5])
+    for seed in (0, 7):
+        expected = [(_splitmix64((seed << 40) + int(r)) >> 11) / 2**53 for r in rows]
+        np.testing.assert_array_equal(uniform_by_row(rows, seed), expected)
+    u = uniform_by_row(np.arange(200_000), 0)
+    assert abs((u < 0.1).mean() - 0.1) < 0.005
+
+
+@pytest.mark.parametrize("one_task_bytes", [0, None], ids=["products", "one-task"])
+def test_the_C_path_holds_out_the_same_rows_however_the_data_is_cut(
+    dask_client, tmp_path, one_task_bytes
+):
+    """Shards of 500 and of 1,500 rows of the same items: the same rows held out, the same C
+    chosen, held-out accuracies within one item (the models agree within the solver's
+    tolerance; their sums run in other orders). Both ways of solving are checked."""
+    paths = []
+    for rows_per_shard in (500, 1500):
+        _, _, data, featurize = _sharded(tmp_path / str(rows_per_shard), 3000,
+                                         rows_per_shard=rows_per_shard)  # fmt: skip
+        classes = shard_classes(dask_client, data.shards)
+        blocks = shard_blocks(dask_client, data.shards, classes, featurize)
+        paths.append(
+            fit_along_C(
+                dask_client, blocks, 60, len(classes), [0.1, 1.0, 10.0], max_iter=1000,
+                held_out=0.1, seed=3, one_task_bytes=one_task_bytes,
+            )
+        )  # fmt: skip
+    (path_a, (C_a, _)), (path_b, (C_b, _)) = paths
+    assert [step["C"] for step in path_a] == [0.1, 1.0, 10.0]
+    assert C_a == C_b
+    held = (uniform_by_row(np.arange(3000), 3) < 0.1).sum()
+    for a, b in zip(path_a, path_b, strict=True):
+        assert abs(a["held_out_accuracy"] - b["held_out_accuracy"]) <= 1 / held + 1e-12

@@ -151,7 +151,15 @@ def test_fit_from_the_command_line_on_shards_writes_the_model(
 
 @pytest.mark.parametrize(
     ("n_rows", "n_pieces"),
-    [([50_000], 4), ([2_000], 4), ([50_000, 50_000, 50_000], 4), ([20_000, 20_000, 5_000], 8)],
+    [
+        ([50_000], 4),
+        ([2_000], 4),
+        ([1_500], 4),
+        ([2_001], 8),
+        ([50_000, 50_000, 50_000], 4),
+        ([20_000, 20_000, 5_000], 8),
+        ([300, 20_000], 8),
+    ],
 )
 def test_row_pieces_cover_every_row_once_in_order(n_rows, n_pieces):
     pieces = row_pieces(n_rows, n_pieces)
@@ -161,8 +169,10 @@ def test_row_pieces_cover_every_row_once_in_order(n_rows, n_pieces):
         assert own[-1][1] == rows
         assert all(a[1] == b[0] for a, b in itertools.pairwise(own))
     sizes = np.array([stop - start for _, start, stop in pieces])
-    assert len(pieces) >= min(n_pieces, sum(n_rows) // MIN_PIECE_ROWS)
-    assert sizes.min() >= min(MIN_PIECE_ROWS, min(n_rows))
+    assert len(pieces) >= min(n_pieces, sum(rows // MIN_PIECE_ROWS or 1 for rows in n_rows))
+    for part, rows in enumerate(n_rows):
+        own = sizes[[p == part for p, _, _ in pieces]]
+        assert own.min() >= min(MIN_PIECE_ROWS, rows)
     assert [p for p, _, _ in pieces] == sorted(p for p, _, _ in pieces)
 
 

@@ -47,6 +47,14 @@ def test_a_range_of_a_shards_rows_is_read_alone(arrays, tmp_path, layout):
     assert part.flags.owndata
 
 
+@pytest.mark.parametrize(("start", "stop"), [(-1, 10), (10, 5), (0, 251)])
+def test_a_range_outside_the_shard_is_refused(arrays, tmp_path, start, stop):
+    X, y = arrays
+    (shard,) = write_shards(X, y, tmp_path / "data", rows_per_shard=250).shards
+    with pytest.raises(ValueError, match=f"rows {start} to {stop} of 250"):
+        read_shard(shard, start, stop)
+
+
 def test_a_bad_row_is_named_by_its_place_in_the_shard_when_a_range_is_read(arrays, tmp_path):
     X, y = arrays
     X = X.copy()
