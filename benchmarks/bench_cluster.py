@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import subprocess
 import sys
 import tempfile
@@ -34,20 +33,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
-def _peak_rss_bytes() -> int:
-    """This process's peak resident memory: the kernel's high-water mark of its own memory
-    (``VmHWM``). Not ``ru_maxrss``: a child started by vfork and exec (subprocess does) keeps
-    its parent's peak there, here the peak of generating a million items."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from memory import peak_rss_bytes
 
 
 class _DriverPhases(logging.Handler):
@@ -122,15 +108,15 @@ def _run_one(
         del parts
         started = time.perf_counter()
         BasisExpandingSVC(**params, n_jobs=jobs).fit(X, y)
-        return {"seconds": time.perf_counter() - started, "driver_peak": _peak_rss_bytes()}
+        return {"seconds": time.perf_counter() - started, "driver_peak": peak_rss_bytes()}
     from training.cluster import connect
 
     with connect(f"local:{workers}", worker_memory=memory) as client, _DriverPhases() as phases:
         started = time.perf_counter()
         BasisExpandingSVC(**params).fit(data)
         seconds = time.perf_counter() - started
-        peaks = client.run(_peak_rss_bytes)
-        driver_peak = _peak_rss_bytes()
+        peaks = client.run(peak_rss_bytes)
+        driver_peak = peak_rss_bytes()
         again = None
         if again_under and seconds < again_under:
             started = time.perf_counter()

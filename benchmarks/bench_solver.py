@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from memory import peak_rss_bytes
 
 METHODS = ("ours", "ours-tol1e-4", "ours-2", "linearsvc", "linearsvc-dual")
 DEFAULT_SHAPES = "digits,rbf-6000,curve-1000,curve-10000,text-sensing1"
@@ -115,10 +115,6 @@ def make_shape(name: str):
     raise SystemExit(f"unknown shape {name!r}")
 
 
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def _run_one(method: str, path: str, out: str) -> None:
     """Train once in this process on the features saved at ``path``; write the numbers and the
     test scores to ``out``."""
@@ -134,7 +130,7 @@ def _run_one(method: str, path: str, out: str) -> None:
         # numba loads the compiled kernels from its cache on their first call in a process
         # (0.1-0.2 s, once per process, like the imports): not the solver's time.
         fit_one_vs_rest(F_train[:50].copy(), codes[:50], len(classes), C=1.0, max_iter=2, n_jobs=1)
-    before = _peak_rss_bytes()
+    before = peak_rss_bytes()
     started = time.perf_counter()
     if method.startswith("ours"):
         tol = 1e-4 if method == "ours-tol1e-4" else TOLERANCE
@@ -161,7 +157,7 @@ def _run_one(method: str, path: str, out: str) -> None:
                 "seconds": seconds,
                 "n_iter": int(n_iter),
                 "accuracy": accuracy,
-                "peak_added_mb": (_peak_rss_bytes() - before) / 2**20,
+                "peak_added_mb": (peak_rss_bytes() - before) / 2**20,
             }
         )
     )

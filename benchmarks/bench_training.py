@@ -29,9 +29,7 @@ import subprocess
 import sys
 import time
 
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from memory import peak_rss_bytes
 
 
 def _current_rss_bytes() -> int:
@@ -86,7 +84,7 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
         "method": method,
         "seconds": seconds,
         "train_accuracy": accuracy,
-        "added_bytes": _peak_rss_bytes() - before,
+        "added_bytes": peak_rss_bytes() - before,
         "feature_bytes": n * n_features * np.dtype(np.float64).itemsize,
     }
 

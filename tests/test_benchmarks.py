@@ -17,7 +17,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPTS = [*sorted(BENCHMARKS.glob("bench_*.py")), BENCHMARKS / "plot_cost_curves.py"]
 # Modules the scripts start as servers or workers: imported, not run.
-HELPERS = ["bare_endpoint", "loadgen", "serving"]
+HELPERS = ["bare_endpoint", "loadgen", "memory", "serving"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.stem for s in SCRIPTS])

@@ -37,7 +37,9 @@ from training.solver import (
     active_items,
     liblinear_tolerance,
     minimize_squared_hinge,
+    one_vs_rest_problems,
     one_vs_rest_weights,
+    problem_signs,
     problem_weights,
     squared_hinge_hessian_product,
     squared_hinge_terms,
@@ -109,18 +111,15 @@ class _Evaluation:
     active: np.ndarray
 
 
-def _signs(block: FeatureBlock, classes: np.ndarray) -> np.ndarray:
-    return np.where(block.codes[:, None] == classes[None, :], 1.0, -1.0)
-
-
 def _evaluate(block: FeatureBlock, W: np.ndarray, classes: np.ndarray, C: float) -> _Evaluation:
     """The squared hinge's value and gradient on one shard (a worker's task)."""
-    return _Evaluation(*squared_hinge_terms(block.design, _signs(block, classes), W, C))
+    signs = problem_signs(block.codes, classes)
+    return _Evaluation(*squared_hinge_terms(block.design, signs, W, C))
 
 
 def _active(block: FeatureBlock, W: np.ndarray, classes: np.ndarray) -> np.ndarray:
     """The items with positive slack at ``W`` (a worker's task)."""
-    return active_items(block.design, _signs(block, classes), W)
+    return active_items(block.design, problem_signs(block.codes, classes), W)
 
 
 def _active_of(state) -> np.ndarray:
@@ -289,7 +288,7 @@ def fit_one_vs_rest_distributed(
     n_iter : int
     train_accuracy : float
     """
-    problems = np.array([1] if n_classes == 2 else range(n_classes))
+    problems = one_vs_rest_problems(n_classes)
     counts = tree_sum(client, client.map(_class_counts, blocks, n_classes=n_classes, pure=False))
     n_samples = int(counts.sum())
     tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
@@ -365,8 +364,7 @@ def _solve_in_one_task(blocks, n_classes, C, max_iter, tolerance, start, n_threa
     designs = [block.design for block in blocks]
     design = sp.vstack(designs, format="csr") if sp.issparse(designs[0]) else np.vstack(designs)
     codes = np.concatenate([block.codes for block in blocks])
-    problems = np.array([1] if n_classes == 2 else range(n_classes))
-    signs = np.where(codes[:, None] == problems[None, :], 1.0, -1.0)
+    signs = problem_signs(codes, one_vs_rest_problems(n_classes))
     with limit_threads(blas_threads=1):
         solution = minimize_squared_hinge(
             InMemorySquaredHinge(design, signs, C, n_threads=n_threads), max_iter, tolerance, start

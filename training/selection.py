@@ -1424,14 +1424,19 @@ def _refinements(search: _Search, sizes: list[int]) -> list[Candidate]:
 
 def _C_path(C: float) -> list[float]:
     """``C`` and :data:`SHARD_C_STEPS` values of :data:`C_LADDER` either way of it."""
-    at = int(np.argmin(np.abs(np.log(C_LADDER) - math.log(C))))
-    low, high = max(0, at - SHARD_C_STEPS), min(len(C_LADDER), at + SHARD_C_STEPS + 1)
-    return sorted({float(C), *C_LADDER[low:at], *C_LADDER[at + 1 : high]})
+    return sorted({float(C), *_ladder_around(C, SHARD_C_STEPS)})
 
 
 def _ladder_neighbours(C: float) -> list[float]:
+    return _ladder_around(C, 1)
+
+
+def _ladder_around(C: float, steps: int) -> list[float]:
+    """The values of :data:`C_LADDER` up to ``steps`` rungs either way of the one nearest
+    ``C`` (on a log scale), in increasing order."""
     at = int(np.argmin(np.abs(np.log(C_LADDER) - math.log(C))))
-    return [C_LADDER[i] for i in (at - 1, at + 1) if 0 <= i < len(C_LADDER)]
+    low, high = max(0, at - steps), min(len(C_LADDER), at + steps + 1)
+    return [*C_LADDER[low:at], *C_LADDER[at + 1 : high]]
 
 
 def _added_measures(current: str, spec: InputSpec, transform: str | None) -> list[str]:

@@ -43,6 +43,8 @@ __all__ = [
     "fit_one_vs_rest",
     "liblinear_tolerance",
     "minimize_squared_hinge",
+    "one_vs_rest_problems",
+    "problem_signs",
     "problem_weights",
     "squared_hinge_objective",
     "training_design",
@@ -633,8 +635,8 @@ def fit_one_vs_rest(
     train_accuracy : float
     """
     design, shift = training_design(features)
-    problems = np.array([1] if n_classes == 2 else range(n_classes))
-    signs = np.where(codes[:, None] == problems[None, :], 1.0, -1.0)
+    problems = one_vs_rest_problems(n_classes)
+    signs = problem_signs(codes, problems)
     loss = InMemorySquaredHinge(design, signs, C, n_threads=n_jobs)
     tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), tol)
     del signs
@@ -658,6 +660,17 @@ def warn_unconverged(solutions, max_iter: int) -> None:
             ConvergenceWarning,
             stacklevel=3,
         )
+
+
+def one_vs_rest_problems(n_classes: int) -> np.ndarray:
+    """The class each one-vs-rest problem takes as its positive side: every class, or for two
+    classes one problem, class 1 against class 0."""
+    return np.array([1] if n_classes == 2 else range(n_classes))
+
+
+def problem_signs(codes: np.ndarray, problems: np.ndarray) -> np.ndarray:
+    """+1 where an item is of the problem's class, -1 elsewhere: shape (n_samples, K)."""
+    return np.where(codes[:, None] == problems[None, :], 1.0, -1.0)
 
 
 def problem_weights(coef: np.ndarray, intercept: np.ndarray) -> np.ndarray:
