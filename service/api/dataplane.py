@@ -389,31 +389,32 @@ class DataPlane:
         """
         place = self.placement(snapshot, parts, serially)
         self.work.admit()
-        seconds: list[float] = []
-
-        def timed() -> T:
-            started = time.perf_counter()
-            result = work()
-            seconds.append(time.perf_counter() - started)
-            return result
-
         try:
             if place is Placement.INLINE:
                 try:
-                    result = timed()
+                    result, seconds = _timed(work)
                 finally:
                     self.work.release()
-            elif place is Placement.COMPUTE_THREAD:
-                if self._compute is None:
-                    self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-                result = await self.work.run(self._compute, timed)
             else:
-                result = await self.work.run(self.work.pool(), timed)
+                if place is Placement.COMPUTE_THREAD:
+                    if self._compute is None:
+                        self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+                    executor = self._compute
+                else:
+                    executor = self.work.pool()
+                result, seconds = await self.work.run(executor, lambda: _timed(work))
         except ArtifactChangedError:
             # A file of the snapshot was rewritten in place: what is on disk now is loaded as
             # any new version would be (or refused, the message says why in the log).
             self.registry.recheck(snapshot.name)
             raise
         if parts:
-            self.observe(snapshot, parts, seconds[0])
+            self.observe(snapshot, parts, seconds)
         return result
+
+
+def _timed(work: Callable[[], T]) -> tuple[T, float]:
+    """``work()`` and the seconds it took."""
+    started = time.perf_counter()
+    result = work()
+    return result, time.perf_counter() - started

@@ -18,6 +18,8 @@ existing model is labelled ``""``), statuses by the HTTP codes the service answe
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -48,6 +50,11 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 # Instances per request: powers of two up to the default MAX_BATCH_SIZE (1000).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# How long a request's reports wait before they are folded into the metrics (see
+# PrometheusMetrics.fold): short beside any scrape interval.
+FOLD_DELAY_S = 0.05
+# The kinds of reports a request notes.
+_HTTP, _GRPC, _BATCH = "http", "grpc", "batch"
 LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -175,39 +182,77 @@ class PrometheusMetrics(Metrics):
         # Children by label values: .labels() costs a few microseconds a request otherwise.
         self._request_children: dict[tuple, tuple] = {}
         self._batch_children: dict[str, Histogram] = {}
+        # What requests reported since the last fold (see :meth:`fold`); appended and taken
+        # from either end by any thread, so nothing is lost between them.
+        self._pending: collections.deque[tuple] = collections.deque()
+        self._in_flight = 0
+        self._fold_due: asyncio.TimerHandle | None = None
 
     # -- requests ------------------------------------------------------------------------------
+    #
+    # A request's own reports are noted, not recorded: folded into the metrics together at most
+    # FOLD_DELAY_S later, and before every exposition. Recording them one request at a time
+    # (five locked updates through prometheus-client's layers: the counter, the histogram's sum
+    # and bucket, the in-flight gauge up and down) cost a one-digit request about as much as
+    # its access line; folded hundreds at a time they cost a fraction of that.
 
     def request_started(self) -> None:
-        self.in_flight.inc()
+        self._in_flight += 1
+        self._note()
 
     def request_finished(
         self, method: str, route: str, model: str, status: int, seconds: float
     ) -> None:
-        self.in_flight.dec()
-        self._observe(self.requests, self.latency, (method, route, model, str(status)), seconds)
+        self._in_flight -= 1
+        self._pending.append((_HTTP, (method, route, model, str(status)), seconds))
+        self._note()
 
     def grpc_finished(self, method: str, model: str, code: str, seconds: float) -> None:
-        self._observe(self.grpc_requests, self.grpc_latency, (method, model, code), seconds)
-
-    def _observe(
-        self, counter: Counter, histogram: Histogram, labels: tuple[str, ...], seconds: float
-    ) -> None:
-        """Count one call and observe its time, through children cached by label values."""
-        children = self._request_children.get((id(counter), *labels))
-        if children is None:
-            children = self._request_children[(id(counter), *labels)] = (
-                counter.labels(*labels),
-                histogram.labels(*labels),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
+        self._pending.append((_GRPC, (method, model, code), seconds))
+        self._note()
 
     def batch(self, model: str, size: int) -> None:
-        child = self._batch_children.get(model)
-        if child is None:
-            child = self._batch_children[model] = self.batch_size.labels(model)
-        child.observe(size)
+        self._pending.append((_BATCH, model, size))
+        self._note()
+
+    def _note(self) -> None:
+        """Fold what is noted FOLD_DELAY_S from now, unless a fold is due already; at once
+        where no event loop runs (a caller outside the server)."""
+        if self._fold_due is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.fold()
+            return
+        self._fold_due = loop.call_later(FOLD_DELAY_S, self.fold)
+
+    def fold(self) -> None:
+        """Record every report noted so far, and the requests in flight now, in the metrics."""
+        self._fold_due = None
+        self.in_flight.set(self._in_flight)
+        pending = self._pending
+        while pending:
+            kind, labels, value = pending.popleft()
+            if kind is _BATCH:
+                child = self._batch_children.get(labels)
+                if child is None:
+                    child = self._batch_children[labels] = self.batch_size.labels(labels)
+                child.observe(value)
+                continue
+            children = self._request_children.get((kind, labels))
+            if children is None:
+                counter, histogram = (
+                    (self.requests, self.latency)
+                    if kind is _HTTP
+                    else (self.grpc_requests, self.grpc_latency)
+                )
+                children = self._request_children[(kind, labels)] = (
+                    counter.labels(*labels),
+                    histogram.labels(*labels),
+                )
+            children[0].inc()
+            children[1].observe(value)
 
     def search_rows(self, model: str, rows: int) -> None:
         self.rows_read.labels(model).inc(rows)
@@ -231,7 +276,9 @@ class PrometheusMetrics(Metrics):
 
     def exposition(self) -> bytes:
         """The metrics in Prometheus's text format: of every worker process in multi-process
-        mode, else of this app."""
+        mode, else of this app. This process's reports are folded in first; other workers'
+        are at most FOLD_DELAY_S behind."""
+        self.fold()
         if self.multiprocess_dir is None:
             return generate_latest(self.registry)
         merged = CollectorRegistry()

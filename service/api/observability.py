@@ -29,7 +29,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -247,6 +247,30 @@ def log_access(
     level = logging.DEBUG if path in QUIET_PATHS else logging.INFO
     if not access_logger.isEnabledFor(level):
         return
+    handler = _sole_json_handler(access_logger, level)
+    if handler is not None:
+        context = _current.get()
+        request_id = None if context is None else context.request_id
+        handler.write_later(
+            _access_line,
+            (handler.formatter, time.time(), level, method, path, status, seconds, client, key,
+             request_id),
+        )  # fmt: skip
+        return
+    arguments, fields = _access_fields(method, path, status, seconds, client, key)
+    # The record made directly: Logger.log would first look for the caller's file and line in
+    # the stack, which an access line never shows.
+    access_logger.handle(
+        access_logger.makeRecord(
+            access_logger.name, level, "", 0, ACCESS_MESSAGE, arguments, None, extra=fields
+        )
+    )
+
+
+def _access_fields(
+    method: str, path: str, status: int | str, seconds: float, client: str | None, key: str
+) -> tuple[tuple, dict[str, Any]]:
+    """The arguments of an access line's message (:data:`ACCESS_MESSAGE`) and its fields."""
     fields = {
         "method": method,
         "path": path[:MAX_LOGGED_PATH],
@@ -256,22 +280,25 @@ def log_access(
     }
     if key:
         fields["key"] = key
-    arguments = (client, method, fields["path"], status, fields["duration_ms"])
-    handler = _sole_json_handler(access_logger, level)
-    if handler is not None:
-        context = _current.get()
-        line = handler.formatter.line(
-            time.time(), level, access_logger.name, ACCESS_MESSAGE % arguments,
-            None if context is None else context.request_id, fields,
-        )  # fmt: skip
-        handler.write_line(line)
-        return
-    # The record made directly: Logger.log would first look for the caller's file and line in
-    # the stack, which an access line never shows.
-    access_logger.handle(
-        access_logger.makeRecord(
-            access_logger.name, level, "", 0, ACCESS_MESSAGE, arguments, None, extra=fields
-        )
+    return (client, method, fields["path"], status, fields["duration_ms"]), fields
+
+
+def _access_line(
+    formatter: JsonFormatter,
+    created: float,
+    level: int,
+    method: str,
+    path: str,
+    status: int | str,
+    seconds: float,
+    client: str | None,
+    key: str,
+    request_id: str | None,
+) -> str:
+    """The JSON line of an access line's values (what logging would write for its record)."""
+    arguments, fields = _access_fields(method, path, status, seconds, client, key)
+    return formatter.line(
+        created, level, access_logger.name, ACCESS_MESSAGE % arguments, request_id, fields
     )
 
 
@@ -283,7 +310,9 @@ def _sole_json_handler(logger: logging.Logger, level: int) -> BackgroundStreamHa
 
     An access line is the one record of every request: made as a record, filtered, formatted
     and queued through logging's handler lock, it cost a one-digit request more than all of its
-    model's numpy calls."""
+    model's numpy calls. Given to this handler, its values are queued as they are (a tuple of
+    strings and numbers) and the writer thread formats them (:meth:`BackgroundStreamHandler.
+    write_later`)."""
     handlers: list[logging.Handler] = []
     current: logging.Logger | None = logger
     while current is not None:
@@ -392,28 +421,34 @@ class JsonFormatter(logging.Formatter):
 
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
-# How often the log writer wakes to write what has queued up: rarely enough that a busy server
-# pays one wake-up, one format loop and one write for hundreds of lines, soon enough for a
-# reader of the log.
-LOG_FLUSH_INTERVAL_S = 0.05
+# How long the log writer gathers lines once one has come: long enough that a busy server pays
+# one wake-up, one format loop and one write for tens of lines, short enough that the event loop
+# never waits long for the interpreter while the writer makes them (a one-digit request's p99
+# at one client grew by a third at 50 ms; at 5 ms it is the p99 of formatting on the loop).
+LOG_FLUSH_INTERVAL_S = 0.005
 
 
 class BackgroundStreamHandler(logging.StreamHandler):
     """A stream handler that writes on a thread of its own.
 
-    The thread that logs (the event loop, for access lines) runs the filters (the request id
-    is read there, from the request's context), formats the record and queues the line: the
-    record itself is never held. Every :data:`LOG_FLUSH_INTERVAL_S` the writer thread writes
-    what has queued up with one write and one flush: a wake-up per line (a thread switch, the
-    interpreter's lock handed over and back) would cost a request more than formatting its
-    line. Lines keep their order. :meth:`close` (``logging.shutdown``, at exit) writes what is
-    still queued; a process killed outright loses the lines of its last moments.
+    The thread that logs runs the filters (the request id is read there, from the request's
+    context), formats the record and queues the line: the record itself is never held. The
+    writer thread sleeps while nothing is queued; once a line comes it gathers for
+    :data:`LOG_FLUSH_INTERVAL_S`, then writes what has queued up with one write and one flush:
+    a wake-up per line (a thread switch, the interpreter's lock handed over and back) would
+    cost a request more than formatting its line. Lines keep their order. :meth:`close`
+    (``logging.shutdown``, at exit) writes what is still queued; a process killed outright
+    loses the lines of its last moments.
 
-    Formatting moved here from the writer thread by measurement: queued records (objects with a
-    dictionary each, a busy server's hundreds of them at a time) rode through the collector's
-    young generations and cost the event loop about 28 µs a request at 8 concurrent clients,
-    more than formatting them (the whole access line cost about 48 µs then, 20 µs with strings
-    queued; docs/benchmarks-operations.md).
+    Formatting records moved here from the writer thread by measurement: queued records
+    (objects with a dictionary each, a busy server's hundreds of them at a time) rode through
+    the collector's young generations and cost the event loop about 28 µs a request at 8
+    concurrent clients, more than formatting them (the whole access line cost about 48 µs then,
+    20 µs with strings queued; docs/benchmarks-operations.md). Access lines went back to the
+    writer thread as flat tuples of their values (:meth:`write_later`): nothing for the
+    collector to walk, and formatted hundreds at a time, warm, they cost a fraction of what
+    formatting each one among a request's other work did (about 12 µs of a one-digit request
+    in process, 4 µs in a loop of them).
     """
 
     def __init__(self, stream=None) -> None:
@@ -437,6 +472,14 @@ class BackgroundStreamHandler(logging.StreamHandler):
     def write_line(self, line: str) -> None:
         """Queue a formatted line (without its terminator), as :meth:`emit` does a record's:
         from any thread, without the handler's lock."""
+        self._put(line + self.terminator)
+
+    def write_later(self, make_line: Callable[..., str], values: tuple) -> None:
+        """Queue the line ``make_line(*values)``, made on the writer thread, in its place among
+        the others: ``values`` are strings and numbers (no object the collector has to walk)."""
+        self._put((make_line, values))
+
+    def _put(self, item: str | tuple) -> None:
         if self._writer is None:
             with self._starting:
                 if self._writer is None:
@@ -445,15 +488,26 @@ class BackgroundStreamHandler(logging.StreamHandler):
                     )
                     writer.start()
                     self._writer = writer
-        self._queue.put(line + self.terminator)
+        self._queue.put(item)
 
     def _write(self) -> None:
         while True:
+            # Asleep while nothing is logged; once a line comes, the others of the next moment
+            # are gathered with it.
+            first = self._queue.get()
             closing = self._closing.wait(LOG_FLUSH_INTERVAL_S)
-            lines = []
+            lines: list[str] = []
+            item = first
             with contextlib.suppress(queue.Empty):
                 while True:
-                    lines.append(self._queue.get_nowait())
+                    if type(item) is str:
+                        lines.append(item)
+                    elif item is not _WAKE:
+                        try:
+                            lines.append(item[0](*item[1]) + self.terminator)
+                        except Exception:
+                            self.handleError(logging.makeLogRecord({"msg": "a line's values"}))
+                    item = self._queue.get_nowait()
             if lines:
                 try:
                     self.stream.write("".join(lines))
@@ -467,8 +521,13 @@ class BackgroundStreamHandler(logging.StreamHandler):
         writer = self._writer
         if writer is not None and writer.is_alive():
             self._closing.set()
+            self._queue.put(_WAKE)
             writer.join(timeout=5)
         super().close()
+
+
+# What close() queues to wake a writer thread asleep on an empty queue.
+_WAKE = ("wake",)
 
 
 def logging_config(level: str, log_format: str) -> dict[str, Any]:

@@ -34,8 +34,47 @@ ModelName = Annotated[str, Path(description="A model's name (GET /v1/models list
 
 def json_answer(payload: Any, snapshot: ModelSnapshot | None = None) -> Response:
     """A 200 JSON response; ``snapshot`` names the answering version in ``X-Model-Version``."""
-    headers = None if snapshot is None else {VERSION_HEADER: snapshot.version}
-    return Response(orjson.dumps(payload), media_type="application/json", headers=headers)
+    return JsonAnswer(orjson.dumps(payload), None if snapshot is None else snapshot.version)
+
+
+class JsonAnswer(Response):
+    """A 200 answer of JSON bytes, its headers written straight out (Starlette's general
+    header building, for three known headers, was a measurable share of a one-digit request).
+
+    Parameters
+    ----------
+    body : bytes
+        The JSON document.
+    version : str, optional
+        The answering model version, in ``X-Model-Version``.
+    """
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes, version: str | None = None) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = [
+            (b"content-length", b"%d" % len(body)),
+            (b"content-type", _JSON_TYPE),
+        ]
+        if version is not None:
+            self.raw_headers.append((_VERSION_HEADER_BYTES, version.encode("latin-1")))
+
+
+_JSON_TYPE = JsonAnswer.media_type.encode("latin-1")
+_VERSION_HEADER_BYTES = VERSION_HEADER.encode("latin-1")
+
+
+def header(request: Request, name: bytes) -> str | None:
+    """The value of the request's header ``name`` (lower case), the first if repeated; None if
+    absent. A look through the raw headers: Starlette's ``request.headers`` builds a mapping
+    of all of them first."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -87,7 +126,7 @@ async def read_body(request: Request, schema: type[Body]) -> Body:
     RequestTooLargeError, MemoryLimitError
         See :func:`decode_json`.
     """
-    content_type = request.headers.get("content-type", "")
+    content_type = header(request, b"content-type") or ""
     if not _declared_json(content_type):
         raise UnsupportedMediaTypeError(
             f"the body must be JSON: send Content-Type: application/json, not {brief(content_type)}"

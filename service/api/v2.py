@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.responses import ModelName, decode_json, json_answer
+from service.api.responses import ModelName, decode_json, header, json_answer
 from service.api.v2_schemas import (
     InferRequest,
     InferResponse,
@@ -37,6 +37,7 @@ SERVER_NAME = "besvm"
 EXTENSIONS = ["model_repository"]
 # The binary tensor data extension: the JSON header's length, binary tensors after it.
 HEADER_LENGTH = "inference-header-content-length"
+_HEADER_LENGTH_BYTES = HEADER_LENGTH.encode("ascii")
 # Ranks every class: the scores output holds all K of them.
 ALL_CLASSES = 2**31 - 1
 
@@ -145,7 +146,7 @@ async def model_version_ready(request: Request, name: ModelName, version: ModelV
 
 def _json_header(request: Request, body: bytes) -> tuple[bytes, bytes]:
     """The JSON request and the binary tensor data after it (empty if none)."""
-    declared = request.headers.get(HEADER_LENGTH)
+    declared = header(request, _HEADER_LENGTH_BYTES)
     if declared is None:
         return body, b""
     # isdigit alone takes other digits ("²", read from a latin-1 header) that int() refuses.

@@ -136,10 +136,11 @@ class NumericTensor(TensorCodec):
                     f"input {self.input_name!r} has {len(raw):,} bytes of binary data; shape "
                     f"{tensor.shape} of {tensor.datatype} takes {size * dtype.itemsize:,}"
                 )
-            values = np.frombuffer(raw, dtype=dtype)
+            # A copy: the buffer's view is read-only, which compiled kernels take as another type.
+            values = np.frombuffer(raw, dtype=dtype).astype(np.float64)
         else:
-            values = self._json_values(tensor, dtype, size)
-        return ModelInputs(instances=values.astype(np.float64).reshape(n, *instance_shape))
+            values = self._json_values(tensor, dtype, size).astype(np.float64, copy=False)
+        return ModelInputs(instances=values.reshape(n, *instance_shape))
 
     def _json_values(self, tensor: RequestInput, dtype: np.dtype, size: int) -> np.ndarray:
         where = f"input {self.input_name!r}"

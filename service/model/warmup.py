@@ -12,6 +12,7 @@ from service.model.inputs.transforms import parse_transform
 from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
 from service.model.kernels import bof as bof_kernels
 from service.model.kernels.hog import hog_cells, hog_cells_serial
+from service.model.kernels.inputs import all_finite, normalize_rows
 from service.model.kernels.search import search_top_k
 from service.model.search.codes import sparse_svm_code
 from service.model.similarity import SIMILARITY_KINDS
@@ -54,7 +55,23 @@ def compile_kernels() -> list[str]:
             driver(basis, X, *args, np.empty((2, 3)))  # one measure: a C-contiguous output
             driver(basis, X, *args, wide[:, :3])  # several measures: a strided output block
         names.append(kind.name)
-    return names + compile_search() + compile_codes() + compile_hog() + compile_bof()
+    return (
+        names
+        + compile_inputs()
+        + compile_search()
+        + compile_codes()
+        + compile_hog()
+        + compile_bof()
+    )
+
+
+def compile_inputs() -> list[str]:
+    """The dense inputs' check and normalisation, on a client batch's types (float64, C order,
+    writable)."""
+    X = np.zeros((2, 4))
+    all_finite(X)
+    normalize_rows(X, np.zeros(4), np.ones(4), np.empty((2, 4)), np.empty(2))
+    return ["inputs"]
 
 
 def compile_search() -> list[str]:

@@ -1,7 +1,8 @@
 """The limited HTTP protocols, both implementations (httptools and h11), in a real uvicorn
 server on a loopback port, with an app that has no deadlines of its own: deadlines, the
 connection cap (the oldest idle connection makes room), the head limit, the send deadline, and
-malformed requests answered in the service's JSON after the requests before them."""
+malformed requests answered in the service's JSON after the requests before them; and an
+answer's head written with its body (httptools)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import uvicorn
 
 from service.api.connections import (
     ConnectionLimits,
+    HeadWithBody,
     LimitedH11Protocol,
     LimitedHttpToolsProtocol,
     limited_config,
@@ -247,3 +249,83 @@ def test_an_answer_nobody_reads_is_dropped_after_the_send_deadline(protocol):
         # What the kernel's buffers held, then the connection was dropped: never all of it.
         assert received.startswith(b"HTTP/1.1 200 ")
         assert len(received) < BIG_ANSWER
+
+
+class _Recording:
+    """A transport that records what is written to it, and whether it was closed."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n"
+
+
+def test_an_answers_head_goes_out_with_its_body_in_one_write():
+    transport = _Recording()
+    held = HeadWithBody(transport)
+    held.write(HEAD)
+    assert transport.writes == []
+    held.write(b"body")
+    assert transport.writes == [HEAD + b"body"]
+    # Whatever follows (a streamed body's later parts) goes out as it comes.
+    held.write(b"more")
+    assert transport.writes == [HEAD + b"body", b"more"]
+    # The rest of the transport is the connection's.
+    assert held.get_write_buffer_size() == 0
+
+
+def test_an_interim_answer_is_not_held_and_the_head_after_it_is():
+    transport = _Recording()
+    held = HeadWithBody(transport)
+    held.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert transport.writes == [b"HTTP/1.1 100 Continue\r\n\r\n"]
+    held.write(HEAD)
+    held.write(b"body")
+    assert transport.writes[1:] == [HEAD + b"body"]
+
+
+def test_a_connection_closed_with_the_head_held_gets_the_head_first():
+    transport = _Recording()
+    held = HeadWithBody(transport)
+    held.write(HEAD)
+    held.close()
+    assert transport.writes == [HEAD]
+    assert transport.closed
+
+
+@pytest.mark.skipif(LimitedHttpToolsProtocol is None, reason="no httptools")
+def test_answers_through_the_server_are_whole_with_and_without_100_continue():
+    with (
+        running(LimitedHttpToolsProtocol, PATIENT) as address,
+        socket.create_connection(address) as sock,
+    ):
+        sock.settimeout(HELD)
+        for _ in range(3):  # keep-alive: each request's cycle holds its own head
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi")
+            answer = b""
+            while not answer.endswith(b"ok"):
+                answer += sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        sock.sendall(
+            b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"
+        )
+        assert sock.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"hi")
+        answer = b""
+        while not answer.endswith(b"ok"):
+            answer += sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")

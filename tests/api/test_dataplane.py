@@ -11,6 +11,8 @@ import pytest
 
 from service.api import Settings
 from service.api.dataplane import DataPlane, Placement
+from service.api.errors import OverloadedError
+from service.api.limits import WorkLimiter
 from service.api.registry import ModelRegistry, Repository
 from service.model import InvalidInputError
 from service.model.search import SearchQuery
@@ -154,3 +156,41 @@ def test_one_preempted_request_does_not_send_the_next_ones_off_the_loop(digits_m
         assert plane.placement(snapshot, {"instances": 1}, True) is Placement.THREAD_POOL
 
     asyncio.run(scenario())
+
+
+def test_the_work_limiter_admits_up_to_its_slots_and_takes_them_back_from_any_thread():
+    limiter = WorkLimiter(2, timeout_s=5)
+    limiter.admit()
+    limiter.admit()
+    with pytest.raises(OverloadedError, match="limit of 2 concurrent requests"):
+        limiter.admit()
+    limiter.release()
+    limiter.admit()
+    limiter.release()
+    limiter.release()
+    with pytest.raises(ValueError, match="not taken"):
+        limiter.release()
+
+    async def run_two() -> list[str]:
+        # Work on threads gives its slot back when it ends: both slots are free again after.
+        limiter.admit()
+        first = limiter.run(limiter.pool(), lambda: threading.current_thread().name)
+        limiter.admit()
+        second = limiter.run(limiter.pool(), lambda: "done")
+        return await asyncio.gather(first, second)
+
+    try:
+        name, done = asyncio.run(run_two())
+    finally:
+        limiter.close()
+    assert name.startswith("besvm-worker")
+    assert done == "done"
+    deadline = time.monotonic() + 5
+    while True:  # the slots come back on the worker threads' done callbacks
+        try:
+            limiter.admit()
+            limiter.admit()
+            break
+        except OverloadedError:
+            assert time.monotonic() < deadline, "the slots were not given back"
+            time.sleep(0.01)

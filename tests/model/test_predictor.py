@@ -127,6 +127,25 @@ def test_classify_answers_labels_and_ranked_scores(digits_predictor, digits):
         assert ranked[0][1] == pytest.approx(row.max())
 
 
+@pytest.mark.parametrize("n", [1, 4, 40])  # ranked in Python up to 256 scores, by numpy above
+def test_classify_ranks_every_class_as_a_stable_argsort_does(digits_predictor, digits, n):
+    images = digits.X_test[:n].reshape(n, 8, 8).tolist()
+    answers = digits_predictor.classify(images, top_k=100)
+    scores = digits_predictor.decision_function(digits.X_test[:n])
+    classes = digits_predictor.classes
+    for answer, row in zip(answers, scores, strict=True):
+        expected = np.argsort(-row, kind="stable")
+        assert [c for c, _ in answer.ranked] == [classes[i] for i in expected]
+        np.testing.assert_allclose([s for _, s in answer.ranked], row[expected], rtol=1e-12)
+
+
+def test_a_batch_whose_sum_overflows_is_not_taken_for_infinite(digits_predictor):
+    # Each value is finite; their sum is not. The distance bound refuses them, by distance.
+    image = np.full((8, 8), 1e308).tolist()
+    with pytest.raises(InvalidInputError, match="times farther from the training data"):
+        digits_predictor.classify([image], top_k=1)
+
+
 def test_classify_refuses_empty_or_ambiguous_batches_and_leaves_limits_to_the_caller(
     digits_predictor, digits
 ):

@@ -387,6 +387,12 @@ class BagSpace:
     def prepare(self, batch: np.ndarray) -> CellDocuments:
         return self.bound.apply(batch)
 
+    def prepare_measured(self, batch: np.ndarray) -> tuple[CellDocuments, np.ndarray, float]:
+        """:meth:`prepare`, :meth:`distances` of the items and the largest (NaN if any)."""
+        items = self.prepare(batch)
+        distances = self.distances(items)
+        return items, distances, float(distances.max())
+
     def runs_serially(self, n_samples: int) -> bool:
         return self.bound.runs_serially(n_samples)
 

@@ -54,6 +54,7 @@ from service.model.inputs.transforms import (
     parse_transform,
 )
 from service.model.inputs.words import CellDocuments
+from service.model.kernels.inputs import normalize_rows
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 
 # The farthest a client's instance may lie from the training mean, in units of the scale (the
@@ -75,9 +76,40 @@ def normalize_inputs(X: np.ndarray, mean: np.ndarray, scale: float | np.ndarray)
 
     ``scale`` is a float (global normalisation) or an array of shape (n_features,).
     """
-    out = np.subtract(X, mean, dtype=np.float64)
-    out /= scale
-    return out
+    return normalize_measured(X, mean, feature_scales(scale, np.shape(mean)[-1]))[0]
+
+
+def feature_scales(scale: float | np.ndarray, n_features: int) -> np.ndarray:
+    """A stored scale, one per feature: shape (n_features,), float64, C-contiguous."""
+    return np.ascontiguousarray(np.broadcast_to(np.asarray(scale, dtype=np.float64), n_features))
+
+
+def normalize_measured(
+    X: np.ndarray, mean: np.ndarray, scales: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(X - mean) / scales``, the norm of each row and the largest, in one pass
+    (:func:`service.model.kernels.inputs.normalize_rows`); no floating-point warnings: values
+    too large to centre come out infinite, and their norms say so.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    mean, scales : ndarray of shape (n_features,), float64, C-contiguous
+
+    Returns
+    -------
+    items : ndarray of shape (n_samples, n_features), float64, C-contiguous
+    norms : ndarray of shape (n_samples,)
+    largest : float
+        ``norms.max()``: NaN if any norm is.
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != mean.shape[0]:
+        raise ValueError(f"expected inputs of shape (n, {mean.shape[0]}), got {X.shape}")
+    items = np.empty_like(X)
+    norms = np.empty(X.shape[0])
+    largest = normalize_rows(X, mean, scales, items, norms)
+    return items, norms, largest
 
 
 def input_normalization_of(scale: float | np.ndarray) -> str:
@@ -147,6 +179,10 @@ class NormalisedSpace:
 
     def __init__(self, bound: BoundTransform, mean: np.ndarray, scale, basis: np.ndarray):
         self.bound, self.mean, self.scale, self.basis = bound, mean, scale, basis
+        # None when the scale does not fit the mean: problems() says so, and the model is
+        # refused before it serves.
+        fits = np.ndim(scale) == 0 or np.shape(scale) == mean.shape
+        self._scales = feature_scales(scale, mean.shape[0]) if fits else None
 
     @property
     def transform(self) -> InputTransform:
@@ -165,14 +201,15 @@ class NormalisedSpace:
         return int(self.basis.size)
 
     def prepare(self, batch: np.ndarray) -> np.ndarray:
-        return normalize_inputs(self.bound.apply(batch), self.mean, self.scale)
+        return self.prepare_measured(batch)[0]
+
+    def prepare_measured(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """:meth:`prepare`, each item's distance from the training mean in units of the scale
+        (its norm) and the largest (NaN if any is NaN), in one pass."""
+        return normalize_measured(self.bound.apply(batch), self.mean, self._scales)
 
     def runs_serially(self, n_samples: int) -> bool:
         return self.bound.runs_serially(n_samples)
-
-    def distances(self, items: np.ndarray) -> np.ndarray:
-        """Each prepared item's distance from the training mean, in units of the scale."""
-        return np.sqrt(np.einsum("ij,ij->i", items, items))
 
     def bind(self, spec: SimilaritySpec) -> BoundSimilarity:
         return spec.bind(self.n_features, self.grid_shape)
@@ -322,10 +359,7 @@ class DenseInputs(InputKind):
         """:meth:`parse`, and the batch prepared: each transform computed once, for the check
         and for the measures."""
         batch = self.spec.as_batch(instances, names)
-        with np.errstate(over="ignore", invalid="ignore"):
-            items = self.prepare(batch)
-        self._check_prepared(items, names)
-        return batch, items
+        return batch, self._prepare_checked(batch, names)
 
     def check_distances(self, batch: np.ndarray, names: Sequence[str] | None = None) -> None:
         """Refuse instances absurdly far from the training data.
@@ -349,24 +383,23 @@ class DenseInputs(InputKind):
             Naming the first instance beyond :data:`MAX_INPUT_DISTANCE`, or that a transform
             cannot compute (values too large for it).
         """
-        with np.errstate(over="ignore", invalid="ignore"):
-            items = self.prepare(batch)
-        self._check_prepared(items, names)
+        self._prepare_checked(batch, names)
 
-    def _check_prepared(
-        self, items: np.ndarray | Spaces, names: Sequence[str] | None = None
-    ) -> None:
-        """:meth:`check_distances` on a batch already prepared."""
-        arrays = items.arrays if isinstance(items, Spaces) else (items,)
-        # No space's distances warn (einsum and sqrt of squares, or the zeros of bags); NaN
-        # compares False: far.
-        each = [space.distances(a) for space, a in zip(self._spaces, arrays, strict=True)]
-        if all((d <= MAX_INPUT_DISTANCE).all() for d in each):
-            return
-        distances = np.column_stack(each)
-        far_rows = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE).all(axis=1))  # NaN is far
-        if far_rows.size == 0:
-            return
+    def _prepare_checked(
+        self, batch: np.ndarray, names: Sequence[str] | None
+    ) -> np.ndarray | CellDocuments | Spaces:
+        """:meth:`prepare`, with :meth:`check_distances` from the distances each space measures
+        as it prepares (no pass of its own)."""
+        measured = [space.prepare_measured(batch) for space in self._spaces]
+        # NaN (a transform that could not compute) is not <= the bound: far.
+        if not all(farthest <= MAX_INPUT_DISTANCE for _, _, farthest in measured):
+            self._refuse_far(np.column_stack([distances for _, distances, _ in measured]), names)
+        return measured[0][0] if len(measured) == 1 else Spaces(tuple(m[0] for m in measured))
+
+    def _refuse_far(self, distances: np.ndarray, names: Sequence[str] | None) -> None:
+        """Name the first instance whose distances (shape (n_samples, n_spaces)) pass the
+        bound, and why."""
+        far_rows = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE).all(axis=1))
         row = int(far_rows[0])
         # A transform that could not compute says more than a distance: name it first.
         nan = np.flatnonzero(np.isnan(distances[row]))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from service.model.errors import InvalidInputError, SpecError
+from service.model.kernels.inputs import all_finite
 
 INPUT_KINDS = ("vector", "grid", "counts", "text")
 _RANKS = {"vector": 1, "grid": 3, "counts": 1, "text": 0}
@@ -151,7 +152,7 @@ class InputSpec:
                 ]
             )
         X = np.ascontiguousarray(raw.reshape(len(raw), -1), dtype=np.float64)
-        if not np.isfinite(X).all():
+        if not all_finite(X):
             bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
             raise InvalidInputError(f"{instance_name(names, bad)} contains NaN or infinity")
         return X
