@@ -403,8 +403,20 @@ if HttpToolsProtocol is not None:
             self._arm_body_deadline()
             super().on_headers_complete()
             cycle = self.cycle
-            if cycle is not None and cycle.transport is self.transport:  # a new request's
+            # A new request's; not a HEAD's, whose answer uvicorn ends without a body write.
+            if (
+                cycle is not None
+                and cycle.transport is self.transport
+                and cycle.scope["method"] != "HEAD"
+            ):
                 cycle.transport = HeadWithBody(self.transport)
+
+        def on_response_complete(self) -> None:
+            # An answer is never complete with its head held back; in case one were, it goes.
+            transport = self.cycle.transport if self.cycle is not None else None
+            if type(transport) is HeadWithBody:
+                transport.flush()
+            super().on_response_complete()
 
         def on_message_complete(self) -> None:
             self._start_head()
@@ -459,7 +471,8 @@ class HeadWithBody:
     the first write, is held, and only until the next: a streamed body goes out as it comes.
     An interim answer (``100 Continue``, written before the head) is not held; a connection
     closed with the head held (an app that failed after starting its answer) gets the head
-    first, as it would have.
+    first, as it would have. A HEAD request's answer, which uvicorn ends without writing its
+    body, is not given one of these.
 
     Parameters
     ----------
@@ -483,9 +496,13 @@ class HeadWithBody:
             return
         self.transport.write(data)
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Write the head if it is held."""
         if self.state is _HEAD_HELD:
             self.write(b"")
+
+    def close(self) -> None:
+        self.flush()
         self.transport.close()
 
     def is_closing(self) -> bool:

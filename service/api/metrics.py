@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 
 from prometheus_client import (
@@ -187,6 +188,9 @@ class PrometheusMetrics(Metrics):
         self._pending: collections.deque[tuple] = collections.deque()
         self._in_flight = 0
         self._fold_due: asyncio.TimerHandle | None = None
+        # A scrape (on a thread) must not fold while the timer does: it would miss what the
+        # other has taken but not yet recorded.
+        self._folding = threading.Lock()
 
     # -- requests ------------------------------------------------------------------------------
     #
@@ -228,7 +232,12 @@ class PrometheusMetrics(Metrics):
         self._fold_due = loop.call_later(FOLD_DELAY_S, self.fold)
 
     def fold(self) -> None:
-        """Record every report noted so far, and the requests in flight now, in the metrics."""
+        """Record every report noted so far, and the requests in flight now, in the metrics:
+        from the event loop (the timer) or a scrape's thread, one at a time."""
+        with self._folding:
+            self._fold()
+
+    def _fold(self) -> None:
         self._fold_due = None
         self.in_flight.set(self._in_flight)
         pending = self._pending

@@ -372,8 +372,9 @@ class JsonFormatter(logging.Formatter):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._second: int | None = None
-        self._second_text = ""
+        # The second last formatted and its text, as one tuple: the writer thread and the
+        # threads that log read and replace it at once.
+        self._second: tuple[int | None, str] = (None, "")
 
     def _timestamp(self, created: float) -> str:
         """``created`` in ISO 8601 to the millisecond, UTC, as ``datetime.isoformat`` writes
@@ -383,10 +384,13 @@ class JsonFormatter(logging.Formatter):
         second, microseconds = int(whole), round(fraction * 1e6)  # as datetime rounds
         if microseconds >= 1_000_000:
             second, microseconds = second + 1, microseconds - 1_000_000
-        if second != self._second:
-            moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
-            self._second, self._second_text = second, moment.strftime("%Y-%m-%dT%H:%M:%S")
-        return f"{self._second_text}.{microseconds // 1000:03d}+00:00"
+        cached, text = self._second
+        if second != cached:
+            text = datetime.datetime.fromtimestamp(second, datetime.UTC).strftime(
+                "%Y-%m-%dT%H:%M:%S"
+            )
+            self._second = (second, text)
+        return f"{text}.{microseconds // 1000:03d}+00:00"
 
     def format(self, record: logging.LogRecord) -> str:
         extra = {f: record.__dict__[f] for f in ACCESS_FIELDS if f in record.__dict__}

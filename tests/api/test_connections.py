@@ -329,3 +329,25 @@ def test_answers_through_the_server_are_whole_with_and_without_100_continue():
         while not answer.endswith(b"ok"):
             answer += sock.recv(4096)
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+@pytest.mark.skipif(LimitedHttpToolsProtocol is None, reason="no httptools")
+def test_a_head_request_is_answered_and_a_request_pipelined_after_it_too():
+    # uvicorn ends a HEAD's answer without writing its body: its head must not wait for one.
+    with (
+        running(LimitedHttpToolsProtocol, PATIENT) as address,
+        socket.create_connection(address) as sock,
+    ):
+        sock.settimeout(5)  # answers come in milliseconds
+        sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += sock.recv(4096)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"content-length: 2\r\n" in head
+        sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answers = b""
+        while not answers.endswith(b"ok"):
+            answers += sock.recv(4096)
+        assert answers.count(b"HTTP/1.1 200 OK\r\n") == 2
+        assert answers.index(b"\r\n\r\n") < answers.index(b"HTTP/1.1 200 OK\r\n", 1)

@@ -7,6 +7,8 @@ import asyncio
 import dataclasses
 import os
 import shutil
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -347,3 +349,37 @@ def test_a_requests_reports_are_folded_in_shortly_and_before_every_exposition():
         assert registry.get_sample_value("besvm_http_requests_in_flight") == 1
 
     asyncio.run(scenario())
+
+
+def test_folds_from_the_loop_and_scrapes_at_once_lose_nothing_and_never_fail():
+    metrics = PrometheusMetrics()
+    labels = {"method": "POST", "route": "/classify", "model": "digits", "status": "200"}
+    n_reports, errors = 20_000, []
+
+    def scrape_again_and_again(stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                metrics.fold()
+        except Exception as error:  # what a scrape would answer 500 for
+            errors.append(error)
+
+    stop = threading.Event()
+    scrapers = [threading.Thread(target=scrape_again_and_again, args=(stop,)) for _ in range(2)]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads taking turns as often as they can
+    for scraper in scrapers:
+        scraper.start()
+    try:
+        for i in range(n_reports):
+            metrics.request_started()  # no event loop here: each note folds at once
+            metrics.request_finished("POST", "/classify", "digits", 200, 0.001)
+            if i % 1000 == 0:
+                metrics.fold()
+    finally:
+        stop.set()
+        for scraper in scrapers:
+            scraper.join()
+        sys.setswitchinterval(switch_interval)
+    metrics.fold()
+    assert errors == []
+    assert metrics.registry.get_sample_value("besvm_http_requests_total", labels) == n_reports
