@@ -70,11 +70,12 @@ from service.api.registry import ModelState
 from service.api.responses import VERSION_HEADER
 from service.api.settings import Settings
 from service.api.tls import TlsFiles
-from service.api.v2 import ALL_CLASSES, EXTENSIONS, SERVER_NAME
-from service.api.v2_schemas import InferParameters, InferRequest, RequestInput, RequestOutput
+from service.api.v2 import EXTENSIONS, SERVER_NAME
+from service.api.v2_schemas import ProtocolInput, ProtocolOutput, ProtocolRequest
 from service.api.v2_tensors import (
     BINARY_DATA_SIZE,
     ModelInputs,
+    classes_to_rank,
     decode_request,
     model_metadata,
     output_tensors,
@@ -191,8 +192,8 @@ class MessageBudget(aio.ServerInterceptor):
         return counted
 
 
-def infer_request(request: pb.ModelInferRequest) -> tuple[InferRequest, bytes]:
-    """A gRPC inference request as the REST protocol's request and binary data: typed
+def infer_request(request: pb.ModelInferRequest) -> tuple[ProtocolRequest, bytes]:
+    """A gRPC inference request as the protocol's request and binary data: typed
     contents become ``data`` (BYTES: binary data), ``raw_input_contents`` binary data."""
     inputs, binary = [], b""
     raw = request.raw_input_contents
@@ -223,29 +224,13 @@ def infer_request(request: pb.ModelInferRequest) -> tuple[InferRequest, bytes]:
                         f"input {tensor.name!r} of {tensor.datatype} holds its values in "
                         f"contents.{field}"
                     )
-        inputs.append(
-            RequestInput.model_construct(
-                name=tensor.name,
-                shape=list(tensor.shape),
-                datatype=tensor.datatype,
-                parameters=parameters or None,
-                data=data,
-            )
-        )
+        shape = list(tensor.shape)
+        inputs.append(ProtocolInput(tensor.name, shape, tensor.datatype, parameters or None, data))
     top_k = _parameter_value(request.parameters["top_k"]) if "top_k" in request.parameters else None
     if top_k is not None and (type(top_k) is not int or top_k < 1):
         raise InvalidInputError("parameters.top_k must be an integer of at least 1")
-    outputs = [
-        RequestOutput.model_construct(name=o.name, parameters=_parameters(o.parameters))
-        for o in request.outputs
-    ]
-    body = InferRequest.model_construct(
-        id=request.id or None,
-        inputs=inputs,
-        outputs=outputs or None,
-        parameters=InferParameters.model_construct(top_k=top_k),
-    )
-    return body, binary
+    outputs = [ProtocolOutput(o.name, _parameters(o.parameters)) for o in request.outputs]
+    return ProtocolRequest(inputs, outputs or None, top_k, request.id or None), binary
 
 
 def _raw_tensor(datatype: str, data: list) -> bytes:
@@ -398,7 +383,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             plane = self.plane
             predictor = plane.snapshot(name, version).predictor
 
-            def decoded() -> tuple[InferRequest, ModelInputs, tuple[str, ...]]:
+            def decoded() -> tuple[ProtocolRequest, ModelInputs, tuple[str, ...]]:
                 body, binary = infer_request(request)
                 return body, *decode_request(body, binary, predictor, plane.max_batch_size)
 
@@ -407,11 +392,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 arrival[0].add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
             # A large message's values are converted off the event loop, as REST's are.
             body, inputs, names = await plane.convert(request.ByteSize(), decoded)
+            k = plane.default_top_k if body.top_k is None else body.top_k
             snapshot, answers = await plane.classify(
-                name, inputs.instances, inputs.texts, ALL_CLASSES, version=version
+                name, inputs.instances, inputs.texts, classes_to_rank(names, k), version=version
             )
-            top_k = body.parameters.top_k
-            k = plane.default_top_k if top_k is None else top_k
             tensors = output_tensors(answers, snapshot.predictor.classes, names, k)
             response = pb.ModelInferResponse(
                 model_name=snapshot.name, model_version=snapshot.version, id=request.id

@@ -25,10 +25,18 @@ from service.api.v2_schemas import (
     LiveResponse,
     ModelMetadata,
     ProtocolError,
+    ProtocolRequest,
     ReadyResponse,
     ServerMetadata,
+    plain_request,
 )
-from service.api.v2_tensors import ModelInputs, decode_request, model_metadata, output_tensors
+from service.api.v2_tensors import (
+    ModelInputs,
+    classes_to_rank,
+    decode_request,
+    model_metadata,
+    output_tensors,
+)
 from service.model import InvalidInputError, ModelNotReadyError
 
 router = APIRouter(tags=["open inference protocol"])
@@ -38,8 +46,6 @@ EXTENSIONS = ["model_repository"]
 # The binary tensor data extension: the JSON header's length, binary tensors after it.
 HEADER_LENGTH = "inference-header-content-length"
 _HEADER_LENGTH_BYTES = HEADER_LENGTH.encode("ascii")
-# Ranks every class: the scores output holds all K of them.
-ALL_CLASSES = 2**31 - 1
 
 BODY_SCHEMAS: tuple[type[BaseModel], ...] = (InferRequest,)
 
@@ -159,9 +165,12 @@ def _json_header(request: Request, body: bytes) -> tuple[bytes, bytes]:
     return body[:length], body[length:]
 
 
-def _parsed(header: bytes) -> InferRequest:
+def _parsed(header: bytes) -> ProtocolRequest:
+    request = plain_request(header)
+    if request is not None:
+        return request
     try:
-        return InferRequest.model_validate_json(header)
+        return InferRequest.model_validate_json(header).protocol()
     except ValidationError as error:
         # The context carries the parser's reason, which the 400's message names.
         problems = error.errors(include_url=False, include_input=False)
@@ -175,18 +184,17 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     # its snapshot, that version validates the batch as it does any (and names itself).
     predictor = plane.snapshot(name, version).predictor
 
-    def decoded() -> tuple[InferRequest, ModelInputs, tuple[str, ...]]:
+    def decoded() -> tuple[ProtocolRequest, ModelInputs, tuple[str, ...]]:
         body = _parsed(header)
         return body, *decode_request(body, binary, predictor, plane.max_batch_size)
 
     body, inputs, outputs = await decode_json(
         request, header, decoded, size=len(header) + len(binary)
     )
-    top_k = body.parameters.top_k if body.parameters is not None else None
+    k = plane.default_top_k if body.top_k is None else body.top_k
     snapshot, answers = await plane.classify(
-        name, inputs.instances, inputs.texts, ALL_CLASSES, version=version
+        name, inputs.instances, inputs.texts, classes_to_rank(outputs, k), version=version
     )
-    k = plane.default_top_k if top_k is None else top_k
     payload = {
         "model_name": snapshot.name,
         "model_version": snapshot.version,

@@ -1,14 +1,22 @@
-"""Request and response bodies of the Open Inference Protocol (KServe V2 REST).
+"""Request and response bodies of the Open Inference Protocol (KServe V2 REST), and the
+request as both transports hand it to the tensor codecs (:class:`ProtocolRequest`).
 
 The schemas check the JSON's structure. What a tensor means for a model (its datatype, shape
 and data length) is checked by the model's tensor codec (:mod:`service.api.v2_tensors`), which
 says what was wrong in a 400.
+
+A request body is read by :func:`plain_request` when it is plain JSON of exactly the schema's
+types (what clients send), else validated by :class:`InferRequest`: pydantic's validation of
+the generic tensor, and its model objects, cost a one-digit request about as much as the
+model's answer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.api.schemas import VERSION_DESCRIPTION
@@ -125,6 +133,150 @@ class InferRequest(BaseModel):
         description="The outputs to answer, in this order, each at most once (default: label "
         "and scores, and top_k_labels and top_k_scores when parameters.top_k is given).",
     )
+
+    def protocol(self) -> ProtocolRequest:
+        """This request as the tensor codecs read it."""
+        return ProtocolRequest(
+            inputs=[
+                ProtocolInput(t.name, t.shape, t.datatype, t.parameters, t.data)
+                for t in self.inputs
+            ],
+            outputs=None
+            if self.outputs is None
+            else [ProtocolOutput(o.name, o.parameters) for o in self.outputs],
+            top_k=None if self.parameters is None else self.parameters.top_k,
+            id=self.id,
+        )
+
+
+@dataclass(slots=True)
+class ProtocolInput:
+    """One input tensor, as :class:`RequestInput` has validated it (or a gRPC message holds
+    it): ``shape`` of integers >= 0, ``data`` a list (flat or nested) or None."""
+
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: dict[str, Any] | None = None
+    data: list[Any] | None = None
+
+
+@dataclass(slots=True)
+class ProtocolOutput:
+    """An output the client asks for."""
+
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class ProtocolRequest:
+    """An inference request of either transport (REST JSON, gRPC), validated for structure.
+    Read, never changed (not frozen: a frozen dataclass costs a request about a microsecond
+    more to build)."""
+
+    inputs: list[ProtocolInput]
+    outputs: list[ProtocolOutput] | None = None
+    top_k: int | None = None
+    id: str | None = None
+
+
+# Bodies up to this size may be read by plain_request (its check for long numbers copies one).
+PLAIN_REQUEST_MAX_BYTES = 64 * 1024
+# 19 digits in a row: maybe an integer past 64 bits, which orjson reads as a float (pydantic as
+# an int, which no tensor takes). Such bodies, and any float written with more digits than a
+# float64 holds, are read by pydantic.
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
+# A body with more opening brackets than this may nest deeper than pydantic's parser takes
+# (201 levels), and is read by pydantic, which refuses it.
+_PLAIN_MAX_BRACKETS = 128
+
+
+def plain_request(raw: bytes) -> ProtocolRequest | None:
+    """The request of a JSON body of exactly the schema's types, or None for pydantic to
+    validate (any other body: one pydantic may refuse, or read differently).
+
+    What it takes, pydantic takes with the same values: JSON of at most
+    :data:`PLAIN_REQUEST_MAX_BYTES`, nested at most :data:`_PLAIN_MAX_BRACKETS` brackets deep,
+    without integers past 64 bits; ``id`` a string; ``parameters.top_k`` an integer >= 1;
+    every tensor's name and datatype strings, its shape integers >= 0 (at most
+    :data:`MAX_TENSOR_DIMENSIONS`), its parameters an object, its data an array; at most
+    :data:`MAX_OUTPUTS` outputs, each with a string name. Fields may be absent or null where
+    the schema allows it; other fields are ignored, as the schema ignores them.
+    """
+    if (
+        len(raw) > PLAIN_REQUEST_MAX_BYTES
+        or raw.count(b"[") + raw.count(b"{") > _PLAIN_MAX_BRACKETS
+        or _LONG_NUMBER in raw.translate(_DIGITS_AS_ZERO)
+    ):
+        return None
+    try:
+        document = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(document) is not dict:
+        return None
+    get = document.get
+    request_id, parameters, inputs, outputs = get("id"), get("parameters"), get("inputs"), None
+    top_k = None
+    if request_id is not None and type(request_id) is not str:
+        return None
+    if parameters is not None:
+        if type(parameters) is not dict:
+            return None
+        top_k = parameters.get("top_k")
+        if top_k is not None and (type(top_k) is not int or top_k < 1):
+            return None
+    if type(inputs) is not list:
+        return None
+    tensors = []
+    for tensor in inputs:
+        plain = _plain_input(tensor)
+        if plain is None:
+            return None
+        tensors.append(plain)
+    wanted = get("outputs")
+    if wanted is not None:
+        if type(wanted) is not list or len(wanted) > MAX_OUTPUTS:
+            return None
+        outputs = []
+        for output in wanted:
+            plain = _plain_output(output)
+            if plain is None:
+                return None
+            outputs.append(plain)
+    return ProtocolRequest(tensors, outputs, top_k, request_id)
+
+
+def _plain_input(tensor: Any) -> ProtocolInput | None:
+    if type(tensor) is not dict:
+        return None
+    get = tensor.get
+    name, shape, datatype = get("name"), get("shape"), get("datatype")
+    parameters, data = get("parameters"), get("data")
+    if (
+        type(name) is not str
+        or type(datatype) is not str
+        or type(shape) is not list
+        or len(shape) > MAX_TENSOR_DIMENSIONS
+        or (parameters is not None and type(parameters) is not dict)
+        or (data is not None and type(data) is not list)
+    ):
+        return None
+    for dimension in shape:
+        if type(dimension) is not int or dimension < 0:
+            return None
+    return ProtocolInput(name, shape, datatype, parameters, data)
+
+
+def _plain_output(output: Any) -> ProtocolOutput | None:
+    if type(output) is not dict:
+        return None
+    name, parameters = output.get("name"), output.get("parameters")
+    if type(name) is not str or (parameters is not None and type(parameters) is not dict):
+        return None
+    return ProtocolOutput(name, parameters)
 
 
 class MetadataTensor(BaseModel):

@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from service.api.v2_schemas import InferRequest, RequestInput
+from service.api.v2_schemas import ProtocolInput, ProtocolRequest
 from service.model import BatchTooLargeError, InvalidInputError
 from service.model.errors import brief
 from service.model.inputs.base import InputKind
@@ -58,6 +58,7 @@ NUMERIC_DATATYPES: dict[str, np.dtype] = {
         "UINT64": np.uint64,
     }.items()
 }
+_FLOAT64 = NUMERIC_DATATYPES["FP64"]
 OUTPUT_NAMES = ("label", "scores", "top_k_labels", "top_k_scores")
 DEFAULT_OUTPUTS = ("label", "scores")
 TOP_K_OUTPUTS = ("top_k_labels", "top_k_scores")
@@ -84,7 +85,7 @@ class TensorCodec(ABC):
         """The input's name, datatype and shape (-1: any batch size)."""
 
     @abstractmethod
-    def decode(self, tensor: RequestInput, raw: bytes | None) -> ModelInputs:
+    def decode(self, tensor: ProtocolInput, raw: bytes | None) -> ModelInputs:
         """The tensor's values, from its JSON ``data`` or its binary bytes ``raw``.
 
         Raises
@@ -93,10 +94,13 @@ class TensorCodec(ABC):
             Wrong datatype, shape, or data length, or data of the wrong type.
         """
 
-    def _batch_size(self, tensor: RequestInput, expected: str) -> int:
-        """n, the shape's first dimension (the schema has made every dimension >= 0)."""
+    def _batch_size(self, tensor: ProtocolInput, expected: Callable[[], str]) -> int:
+        """n, the shape's first dimension (the schema has made every dimension >= 0);
+        ``expected()`` says which shapes the input takes, should it have none."""
         if not tensor.shape:
-            raise InvalidInputError(f"input {self.input_name!r} has shape [], expected {expected}")
+            raise InvalidInputError(
+                f"input {self.input_name!r} has shape [], expected {expected()}"
+            )
         return tensor.shape[0]
 
 
@@ -115,14 +119,14 @@ class NumericTensor(TensorCodec):
     def _expected(self) -> str:
         return " or ".join(str([-1, *shape]) for shape in self.spec.accepted_shapes)
 
-    def decode(self, tensor: RequestInput, raw: bytes | None) -> ModelInputs:
+    def decode(self, tensor: ProtocolInput, raw: bytes | None) -> ModelInputs:
         dtype = NUMERIC_DATATYPES.get(tensor.datatype)
         if dtype is None:
             raise InvalidInputError(
                 f"input {self.input_name!r} has datatype {brief(tensor.datatype)}; this model "
                 f"reads numbers: FP64 or FP32 (or {', '.join(list(NUMERIC_DATATYPES)[3:])})"
             )
-        n = self._batch_size(tensor, self._expected())
+        n = self._batch_size(tensor, self._expected)
         instance_shape = tuple(tensor.shape[1:])
         if instance_shape not in self.spec.accepted_shapes:
             raise InvalidInputError(
@@ -139,10 +143,11 @@ class NumericTensor(TensorCodec):
             # A copy: the buffer's view is read-only, which compiled kernels take as another type.
             values = np.frombuffer(raw, dtype=dtype).astype(np.float64)
         else:
-            values = self._json_values(tensor, dtype, size).astype(np.float64, copy=False)
+            values = self._json_values(tensor, dtype, size)
         return ModelInputs(instances=values.reshape(n, *instance_shape))
 
-    def _json_values(self, tensor: RequestInput, dtype: np.dtype, size: int) -> np.ndarray:
+    def _json_values(self, tensor: ProtocolInput, dtype: np.dtype, size: int) -> np.ndarray:
+        """The JSON data's ``size`` values as float64, as ``dtype`` holds them (any shape)."""
         where = f"input {self.input_name!r}"
         if tensor.data is None:
             raise InvalidInputError(f"{where} has no data (and no {BINARY_DATA_SIZE})")
@@ -160,15 +165,14 @@ class NumericTensor(TensorCodec):
             )
         if dtype.kind in "iu" and values.dtype.kind == "f":
             raise InvalidInputError(f"{where}: data of {tensor.datatype} must be whole numbers")
-        if dtype != np.float64:  # float64 holds every number JSON data decodes to
-            info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
-            finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
-            if finite.size and (finite.min() < info.min or finite.max() > info.max):
-                raise InvalidInputError(
-                    f"{where}: a value is out of the range of {tensor.datatype}"
-                )
+        if dtype is _FLOAT64:  # float64 holds every number JSON data decodes to
+            return values.astype(np.float64, copy=False)
+        info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype)
+        finite = values[np.isfinite(values)] if values.dtype.kind == "f" else values
+        if finite.size and (finite.min() < info.min or finite.max() > info.max):
+            raise InvalidInputError(f"{where}: a value is out of the range of {tensor.datatype}")
         # Values as the declared datatype holds them (an FP32 0.1 is float32's 0.1).
-        return values.reshape(-1).astype(dtype, copy=False)
+        return values.astype(dtype).astype(np.float64)
 
 
 class TextTensor(TensorCodec):
@@ -183,13 +187,13 @@ class TextTensor(TensorCodec):
     def input_metadata(self) -> dict[str, Any]:
         return {"name": self.input_name, "datatype": "BYTES", "shape": [-1]}
 
-    def decode(self, tensor: RequestInput, raw: bytes | None) -> ModelInputs:
+    def decode(self, tensor: ProtocolInput, raw: bytes | None) -> ModelInputs:
         where = f"input {self.input_name!r}"
         if tensor.datatype != "BYTES":
             raise InvalidInputError(
                 f"{where} has datatype {brief(tensor.datatype)}; this model reads texts: BYTES"
             )
-        n = self._batch_size(tensor, "[-1] or [-1, 1]")
+        n = self._batch_size(tensor, lambda: "[-1] or [-1, 1]")
         if tuple(tensor.shape[1:]) not in ((), (1,)):
             raise InvalidInputError(
                 f"{where} has shape {brief(tensor.shape)}, expected [-1] or [-1, 1]: one text "
@@ -203,7 +207,7 @@ class TextTensor(TensorCodec):
         return ModelInputs(texts=texts)
 
 
-def _json_texts(tensor: RequestInput, where: str) -> list[str]:
+def _json_texts(tensor: ProtocolInput, where: str) -> list[str]:
     if tensor.data is None:
         raise InvalidInputError(f"{where} has no data (and no {BINARY_DATA_SIZE})")
     texts = [t[0] if isinstance(t, list) and len(t) == 1 else t for t in tensor.data]
@@ -276,7 +280,7 @@ def model_metadata(predictor: Predictor, name: str, version: str) -> dict[str, A
 
 
 def decode_request(
-    request: InferRequest, binary: bytes, predictor: Predictor, max_batch_size: int
+    request: ProtocolRequest, binary: bytes, predictor: Predictor, max_batch_size: int
 ) -> tuple[ModelInputs, tuple[str, ...]]:
     """The request's one input tensor, decoded for ``predictor``, and the outputs it wants.
 
@@ -284,7 +288,7 @@ def decode_request(
 
     Parameters
     ----------
-    request : InferRequest
+    request : ProtocolRequest
     binary : bytes
         What follows the JSON header (binary tensor data; empty if none).
     predictor : Predictor
@@ -318,7 +322,7 @@ def decode_request(
     return codec.decode(tensor, raw), outputs
 
 
-def _binary_part(tensor: RequestInput, binary: bytes) -> bytes | None:
+def _binary_part(tensor: ProtocolInput, binary: bytes) -> bytes | None:
     size = (tensor.parameters or {}).get(BINARY_DATA_SIZE)
     if size is None:
         if binary:
@@ -337,10 +341,9 @@ def _binary_part(tensor: RequestInput, binary: bytes) -> bytes | None:
     return binary
 
 
-def _outputs_wanted(request: InferRequest) -> tuple[str, ...]:
+def _outputs_wanted(request: ProtocolRequest) -> tuple[str, ...]:
     if request.outputs is None:
-        top_k = request.parameters is not None and request.parameters.top_k is not None
-        return DEFAULT_OUTPUTS + TOP_K_OUTPUTS if top_k else DEFAULT_OUTPUTS
+        return DEFAULT_OUTPUTS + TOP_K_OUTPUTS if request.top_k is not None else DEFAULT_OUTPUTS
     names = []
     for output in request.outputs:
         if output.name not in OUTPUT_NAMES:
@@ -358,15 +361,21 @@ def _outputs_wanted(request: InferRequest) -> tuple[str, ...]:
     return tuple(names)
 
 
+def classes_to_rank(names: Sequence[str], top_k: int) -> int:
+    """How many classes each answer must rank for the outputs ``names``: ``top_k`` for the
+    top-k outputs, else one (the label; scores come in the classes' order, unranked)."""
+    return top_k if any(name in TOP_K_OUTPUTS for name in names) else 1
+
+
 def output_tensors(
     answers: Sequence[Answer], classes: Sequence[str], names: Sequence[str], top_k: int
 ) -> list[dict[str, Any]]:
-    """The outputs ``names`` of a batch's answers (which rank all K classes).
+    """The outputs ``names`` of a batch's answers.
 
     Parameters
     ----------
     answers : sequence of Answer, length n
-        Each ranking every class, best first.
+        Each ranking at least :func:`classes_to_rank` classes.
     classes : sequence of str, length K
         The order of the scores' columns.
     names : sequence of str
@@ -376,17 +385,12 @@ def output_tensors(
     """
     n, n_classes = len(answers), len(classes)
     k = min(top_k, n_classes)
-    column = {label: i for i, label in enumerate(classes)}
     tensors = {}
     for name in names:
         if name == "label":
             tensors[name] = ("BYTES", [n], [a.label for a in answers])
         elif name == "scores":
-            scores = [0.0] * (n * n_classes)
-            for row, answer in enumerate(answers):
-                for label, score in answer.ranked:
-                    scores[row * n_classes + column[label]] = score
-            tensors[name] = ("FP64", [n, n_classes], scores)
+            tensors[name] = ("FP64", [n, n_classes], [s for a in answers for s in a.scores])
         elif name == "top_k_labels":
             tensors[name] = ("BYTES", [n, k], [c for a in answers for c, _ in a.ranked[:k]])
         else:

@@ -33,19 +33,22 @@ from service.model.inputs.kinds import input_arrays, read_inputs
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
 from service.model.inputs.words import Documents, Vocabulary
+from service.model.kernels.scores import affine_rows
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
-from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
+from service.model.threads import SCORES_BLAS_MIN_SAMPLES, SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 
 MODEL_TYPE = "besvm"
 
 
 @dataclass(frozen=True)
 class Answer:
-    """The answer for one instance: the label, the best classes with scores, and for documents
-    how many of its words the vocabulary knows (0: the model answered an empty document)."""
+    """The answer for one instance: the label, the best classes with scores, every class's
+    score in the model's order of classes, and for documents how many of its words the
+    vocabulary knows (0: the model answered an empty document)."""
 
     label: str
     ranked: list[tuple[str, float]]
+    scores: list[float]
     known_words: int | None = None
 
 
@@ -420,6 +423,7 @@ class Predictor:
             Answer(
                 label=classes[ranking[0]],
                 ranked=[(classes[c], row[c]) for c in ranking],
+                scores=row,
                 known_words=None if known is None else known[i],
             )
             for i, (ranking, row) in enumerate(zip(rankings, rows, strict=True))
@@ -511,13 +515,22 @@ class _Scorer:
     intercept: np.ndarray
 
     def __call__(self, items, basis) -> np.ndarray:
-        if self.computed:
-            scores = raw_similarities(items, basis, self.computed) @ self.computed_weights
+        n_samples, n_classes = len(items), self.intercept.shape[0]
+        if not self.computed:
+            scores = np.tile(self.intercept, (n_samples, 1))
+        elif n_samples < SCORES_BLAS_MIN_SAMPLES:
+            similarities = raw_similarities(items, basis, self.computed)
+            scores = affine_rows(
+                similarities,
+                self.computed_weights,
+                self.intercept,
+                np.empty((n_samples, n_classes)),
+            )
         else:
-            scores = np.zeros((len(items), self.intercept.shape[0]))
+            scores = raw_similarities(items, basis, self.computed) @ self.computed_weights
+            scores += self.intercept
         for measure, input_weights in self.on_inputs:
             scores += measure.items_of(items) @ input_weights
-        scores += self.intercept
         return scores
 
 
@@ -535,6 +548,8 @@ def _rankings(scores: np.ndarray, rows: list[list[float]], k: int) -> list[list[
     if k < 1:
         raise InvalidInputError(f"top_k must be at least 1, got {k}")
     columns, kept = range(n_classes), min(k, n_classes)
+    if kept == 1:  # max keeps the first of equal scores, as the stable sort does
+        return [[max(columns, key=row.__getitem__)] for row in rows]
     # sorted is stable, reverse=True too: equal scores keep their columns' order.
     return [sorted(columns, key=row.__getitem__, reverse=True)[:kept] for row in rows]
 

@@ -13,6 +13,7 @@ from service.model.inputs.words import CellDocuments, Documents, canonical_count
 from service.model.kernels import bof as bof_kernels
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.inputs import all_finite, normalize_rows
+from service.model.kernels.scores import affine_rows
 from service.model.kernels.search import search_top_k
 from service.model.search.codes import sparse_svm_code
 from service.model.similarity import SIMILARITY_KINDS
@@ -58,6 +59,7 @@ def compile_kernels() -> list[str]:
     return (
         names
         + compile_inputs()
+        + compile_scores()
         + compile_search()
         + compile_codes()
         + compile_hog()
@@ -72,6 +74,12 @@ def compile_inputs() -> list[str]:
     all_finite(X)
     normalize_rows(X, np.zeros(4), np.ones(4), np.empty((2, 4)), np.empty(2))
     return ["inputs"]
+
+
+def compile_scores() -> list[str]:
+    """The linear layer of a few inputs, on the scorer's types (float64, C order, writable)."""
+    affine_rows(np.zeros((2, 6)), np.zeros((6, 3)), np.zeros(3), np.empty((2, 3)))
+    return ["scores"]
 
 
 def compile_search() -> list[str]:

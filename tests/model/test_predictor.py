@@ -137,6 +137,11 @@ def test_classify_ranks_every_class_as_a_stable_argsort_does(digits_predictor, d
         expected = np.argsort(-row, kind="stable")
         assert [c for c, _ in answer.ranked] == [classes[i] for i in expected]
         np.testing.assert_allclose([s for _, s in answer.ranked], row[expected], rtol=1e-12)
+        # Every class's score, in the classes' order, whatever top_k.
+        np.testing.assert_allclose(answer.scores, row, rtol=1e-12)
+    for answer, row in zip(digits_predictor.classify(images, top_k=1), scores, strict=True):
+        assert [c for c, _ in answer.ranked] == [classes[int(np.argmax(row))]]
+        np.testing.assert_allclose(answer.scores, row, rtol=1e-12)
 
 
 def test_a_batch_whose_sum_overflows_is_not_taken_for_infinite(digits_predictor):
@@ -335,3 +340,19 @@ def test_a_batch_whose_hog_runs_in_parallel_is_heavy_work_for_the_scheduler(digi
     assert measure.runs_serially(64, predictor.n_basis)
     assert predictor.runs_serially(16)
     assert not predictor.runs_serially(64)
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 100])
+def test_equal_scores_rank_in_the_classes_order_for_any_top_k(digits_fit, digits, top_k):
+    # Every class scores its intercept alone: all ten equal, so the best is the first class,
+    # and the ranking the classes' order (the stable sort's, and max's for one class).
+    predictor = digits_fit.predictor
+    tied = dataclasses.replace(
+        predictor,
+        coef=np.zeros_like(predictor.coef),
+        intercept=np.full_like(predictor.intercept, 0.25),
+    )
+    images = digits.X_test[:3].reshape(3, 8, 8).tolist()
+    for answer in tied.classify(images, top_k=top_k):
+        assert answer.label == tied.classes[0]
+        assert answer.ranked == [(c, 0.25) for c in tied.classes[: min(top_k, 10)]]

@@ -6,6 +6,8 @@ r"""Every numba kernel of the model, one module per kind of item:
 - :mod:`~service.model.kernels.sparse`: the sensing kernels and tf-idf measures on bags of words;
 - :mod:`~service.model.kernels.inputs`: the dense inputs' finiteness check and their
   normalisation (centred, scaled and measured in one pass);
+- :mod:`~service.model.kernels.scores`: the linear layer of a few inputs (similarities times
+  weights, plus intercepts);
 - :mod:`~service.model.kernels.hog`: the HOG transform's cells;
 - :mod:`~service.model.kernels.bof`: the bof transform's descriptors, visual words and pyramid
   counts (images as bags of visual words);
