@@ -13,13 +13,16 @@ model's answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.api.schemas import VERSION_DESCRIPTION
+
+T = TypeVar("T")
 
 # Most dimensions of a tensor (numpy's own limit is 64).
 MAX_TENSOR_DIMENSIONS = 32
@@ -183,14 +186,14 @@ class ProtocolRequest:
 
 # Bodies up to this size may be read by plain_request (its check for long numbers copies one).
 PLAIN_REQUEST_MAX_BYTES = 64 * 1024
-# 19 digits in a row: maybe an integer past 64 bits, which orjson reads as a float (pydantic as
-# an int, which no tensor takes). Such bodies, and any float written with more digits than a
-# float64 holds, are read by pydantic.
+# 19 digits in a row anywhere (a number's or a string's): maybe an integer past 64 bits, which
+# orjson reads as a float (pydantic as an int, which no tensor takes). Such bodies are read by
+# pydantic.
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_NUMBER = b"0" * 19
-# A body with more opening brackets than this may nest deeper than pydantic's parser takes
-# (201 levels), and is read by pydantic, which refuses it.
-_PLAIN_MAX_BRACKETS = 128
+# Bodies with more opening brackets than this, in all, are read by pydantic: fewer cannot nest
+# deeper than its parser goes (201 levels), which orjson's passes (1,024).
+PLAIN_MAX_BRACKETS = 190
 
 
 def plain_request(raw: bytes) -> ProtocolRequest | None:
@@ -198,16 +201,17 @@ def plain_request(raw: bytes) -> ProtocolRequest | None:
     validate (any other body: one pydantic may refuse, or read differently).
 
     What it takes, pydantic takes with the same values: JSON of at most
-    :data:`PLAIN_REQUEST_MAX_BYTES`, nested at most :data:`_PLAIN_MAX_BRACKETS` brackets deep,
-    without integers past 64 bits; ``id`` a string; ``parameters.top_k`` an integer >= 1;
-    every tensor's name and datatype strings, its shape integers >= 0 (at most
-    :data:`MAX_TENSOR_DIMENSIONS`), its parameters an object, its data an array; at most
-    :data:`MAX_OUTPUTS` outputs, each with a string name. Fields may be absent or null where
-    the schema allows it; other fields are ignored, as the schema ignores them.
+    :data:`PLAIN_REQUEST_MAX_BYTES`, with at most :data:`PLAIN_MAX_BRACKETS` opening brackets
+    in all and no run of 19 digits (an integer past 64 bits may be one); ``id`` a string;
+    ``parameters.top_k`` an integer >= 1; every tensor's name and datatype strings, its shape
+    integers >= 0 (at most :data:`MAX_TENSOR_DIMENSIONS`), its parameters an object, its data
+    an array; at most :data:`MAX_OUTPUTS` outputs, each with a string name. Fields may be
+    absent or null where the schema allows it; other fields are ignored, as the schema ignores
+    them.
     """
     if (
         len(raw) > PLAIN_REQUEST_MAX_BYTES
-        or raw.count(b"[") + raw.count(b"{") > _PLAIN_MAX_BRACKETS
+        or raw.count(b"[") + raw.count(b"{") > PLAIN_MAX_BRACKETS
         or _LONG_NUMBER in raw.translate(_DIGITS_AS_ZERO)
     ):
         return None
@@ -230,23 +234,28 @@ def plain_request(raw: bytes) -> ProtocolRequest | None:
             return None
     if type(inputs) is not list:
         return None
-    tensors = []
-    for tensor in inputs:
-        plain = _plain_input(tensor)
-        if plain is None:
-            return None
-        tensors.append(plain)
+    tensors = _every_plain(inputs, _plain_input)
+    if tensors is None:
+        return None
     wanted = get("outputs")
     if wanted is not None:
         if type(wanted) is not list or len(wanted) > MAX_OUTPUTS:
             return None
-        outputs = []
-        for output in wanted:
-            plain = _plain_output(output)
-            if plain is None:
-                return None
-            outputs.append(plain)
+        outputs = _every_plain(wanted, _plain_output)
+        if outputs is None:
+            return None
     return ProtocolRequest(tensors, outputs, top_k, request_id)
+
+
+def _every_plain(items: list, read: Callable[[Any], T | None]) -> list[T] | None:
+    """``read`` of every item, or None if it leaves one to pydantic."""
+    plain = []
+    for item in items:
+        value = read(item)
+        if value is None:
+            return None
+        plain.append(value)
+    return plain
 
 
 def _plain_input(tensor: Any) -> ProtocolInput | None:

@@ -35,7 +35,11 @@ from service.model.inputs.transforms import InputTransform
 from service.model.inputs.words import Documents, Vocabulary
 from service.model.kernels.scores import affine_rows
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
-from service.model.threads import SCORES_BLAS_MIN_SAMPLES, SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
+from service.model.threads import (
+    SCORES_BLAS_MIN_MULTIPLY_ADDS,
+    SCORES_BLAS_MIN_SAMPLES,
+    SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
+)
 
 MODEL_TYPE = "besvm"
 
@@ -399,6 +403,8 @@ class Predictor:
         Returns
         -------
         list of Answer, one per instance
+            Its label, its ``top_k`` best classes ranked, and every class's score in the order
+            of :attr:`classes` (whatever ``top_k``).
 
         Raises
         ------
@@ -518,7 +524,10 @@ class _Scorer:
         n_samples, n_classes = len(items), self.intercept.shape[0]
         if not self.computed:
             scores = np.tile(self.intercept, (n_samples, 1))
-        elif n_samples < SCORES_BLAS_MIN_SAMPLES:
+        elif (
+            n_samples < SCORES_BLAS_MIN_SAMPLES
+            and n_samples * self.computed_weights.size < SCORES_BLAS_MIN_MULTIPLY_ADDS
+        ):
             similarities = raw_similarities(items, basis, self.computed)
             scores = affine_rows(
                 similarities,
@@ -559,6 +568,8 @@ def _best_first(scores: np.ndarray, k: int) -> np.ndarray:
     shape (n_samples, min(k, K))."""
     if k < 1:
         raise InvalidInputError(f"top_k must be at least 1, got {k}")
+    if k == 1:  # argmax keeps the first of equal scores, as the stable sort does
+        return scores.argmax(axis=1)[:, None]
     return np.argsort(-scores, axis=1, kind="stable")[:, : min(k, scores.shape[1])]
 
 

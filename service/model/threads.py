@@ -54,10 +54,13 @@ SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
 SIMILARITY_BLAS_MIN_SAMPLES = 16
 SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
 
-# Batches of at least this many inputs are scored (similarities times weights) by BLAS; smaller
-# ones by the compiled loop of service.model.kernels.scores, which costs a batch of one less
-# than numpy's product (benchmarks/bench_http.py, in the server) and a batch of 16 about as much.
+# Batches of fewer inputs than this, and of fewer multiply-adds (n_samples * columns * classes)
+# than the second, are scored (similarities times weights) by the compiled loop of
+# service.model.kernels.scores, others by BLAS: for one digit the loop saves numpy's dispatch and
+# BLAS's entry, run cold between requests (12 µs of the model's time in the server); past a few
+# hundred thousand multiply-adds BLAS's blocking wins.
 SCORES_BLAS_MIN_SAMPLES = 16
+SCORES_BLAS_MIN_MULTIPLY_ADDS = 200_000
 
 # The multiply-adds one document pair counts for in that choice: the row kernels' fixed cost per
 # basis item plus a few shared words, each costing a log-Gamma (about ten multiply-adds).

@@ -69,10 +69,23 @@ def reference(raw: bytes) -> ProtocolRequest | None:
         return None
 
 
+def typed(value):
+    """``value`` with the type of every number, string and container beside it: 2**70 and
+    its float are equal to ``==``, and a reading that turned one into the other must not be."""
+    if isinstance(value, (ProtocolRequest, ProtocolInput, ProtocolOutput)):
+        fields = type(value).__dataclass_fields__
+        return type(value).__name__, {name: typed(getattr(value, name)) for name in fields}
+    if isinstance(value, dict):
+        return "dict", {key: typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return "list", [typed(item) for item in value]
+    return type(value).__name__, value
+
+
 def agree(raw: bytes) -> ProtocolRequest | None:
     plain = plain_request(raw)
     if plain is not None:
-        assert plain == reference(raw), raw[:200]
+        assert typed(plain) == typed(reference(raw)), raw[:200]
     return plain
 
 
@@ -155,15 +168,25 @@ def _tensor(data: bytes) -> bytes:
         _tensor(b"[123456789012345678901234567890]"),
         _tensor(b"[-9223372036854775809]"),
         b'{"id": "\\ud800", "inputs": []}',  # a lone surrogate
-        _tensor(b"[[[[[[[[[[]]]]]]]]]]"),
         _tensor(b"[" * 250 + b"]" * 250),  # deeper than pydantic's parser goes
         b"[]",
         b"null",
         b"",
     ],
 )
-def test_bodies_at_the_edges_of_json_read_as_pydantic_reads_them(raw):
-    agree(raw)
+def test_bodies_at_the_edges_of_json_are_left_to_pydantic(raw):
+    assert agree(raw) is None
+
+
+def test_nested_data_within_the_bracket_count_reads_as_pydantic_reads_it():
+    assert agree(_tensor(b"[[[[[[[[[[]]]]]]]]]]")) is not None
+
+
+def test_the_comparison_sees_an_integer_read_as_a_float():
+    assert typed([2**70]) != typed([float(2**70)])
+    assert typed(ProtocolInput("a", [1], "FP64", None, [1])) != typed(
+        ProtocolInput("a", [1], "FP64", None, [1.0])
+    )
 
 
 def test_what_pydantic_would_refuse_or_read_differently_is_left_to_it():

@@ -342,8 +342,9 @@ def test_a_batch_whose_hog_runs_in_parallel_is_heavy_work_for_the_scheduler(digi
     assert not predictor.runs_serially(64)
 
 
+@pytest.mark.parametrize("n", [3, 30])  # ranked in Python, and by numpy (over 256 scores)
 @pytest.mark.parametrize("top_k", [1, 2, 100])
-def test_equal_scores_rank_in_the_classes_order_for_any_top_k(digits_fit, digits, top_k):
+def test_equal_scores_rank_in_the_classes_order_for_any_top_k(digits_fit, digits, top_k, n):
     # Every class scores its intercept alone: all ten equal, so the best is the first class,
     # and the ranking the classes' order (the stable sort's, and max's for one class).
     predictor = digits_fit.predictor
@@ -352,7 +353,7 @@ def test_equal_scores_rank_in_the_classes_order_for_any_top_k(digits_fit, digits
         coef=np.zeros_like(predictor.coef),
         intercept=np.full_like(predictor.intercept, 0.25),
     )
-    images = digits.X_test[:3].reshape(3, 8, 8).tolist()
+    images = digits.X_test[:n].reshape(n, 8, 8).tolist()
     for answer in tied.classify(images, top_k=top_k):
         assert answer.label == tied.classes[0]
         assert answer.ranked == [(c, 0.25) for c in tied.classes[: min(top_k, 10)]]

@@ -5,7 +5,8 @@ For a batch of one, numpy's product and sum cost a request more than their arith
 measured 12 µs of a one-digit request's model in the server (its dispatch, BLAS's entry and the
 addition, each run cold between requests) against under 2 µs here. Larger batches go to BLAS
 (:class:`service.model.predictor.Predictor` picks by
-:data:`service.model.threads.SCORES_BLAS_MIN_SAMPLES`).
+:data:`service.model.threads.SCORES_BLAS_MIN_SAMPLES` and
+:data:`~service.model.threads.SCORES_BLAS_MIN_MULTIPLY_ADDS`).
 """
 
 import numba
