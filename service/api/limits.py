@@ -36,6 +36,7 @@ from service.api.errors import (
     WorkTimeoutError,
     error_response,
 )
+from service.api.headers import first_header
 from service.api.settings import Settings
 from service.model.threads import available_cpus
 
@@ -259,11 +260,7 @@ class RequestSizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = None
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                declared = value
-                break
+        declared = first_header(scope["headers"], b"content-length")
         refusal = None
         if declared is not None and declared.isdigit():
             needed = BODY_COPIES * int(declared) - UNCOUNTED_BYTES

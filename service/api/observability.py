@@ -40,6 +40,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api.headers import first_header
 from service.api.metrics import CONTENT_TYPE, Metrics
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -142,11 +143,9 @@ def fresh_request_id() -> str:
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
     """The client's X-Request-ID if valid, else a fresh one (see the module docstring)."""
-    for name, value in headers:
-        if name == b"x-request-id":
-            if REQUEST_ID_PATTERN.fullmatch(value):
-                return value.decode("ascii")
-            break
+    value = first_header(headers, b"x-request-id")
+    if value is not None and REQUEST_ID_PATTERN.fullmatch(value):
+        return value.decode("ascii")
     return fresh_request_id()
 
 

@@ -23,6 +23,7 @@ from service.api.errors import (
     UnsupportedMediaTypeError,
     malformed_body_message,
 )
+from service.api.headers import first_header
 from service.api.limits import DECODED_BYTES_PER_VALUE, HOLD_KEY, json_values
 from service.api.registry import ModelSnapshot
 from service.model.errors import brief
@@ -69,12 +70,9 @@ _VERSION_HEADER_BYTES = VERSION_HEADER.encode("latin-1")
 
 def header(request: Request, name: bytes) -> str | None:
     """The value of the request's header ``name`` (lower case), the first if repeated; None if
-    absent. A look through the raw headers: Starlette's ``request.headers`` builds a mapping
-    of all of them first."""
-    for key, value in request.scope["headers"]:
-        if key == name:
-            return value.decode("latin-1")
-    return None
+    absent (see :func:`service.api.headers.first_header`)."""
+    value = first_header(request.scope["headers"], name)
+    return None if value is None else value.decode("latin-1")
 
 
 Body = TypeVar("Body", bound=BaseModel)

@@ -554,8 +554,7 @@ def _rankings(scores: np.ndarray, rows: list[list[float]], k: int) -> list[list[
     n_samples, n_classes = scores.shape
     if n_samples * n_classes > PYTHON_RANKING_MAX_SCORES:
         return _best_first(scores, k).tolist()
-    if k < 1:
-        raise InvalidInputError(f"top_k must be at least 1, got {k}")
+    _check_top_k(k)
     columns, kept = range(n_classes), min(k, n_classes)
     if kept == 1:  # max keeps the first of equal scores, as the stable sort does
         return [[max(columns, key=row.__getitem__)] for row in rows]
@@ -566,11 +565,15 @@ def _rankings(scores: np.ndarray, rows: list[list[float]], k: int) -> list[list[
 def _best_first(scores: np.ndarray, k: int) -> np.ndarray:
     """Column indices of the ``k`` largest scores of each row, best first (ties: lower index),
     shape (n_samples, min(k, K))."""
-    if k < 1:
-        raise InvalidInputError(f"top_k must be at least 1, got {k}")
+    _check_top_k(k)
     if k == 1:  # argmax keeps the first of equal scores, as the stable sort does
         return scores.argmax(axis=1)[:, None]
     return np.argsort(-scores, axis=1, kind="stable")[:, : min(k, scores.shape[1])]
+
+
+def _check_top_k(k: int) -> None:
+    if k < 1:
+        raise InvalidInputError(f"top_k must be at least 1, got {k}")
 
 
 def _required_arrays(manifest: dict[str, Any]) -> frozenset[str]:
