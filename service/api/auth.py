@@ -28,7 +28,7 @@ import hmac
 import logging
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +78,15 @@ class ForbiddenError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Key:
-    """A key as held: its digest, scope and fingerprint (the name logs give it)."""
+    """A key as held: its digest, scope and fingerprint (the name logs give it, computed once:
+    every request a key allows names it)."""
 
     digest: bytes
     scope: KeyScope
+    fingerprint: str = field(init=False, compare=False, repr=False)
 
-    @property
-    def fingerprint(self) -> str:
-        return self.digest.hex()[:FINGERPRINT_DIGITS]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", self.digest.hex()[:FINGERPRINT_DIGITS])
 
 
 def digest_of(key: str) -> bytes:
@@ -214,6 +215,7 @@ DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.js
 ADMIN_PREFIX = "/v2/repository/"
 # The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
 # Matches a request's path and the OpenAPI document's template alike.
+MODELS_PREFIX = "/v1/models/"
 CATALOGUE_UPDATE = re.compile(r"/v1/models/[^/]+/catalogue/(?:items|delete)")
 METRICS_PATH = "/metrics"
 
@@ -241,7 +243,7 @@ class AccessPolicy:
         """What a request of ``method`` (HTTP, upper case) on ``path`` needs."""
         if path.startswith(ADMIN_PREFIX):
             return Access.ADMIN
-        if method == "POST" and CATALOGUE_UPDATE.fullmatch(path):
+        if method == "POST" and path.startswith(MODELS_PREFIX) and CATALOGUE_UPDATE.fullmatch(path):
             return Access.ADMIN
         if path in PROBE_PATHS or path in DOCS_PATHS:
             return Access.OPEN

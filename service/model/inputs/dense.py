@@ -391,9 +391,10 @@ class DenseInputs(InputKind):
         """:meth:`prepare`, with :meth:`check_distances` from the distances each space measures
         as it prepares (no pass of its own)."""
         measured = [space.prepare_measured(batch) for space in self._spaces]
-        # NaN (a transform that could not compute) is not <= the bound: far.
-        if not all(farthest <= MAX_INPUT_DISTANCE for _, _, farthest in measured):
-            self._refuse_far(np.column_stack([distances for _, distances, _ in measured]), names)
+        for _, _, farthest in measured:
+            # NaN (a transform that could not compute) is not <= the bound: far.
+            if not farthest <= MAX_INPUT_DISTANCE:
+                self._refuse_far(np.column_stack([m[1] for m in measured]), names)
         return measured[0][0] if len(measured) == 1 else Spaces(tuple(m[0] for m in measured))
 
     def _refuse_far(self, distances: np.ndarray, names: Sequence[str] | None) -> None:

@@ -24,11 +24,9 @@ def affine_rows(S, W, b, out):
     W : ndarray of shape (n_columns, n_classes)
     b : ndarray of shape (n_classes,)
     out : ndarray of shape (n_samples, n_classes), float64
-        Written in place (the float64 accumulators).
-
-    Returns
-    -------
-    out : ndarray of shape (n_samples, n_classes)
+        Written in place (the float64 accumulators). Nothing is returned: an array returned
+        from compiled code is boxed again on every call (a third of this call's cost for one
+        digit).
     """
     n_classes = W.shape[1]
     for i in range(S.shape[0]):
@@ -38,4 +36,3 @@ def affine_rows(S, W, b, out):
             s = S[i, j]
             for k in range(n_classes):
                 out[i, k] += s * W[j, k]
-    return out
