@@ -294,11 +294,27 @@ def _access_line(
     key: str,
     request_id: str | None,
 ) -> str:
-    """The JSON line of an access line's values (what logging would write for its record)."""
-    arguments, fields = _access_fields(method, path, status, seconds, client, key)
-    return formatter.line(
-        created, level, access_logger.name, ACCESS_MESSAGE % arguments, request_id, fields
-    )
+    """The JSON line of an access line's values: what logging would write for its record
+    (:func:`_access_fields` through :meth:`JsonFormatter.line`), made in one step. The writer
+    makes tens of these at a time while it holds the interpreter, and the event loop waits that
+    long for it: a quarter less per line is a quarter less of that wait."""
+    milliseconds = seconds * 1000.0
+    path = path[:MAX_LOGGED_PATH]
+    line = {
+        "ts": formatter._timestamp(created),
+        "level": _LEVEL_NAMES.get(level) or logging.getLevelName(level).lower(),
+        "logger": access_logger.name,
+        "message": ACCESS_MESSAGE % (client, method, path, status, milliseconds),
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "duration_ms": round(milliseconds, 3),
+        "client": client,
+    }
+    if key:
+        line["key"] = key
+    return orjson.dumps(line, default=str).decode()
 
 
 def _sole_json_handler(logger: logging.Logger, level: int) -> BackgroundStreamHandler | None:

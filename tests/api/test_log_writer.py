@@ -104,22 +104,34 @@ def _access_lines(extra_handler: logging.Handler | None) -> tuple[list[dict], in
             log_access("GRPC", "/inference.GRPCInferenceService/ModelInfer", "OK", 2.5, None,
                        key="sha256:ab12")  # fmt: skip
             log_access("GET", "/readyz", 200, 0.001, None)  # a probe: debug, not written
+        with request_scope("req-c"):
+            # What JSON must escape, and a path past the logged length.
+            log_access("GET", ODD_PATH, 404, 123.4567894, '10.0.0.1:1 "x"', key="0f1e2d3c")
     finally:
         logger.handlers[:], level, logger.propagate = saved[0], saved[1], saved[2]
         logger.setLevel(level)
         handler.close()
-    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    # Lines end at \n only: JSON may hold U+2028, which splitlines() would also cut at.
+    lines = [json.loads(line) for line in stream.getvalue().split("\n")[:-1]]
     for line in lines:
         datetime.datetime.fromisoformat(line.pop("ts"))
     return lines, len(records)
+
+
+ODD_PATH = '/v1/models/"\\/\n\t\x00\u00e9\u2028\U0001f600/' + "x" * 2000
 
 
 def test_an_access_line_written_directly_is_the_line_logging_writes():
     direct, records = _access_lines(None)
     assert records == 0  # no LogRecord made
     through_logging, records = _access_lines(logging.NullHandler())  # not the sole handler
-    assert records == 2
+    assert records == 3
     assert direct == through_logging
+    assert [list(line) for line in direct] == [list(line) for line in through_logging]  # order
+    odd = direct.pop()
+    assert odd["path"] == ODD_PATH[:1024]
+    assert odd["duration_ms"] == 123456.789
+    assert odd["message"] == f'10.0.0.1:1 "x" "GET {ODD_PATH[:1024]}" 404 123456.789 ms'
     assert direct == [
         {"level": "info", "logger": "service.api.access",
          "message": '127.0.0.1:5000 "POST /classify" 200 1.234 ms', "request_id": "req-a",
