@@ -82,9 +82,9 @@ def test_json_timestamps_are_those_of_datetime():
 
 
 def _access_lines(extra_handler: logging.Handler | None) -> tuple[list[dict], int]:
-    """Two access lines written through the server's handler (the second one's key set), with
-    ``extra_handler`` on the way if given, as JSON without their timestamps; and how many
-    records the handler formatted."""
+    """Three access lines written through the server's handler (the second one's key set, the
+    third with an odd path, a quoted client and a key), with ``extra_handler`` on the way if
+    given, as JSON without their timestamps; and how many records the handler formatted."""
     stream = _Stream()
     handler = BackgroundStreamHandler(stream)
     handler.setFormatter(JsonFormatter())

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
@@ -397,7 +397,7 @@ class DenseInputs(InputKind):
                 self._refuse_far(np.column_stack([m[1] for m in measured]), names)
         return measured[0][0] if len(measured) == 1 else Spaces(tuple(m[0] for m in measured))
 
-    def _refuse_far(self, distances: np.ndarray, names: Sequence[str] | None) -> None:
+    def _refuse_far(self, distances: np.ndarray, names: Sequence[str] | None) -> NoReturn:
         """Name the first instance whose distances (shape (n_samples, n_spaces)) pass the
         bound, and why."""
         far_rows = np.flatnonzero(~(distances <= MAX_INPUT_DISTANCE).all(axis=1))

@@ -25,7 +25,7 @@ def affine_rows(S, W, b, out):
     b : ndarray of shape (n_classes,)
     out : ndarray of shape (n_samples, n_classes), float64
         Written in place (the float64 accumulators). Nothing is returned: an array returned
-        from compiled code is boxed again on every call (a third of this call's cost for one
+        from compiled code is boxed again on every call (half of this call's cost for one
         digit).
     """
     n_classes = W.shape[1]
