@@ -213,10 +213,9 @@ def presented_key(authorization: str | None, api_key: str | None) -> str | None:
 PROBE_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_PREFIX = "/v2/repository/"
-MODELS_PREFIX = "/v1/models/"
 # The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
 # Matches a request's path and the OpenAPI document's template alike.
-CATALOGUE_UPDATE = re.compile(re.escape(MODELS_PREFIX) + r"[^/]+/catalogue/(?:items|delete)")
+CATALOGUE_UPDATE = re.compile(r"/v1/models/[^/]+/catalogue/(?:items|delete)")
 METRICS_PATH = "/metrics"
 
 
@@ -243,7 +242,7 @@ class AccessPolicy:
         """What a request of ``method`` (HTTP, upper case) on ``path`` needs."""
         if path.startswith(ADMIN_PREFIX):
             return Access.ADMIN
-        if method == "POST" and path.startswith(MODELS_PREFIX) and CATALOGUE_UPDATE.fullmatch(path):
+        if method == "POST" and CATALOGUE_UPDATE.fullmatch(path):
             return Access.ADMIN
         if path in PROBE_PATHS or path in DOCS_PATHS:
             return Access.OPEN

@@ -104,9 +104,6 @@ def raw_similarities(
     n_basis = basis.shape[0]
     if out is None:
         out = np.empty((X.shape[0], len(measures) * n_basis), dtype=np.float64)
-    if len(measures) == 1:  # the whole of out: no view to make
-        measures[0].compute(basis, X, out)
-        return out
     for m, measure in enumerate(measures):
         measure.compute(basis, X, out[:, m * n_basis : (m + 1) * n_basis])
     return out
