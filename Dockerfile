@@ -5,7 +5,7 @@
 # or, where the docker CLI has buildx (BuildKit is needed for the secret):
 #   docker build --network host --secret id=build_ca,src=/etc/ssl/certs/ca-certificates.crt \
 #       --build-arg BASE_IMAGE=besvm-base:bookworm -t besvm .
-# Offline machines build BASE_IMAGE with docker/build-base-image.sh: docs/deploy.md.
+# Offline machines build BASE_IMAGE with docker/build-base-image.sh: docs/operating/deploy.md.
 ARG BASE_IMAGE=python:3.11-slim
 
 # Stage 1: a virtual environment with the locked dependencies (requirements-service.lock: exact,

@@ -121,7 +121,7 @@ bench: train  ## the prediction and grid-kernel benchmarks (medians and ratios)
 bench-http: train  ## REST and gRPC against a bare FastAPI endpoint at concurrency 1, 8, 64, keys on and off, then /search
 	$(BIN)/python benchmarks/bench_http.py --model $(MODEL_DIR)
 
-bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets, held-back ones included (docs/model-selection.md)
+bench-defaults: setup  ## fit --similarity auto against tuned SVC(RBF) and LinearSVC on real data sets, held-back ones included (docs/how-it-works/model-selection.md)
 	$(BIN)/python benchmarks/bench_defaults.py
 
 bench-defaults-all: setup  ## every set in one table, synthetic and text too (hours on 2 shared cores)
@@ -141,14 +141,14 @@ bench-codes: train  ## queries by examples before and after the numba path solve
 bench-catalogue: setup  ## the live catalogue at N = 10,000,000, A = 64: 1/4/16 shards in process and on 2 Dask workers, 1% filter, the Dask hop, upserts (about 3 GB of disk, half an hour)
 	$(BIN)/python benchmarks/bench_catalogue.py
 
-report: train  ## rebuild the digits report and its search evaluation in docs/reports/digits (6 min)
-	$(BIN)/python -m training report --out docs/reports/digits
-	$(BIN)/python -m training evaluate-search --model $(MODEL_DIR) --out docs/reports/digits/search
+report: train  ## rebuild the digits report and its search evaluation in docs/measurements/reports/digits (6 min)
+	$(BIN)/python -m training report --out docs/measurements/reports/digits
+	$(BIN)/python -m training evaluate-search --model $(MODEL_DIR) --out docs/measurements/reports/digits/search
 
-report-fortunes: setup  ## rebuild the text report in docs/reports/fortunes (about 40 min)
+report-fortunes: setup  ## rebuild the text report in docs/measurements/reports/fortunes (about 40 min)
 	$(BIN)/python -m training report --data fortunes --configurations "$(FORTUNES_CONFIGURATIONS)" \
 	    --basis-sizes 25,250 --strategies index --normalizations besvm --folds 2 --repeats 3 \
-	    --out docs/reports/fortunes
+	    --out docs/measurements/reports/fortunes
 	$(MAKE) report-fortunes-search
 
 glyph-fonts:  ## install the font packages the glyph images are rendered from (apt-get, root)
@@ -159,14 +159,14 @@ glyph-fonts:  ## install the font packages the glyph images are rendered from (a
 glyphs: setup  ## render the glyph image set (letters A-J of every installed font) into $(GLYPHS)
 	$(BIN)/python -m training build-glyphs --out $(GLYPHS) $(if $(FORCE),--force)
 
-report-glyphs: setup  ## the Table-3-like table of the bof transform on $(GLYPHS) (docs/reports/glyphs)
-	$(BIN)/python benchmarks/bench_bof.py --data $(GLYPHS) --out docs/reports/glyphs
+report-glyphs: setup  ## the Table-3-like table of the bof transform on $(GLYPHS) (docs/measurements/reports/glyphs)
+	$(BIN)/python benchmarks/bench_bof.py --data $(GLYPHS) --out docs/measurements/reports/glyphs
 
 report-fortunes-search: setup  ## mAP against sparsity on fortunes (sensing1 features, 25 per class)
 	$(BIN)/python -m training fit --data fortunes --similarity 'sensing1(n=150)' \
 	    --basis-per-class 25 --out models/fortunes-25 --if-missing --quiet
 	$(BIN)/python -m training evaluate-search --model models/fortunes-25 \
-	    --out docs/reports/fortunes/search
+	    --out docs/measurements/reports/fortunes/search
 
 lint: setup lint-deploy  ## ruff: lint and formatting; then lint-deploy
 	$(BIN)/ruff check .
@@ -176,7 +176,7 @@ lint-deploy: setup  ## hadolint on the Dockerfile; docker compose config validat
 	$(BIN)/hadolint Dockerfile
 	$(COMPOSE) -f docker-compose.yml config --quiet
 
-# Docker (docs/deploy.md). The compose v2 plugin is the dev lock's binary, called directly (no
+# Docker (docs/operating/deploy.md). The compose v2 plugin is the dev lock's binary, called directly (no
 # docker CLI plugin directory needed; not the .venv/bin/docker-compose wrapper, which exits 0 even
 # when compose fails). The base image is built locally, so nothing is pulled from a registry.
 COMPOSE = $(shell $(BIN)/python -c 'import compose, pathlib; print(pathlib.Path(compose.__file__).parent / "docker-compose")')

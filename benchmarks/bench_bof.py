@@ -1,6 +1,7 @@
 """The bof transform on the glyph images: a table like the sensing-kernel paper's Table 3.
 
-    .venv/bin/python benchmarks/bench_bof.py --data data/glyphs.npz [--out docs/reports/glyphs]
+    .venv/bin/python benchmarks/bench_bof.py --data data/glyphs.npz [--out
+    docs/measurements/reports/glyphs]
         [--basis-per-class 100] [--words 400] [--n-jobs 2] [--repeats 3] [--svc-grid small]
 
 (``make glyph-fonts glyphs report-glyphs``.) The glyph images (``python -m training

@@ -6,7 +6,8 @@
 In one process, without HTTP: the app built by ``create_app`` (its lifespan run, the model
 loaded) is called as an ASGI app with the same one-digit POST /classify, through
 
-- ``bare``: its middleware stack without :class:`~service.api.observability.RequestObservability`;
+- ``bare``: its middleware stack without
+:class:`~service.api.machinery.observability.RequestObservability`;
 - ``metrics``: with it, access log off (ACCESS_LOG=false);
 - ``metrics+log``: with it and the access log on, JSON lines written to /dev/null.
 
@@ -30,7 +31,7 @@ from pathlib import Path
 import orjson
 
 from service.api import Settings, create_app
-from service.api.observability import JsonFormatter, RequestIdFilter, RequestObservability
+from service.api.machinery.observability import JsonFormatter, RequestIdFilter, RequestObservability
 from training.datasets import load_digits_dataset
 
 

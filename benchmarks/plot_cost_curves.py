@@ -2,7 +2,7 @@
 memory against the number of items, one process against the cluster, one line per machine.
 
     .venv/bin/python benchmarks/plot_cost_curves.py \\
-        --out docs/reports/cost-curves/cost-curves.png \\
+        --out docs/measurements/reports/cost-curves/cost-curves.png \\
         "2 cores=run-a.json,run-b.json" "16 cores=run-c.json"
 
 Each argument is ``LABEL=FILE[,FILE...]``: the rows of the files are one machine's curves (a size

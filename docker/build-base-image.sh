@@ -7,7 +7,7 @@
 #
 # The image holds python3 and python3-venv (whose ensurepip builds the image's virtual
 # environment) and nothing else: no pip outside a venv, no compiler, no CA bundle (the build
-# passes the host's as a build secret, see docs/deploy.md). The root filesystem is built in a
+# passes the host's as a build secret, see docs/operating/deploy.md). The root filesystem is built in a
 # temporary directory that is removed on exit, failure included.
 set -euo pipefail
 

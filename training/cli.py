@@ -490,7 +490,7 @@ def _add_shard_parser(commands) -> None:
         "shard",
         help="write one .npz (X, y) as a directory of shards that fit --cluster reads",
         description="Split a .npz file's X and y into shards of --rows items, in one of the "
-        "layouts a sharded --data takes (docs/cluster.md): npz (DIR/0.npz, ...: X and y), "
+        "layouts a sharded --data takes (docs/using/cluster.md): npz (DIR/0.npz, ...: X and y), "
         "npy-stack (DIR/X/ and DIR/y/ as dask.array.to_npy_stack writes them) or parquet "
         "(DIR/0.parquet, ...: columns x0, x1, ... and the label column).",
     )
@@ -719,7 +719,7 @@ def _run_fit(args: argparse.Namespace) -> int:
 
 
 def _run_fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Path) -> int:
-    """fit --data DIR of shards (docs/cluster.md): trained on every item, on the cluster named
+    """fit --data DIR of shards (docs/using/cluster.md): trained on every item, on the cluster named
     (or, without one, in worker threads of this process)."""
     if args.if_missing and out.exists():
         existing = Predictor.load(out)

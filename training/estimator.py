@@ -122,7 +122,7 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         Cores training may use: the numba and BLAS threads of the expansion, and the classes'
         SVMs trained side by side; -1: every core this process may run on.
     cluster : str or None, default=None
-        Train on a Dask cluster (docs/cluster.md): ``"local:N"`` (N worker processes started
+        Train on a Dask cluster (docs/using/cluster.md): ``"local:N"`` (N worker processes started
         for the fit) or a scheduler's address (``"tcp://host:8786"``); None: in this process,
         unless ``fit`` runs inside ``with distributed.Client(...)``, whose cluster it uses.
         On a cluster, each worker expands its own rows and the SVM's products are sums over

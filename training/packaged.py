@@ -1,6 +1,7 @@
 """Real data sets that installed Python packages ship as files, read without importing them.
 
-Held-back sets for the default's comparison with a tuned kernel SVM (docs/model-selection.md):
+Held-back sets for the default's comparison with a tuned kernel SVM
+(docs/how-it-works/model-selection.md):
 the project's defaults were never tuned on them. Each is one file inside a package of the dev
 extra, located with :func:`importlib.util.find_spec` (the package is not imported, nothing is
 downloaded) and read with the standard library:

@@ -81,7 +81,8 @@ from training.preparation import preparation_for
 from training.shards import ShardedData
 
 # The search's time budget grows with the items it cross-validates: digits (1,000 training
-# images) gets 40 s, a sample of 3,000 items 120 s (docs/model-selection.md has the measurements).
+# images) gets 40 s, a sample of 3,000 items 120 s (docs/how-it-works/model-selection.md has the
+# measurements).
 BUDGET_S_PER_1000_ITEMS = 40.0
 # Kept for callers that name the budget of a 1,000-item set.
 DEFAULT_BUDGET_S = BUDGET_S_PER_1000_ITEMS
@@ -110,7 +111,8 @@ MAX_FEATURES = 1000
 # A measure that can have fewer basis items a class than this within MAX_FEATURES is not offered.
 MIN_BASIS_PER_CLASS = 5
 # Documents: their measures read sparse tf-idf or word-frequency vectors, cheap per basis item,
-# and accuracy keeps growing with the basis far beyond 1,000 items (docs/reports/fortunes: from
+# and accuracy keeps growing with the basis far beyond 1,000 items
+# (docs/measurements/reports/fortunes: from
 # 25 to 250 quotes per class, +6 to +8 points for every measure but sensing0).
 MAX_DOCUMENT_FEATURES = 6400
 # The similarity normalisation for documents. The ``auto`` rule's nystroem(square) for tf-idf
@@ -124,7 +126,7 @@ MAX_SEARCH_ITEMS = 3000
 # training items. The search's own cap (MAX_FEATURES) bounds what its folds cost; the final fit
 # affords more, and accuracy keeps growing with the basis on large splits (synthetic, 100,000
 # items: 90.55% at B = 1,000, 93.15% at 4,000), but not past a share of the items (10,000
-# items: 83.75% at 1,000, 83.85% at 2,000, 80.15% at 4,000; docs/model-selection.md).
+# items: 83.75% at 1,000, 83.85% at 2,000, 80.15% at 4,000; docs/how-it-works/model-selection.md).
 MAX_GROWN_FEATURES = 4000
 MAX_GROWN_SHARE = 0.2
 # Searches of fewer numbers than this (items searched times features) run their fold fits in the
@@ -138,7 +140,8 @@ FOLD_MAX_ITER = 500
 MAX_REFINEMENTS = 4
 # The work of a HOG transform per input pixel, in multiply-adds: about 3 µs for an 8 x 8 digit
 # on one thread, where an rbf against 250 bases of 64 numbers (16,000 multiply-adds) takes
-# about 1 µs (docs/model-selection.md). Only compared between candidates (ties go to the cheaper).
+# about 1 µs (docs/how-it-works/model-selection.md). Only compared between candidates (ties go to
+# the cheaper).
 HOG_WORK_PER_PIXEL = 800.0
 
 START_MEASURE = "rbf(gamma=1)"

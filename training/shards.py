@@ -1,6 +1,6 @@
 """Training data in shards: a directory that the driver never loads whole.
 
-Three layouts, each a directory (docs/cluster.md shows how to write them):
+Three layouts, each a directory (docs/using/cluster.md shows how to write them):
 
 - **npy stacks**, as ``dask.array.to_npy_stack`` writes them: ``DIR/X/0.npy, 1.npy, ...`` (the
   items' rows, in chunks along the first axis) and ``DIR/y/0.npy, ...`` (their labels, chunked

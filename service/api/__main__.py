@@ -9,7 +9,7 @@ would start them with no old version to fall back on if the new one is broken).
 Logs are configured here, for uvicorn and the service alike (LOG_LEVEL, LOG_FORMAT); the
 service writes the access log itself (ACCESS_LOG), so uvicorn's is off. Several workers share
 their metrics through prometheus-client's multi-process directory (PROMETHEUS_MULTIPROC_DIR:
-the one given, else a private one for this run): see :mod:`service.api.metrics`.
+the one given, else a private one for this run): see :mod:`service.api.machinery.metrics`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
-from service.api.auth import KeyFileError, KeyStore
-from service.api.connections import ConnectionLimits, limited_config
-from service.api.metrics import forget_worker, multiprocess_directory
-from service.api.observability import logging_config
+from service.api.machinery.auth import KeyFileError, KeyStore
+from service.api.machinery.connections import ConnectionLimits, limited_config
+from service.api.machinery.metrics import forget_worker, multiprocess_directory
+from service.api.machinery.observability import logging_config
+from service.api.machinery.tls import TlsFiles
 from service.api.settings import Settings
-from service.api.tls import TlsFiles
 from service.model.threads import worker_environment
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker

@@ -15,15 +15,17 @@ from grpc import aio as grpc_aio
 from pydantic import BaseModel
 
 import service
-from service.api import admin, catalogue, observability, routes, tls, v2
-from service.api.auth import AccessPolicy, KeyCheckMiddleware, KeyStore, document_security
 from service.api.dataplane import DataPlane
 from service.api.errors import install_error_handlers
-from service.api.grpc_server import drain_on_signals, start_grpc_server
-from service.api.hotpath import HotRoutes
-from service.api.limits import MemoryBudget, install_limits
-from service.api.metrics import Metrics, PrometheusMetrics
+from service.api.machinery import observability, tls
+from service.api.machinery.auth import AccessPolicy, KeyCheckMiddleware, KeyStore, document_security
+from service.api.machinery.hotpath import HotRoutes
+from service.api.machinery.limits import MemoryBudget, install_limits
+from service.api.machinery.metrics import Metrics, PrometheusMetrics
+from service.api.protocol import rest as protocol_rest
+from service.api.protocol.grpc import drain_on_signals, start_grpc_server
 from service.api.registry import ModelRegistry, Repository
+from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.search.remote import CatalogueSource, SearchCluster
 from service.model.threads import limit_threads
@@ -143,19 +145,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Until the lifespan has run: a registry with nothing loaded, so every route answers 503.
     app.state.dataplane = DataPlane(ModelRegistry(repository_of(settings)), settings, metrics)
     app.openapi = _openapi_with(
-        app, routes.BODY_SCHEMAS + v2.BODY_SCHEMAS + catalogue.BODY_SCHEMAS, policy
+        app, routes.BODY_SCHEMAS + protocol_rest.BODY_SCHEMAS + catalogue.BODY_SCHEMAS, policy
     )
     install_error_handlers(app)
     # Added first, so innermost of the middleware: the hot routes are answered inside every
     # limit and the key check, and CORS preflights before the key check.
     app.add_middleware(
-        HotRoutes, routes=app.router.routes, handlers={**routes.HOT_HANDLERS, **v2.HOT_HANDLERS}
+        HotRoutes,
+        routes=app.router.routes,
+        handlers={**routes.HOT_HANDLERS, **protocol_rest.HOT_HANDLERS},
     )
     app.add_middleware(KeyCheckMiddleware, policy=policy)
     install_limits(app, settings, budget)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
-    for router in (routes.router, catalogue.router, v2.router, admin.router, observability.router):
+    for router in (
+        routes.router,
+        catalogue.router,
+        protocol_rest.router,
+        admin.router,
+        observability.router,
+    ):
         app.router.routes.extend(router.routes)
     observability.install(app, metrics, settings.access_log)
     return app

@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from service.api.limits import WorkLimiter, concurrency_bound
-from service.api.metrics import Metrics
-from service.api.observability import answered_by
+from service.api.machinery.limits import WorkLimiter, concurrency_bound
+from service.api.machinery.metrics import Metrics
+from service.api.machinery.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from service.api.schemas import ErrorResponse
+from service.api.rest.schemas import ErrorResponse
 from service.model.errors import (
     ArtifactError,
     BatchTooLargeError,
@@ -152,7 +152,8 @@ def _location(loc: tuple) -> str:
     return text or "body"
 
 
-# The parser's limits (pydantic-core's JSON parser), stated in the schema and docs/errors.md.
+# The parser's limits (pydantic-core's JSON parser), stated in the schema and
+# docs/reference/errors.md.
 MAX_JSON_DEPTH = 201
 MAX_INTEGER_DIGITS = 4300
 _PARSER_HINTS = {
@@ -225,7 +226,8 @@ async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
 
 async def error_answer(request: Request, error: Exception) -> Response:
     """The answer to ``error`` raised by a route's code, as the handlers below give it, for code
-    that runs outside FastAPI's routing (:mod:`service.api.hotpath`); anything else is raised
+    that runs outside FastAPI's routing (:mod:`service.api.machinery.hotpath`); anything else is
+    raised
     again (the server's error middleware answers 500 and logs it)."""
     if isinstance(error, ModelError):
         return await _domain_error(request, error)
@@ -249,7 +251,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
 # What each error status means: the OpenAPI document lists, per route, every status it can
 # answer, each with the one error body (``ErrorResponse``). Settings-dependent limits are stated
-# in the document by ``service.api.routes.state_limits``.
+# in the document by ``service.api.rest.routes.state_limits``.
 ERROR_MEANINGS: dict[int, str] = {
     400: "The body is not a JSON document: a syntax error, bytes that are not UTF-8, nesting "
     f"deeper than {MAX_JSON_DEPTH} levels, an integer of more than {MAX_INTEGER_DIGITS:,} digits, "

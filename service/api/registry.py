@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from service.api.metrics import Metrics
+from service.api.machinery.metrics import Metrics
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
 from service.model.artifact import manifest_digest, read_manifest
 from service.model.errors import brief

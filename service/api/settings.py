@@ -71,7 +71,7 @@ class Settings(BaseSettings):
         description="With SEARCH_CLUSTER: seconds a shard has to answer a search; later, the "
         "search answers 503, or partial if the request allows it (SEARCH_SHARD_TIMEOUT_S).",
     )
-    # -- limits and timeouts (docs/limits.md) ---------------------------------------------------
+    # -- limits and timeouts (docs/operating/limits.md) --------------------------------------------
     header_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -114,7 +114,7 @@ class Settings(BaseSettings):
         description="On SIGTERM, seconds to let requests in flight finish before they are "
         "cancelled (SHUTDOWN_TIMEOUT_S).",
     )
-    # -- memory and hostile clients (docs/limits.md, "Memory") -----------------------------------
+    # -- memory and hostile clients (docs/operating/limits.md, "Memory") ---------------------------
     max_buffered_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024 * 1024,
@@ -197,7 +197,7 @@ class Settings(BaseSettings):
         "carry the request id.",
     )
 
-    # -- who may call, and over what (docs/security.md) ------------------------------------------
+    # -- who may call, and over what (docs/operating/security.md) ----------------------------------
     api_keys_file: Path | None = Field(
         None,
         description="A file of API keys, one '<key> <scope>' a line ('#' comments; the key may "

@@ -15,7 +15,7 @@ import time
 import pytest
 import uvicorn
 
-from service.api.connections import (
+from service.api.machinery.connections import (
     ConnectionLimits,
     HeadWithBody,
     LimitedH11Protocol,

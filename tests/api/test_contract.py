@@ -1,4 +1,5 @@
-"""The error contract (docs/errors.md): 400 for a body that is not JSON, 415 for a body declared
+"""The error contract (docs/reference/errors.md): 400 for a body that is not JSON, 415 for a body
+declared
 as something else, 422 for JSON that breaks the schema or the model's rules, every status a
 route answers and every limit stated in the OpenAPI document. In-process clients: error paths."""
 

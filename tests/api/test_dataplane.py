@@ -12,7 +12,7 @@ import pytest
 from service.api import Settings
 from service.api.dataplane import DataPlane, Placement
 from service.api.errors import OverloadedError
-from service.api.limits import WorkLimiter
+from service.api.machinery.limits import WorkLimiter
 from service.api.registry import ModelRegistry, Repository
 from service.model import InvalidInputError
 from service.model.search import SearchQuery

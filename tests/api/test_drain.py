@@ -1,5 +1,5 @@
 """SIGTERM drains a real server process: requests in flight complete, new connections are
-refused, then the process exits with status 0 (docs/limits.md, "Shutdown")."""
+refused, then the process exits with status 0 (docs/operating/limits.md, "Shutdown")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Hostile inputs against a real server process serving an image, a text and a search model:
 each gets a 4xx with the one error body, in bounded time (the client's timeout), and the server
 answers /healthz and a normal /classify afterwards. What each answers is the contract of
-docs/errors.md."""
+docs/reference/errors.md."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from service.api.auth import KeyFileError, KeyScope, parse_key_file
+from service.api.machinery.auth import KeyFileError, KeyScope, parse_key_file
 from tests.api.conftest import REPO, server_process
 
 READER = "reader-3f9c2a77e1d04b6b"

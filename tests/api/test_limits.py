@@ -1,5 +1,5 @@
 """Limits against real server processes: slow clients (raw sockets), the per-request time
-limit, the bound on concurrent work, and CORS (docs/limits.md).
+limit, the bound on concurrent work, and CORS (docs/operating/limits.md).
 
 Bounds here only keep a broken server from hanging the suite: every wait is generous, and what
 is asserted is what the client sees (a 408, a closed connection, a 503 with Retry-After).

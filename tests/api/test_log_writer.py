@@ -11,7 +11,7 @@ import logging
 import random
 import threading
 
-from service.api.observability import (
+from service.api.machinery.observability import (
     BackgroundStreamHandler,
     JsonFormatter,
     RequestIdFilter,

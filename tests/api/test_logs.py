@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.api import Settings, create_app
-from service.api.observability import RequestIdFilter, request_id_of
+from service.api.machinery.observability import RequestIdFilter, request_id_of
 from tests.api.conftest import server_process
 
 TOKEN = "logs-token"

@@ -1,4 +1,5 @@
-"""The request memory budget and the count of a body's JSON values (service/api/limits.py),
+"""The request memory budget and the count of a body's JSON values
+(service/api/machinery/limits.py),
 against independent references: the values json.loads finds, and the budget's arithmetic."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 
 from service.api import Settings
 from service.api.errors import MemoryLimitError, RequestTooLargeError
-from service.api.limits import (
+from service.api.machinery.limits import (
     UNCOUNTED_BYTES,
     MemoryBudget,
     RequestHold,
@@ -53,7 +54,9 @@ def test_the_count_is_the_values_json_finds_plus_empty_containers(seed, monkeypa
     raw = json.dumps(document, ensure_ascii=rng.random() < 0.5).encode()
     values, empty = _reference(json.loads(raw))
     # Chunk boundaries anywhere: inside strings, escapes and runs of backslashes.
-    monkeypatch.setattr("service.api.limits._SCAN_CHUNK", rng.choice([1, 2, 3, 7, 64, 4096]))
+    monkeypatch.setattr(
+        "service.api.machinery.limits._SCAN_CHUNK", rng.choice([1, 2, 3, 7, 64, 4096])
+    )
     assert 1 + _value_marks_outside_strings(raw) == values + empty
     assert json_values(raw, 10**9) >= values + empty
 

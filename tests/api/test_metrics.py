@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api.metrics import FOLD_DELAY_S, PrometheusMetrics
+from service.api.machinery.metrics import FOLD_DELAY_S, PrometheusMetrics
 from service.model.artifact import manifest_digest
 from tests.api.conftest import server_process, worker_pids
 

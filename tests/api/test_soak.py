@@ -8,7 +8,8 @@ and idle connections, which may still be open at the end: their memory and /read
 they test); the normal client gets only 200s, its 99th percentile under 0.5 s; no hostile client
 gets a 5xx other than the 503 of a limit; /readyz answers 200 throughout; and every server process
 stays
-under the README's memory bound (:func:`service.api.limits.memory_bound`), from its memory once
+under the README's memory bound (:func:`service.api.machinery.limits.memory_bound`), from its
+memory once
 its models are loaded.
 """
 
@@ -21,7 +22,7 @@ import pytest
 
 from benchmarks.soak import KINDS, SoakResult, rss_bytes, soak
 from service.api import Settings
-from service.api.limits import memory_bound
+from service.api.machinery.limits import memory_bound
 from tests.api.conftest import server_process, worker_pids
 from tests.api.test_crash import wait_for
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from service.api.v2_schemas import (
+from service.api.protocol.schemas import (
     MAX_OUTPUTS,
     MAX_TENSOR_DIMENSIONS,
     PLAIN_REQUEST_MAX_BYTES,

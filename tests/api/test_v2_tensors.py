@@ -3,7 +3,7 @@ outputs asked for, and the scores in the classes' order whatever was ranked."""
 
 import pytest
 
-from service.api.v2_tensors import classes_to_rank, output_tensors
+from service.api.protocol.tensors import classes_to_rank, output_tensors
 
 
 @pytest.mark.parametrize(

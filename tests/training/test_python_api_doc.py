@@ -1,4 +1,5 @@
-"""The Python API's documentation runs as printed: the README's example and docs/python-api.md's
+"""The Python API's documentation runs as printed: the README's example and
+docs/using/python-api.md's
 code blocks are executed, and the first one prints what its comment says."""
 
 import contextlib
@@ -11,7 +12,7 @@ import pytest
 from service.model import Predictor
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "python-api.md"
+DOC = ROOT / "docs" / "using" / "python-api.md"
 README = ROOT / "README.md"
 
 

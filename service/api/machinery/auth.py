@@ -1,0 +1,366 @@
+"""API keys: who may call which route, for REST and gRPC alike.
+
+**Keys.** ``API_KEYS_FILE`` holds one ``<key> <scope>`` a line (``#`` starts a comment), the
+scope ``read`` (classify, search, metadata) or ``admin`` (also the repository routes). A line may
+give ``sha256:<64 hex digits>``, the key's SHA-256, instead of the key itself, so that the file
+need not hold the secret. ``ADMIN_TOKEN`` is the shorthand for one ``admin`` key. Keys are held as
+digests only; a presented key's digest is compared with every one held, in constant time, so
+the time taken tells nothing of which digest, if any, it matched. Logs and answers name a key by
+its fingerprint (the first 8 hex digits of its digest), never the key.
+
+**What needs a key** (:class:`AccessPolicy`): the repository routes and catalogue updates
+(``POST /v1/models/{name}/catalogue/items`` and ``.../delete``) an ``admin`` key, always (with no
+admin key configured they answer 403 and say how to enable them); every other route a
+key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, the API docs, and
+``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the admin routes are
+guarded (as they were by ``ADMIN_TOKEN`` alone).
+
+**Re-reading.** :meth:`KeyStore.reload` reads the file again (on SIGHUP and on each rescan of
+the repository): a key removed is refused from then on, without a restart. A file that cannot
+be read or parsed is refused with a logged error, and the keys read before stay in force.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.api.errors import error_response
+from service.api.machinery.observability import current_request
+from service.api.settings import Settings
+
+logger = logging.getLogger("service.api")
+
+BEARER_PREFIX = "bearer "
+API_KEY_HEADER = "x-api-key"
+DIGEST_PREFIX = "sha256:"
+FINGERPRINT_DIGITS = 8
+# What a 401 answers in WWW-Authenticate (RFC 6750): a bearer token, our API key.
+CHALLENGE = 'Bearer realm="besvm"'
+HOW_TO_SEND = "send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
+
+
+class KeyScope(enum.IntEnum):
+    """What a key may do; a larger scope includes the smaller ones."""
+
+    READ = 1
+    ADMIN = 2
+
+
+class Access(enum.IntEnum):
+    """What a route needs: nothing, or a key of at least that scope."""
+
+    OPEN = 0
+    READ = KeyScope.READ
+    ADMIN = KeyScope.ADMIN
+
+
+class KeyFileError(ValueError):
+    """API_KEYS_FILE cannot be read, or a line is not ``<key> <scope>``."""
+
+
+class MissingKeyError(Exception):
+    """No key was sent, or a key not held (401)."""
+
+
+class ForbiddenError(Exception):
+    """A key (or none configured) that does not allow the route (403)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """A key as held: its digest, scope and fingerprint (the name logs give it, computed once:
+    every request a key allows names it)."""
+
+    digest: bytes
+    scope: KeyScope
+    fingerprint: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fingerprint", self.digest.hex()[:FINGERPRINT_DIGITS])
+
+
+def digest_of(key: str) -> bytes:
+    """The SHA-256 of a key as a client sends it (UTF-8)."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+def parse_key_file(text: str, source: str = "API_KEYS_FILE") -> list[Key]:
+    """The keys of a key file's ``text``; KeyFileError names the line (never its key)."""
+    keys = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) != 2:
+            raise KeyFileError(
+                f"{source}, line {number}: expected '<key> <scope>', got {len(fields)} fields"
+            )
+        secret, scope_name = fields
+        try:
+            scope = KeyScope[scope_name.upper()]
+        except KeyError:
+            raise KeyFileError(
+                f"{source}, line {number}: unknown scope {scope_name!r}: read or admin"
+            ) from None
+        if secret.lower().startswith(DIGEST_PREFIX):
+            hex_digest = secret[len(DIGEST_PREFIX) :]
+            try:
+                digest = bytes.fromhex(hex_digest)
+            except ValueError:
+                digest = b""
+            if len(digest) != hashlib.sha256().digest_size:
+                raise KeyFileError(
+                    f"{source}, line {number}: {DIGEST_PREFIX} must be followed by 64 hex digits"
+                )
+        else:
+            digest = digest_of(secret)
+        keys.append(Key(digest, scope))
+    return keys
+
+
+class KeyStore:
+    """The keys in force: those of ``API_KEYS_FILE`` and ``ADMIN_TOKEN``.
+
+    Parameters
+    ----------
+    settings : Settings
+
+    Raises
+    ------
+    KeyFileError
+        The file cannot be read or parsed (the server refuses to start).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.path: Path | None = settings.api_keys_file
+        token = settings.admin_token
+        self._token_key = (
+            None if token is None else Key(digest_of(token.get_secret_value()), KeyScope.ADMIN)
+        )
+        self._keys: tuple[Key, ...] = ()
+        self._keys = self._read()
+
+    def _read(self) -> tuple[Key, ...]:
+        keys = []
+        if self.path is not None:
+            try:
+                text = self.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise KeyFileError(f"API_KEYS_FILE {self.path}: {error}") from None
+            keys = parse_key_file(text, f"API_KEYS_FILE {self.path}")
+        if self._token_key is not None:
+            keys.append(self._token_key)
+        return tuple(keys)
+
+    def reload(self) -> None:
+        """Read the key file again; on failure log why and keep the keys in force."""
+        if self.path is None:
+            return
+        try:
+            keys = self._read()
+        except KeyFileError as error:
+            logger.error("API keys not re-read, the %d keys read before stay: %s", len(self), error)
+            return
+        if keys != self._keys:
+            logger.info("API keys re-read: %d keys (%s)", len(keys), _count_by_scope(keys))
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def has_admin(self) -> bool:
+        return any(key.scope is KeyScope.ADMIN for key in self._keys)
+
+    def find(self, presented: str) -> Key | None:
+        """The key held whose digest is the presented key's, else None; every digest is
+        compared (in constant time), whichever matches."""
+        digest = digest_of(presented)
+        found = None
+        for key in self._keys:
+            if hmac.compare_digest(digest, key.digest):
+                found = key
+        return found
+
+
+def _count_by_scope(keys: Iterable[Key]) -> str:
+    scopes = [key.scope.name.lower() for key in keys]
+    return ", ".join(f"{scopes.count(name)} {name}" for name in ("read", "admin"))
+
+
+def presented_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The key a request sends: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
+    if authorization is not None and authorization[:7].lower() == BEARER_PREFIX:
+        token = authorization[7:].strip()
+        if token:
+            return token
+    if api_key is not None and api_key.strip():
+        return api_key.strip()
+    return None
+
+
+# Routes every client and orchestrator may call without a key.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+ADMIN_PREFIX = "/v2/repository/"
+# The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
+# Matches a request's path and the OpenAPI document's template alike.
+CATALOGUE_UPDATE = re.compile(r"/v1/models/[^/]+/catalogue/(?:items|delete)")
+METRICS_PATH = "/metrics"
+
+
+class AccessPolicy:
+    """What each route (REST path, gRPC method) needs, and the check of a presented key.
+
+    Parameters
+    ----------
+    keys : KeyStore
+    settings : Settings
+    """
+
+    def __init__(self, keys: KeyStore, settings: Settings) -> None:
+        self.keys = keys
+        self.default = Access.READ if settings.api_keys_file is not None else Access.OPEN
+        self.metrics = Access.READ if settings.metrics_require_key else Access.OPEN
+
+    @property
+    def keys_required(self) -> bool:
+        """Whether the read routes need a key."""
+        return self.default is not Access.OPEN
+
+    def for_route(self, method: str, path: str) -> Access:
+        """What a request of ``method`` (HTTP, upper case) on ``path`` needs."""
+        if path.startswith(ADMIN_PREFIX):
+            return Access.ADMIN
+        if method == "POST" and CATALOGUE_UPDATE.fullmatch(path):
+            return Access.ADMIN
+        if path in PROBE_PATHS or path in DOCS_PATHS:
+            return Access.OPEN
+        if path == METRICS_PATH:
+            return self.metrics
+        return self.default
+
+    def check(self, needed: Access, presented: str | None) -> Key | None:
+        """The key that allows ``needed`` (None when the route is open).
+
+        Raises
+        ------
+        MissingKeyError
+            No key, or one not held.
+        ForbiddenError
+            An admin route with no admin key configured, or a key of too small a scope.
+        """
+        if needed is Access.OPEN:
+            return None
+        if needed is Access.ADMIN and not self.keys.has_admin:
+            raise ForbiddenError(
+                "the repository routes and catalogue updates are disabled: set ADMIN_TOKEN, or "
+                f"give a key the admin scope in API_KEYS_FILE, and {HOW_TO_SEND}"
+            )
+        if presented is None:
+            raise MissingKeyError(f"this route needs an API key: {HOW_TO_SEND}")
+        key = self.keys.find(presented)
+        if key is None:
+            raise MissingKeyError(f"the API key is not valid (revoked, or mistyped): {HOW_TO_SEND}")
+        if key.scope < needed:
+            raise ForbiddenError(
+                f"key {key.fingerprint} has the {key.scope.name.lower()} scope; this route "
+                f"needs {KeyScope(needed).name.lower()}"
+            )
+        return key
+
+
+def identify(key: Key | None) -> None:
+    """Name ``key`` (its fingerprint) in the current request's log lines."""
+    context = current_request()
+    if context is not None and key is not None:
+        context.key = key.fingerprint
+
+
+class KeyCheckMiddleware:
+    """ASGI middleware: 401 (with ``WWW-Authenticate``) or 403 before any route runs, in the
+    error shape of the route family; the key's fingerprint goes into the access line."""
+
+    def __init__(self, app: ASGIApp, policy: AccessPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS":  # CORS preflights
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        needed = self.policy.for_route(scope["method"], path)
+        if needed is not Access.OPEN:
+            authorization = api_key = None
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                elif name == b"x-api-key":
+                    api_key = value.decode("latin-1")
+            try:
+                identify(self.policy.check(needed, presented_key(authorization, api_key)))
+            except MissingKeyError as error:
+                response = error_response(401, "unauthorized", str(error), path=path)
+                response.headers["www-authenticate"] = CHALLENGE
+                await response(scope, receive, send)
+                return
+            except ForbiddenError as error:
+                response = error_response(403, "forbidden", str(error), path=path)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# -- the OpenAPI document ----------------------------------------------------------------------
+
+SECURITY_SCHEMES: dict[str, Any] = {
+    "bearerKey": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API key (API_KEYS_FILE, or ADMIN_TOKEN) as a bearer token.",
+    },
+    "apiKeyHeader": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-API-Key",
+        "description": "The same key in the X-API-Key header.",
+    },
+}
+_EITHER_SCHEME = [{"bearerKey": []}, {"apiKeyHeader": []}]
+
+
+def document_security(document: dict[str, Any], policy: AccessPolicy) -> None:
+    """Declare the key schemes in an OpenAPI ``document`` and, per operation, whether it needs
+    one (so that /docs can send a key), with its 401 and 403."""
+    document.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+    unauthorized = {
+        "description": "No API key, or one not valid (WWW-Authenticate: Bearer).",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
+    forbidden = {
+        "description": "The key's scope does not allow this route (or, for the repository "
+        "routes and catalogue updates, no admin key is configured).",
+        "content": unauthorized["content"],
+    }
+    for path, operations in document.get("paths", {}).items():
+        for method, operation in operations.items():
+            needed = policy.for_route(method.upper(), path)
+            if needed is Access.OPEN:
+                operation["security"] = []
+                continue
+            operation["security"] = _EITHER_SCHEME
+            responses = operation.setdefault("responses", {})
+            responses.setdefault("401", unauthorized)
+            if needed is Access.ADMIN or policy.keys_required:
+                responses.setdefault("403", forbidden)

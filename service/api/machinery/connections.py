@@ -1,0 +1,531 @@
+"""Connection limits below the ASGI app: uvicorn's HTTP protocols with read deadlines and a cap
+on open connections.
+
+uvicorn bounds only the idle time between a response and the next request (``KEEP_ALIVE_S``).
+A client that connects and sends nothing, or sends part of its headers and stalls, or trickles a
+body after the app has answered without reading it, holds its connection (a file descriptor and
+a protocol object) forever. These protocols add:
+
+- a **header deadline** (``HEADER_TIMEOUT_S``), from the moment the connection is made (first
+  request) or the request's first byte arrives (later requests) until its headers are complete.
+  When it passes, a connection that sent part of a request gets a 408 and is closed; one that
+  sent nothing is closed;
+- a **body deadline** (``BODY_TIMEOUT_S``), from the end of the headers until the end of the
+  body, for the whole body (a trickle cannot extend it). When it passes, the connection closes
+  after the app's answer; the app is told through the request's scope
+  (:class:`service.api.machinery.limits.BodyDeadlineMiddleware` answers 408), and an app that does
+  not
+  answer soon after, or a body nobody reads any more, cannot hold the connection;
+- a **send deadline** (``SEND_TIMEOUT_S``): an answer the client has read nothing of for that
+  long (its bytes still in the server's write buffer), or a closing connection whose last bytes
+  the client never takes, is dropped (nginx's ``send_timeout``);
+- a **head limit** (``MAX_HEADER_BYTES``): a request line and headers larger than that are
+  answered 431 and the connection closes, counted as the bytes arrive (before the parser joins
+  them);
+- a **connection cap** (``MAX_CONNECTIONS``): at the cap, the connection idle the longest (no
+  request under way, nothing unsent) is closed to admit a new one, as nginx does; when none is
+  idle, the new one is answered 503 at once and closed, before it costs more.
+
+A request the parser refuses (malformed HTTP) gets the service's JSON error, after the answers
+to the requests before it on the connection (pipelining), then the connection closes.
+
+With httptools (the implementation served when it is installed), an answer's head goes out
+with its body's first bytes, in one write (:class:`HeadWithBody`).
+
+Deadlines are timestamps, checked a few times a second by one timer per server (see
+:attr:`ConnectionLimits.sweep_interval_s`), so a request costs no timer of its own.
+
+uvicorn starts these classes from the configuration that :func:`limited_config` builds, which
+carries the limits into worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import http
+import json
+import sys
+import time
+import weakref
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools is optional for uvicorn; h11 always comes with it
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+# Seconds past the body deadline that the app has to begin its answer (a 408) before the
+# connection is closed under it.
+BODY_GRACE_S = 1.0
+# Where the scope of a request tells the app that its body is late (the message says why).
+BODY_DEADLINE_KEY = "besvm.body_deadline_passed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectionLimits:
+    """What the protocols enforce; seconds and a count."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+    max_header_bytes: int = 32 * 1024
+    send_timeout_s: float = 60.0
+
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often deadlines are checked: a deadline passes at most this much late."""
+        shortest = min(self.header_timeout_s, self.body_timeout_s, self.send_timeout_s)
+        return min(1.0, max(0.05, shortest / 8))
+
+
+def raw_error(status: int, type_: str, message: str, headers: dict | None = None):
+    """A complete HTTP/1.1 error response, in the service's error shape, that closes the
+    connection (written by the protocol itself, where no ASGI app is running)."""
+    body = json.dumps({"error": {"type": type_, "message": message}}).encode()
+    lines = [
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _sweep(loop: asyncio.AbstractEventLoop, server_state: Any, interval_s: float) -> None:
+    """Check the deadlines of every connection of one server, then again in ``interval_s``
+    while it has connections: one timer per server, instead of timers armed and cancelled on
+    every request (a few microseconds each, on the hot path)."""
+    now = loop.time()
+    for connection in list(server_state.connections):
+        check = getattr(connection, "_check_deadlines", None)
+        if check is not None:
+            check(now)
+    if server_state.connections:
+        _SWEEPS[server_state] = loop.call_later(interval_s, _sweep, loop, server_state, interval_s)
+    else:
+        _SWEEPS.pop(server_state, None)
+
+
+# The sweep of each server (uvicorn's ServerState) that has connections.
+_SWEEPS: weakref.WeakKeyDictionary[Any, asyncio.TimerHandle] = weakref.WeakKeyDictionary()
+
+
+class _Deadlines:
+    """The deadlines and the cap, shared by both protocol implementations (a mixin placed
+    before uvicorn's class). Deadlines are times on the loop's clock, checked by
+    :func:`_sweep`; None when not running."""
+
+    config: Any
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    connections: set
+    server_state: Any
+    cycle: Any
+    timeout_keep_alive: float
+    timeout_keep_alive_task: Any
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._start_limits()
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._idle_since = time.monotonic()
+        if self._admit():
+            self._arm_header_deadline()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_limits()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._idle_since = time.monotonic()
+        if self._refusal is not None and not self._answers_due():
+            self._send_refusal()
+
+    def _start_limits(self) -> None:
+        self.limits = ConnectionLimits(**self.config.connection_limits)
+        self._header_due: float | None = None
+        self._body_due: float | None = None
+        self._answer_due: float | None = None
+        self._send_due: float | None = None
+        self._unsent = 0
+        self._partial_request = False
+        self._idle_since = 0.0
+        # An error answer that waits for the answers to the requests before it.
+        self._refusal: bytes | None = None
+
+    # -- the connection cap ----------------------------------------------------------------------
+
+    def _idle(self) -> bool:
+        """No request under way or waiting on this connection, and nothing left to send
+        (``_idle_since``: since when, or since its last bytes arrived, on the monotonic clock:
+        the loop's is coarser, and ties would make "the oldest" arbitrary)."""
+        cycle = self.cycle
+        return (
+            (cycle is None or cycle.response_complete)
+            and not self._partial_request
+            and not getattr(self, "pipeline", None)
+            and not self.transport.is_closing()
+            and not self.transport.get_write_buffer_size()
+        )
+
+    def _admit(self) -> bool:
+        """Whether this new connection stays open (it is in ``connections`` already): at the
+        cap, the connection idle the longest is closed for it, if there is one."""
+        if len(self.connections) > self.limits.max_connections:
+            idle = [
+                connection
+                for connection in self.connections
+                if connection is not self
+                and isinstance(connection, _Deadlines)
+                and connection._idle()
+            ]
+            if idle:
+                min(idle, key=lambda connection: connection._idle_since).transport.close()
+            else:
+                self._refuse_connection()
+                return False
+        if self.server_state not in _SWEEPS:
+            _sweep(self.loop, self.server_state, self.limits.sweep_interval_s)
+        return True
+
+    def _refuse_connection(self) -> None:
+        self.transport.write(
+            raw_error(
+                503,
+                "overloaded",
+                f"the server holds its limit of {self.limits.max_connections} connections, none "
+                "of them idle (MAX_CONNECTIONS); try again later",
+                {"retry-after": "1"},
+            )
+        )
+        self.transport.close()
+
+    def _check_deadlines(self, now: float) -> None:
+        if self._header_due is not None and now >= self._header_due:
+            self._header_due = None
+            self._header_deadline_passed()
+        if self._body_due is not None and now >= self._body_due:
+            self._body_due = None
+            self._body_deadline_passed(now)
+        if self._answer_due is not None and now >= self._answer_due:
+            self._answer_due = None
+            self._close_if_unanswered()
+        self._check_send_deadline(now)
+        if (
+            self.timeout_keep_alive_task is None
+            and time.monotonic() - self._idle_since >= self.timeout_keep_alive
+            and self._idle()
+        ):
+            # Idle with no keep-alive timer: uvicorn arms one when an answer completes, not
+            # when the rest of a body it answered early (a 413, a 503) has been read.
+            self.transport.close()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _check_send_deadline(self, now: float) -> None:
+        """Drop the connection when bytes have waited in its write buffer SEND_TIMEOUT_S
+        without the client taking any (the buffer shrinking re-arms the deadline)."""
+        unsent = self.transport.get_write_buffer_size()
+        if not unsent:
+            self._send_due, self._unsent = None, 0
+            return
+        if self._send_due is None or unsent < self._unsent:
+            self._send_due = now + self.limits.send_timeout_s
+        self._unsent = unsent
+        if now >= self._send_due:
+            self._send_due = None
+            self.transport.abort()
+
+    # -- malformed requests --------------------------------------------------------------------
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request its parser refused (called where it catches the
+        parser's error): the service's JSON error, with the parser's reason, once the requests
+        before it on the connection are answered."""
+        error = sys.exception()
+        if getattr(error, "error_status_hint", 400) == 431:  # h11's own limit on a head
+            self._refuse(*self._head_too_large())
+            return
+        self._refuse(400, "bad_request", f"malformed HTTP request: {error or msg}")
+
+    def _head_too_large(self) -> tuple[int, str, str]:
+        return (
+            431,
+            "headers_too_large",
+            "the request line and headers are larger than the limit of "
+            f"{self.limits.max_header_bytes:,} bytes (MAX_HEADER_BYTES)",
+        )
+
+    def _refuse(self, status: int, type_: str, message: str) -> None:
+        """Answer a request that cannot be read with an error and close the connection: now, or
+        once the requests before it (complete, being answered) have their answers."""
+        self._refusal = raw_error(status, type_, message)
+        self._disarm_header_deadline()
+        if self._answers_due():
+            self.transport.pause_reading()
+        else:
+            self._send_refusal()
+
+    def _answers_due(self) -> bool:
+        """Whether requests read in full before the one refused still wait for answers."""
+        cycle = self.cycle
+        under_way = cycle is not None and not cycle.response_complete and not cycle.more_body
+        return under_way or bool(getattr(self, "pipeline", None))
+
+    def _send_refusal(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(self._refusal or b"")
+            self.transport.close()
+
+    # -- headers -------------------------------------------------------------------------------
+
+    def _arm_header_deadline(self) -> None:
+        if self._header_due is None:
+            self._header_due = self.loop.time() + self.limits.header_timeout_s
+
+    def _disarm_header_deadline(self) -> None:
+        self._partial_request = False
+        self._header_due = None
+
+    def _header_deadline_passed(self) -> None:
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A pipelined request's headers are late while the one before is being answered:
+            # end the connection after that answer.
+            self.cycle.keep_alive = False
+            return
+        if self._partial_request:
+            self.transport.write(
+                raw_error(
+                    408,
+                    "request_timeout",
+                    "the request's headers did not arrive within "
+                    f"{self.limits.header_timeout_s:g} s (HEADER_TIMEOUT_S)",
+                )
+            )
+        self.transport.close()
+
+    # -- body ----------------------------------------------------------------------------------
+
+    def _arm_body_deadline(self) -> None:
+        self._body_due = self.loop.time() + self.limits.body_timeout_s
+        self._answer_due = None
+
+    def _disarm_body_deadline(self) -> None:
+        self._body_due = None
+
+    def _body_deadline_passed(self, now: float) -> None:
+        cycle = self.cycle
+        if self.transport.is_closing():
+            return
+        if cycle is None or cycle.response_complete:
+            # The app answered without reading the whole body, and the rest is late.
+            self.transport.close()
+            return
+        # The connection ends after the app's answer. The app is told (BODY_DEADLINE_KEY in the
+        # scope, and a wake-up of a receive() waiting) so that it answers 408; an app that
+        # does not look is told the client is gone (http.disconnect) shortly after.
+        cycle.keep_alive = False
+        if not cycle.response_started:
+            cycle.scope.setdefault("extensions", {})[BODY_DEADLINE_KEY] = (
+                f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+                "(BODY_TIMEOUT_S)"
+            )
+            cycle.message_event.set()
+            self._answer_due = now + BODY_GRACE_S
+
+    def _close_if_unanswered(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_started:
+            self.transport.close()
+
+    def _stop_limits(self) -> None:
+        self._disarm_header_deadline()
+        self._disarm_body_deadline()
+        self._answer_due = None
+
+
+if HttpToolsProtocol is not None:
+
+    class LimitedHttpToolsProtocol(_Deadlines, HttpToolsProtocol):
+        """uvicorn's httptools protocol with :class:`ConnectionLimits`.
+
+        The head's size is counted as bytes arrive, before the parser sees them: httptools joins
+        the pieces of a header as they come, in time quadratic in its length.
+        """
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._start_head()
+
+        def _start_head(self, reading: bool = True) -> None:
+            self._in_head = reading
+            self._head_bytes = 0
+            self._head_tail = b""  # the last bytes seen, for an end of head split over reads
+
+        def data_received(self, data: bytes) -> None:
+            self._idle_since = time.monotonic()
+            if self._refusal is not None:
+                return  # the parser stopped at a malformed request: nothing after it is read
+            if self._in_head and not self._head_fits(data):
+                self._refuse(*self._head_too_large())
+                return
+            super().data_received(data)
+
+        def _head_fits(self, data: bytes) -> bool:
+            """Whether the head being read stays within MAX_HEADER_BYTES with ``data``: all of
+            it, or an end of the head (an empty line) within what is left."""
+            left = self.limits.max_header_bytes - self._head_bytes
+            if len(data) <= left:
+                self._head_bytes += len(data)
+                self._head_tail = (self._head_tail + data)[-3:]
+                return True
+            return b"\r\n\r\n" in self._head_tail + data[: max(left, 0)]
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._partial_request = True
+            self._arm_header_deadline()
+
+        def on_headers_complete(self) -> None:
+            self._start_head(reading=False)
+            self._disarm_header_deadline()
+            self._arm_body_deadline()
+            super().on_headers_complete()
+            cycle = self.cycle
+            # A new request's; not a HEAD's, whose answer uvicorn ends without a body write.
+            if (
+                cycle is not None
+                and cycle.transport is self.transport
+                and cycle.scope["method"] != "HEAD"
+            ):
+                cycle.transport = HeadWithBody(self.transport)
+
+        def on_response_complete(self) -> None:
+            # An answer is never complete with its head held back; in case one were, it goes.
+            transport = self.cycle.transport if self.cycle is not None else None
+            if type(transport) is HeadWithBody:
+                transport.flush()
+            super().on_response_complete()
+
+        def on_message_complete(self) -> None:
+            self._start_head()
+            self._disarm_body_deadline()
+            super().on_message_complete()
+
+else:  # pragma: no cover
+    LimitedHttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+
+class LimitedH11Protocol(_Deadlines, H11Protocol):
+    """uvicorn's h11 protocol with :class:`ConnectionLimits`.
+
+    h11 has no parser callbacks: the deadlines follow the state after each batch of events.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._timed_cycle = None
+
+    def data_received(self, data: bytes) -> None:
+        self._idle_since = time.monotonic()
+        super().data_received(data)
+        self._follow_state()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow_state()
+
+    def _follow_state(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle is not self._timed_cycle:
+            # A new request's headers are complete.
+            self._timed_cycle = cycle
+            self._disarm_header_deadline()
+            if cycle.more_body:
+                self._arm_body_deadline()
+        if cycle is not None and not cycle.more_body:
+            self._disarm_body_deadline()
+        if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._partial_request = True
+            self._arm_header_deadline()
+
+
+class HeadWithBody:
+    """The transport one request's answer is written to: its head (status line and headers) is
+    held back until its body's first bytes, and both go out in one write.
+
+    uvicorn writes an answer's head and body apart: two system calls, two TCP segments, and a
+    client woken twice for one small answer (on loopback, about a tenth of a one-digit
+    request's time, most of it in the kernel's delivery of the extra segment). Only the head,
+    the first write, is held, and only until the next: a streamed body goes out as it comes.
+    An interim answer (``100 Continue``, written before the head) is not held; a connection
+    closed with the head held (an app that failed after starting its answer) gets the head
+    first, as it would have. A HEAD request's answer, which uvicorn ends without writing its
+    body, is not given one of these.
+
+    Parameters
+    ----------
+    transport : asyncio.Transport
+        The connection's.
+    """
+
+    __slots__ = ("held", "state", "transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.held: bytes | None = None
+        self.state = _HEAD_DUE
+
+    def write(self, data: bytes) -> None:
+        if self.state is _HEAD_HELD:
+            self.state = _HEAD_WRITTEN
+            data, self.held = self.held + data, None  # type: ignore[operator]
+        elif self.state is _HEAD_DUE and not data.startswith(_INTERIM):
+            self.state, self.held = _HEAD_HELD, bytes(data)
+            return
+        self.transport.write(data)
+
+    def flush(self) -> None:
+        """Write the head if it is held."""
+        if self.state is _HEAD_HELD:
+            self.write(b"")
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+_HEAD_DUE, _HEAD_HELD, _HEAD_WRITTEN = "head due", "head held", "head written"
+# How an interim answer begins (uvicorn writes only ``100 Continue``, always as HTTP/1.1).
+_INTERIM = b"HTTP/1.1 1"
+
+
+def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
+    """uvicorn's configuration, serving with the limited protocols (httptools when installed,
+    as uvicorn's "auto" would, else h11), whose ``limits`` it carries into worker processes."""
+    if "http" not in options:
+        name = "LimitedHttpToolsProtocol" if HttpToolsProtocol is not None else "LimitedH11Protocol"
+        options["http"] = f"{__name__}:{name}"
+    # h11 keeps its own limit on the bytes of an incomplete head.
+    options.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
+    config = uvicorn.Config(app, **options)
+    config.connection_limits = dataclasses.asdict(limits)  # read by the protocols
+    return config
