@@ -41,9 +41,9 @@ import numpy as np
 
 from service.model.inputs.transforms import parse_transform
 from service.model.threads import limit_threads
-from training.datasets import Dataset, load_dataset
-from training.estimator import fit_dataset
-from training.evaluate import median_seconds, tuned_svc
+from training.data.datasets import Dataset, load_dataset
+from training.estimator.estimator import fit_dataset
+from training.evaluation.held_out import median_seconds, tuned_svc
 
 MEASURES = ("sensing0", "sensing1(n=150)", "sensing2(n_words=500)", "linear")
 SETTINGS = {

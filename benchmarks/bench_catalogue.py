@@ -65,8 +65,8 @@ from service.model.search import (
 )
 from service.model.search.filters import NumberColumn
 from service.model.search.remote import CatalogueSource, SearchCluster
-from training.estimator import fit_dataset
-from training.search import estimator_for, fit_search_model
+from training.estimator.estimator import fit_dataset
+from training.retrieval.search_model import estimator_for, fit_search_model
 
 DIM = 128
 BLOCK = 1 << 16  # items generated per seed: every layout holds the same X'

@@ -26,9 +26,9 @@ from sklearn.svm import SVC
 from service.model import Predictor
 from service.model.kernels import dense as dense_kernels
 from service.model.threads import limit_threads
-from training.datasets import load_digits_dataset
-from training.evaluate import median_seconds
-from training.preprocessing import InputNormalizer
+from training.data.datasets import load_digits_dataset
+from training.estimator.preprocessing import InputNormalizer
+from training.evaluation.held_out import median_seconds
 
 
 def _http_latencies(model: Path, instance: list, requests: int) -> list[float]:

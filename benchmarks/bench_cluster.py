@@ -98,7 +98,7 @@ def _run_one(
     method: str, shards: str, basis: int, jobs: int, workers: int, memory: str, again_under: float
 ) -> dict:
     from training import BasisExpandingSVC
-    from training.shards import open_shards, read_shard
+    from training.cluster.shards import open_shards, read_shard
 
     params = {"similarity": "rbf(gamma=1)", "basis_per_class": basis}
     data = open_shards(shards)
@@ -109,7 +109,7 @@ def _run_one(
         started = time.perf_counter()
         BasisExpandingSVC(**params, n_jobs=jobs).fit(X, y)
         return {"seconds": time.perf_counter() - started, "driver_peak": peak_rss_bytes()}
-    from training.cluster import connect
+    from training.cluster.connection import connect
 
     with connect(f"local:{workers}", worker_memory=memory) as client, _DriverPhases() as phases:
         started = time.perf_counter()
@@ -158,7 +158,7 @@ def main() -> None:
         )
         print("RESULT " + json.dumps(result))
         return
-    from training.shards import write_shards
+    from training.cluster.shards import write_shards
 
     rows = []
     print(

@@ -10,7 +10,7 @@ For each data set and split, in the same run:
 - **default**: ``fit_dataset(dataset, similarity="auto")``, what ``python -m training fit``
   does: forward selection by cross-validation on the training split within its budget (by
   default 40 s per 1,000 items searched), then the chosen model fitted on the whole split;
-- **tuned SVC(RBF)**: :func:`training.evaluate.tuned_svc`, a ``Pipeline`` of an optional
+- **tuned SVC(RBF)**: :func:`training.evaluation.held_out.tuned_svc`, a ``Pipeline`` of an optional
   ``StandardScaler`` and ``SVC``, the scaling, C and gamma chosen by 5-fold ``GridSearchCV`` on
   the same training split (48 settings; ``--svc-grid small``: 12, for the large sets on a small
   machine), as ``python -m training evaluate --tuned-svc`` does;
@@ -64,9 +64,9 @@ from sklearn.svm import SVC, LinearSVC
 
 from service.model.inputs.spec import InputSpec
 from service.model.threads import limit_threads
-from training.datasets import Dataset, load_dataset, load_digits_dataset
-from training.estimator import fit_dataset
-from training.evaluate import describe_tuned_svc, median_seconds, tuned_svc
+from training.data.datasets import Dataset, load_dataset, load_digits_dataset
+from training.estimator.estimator import fit_dataset
+from training.evaluation.held_out import describe_tuned_svc, median_seconds, tuned_svc
 
 BATCH = 1000
 MODELS = {"default": "default (auto)", "svc": "tuned SVC(RBF)", "linear": "LinearSVC"}
@@ -75,7 +75,7 @@ LARGE = 50_000
 # With --all, from this many training items, or numbers, the SVC is tuned on the small grid.
 SMALL_GRID_FROM = 5_000
 SMALL_GRID_FROM_NUMBERS = 1_000_000
-# Held-back sets packages ship (training/packaged.py): their split.
+# Held-back sets packages ship (training/data/packaged.py): their split.
 PACKAGED_SPLITS = {
     "segment": (0.25, (0, 1, 2)),
     "phishing": (0.25, (0, 1, 2)),

@@ -25,7 +25,7 @@ from service.model.kernels import dense as dense_kernels
 from service.model.kernels import grid as grid_kernels
 from service.model.kernels import hog as hog_kernels
 from service.model.threads import limit_threads
-from training.evaluate import median_seconds
+from training.evaluation.held_out import median_seconds
 
 
 def _normalised_digits() -> np.ndarray:

@@ -70,8 +70,8 @@ from threadpoolctl import threadpool_limits
 
 from service.api.protocol import inference_pb2
 from service.model import Predictor
-from training.datasets import load_digits_dataset
-from training.evaluate import median_seconds
+from training.data.datasets import load_digits_dataset
+from training.evaluation.held_out import median_seconds
 
 RPS_FRACTION, P99_FACTOR, FALL_TOLERANCE = 0.8, 2.0, 0.9
 SEARCH_TARGETS = ("service", "floor")

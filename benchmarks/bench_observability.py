@@ -32,7 +32,7 @@ import orjson
 
 from service.api import Settings, create_app
 from service.api.machinery.observability import JsonFormatter, RequestIdFilter, RequestObservability
-from training.datasets import load_digits_dataset
+from training.data.datasets import load_digits_dataset
 
 
 def _request(app, body: bytes):

@@ -33,7 +33,7 @@ from threadpoolctl import threadpool_info
 
 from service.model.kernels.search import search_top_k
 from service.model.threads import FASTMATH, SEARCH_PARALLEL_MIN_ENTRIES, limit_threads
-from training.evaluate import median_seconds
+from training.evaluation.held_out import median_seconds
 
 
 @numba.njit(cache=True, nogil=True, fastmath=FASTMATH)

@@ -26,10 +26,11 @@ from serving import latencies, running_server
 
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec
-from service.model.search import SearchIndex, SearchQuery
-from training.datasets import Dataset
-from training.estimator import fit_dataset
-from training.search import build_catalogue, estimator_for, fit_search_model, search_dir
+from service.model.search import SearchIndex, SearchQuery, search_dir
+from training.data.datasets import Dataset
+from training.estimator.estimator import fit_dataset
+from training.retrieval.catalogue import build_catalogue
+from training.retrieval.search_model import estimator_for, fit_search_model
 
 
 def _synthetic(n_train: int, n_test: int, dim: int, seed: int) -> Dataset:

@@ -65,10 +65,11 @@ from service.model.threads import (
     DOCUMENT_PAIR_MULTIPLY_ADDS,
     SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
 )
-from training.datasets import Dataset, DatasetError, load_dataset
-from training.estimator import fit_dataset
-from training.evaluate import median_seconds
-from training.preparation import fit_vocabulary
+from training.data.datasets import Dataset, load_dataset
+from training.data.readers import DatasetError
+from training.estimator.estimator import fit_dataset
+from training.estimator.preparation import fit_vocabulary
+from training.evaluation.held_out import median_seconds
 
 MEASURES = ("linear", "sensing0", "sensing1(n=150)", "sensing2(n_words=150)")
 BATCH1_DOCS = 200

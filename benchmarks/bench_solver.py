@@ -1,5 +1,5 @@
-"""The one-process SVM solver (:func:`training.solver.fit_one_vs_rest`) against scikit-learn's
-``LinearSVC`` on the same features, in the same run (issue 20).
+"""The one-process SVM solver (:func:`training.estimator.solver.fit_one_vs_rest`) against
+scikit-learn's ``LinearSVC`` on the same features, in the same run (issue 20).
 
 For each shape, the features are made once (by the parent process), split 75/25 (stratified,
 seeded), and each method trains on the training part in a child process of its own (so that
@@ -88,7 +88,7 @@ def _model_features(data: str, similarity: str, per_class: int):
     from sklearn.exceptions import ConvergenceWarning
 
     from training import BasisExpandingSVC
-    from training.datasets import load_dataset
+    from training.data.datasets import load_dataset
 
     dataset = load_dataset(data, test_fraction=0)
     with warnings.catch_warnings():
@@ -120,7 +120,7 @@ def _run_one(method: str, path: str, out: str) -> None:
     test scores to ``out``."""
     from sklearn.svm import LinearSVC
 
-    from training.solver import TOLERANCE, fit_one_vs_rest
+    from training.estimator.solver import TOLERANCE, fit_one_vs_rest
 
     with np.load(path, allow_pickle=False) as saved:
         F_train, y_train = saved["F_train"], saved["y_train"]

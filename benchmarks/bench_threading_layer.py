@@ -117,7 +117,7 @@ def _child(config: dict) -> None:
 
     from service.model import Predictor
     from service.model.search import SearchIndex, SearchQuery
-    from training.datasets import load_digits_dataset
+    from training.data.datasets import load_digits_dataset
 
     digits = load_digits_dataset()
     instances = digits.X_test[: config["batch"]].reshape(-1, 8, 8)

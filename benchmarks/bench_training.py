@@ -56,8 +56,8 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
     from sklearn.svm import LinearSVC
 
     from training import BasisExpandingSVC
-    from training.expansion import BasisExpansion
-    from training.preprocessing import InputNormalizer
+    from training.estimator.expansion import BasisExpansion
+    from training.estimator.preprocessing import InputNormalizer
 
     if method.startswith("selection"):
         return _run_selection(int(method.split("=")[1]))
@@ -91,7 +91,7 @@ def _run_one(method: str, n: int, dim: int, classes: int, basis: int) -> dict:
 
 def _run_selection(n_jobs: int) -> dict:
     from training import BasisExpandingSVC, ForwardSelectionCV
-    from training.datasets import load_digits_dataset
+    from training.data.datasets import load_digits_dataset
 
     dataset = load_digits_dataset()
     X, y = dataset.X_train, dataset.y_train

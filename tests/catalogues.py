@@ -9,7 +9,7 @@ import numpy as np
 
 from service.model import Predictor
 from service.model.search import UnionOfSubspacesModel, search_dir
-from training.search import build_catalogue
+from training.retrieval.catalogue import build_catalogue
 
 SOURCES = ("scan", "photo", "sketch")
 

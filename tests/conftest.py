@@ -9,8 +9,8 @@ import pytest
 
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec
-from training.datasets import Dataset, load_digits_dataset
-from training.estimator import fit_dataset
+from training.data.datasets import Dataset, load_digits_dataset
+from training.estimator.estimator import fit_dataset
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +86,7 @@ def search_model_dir(digits_model_dir, tmp_path_factory) -> Path:
     does (read-only for tests)."""
     import shutil
 
-    from training.cli import main
+    from training.cli.main import main
 
     path = tmp_path_factory.mktemp("artifacts") / "digits-search"
     shutil.copytree(digits_model_dir, path)
@@ -106,7 +106,7 @@ def glyphs() -> Dataset:
     """Letters A-J of the first 14 installed fonts that draw them all (Debian's font packages:
     make glyph-fonts), 32 x 32: 8 training and 6 test fonts per letter (real images, small
     enough for a fast fit)."""
-    from training.glyphs import Glyphs, font_files, render_font, split_glyphs
+    from training.data.glyphs import Glyphs, font_files, render_font, split_glyphs
 
     rows, names = [], []
     for path in font_files():

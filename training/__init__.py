@@ -6,7 +6,7 @@ artifact the service loads, and :class:`ForwardSelectionCV`, which chooses its c
 cross-validation (``BasisExpandingSVC(similarity="auto")`` delegates to it).
 """
 
-from training.estimator import BasisExpandingSVC
-from training.selection import ForwardSelectionCV
+from training.estimator.estimator import BasisExpandingSVC
+from training.selection.forward_selection import ForwardSelectionCV
 
 __all__ = ["BasisExpandingSVC", "ForwardSelectionCV"]

@@ -17,7 +17,7 @@ definite by clipping its negative eigenvalues, flipping their sign, or squaring 
 
 Every normalisation is stored as an affine map per feature, ``(raw - offset) / scale``, followed
 for Nystroem by one B x B projection per measure, so that :func:`expand` is the one function both
-training (:class:`training.expansion.BasisExpansion`, which learns the normalisation) and serving
+training (:class:`training.estimator.expansion.BasisExpansion`, which learns the normalisation) and serving
 compute features with.
 """
 

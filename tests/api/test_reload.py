@@ -21,8 +21,8 @@ from service.model import Predictor
 from service.model.artifact import exchange_paths, manifest_digest
 from service.model.search import SearchIndex, SearchQuery, catalogue_dir
 from tests.api.conftest import serving
-from training.cli import main
-from training.estimator import fit_dataset
+from training.cli.main import main
+from training.estimator.estimator import fit_dataset
 
 pytestmark = pytest.mark.slow
 

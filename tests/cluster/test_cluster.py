@@ -11,7 +11,13 @@ import time
 
 import pytest
 
-from training.cluster import WORKER_PRELOAD, ClusterError, check_versions, connect, parse_cluster
+from training.cluster.connection import (
+    WORKER_PRELOAD,
+    ClusterError,
+    check_versions,
+    connect,
+    parse_cluster,
+)
 
 
 def _free_port() -> int:
@@ -34,8 +40,8 @@ def test_cluster_names_are_parsed_and_the_environment_read_without_the_flag():
 
 def test_without_a_cluster_nothing_imports_dask():
     code = (
-        "import sys; import training.cli, training.cluster, training.shards;"
-        "from training.cluster import connect\n"
+        "import sys, training.cli.main, training.cluster.connection, training.cluster.shards\n"
+        "from training.cluster.connection import connect\n"
         "with connect(None) as client: assert client is None\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')]"
     )

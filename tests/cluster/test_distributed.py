@@ -16,7 +16,8 @@ from sklearn.datasets import make_classification
 from sklearn.metrics.pairwise import rbf_kernel
 
 from tests.cluster.conftest import start_local_cluster
-from training.distributed import (
+from training.cluster.shards import write_shards
+from training.estimator.distributed_solver import (
     ONE_TASK_BYTES,
     ONE_TASK_MEMORY_SHARE,
     fit_along_C,
@@ -26,8 +27,7 @@ from training.distributed import (
     shard_classes,
     uniform_by_row,
 )
-from training.shards import write_shards
-from training.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
+from training.estimator.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
 
 TOL = 1e-8
 

@@ -12,9 +12,9 @@ from sklearn.datasets import load_digits, make_classification
 
 from service.model import Predictor
 from training import BasisExpandingSVC
-from training.cli import main
-from training.distributed_fit import MIN_PIECE_ROWS, row_pieces
-from training.shards import open_shards, write_shards
+from training.cli.main import main
+from training.cluster.rows import MIN_PIECE_ROWS, row_pieces
+from training.cluster.shards import open_shards, write_shards
 
 PARAMS = {"similarity": "rbf(gamma=1)", "basis_per_class": 8}
 

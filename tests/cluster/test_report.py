@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from training.cli import main
-from training.report import ReportGrid, build_grid, run_report
+from training.cli.main import main
+from training.evaluation.report import build_grid, run_report
+from training.evaluation.report_data import ReportGrid
 
 pytestmark = pytest.mark.slow
 

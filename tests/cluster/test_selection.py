@@ -14,10 +14,10 @@ from sklearn.datasets import load_digits, load_wine
 
 from service.model import Predictor
 from training import BasisExpandingSVC, ForwardSelectionCV
-from training.cli import main
-from training.cluster import ClusterError
-from training.distributed_fit import draw_sample
-from training.shards import open_shards, write_shards
+from training.cli.main import main
+from training.cluster.connection import ClusterError
+from training.cluster.rows import draw_sample
+from training.cluster.shards import open_shards, write_shards
 
 # Never reached on these sets (every stage runs: see `stopped_`), so that both searches score
 # the same candidates; a budget that cut either would stop them at different candidates.

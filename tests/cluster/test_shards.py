@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.cli import main
-from training.shards import ShardError, is_sharded, open_shards, read_shard, write_shards
+from training.cli.main import main
+from training.cluster.shards import ShardError, is_sharded, open_shards, read_shard, write_shards
 
 
 @pytest.fixture

@@ -198,7 +198,7 @@ def test_tfidf_measures_need_the_idf(corpus):
 
 
 def test_basis_expansion_on_word_counts(corpus):
-    from training.expansion import BasisExpansion
+    from training.estimator.expansion import BasisExpansion
 
     dense, _, _ = corpus
     counts = sp.csr_matrix(dense)

@@ -15,9 +15,9 @@ from service.model import ArtifactIntegrityError, Predictor
 from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
 from service.model.inputs.spec import InputSpec
 from tests.api.conftest import serving
-from training.datasets import Dataset
-from training.estimator import fit_dataset
-from training.preprocessing import InputNormalizer
+from training.data.datasets import Dataset
+from training.estimator.estimator import fit_dataset
+from training.estimator.preprocessing import InputNormalizer
 
 pytestmark = pytest.mark.slow  # trains models and starts a server
 

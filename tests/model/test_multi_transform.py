@@ -17,14 +17,15 @@ from service.model.inputs.dense import DenseInputs, TransformedSpace
 from service.model.inputs.spaces import Spaces
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import BoundTransform, InputTransform, parse_transform
-from service.model.search import SearchIndex, SearchQuery
+from service.model.search import SearchIndex, SearchQuery, search_dir
 from service.model.similarity import parse_spec, parse_specs
 from tests.api.conftest import serving
 from training import BasisExpandingSVC
-from training.cli import main
-from training.report import parse_configuration
-from training.search import build_catalogue, dataset_items, fit_search_model, search_dir
-from training.search import estimator_for as search_estimator_for
+from training.cli.main import main
+from training.evaluation.report import parse_configuration
+from training.retrieval.catalogue import build_catalogue, dataset_items
+from training.retrieval.search_model import estimator_for as search_estimator_for
+from training.retrieval.search_model import fit_search_model
 
 MIXED = "hog(4): rbf(gamma=0.5) + pixels: rigid(1)"
 

@@ -18,10 +18,12 @@ from service.model.search import (
     SearchQuery,
     SparseCode,
     UnionOfSubspacesModel,
+    catalogue_dir,
     read_catalogue,
+    search_dir,
     search_features,
 )
-from training.search import build_catalogue, catalogue_dir, dataset_items, search_dir
+from training.retrieval.catalogue import build_catalogue, dataset_items
 
 
 @pytest.fixture(scope="module")

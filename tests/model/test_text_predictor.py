@@ -10,7 +10,7 @@ from sklearn.svm import LinearSVC
 
 from service.model import ArtifactIntegrityError, InvalidInputError, Predictor
 from service.model.inputs.spec import InputSpec
-from training.solver import training_design
+from training.estimator.solver import training_design
 
 
 def test_a_text_model_learns_the_topics(text_fit, text_dataset):

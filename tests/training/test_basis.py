@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from training.basis import BASIS_STRATEGIES, kernel_distances, kmedoids, select_basis
-from training.expansion import BasisExpansion
+from training.estimator.basis import BASIS_STRATEGIES, kernel_distances, kmedoids, select_basis
+from training.estimator.expansion import BasisExpansion
 
 
 def _linear_blocks(X):

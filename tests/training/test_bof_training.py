@@ -12,9 +12,9 @@ from service.model import Predictor
 from service.model.errors import InvalidInputError, SpecError
 from service.model.inputs.bof import BagOfFeatures
 from service.model.inputs.transforms import parse_transform
-from training.datasets import load_dataset
-from training.estimator import BasisExpandingSVC
-from training.glyphs import font_files
+from training.data.datasets import load_dataset
+from training.data.glyphs import font_files
+from training.estimator.estimator import BasisExpandingSVC
 
 
 def test_artifact_round_trip_gives_the_same_scores(bof_fit, bof_model_dir, glyphs):
@@ -76,7 +76,7 @@ def test_visual_words_of_the_wrong_shape_are_refused():
 
 
 def test_build_glyphs_writes_a_set_split_by_font(tmp_path):
-    from training.cli import main
+    from training.cli.main import main
 
     fonts = tmp_path / "fonts"
     fonts.mkdir()

@@ -14,7 +14,7 @@ from sklearn.svm import SVC
 
 from service.model import Predictor
 from service.model.similarity import parse_specs
-from training.cli import build_parser, main
+from training.cli.main import build_parser, main
 
 
 def _commands() -> list[str]:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from service.model.inputs.spec import InputSpec
-from training.datasets import DatasetError, load_dataset
+from training.data.datasets import load_dataset
+from training.data.readers import DatasetError
 
 
 def test_digits_has_the_fixed_split(digits):
@@ -142,7 +143,7 @@ def test_the_packaged_sets_read_as_their_packages_read_them():
 
 
 def test_a_packaged_set_whose_package_is_missing_says_so():
-    from training.packaged import PackagedSet
+    from training.data.packaged import PackagedSet
 
     missing = PackagedSet(
         "nowhere", "no_such_package_besvm", "data.csv", -1, InputSpec("vector", (2,)), ""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from training.dictionary import UnionOfSubspacesSVM, prune_codes, sgd_epochs
+from training.retrieval.dictionary import UnionOfSubspacesSVM, prune_codes, sgd_epochs
 
 
 @parametrize_with_checks([UnionOfSubspacesSVM(n_atoms=8, random_state=0)])
@@ -92,7 +92,7 @@ def test_prune_keeps_the_largest_magnitudes_of_each_code():
 
 @pytest.fixture(scope="module")
 def normalised_digits(digits):
-    from training.preprocessing import InputNormalizer
+    from training.estimator.preprocessing import InputNormalizer
 
     normalizer = InputNormalizer().fit(digits.X_train)
     return normalizer.transform(digits.X_train), normalizer.transform(digits.X_test)

@@ -18,10 +18,11 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from service.model import ArtifactError, Predictor
 from tests.api.conftest import serving
-from training import BasisExpandingSVC, solver
-from training import selection as selection_module
-from training.expansion import BasisExpansion
-from training.preprocessing import InputNormalizer
+from training import BasisExpandingSVC
+from training.estimator import solver
+from training.estimator.expansion import BasisExpansion
+from training.estimator.preprocessing import InputNormalizer
+from training.selection import folds as selection_folds
 
 
 @parametrize_with_checks([BasisExpandingSVC(basis_per_class=5)])
@@ -284,13 +285,13 @@ def test_a_saved_model_loads_and_is_served_as_it_is(digits_model, digits_arrays,
 def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset, monkeypatch):
     texts, labels = list(text_dataset.X_train), text_dataset.y_train
     folds_fitted = []
-    score_fold = selection_module._score_fold
+    score_fold = selection_folds._score_fold
 
     def recording(X, estimator, params, fold, threads):
         folds_fitted.append(clone(estimator).set_params(**params).get_params())
         return score_fold(X, estimator, params, fold, threads)
 
-    monkeypatch.setattr(selection_module, "_score_fold", recording)  # one process: n_jobs=1
+    monkeypatch.setattr(selection_folds, "_score_fold", recording)  # one process: n_jobs=1
     auto = BasisExpandingSVC(
         similarity="auto", min_df=1, stop_words=None, selection_budget=10, n_jobs=1
     )

@@ -5,9 +5,9 @@ import pytest
 from sklearn.metrics.pairwise import rbf_kernel
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from training.basis import select_basis
-from training.expansion import BasisExpansion
-from training.preprocessing import InputNormalizer
+from training.estimator.basis import select_basis
+from training.estimator.expansion import BasisExpansion
+from training.estimator.preprocessing import InputNormalizer
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 from service.model.search import read_catalogue
 from service.model.search.layout import catalogue_dir, search_dir
 from tests.api.conftest import REPO
-from training.cli import main
+from training.cli.main import main
 
 pytestmark = pytest.mark.slow
 

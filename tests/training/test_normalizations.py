@@ -7,8 +7,8 @@ from sklearn.metrics.pairwise import rbf_kernel
 
 from service.model import SpecError, parse_specs
 from service.model.features import NORMALIZATIONS, parse_normalization, resolve_normalization
-from training.diagnostics import eigen_diagnostics
-from training.expansion import BasisExpansion, nystroem_projection
+from training.estimator.diagnostics import eigen_diagnostics
+from training.estimator.expansion import BasisExpansion, nystroem_projection
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from training.cli import main
-from training.report import build_grid, run_report
-from training.report_data import ReportGrid
+from training.cli.main import main
+from training.evaluation.report import build_grid, run_report
+from training.evaluation.report_data import ReportGrid
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +161,12 @@ def test_run_report_is_usable_as_a_library(digits):
 
 
 def test_plots_do_not_import_the_report_module():
-    # plots reads the report's data types from training.report_data: no import cycle with report.
-    code = "import sys, training.plots; assert 'training.report' not in sys.modules"
+    # plots reads the report's data types from training.evaluation.report_data: no import cycle
+    # with report.
+    code = (
+        "import sys, training.evaluation.plots; "
+        "assert 'training.evaluation.report' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -170,8 +174,8 @@ def test_configurations_settle_their_transforms_as_fit_does(digits):
     """One rule for which transforms a model computes (the input kind's settle_transforms):
     measures that all name transforms of their own make the first one the model's, so no
     space is computed that no measure reads; otherwise the default (pixels) is the model's."""
-    from training.estimator import BasisExpandingSVC
-    from training.report import parse_configuration
+    from training.estimator.estimator import BasisExpandingSVC
+    from training.evaluation.report import parse_configuration
 
     own = parse_configuration("hog(2): rbf + hog(4): rbf", digits)
     assert own.transform == "hog(cell_size=2, orientations=9)"

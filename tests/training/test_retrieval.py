@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from training.retrieval import (
+from training.retrieval.evaluation import (
     BASELINES,
     US_SVM_VARIANTS,
     average_precisions,
@@ -70,7 +70,7 @@ def test_prune_weights_keeps_the_largest_magnitudes_of_each_row():
 def digits_rows(digits):
     """The paper's comparison on digits: train on the training split's normalised inputs and
     search the test split."""
-    from training.preprocessing import InputNormalizer
+    from training.estimator.preprocessing import InputNormalizer
 
     normalizer = InputNormalizer().fit(digits.X_train)
     return map_against_sparsity(

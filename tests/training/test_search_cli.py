@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 from service.model import Predictor
-from service.model.search import SearchIndex, SearchQuery, UnionOfSubspacesModel, read_catalogue
-from training.cli import main
-from training.search import (
-    build_catalogue,
+from service.model.search import (
+    SearchIndex,
+    SearchQuery,
+    UnionOfSubspacesModel,
     catalogue_dir,
-    dataset_items,
-    estimator_for,
-    fit_search_model,
+    read_catalogue,
     search_dir,
 )
+from training.cli.main import main
+from training.retrieval.catalogue import build_catalogue, dataset_items
+from training.retrieval.search_model import estimator_for, fit_search_model
 
 
 @pytest.fixture
@@ -138,7 +139,7 @@ def test_search_on_a_text_model_reads_besvm_features(text_fit, text_dataset, tmp
 def test_refitting_a_model_says_its_search_model_went_with_it(search_model_dir, tmp_path, capsys):
     import shutil
 
-    from training.cli import main
+    from training.cli.main import main
 
     path = tmp_path / "digits"
     shutil.copytree(search_model_dir, path)

@@ -21,19 +21,18 @@ from service.model import Predictor
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
 from training import BasisExpandingSVC, ForwardSelectionCV
-from training.datasets import Dataset
-from training.estimator import fit_dataset
-from training.selection import (
+from training.data.datasets import Dataset
+from training.estimator.estimator import fit_dataset
+from training.selection.budget import budget_for
+from training.selection.folds import paired_gain, repeats_for
+from training.selection.space import (
     RBF_SCALE,
     basis_size_candidates,
-    budget_for,
     grown_basis_per_class,
     measure_candidates,
-    paired_gain,
-    repeats_for,
-    take,
     transform_candidates,
 )
+from training.selection.state import take
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from scipy.optimize import check_grad
 from sklearn.datasets import make_classification
 from sklearn.svm import LinearSVC
 
-from training.solver import (
+from training.estimator.solver import (
     InMemorySquaredHinge,
     fit_one_vs_rest,
     liblinear_tolerance,

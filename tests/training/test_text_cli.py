@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from service.model import Predictor
-from training.cli import main
-from training.datasets import FORTUNES_DIR, load_dataset
-from training.estimator import fit_dataset
-from training.report import parse_configuration, run_report
-from training.report_data import ReportGrid
+from training.cli.main import main
+from training.data.datasets import FORTUNES_DIR, load_dataset
+from training.estimator.estimator import fit_dataset
+from training.evaluation.report import parse_configuration, run_report
+from training.evaluation.report_data import ReportGrid
 
 
 @pytest.fixture

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from service.model.inputs.spec import InputSpec
-from training.datasets import (
+from training.data.datasets import (
     FORTUNES,
     FORTUNES_DIR,
     FORTUNES_MIN_QUOTES,
     Dataset,
-    DatasetError,
     load_dataset,
     load_fortunes_dataset,
 )
+from training.data.readers import DatasetError
 
 TEXT = InputSpec("text", ())
 

@@ -11,8 +11,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from service.model import Predictor
-from training.cli import main
-from training.datasets import load_dataset
+from training.cli.main import main
+from training.data.datasets import load_dataset
 
 
 def _blobs(n_per_class: int, seed: int, dim: int = 6):

@@ -6,7 +6,7 @@ The sensing-aware kernel paper (section 5) classifies scenes this way, after Laz
    spatial bins of 8 orientations, L2-Hys; scikit-image's HOG blocks, see
    :mod:`service.model.kernels.bof`);
 2. each descriptor becomes the nearest of ``words`` centres, learned by k-means on descriptors
-   sampled from the training images (``training.visual_words``);
+   sampled from the training images (``training.estimator.visual_words``);
 3. level ``l`` of the pyramid cuts the image into ``2^l x 2^l`` cells, and each cell of levels
    ``0..L`` (``L = levels``; with ``single=1`` level L alone) counts its words: an image is
    that many documents over the same vocabulary.

@@ -19,7 +19,7 @@ mean the same:
 It wins where features have unrelated units (``load_wine``: one feature in the hundreds would
 otherwise dominate every distance). Either way the model stores a mean and a scale (a scalar, or
 one per feature) and the service applies ``(x - mean) / scale``
-(:class:`training.preprocessing.InputNormalizer` fits them).
+(:class:`training.estimator.preprocessing.InputNormalizer` fits them).
 
 Dense models whose measures read several transforms of the input (``hog(4): rbf + pixels: rbf``)
 hold one mean, scale and basis per transform (:class:`TransformedSpace`): the arrays of the

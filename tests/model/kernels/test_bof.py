@@ -29,7 +29,7 @@ from service.model.inputs.transforms import parse_transform
 from service.model.inputs.words import CellDocuments, Documents, smooth_idf
 from service.model.similarity import parse_spec
 from service.model.threads import limit_threads
-from training.visual_words import fit_bag_of_features
+from training.estimator.visual_words import fit_bag_of_features
 
 
 def reference_descriptors(image: np.ndarray, patch: int, step: int) -> np.ndarray:

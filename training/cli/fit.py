@@ -1,0 +1,263 @@
+"""``python -m training fit``: train a model on a data set (or on shards) and write its artifact."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+from sklearn.exceptions import ConvergenceWarning
+
+from service.model import Predictor
+from service.model.features import (
+    AUTO_NORMALIZATION_INDEFINITE,
+    AUTO_NORMALIZATION_KERNELS,
+    NORMALIZATIONS,
+)
+from service.model.inputs.transforms import TRANSFORMS
+from service.model.search import (
+    search_dir,
+)
+from service.model.similarity import SIMILARITY_KINDS
+from training.cli.common import (
+    add_data_arguments,
+    load_data,
+    status,
+)
+from training.cli.options import add_estimator_arguments, estimator_params
+from training.cluster.connection import SCHEDULER_ENV
+from training.cluster.shards import is_sharded, open_shards
+from training.data.datasets import DIGITS, FORTUNES
+from training.data.readers import DatasetError
+from training.estimator.diagnostics import format_ratio
+from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC, fit_dataset
+from training.selection.space import SELECTED_PARAMETERS
+
+# How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
+# set, older option names kept for scripts, and the one default of the command line's own (it
+# selects the configuration unless told the measures).
+FIT_OPTIONS = {
+    "skip": ("input_shape", "random_state", "verbose"),
+    "aliases": {
+        "C": ("--C",),
+        "input_transform": ("--transform",),
+        "selection_budget": ("--budget",),
+        "n_jobs": ("--jobs",),
+    },
+    "defaults": {"similarity": AUTO_SIMILARITY},
+    "default_help": {
+        "input_transform": "pixels for images, none otherwise",
+        "n_jobs": "-1, every core",
+    },
+    "extra_help": {
+        "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
+    },
+}
+
+
+def _fit_epilog() -> str:
+    """The measures, transforms and normalisations that --similarity, --transform and
+    --normalization take, from the tables that define them."""
+    kinds = [f"  {k.name}: {k.description}" for k in SIMILARITY_KINDS.values()]
+    return "\n".join(
+        [
+            "similarity measures:",
+            *kinds,
+            f"input transforms: {', '.join(TRANSFORMS)} (hog(cell_size, orientations), "
+            "bof(patch, step, words, levels, single))",
+            f"normalizations: {', '.join(NORMALIZATIONS)},",
+            f"  or auto: {AUTO_NORMALIZATION_KERNELS} when every measure is a kernel, "
+            f"{AUTO_NORMALIZATION_INDEFINITE} when one is indefinite",
+        ]
+    )
+
+
+def add_parser(commands, name: str) -> None:
+    fit = commands.add_parser(
+        name,
+        help="train a model and write its artifact directory",
+        description=textwrap.fill(
+            "Choose a class-balanced basis, expand the training set on it under one or more "
+            "similarity measures, fit a one-vs-rest linear SVM, and write the artifact. With "
+            "--similarity auto (the default) the configuration is chosen by cross-validation "
+            "first.",
+            width=88,
+        ),
+        epilog=_fit_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_data_arguments(fit, default=DIGITS)
+    model = fit.add_argument_group(
+        "model", "the estimator's parameters (training.BasisExpandingSVC; --seed sets random_state)"
+    )
+    fit.set_defaults(model_options=add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS))
+    output = fit.add_argument_group("output")
+    output.add_argument(
+        "--out", type=Path, help="artifact directory to write (default: models/<name>)"
+    )
+    output.add_argument("--name", help="model name (default: the data set's name)")
+    output.add_argument(
+        "--force", action="store_true", help="replace an existing artifact directory"
+    )
+    output.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing if a valid artifact already exists at --out (exit 0)",
+    )
+    output.add_argument("--quiet", action="store_true", help="no progress output")
+    fit.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
+    # Refused before anything is loaded: the selection would silently override them.
+    argv = sys.argv[1:] if args.argv is None else args.argv
+    fixed = [
+        option.as_written(argv)
+        for option in args.model_options
+        if option.parameter in SELECTED_PARAMETERS
+        and option.parameter != "similarity"
+        and option.given(args)
+    ]
+    if params["similarity"].strip().lower() == AUTO_SIMILARITY and fixed:
+        raise ValueError(
+            f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
+            f"too (e.g. --similarity '{BasisExpandingSVC().similarity}') to fix them yourself"
+        )
+
+    if params.get("cluster") is None and os.environ.get(SCHEDULER_ENV):
+        params["cluster"] = os.environ[SCHEDULER_ENV]  # Dask's own variable, as its tools read it
+    name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
+    out = args.out or Path("models") / name
+    if args.data not in (DIGITS, FORTUNES) and is_sharded(args.data):
+        return _fit_sharded(args, params, name, out)
+    if args.if_missing and out.exists():
+        existing = Predictor.load(out)  # a broken artifact is an error, not "present"
+        status(args, f"{out} already holds model {existing.name!r}: nothing to do")
+        return 0
+    status(args, f"loading data set {args.data} ...")
+    dataset = load_data(args)
+    if out.exists() and not args.force:
+        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+
+    status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
+    result = fit_dataset(dataset, name, random_state=args.seed, verbose=not args.quiet, **params)
+    predictor = result.predictor
+    n_test = len(dataset.y_test)
+    test_accuracy = predict_seconds = None
+    if n_test:
+        started = time.perf_counter()
+        test_accuracy = float((predictor.predict(dataset.X_test) == dataset.y_test).mean())
+        predict_seconds = time.perf_counter() - started
+    predictor.metadata["training"]["test_accuracy"] = test_accuracy
+    predictor.metadata["training"]["n_test"] = n_test
+    retired_search = search_dir(out).exists()
+    predictor.save(out, overwrite=args.force)
+    if retired_search:
+        print(
+            f"note: the search model and catalogue of the old {out} were built on it and went "
+            f"with it: rebuild them (python -m training dictionary --model {out}, then "
+            "python -m training index) before a server takes the new version",
+            file=sys.stderr,
+        )
+    timings = result.timings
+    selection = getattr(result.estimator, "selection_", None)
+    if selection is not None:
+        print(f"selection path (CV accuracy on the training split):\n{selection.describe()}")
+    print(
+        "\n".join(
+            [
+                f"model            {name}",
+                f"artifact         {out}",
+                f"data             {dataset.name}: {len(dataset.y_train):,} train, "
+                f"{len(dataset.y_test):,} test, input {dataset.input_spec}",
+                f"classes          {len(predictor.classes)}",
+                f"inputs           {predictor.input_spec}"
+                + ("" if predictor.vocabulary is None else " (a vocabulary reads raw text)"),
+                f"transform        {predictor.transform}"
+                + _other_transforms(predictor.measure_transforms, str(predictor.transform)),
+                f"similarities     {' + '.join(predictor.similarity_names)}",
+                f"normalization    {predictor.normalization}",
+                f"basis            {predictor.n_basis} items "
+                f"({predictor.metadata['basis']['strategy']}, "
+                f"{predictor.metadata['basis']['per_class']} per class), "
+                f"{predictor.coef.shape[1]} features",
+                f"train accuracy   {result.train_accuracy:.2%}",
+                "test accuracy    none: no test split, trained on every item (--test-fraction 0)"
+                if test_accuracy is None
+                else f"test accuracy    {test_accuracy:.2%}",
+                f"train time       {timings['train_seconds']:.2f} s (expansion "
+                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
+            ]
+            + (
+                []
+                if predict_seconds is None
+                else [f"test prediction  {1e6 * predict_seconds / n_test:.1f} µs per item"]
+            )
+            + [
+                f"eigenvalues      {name}: NgRat {format_ratio(d['ngrat'])}, "
+                f"NgEng {format_ratio(d['ngeng'])}"
+                for name, d in predictor.metadata["diagnostics"].items()
+            ]
+            + [f"warning          {note}" for note in result.warnings]
+        )
+    )
+    return 0
+
+
+def _fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Path) -> int:
+    """fit --data DIR of shards (docs/using/cluster.md): trained on every item, on the cluster named
+    (or, without one, in worker threads of this process)."""
+    if args.if_missing and out.exists():
+        existing = Predictor.load(out)
+        status(args, f"{out} already holds model {existing.name!r}: nothing to do")
+        return 0
+    if out.exists() and not args.force:
+        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+    if args.test_data or args.test_fraction:
+        raise DatasetError("sharded data trains on every item: no --test-data or --test-fraction")
+    data = open_shards(args.data, args.label_column)
+    status(args, f"fitting BE-SVM on {data} ...")
+    estimator = BasisExpandingSVC(
+        **params, input_shape=args.input_shape, random_state=args.seed, verbose=not args.quiet
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        estimator.fit(data)
+    record = {"dataset": {"path": str(args.data), "shards": data.format}}
+    predictor = estimator.to_predictor(name, record=record)
+    predictor.save(out, overwrite=args.force)
+    timings = estimator.timings_
+    selection = getattr(estimator, "selection_", None)
+    if selection is not None:
+        print(
+            "selection path (CV accuracy on a stratified sample of the shards):\n"
+            f"{selection.describe()}"
+        )
+    print(
+        "\n".join(
+            [
+                f"model            {name}",
+                f"artifact         {out}",
+                f"data             {data}",
+                f"cluster          {params.get('cluster') or 'this process'}",
+                f"classes          {len(predictor.classes)}",
+                f"basis            {predictor.n_basis} items, {predictor.coef.shape[1]} features",
+                f"train accuracy   {estimator.train_accuracy_:.2%}",
+                f"train time       {timings['train_seconds']:.2f} s (expansion "
+                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
+            ]
+            + [f"warning          {w.message}" for w in caught]
+        )
+    )
+    return 0
+
+
+def _other_transforms(measure_transforms: list[str], model_transform: str) -> str:
+    """What the summary adds to the model's transform for measures that read others."""
+    others = list(dict.fromkeys(t for t in measure_transforms if t != model_transform))
+    return f" (measures also read {', '.join(others)})" if others else ""

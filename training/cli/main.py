@@ -1,0 +1,63 @@
+"""Command line of the trainer: ``python -m training COMMAND --help``, one module per command
+(:data:`COMMANDS`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from service.model import ModelError
+from training.cli import (
+    build_glyphs,
+    dictionary,
+    evaluate,
+    evaluate_search,
+    fit,
+    index,
+    report,
+    shard,
+)
+from training.cluster.connection import ClusterError
+from training.data.readers import DatasetError
+
+# Every command: its name, and the module that adds its parser (``add_parser(commands, name)``,
+# which sets the ``handler`` that runs it), in the order ``--help`` lists them.
+COMMANDS = {
+    "fit": fit,
+    "dictionary": dictionary,
+    "index": index,
+    "evaluate-search": evaluate_search,
+    "shard": shard,
+    "build-glyphs": build_glyphs,
+    "evaluate": evaluate,
+    "report": report,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m training",
+        description="Train and evaluate Basis Expanding SVMs offline; the artifacts they write "
+        "are served by 'python -m service.api'.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        command.add_parser(commands, name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = argv
+    try:
+        return args.handler(args)
+    except (DatasetError, ModelError, ValueError, ClusterError) as error:
+        print(f"error: {error}", file=sys.stderr)
+    except OSError as error:  # a file that cannot be read or written, a full disk
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"error: {where}{error.strerror or error}", file=sys.stderr)
+    except MemoryError:
+        print("error: out of memory: the data is too large for this machine", file=sys.stderr)
+    return 2

@@ -1,0 +1,582 @@
+"""A Basis Expanding SVM as a scikit-learn classifier, for notebooks and for the command line.
+
+:class:`BasisExpandingSVC` is the one place a model is trained, and its parameters are the one
+configuration: ``python -m training fit`` derives its model options from them and the artifact
+records them (``training.config``). It reads dense inputs (vectors, or images as arrays of shape
+(n, H, W) or (n, H, W, C)) and documents (a list of texts), and :meth:`BasisExpandingSVC.save`
+writes the artifact the service loads, so a model trained in a notebook is served as it is::
+
+    from training import BasisExpandingSVC
+
+    model = BasisExpandingSVC(basis_per_class=25).fit(X_train, y_train)
+    model.score(X_test, y_test)
+    model.save("models/mine")  # python -m service.api serves it
+
+``similarity="auto"`` delegates to :class:`training.selection.forward_selection.ForwardSelectionCV`,
+which clones the estimator, chooses its configuration by cross-validation and fits the choice.
+:func:`fit_dataset` fits an estimator on a :class:`~training.data.datasets.Dataset`'s training split
+and gives the model as the service holds it: the command line's and the tests' one way in.
+
+Training steps, each using at most ``n_jobs`` cores: the input kind's preparation
+(:mod:`training.estimator.preparation`: a transform and the input normalisation, or a vocabulary),
+the basis expansion (:mod:`training.estimator.expansion`, numba drivers), then LinearSVC's
+one-vs-rest problems (:mod:`training.estimator.solver`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from numbers import Integral, Real
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from joblib import effective_n_jobs
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.exceptions import ConvergenceWarning
+
+# scikit-learn has no public form of its parameter constraints; its own estimators declare
+# theirs with these, and the pinned version is checked by the estimator checks in the tests.
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+from service.model import Predictor, SpecError
+from service.model.inputs.dense import INPUT_NORMALIZATIONS
+from service.model.similarity import parse_specs
+from service.model.threads import available_cpus, limit_threads
+from training.cluster.connection import enclosing_client
+from training.cluster.shards import ShardedData
+from training.data.datasets import Dataset
+from training.estimator.basis import BASIS_STRATEGIES
+from training.estimator.cluster_fit import OneProcessOnly, fit_on_cluster
+from training.estimator.diagnostics import eigen_diagnostics
+from training.estimator.expansion import BasisExpansion
+from training.estimator.preparation import preparation_for, preparation_for_spec
+from training.estimator.solver import fit_one_vs_rest
+from training.selection.forward_selection import ForwardSelectionCV
+
+# The value of ``similarity`` that asks for forward selection
+# (training.selection.forward_selection).
+AUTO_SIMILARITY = "auto"
+# Parameters that say how a fit runs, not what model it makes: the artifact's training record
+# leaves them out.
+RUN_PARAMETERS = ("n_jobs", "cluster", "verbose")
+
+
+class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
+    """Basis Expanding SVM: similarities to a class-balanced basis, then a one-vs-rest linear SVM.
+
+    The inputs are prepared by their kind (dense: an optional transform, then centred and divided
+    by the mean norm; documents: word counts over a vocabulary fitted on the training texts),
+    compared with a basis of ``basis_per_class`` training items per class under one or more
+    similarity measures, normalised, and classified by one LinearSVC per class.
+
+    Parameters
+    ----------
+    similarity : str, default="rbf(gamma=1)"
+        Similarity measure(s) sharing the basis, joined with '+', e.g. 'rbf(gamma=0.5) +
+        rigid(1)'. A measure may read an input transform of its own, 'hog(4): rbf + pixels:
+        rbf' (each transform computed once, one basis). Documents read sensing0,
+        sensing1(n=...), sensing2 or tf-idf linear and rbf. 'auto': forward selection by
+        cross-validation on the training set of the measures, the transform, the input
+        normalisation, the basis size and strategy and C, within selection_budget seconds
+        (training.selection.forward_selection).
+    input_transform : str or None, default=None
+        Input transform the service applies to raw instances first: none, pixels,
+        'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)'), or
+        'bof(patch, step, words, levels, single)' (images as bags of visual words on a spatial
+        pyramid, its words learned on the training images, e.g. 'bof(levels=2)': the sensing
+        measures and tf-idf linear and rbf read it cell by cell); unset: pixels for images,
+        none otherwise.
+    basis_per_class : int, default=25
+        Basis items taken from each class (all of a smaller class).
+    basis_strategy : {"index", "random", "kmedoids"}, default="index"
+        How the basis items of a class are chosen.
+    normalization : str, default="auto"
+        Normalisation of the similarities: besvm, none, zscore, nystroem(clip|flip|square), or
+        auto (nystroem(square) when every measure is a kernel, besvm when one is indefinite).
+    C : float, default=1.0
+        The SVM's regularisation constant.
+    max_iter : int, default=10000
+        The SVM solver's iteration limit (Newton steps per class).
+    input_normalization : {"global", "per-feature"}, default="global"
+        Dense inputs: centred and divided by their mean norm (the paper's), or standardised per
+        feature first (for features on different scales).
+    selection_budget : float or None, default=None
+        With similarity 'auto': seconds the selection may take before it keeps the best
+        configuration found, counted as its fold fits' CPU time per core (so that other
+        processes' load does not cut it; at most 10 times as much wall time); None: it grows
+        with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
+        120 s from 3,000, the most it samples).
+    input_shape : str or None, default=None
+        How to read a flat row: 'grid(H, W, C)' for images given as (n, H * W * C), or
+        'vector(d)'; unset: from the array (2-d: vectors, 3-d or 4-d: images).
+    min_df : int, default=2
+        Documents: words found in fewer training texts are left out of the vocabulary.
+    stop_words : {"english"} or None, default="english"
+        Documents: leave out scikit-learn's English stop words, or keep every word (none).
+    n_jobs : int or None, default=-1
+        Cores training may use: the numba and BLAS threads of the expansion, and the classes'
+        SVMs trained side by side; -1: every core this process may run on.
+    cluster : str or None, default=None
+        Train on a Dask cluster (docs/using/cluster.md): ``"local:N"`` (N worker processes started
+        for the fit) or a scheduler's address (``"tcp://host:8786"``); None: in this process,
+        unless ``fit`` runs inside ``with distributed.Client(...)``, whose cluster it uses.
+        On a cluster, each worker expands its own rows and the SVM's products are sums over
+        them; the model is the one-process fit's (the basis drawn per class from the first
+        items, as ``index`` does). ``fit`` also takes a :class:`training.cluster.shards.ShardedData`
+        (``X``, without ``y``) there, which no process loads whole. With similarity 'auto',
+        the selection's fold fits are tasks on the workers and the chosen configuration gets
+        the distributed fit (sharded data: searched on a stratified sample of its shards).
+        Documents and the ``bof`` transform learn from every item in one process: in memory,
+        they train here with a warning; sharded, they are refused.
+    random_state : int or None, default=0
+        Seed of the random and kmedoids basis strategies and of the selection's folds.
+    verbose : bool, default=False
+        Progress bars while expanding the training set and selecting.
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        The labels, sorted, of the type given to ``fit``.
+    n_features_in_ : int
+        Numbers in one flattened dense input (not set for documents).
+    input_spec_ : InputSpec
+        What one input is: ``vector(d)``, ``grid(H, W, C)`` or ``text``.
+    expansion_ : BasisExpansion
+        The fitted basis expansion (its ``transform`` gives the features of prepared inputs).
+    predictor_ : Predictor
+        The model as the service holds it (classes as text): what :meth:`save` writes.
+    n_iter_ : int
+        The most Newton steps any class's problem took.
+    train_accuracy_ : float
+        Accuracy on the training set.
+    timings_ : dict of str to float
+        Seconds spent expanding (``expand_seconds``), in the SVMs (``svm_seconds``), in all
+        (``train_seconds``) and, with 'auto', selecting (``selection_seconds``).
+    selection_ : ForwardSelectionCV
+        With similarity 'auto': the fitted selection (its ``best_params_`` are the chosen
+        configuration, its ``path_`` the steps).
+
+    Examples
+    --------
+    >>> from sklearn.datasets import load_digits
+    >>> X, y = load_digits(return_X_y=True)
+    >>> model = BasisExpandingSVC(basis_per_class=10).fit(X[:1000], y[:1000])
+    >>> model.predict(X[1000:1003]).shape
+    (3,)
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "similarity": [str],
+        "input_transform": [str, None],
+        "basis_per_class": [Interval(Integral, 1, None, closed="left")],
+        "basis_strategy": [StrOptions(set(BASIS_STRATEGIES))],
+        "normalization": [str],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "input_normalization": [StrOptions(set(INPUT_NORMALIZATIONS))],
+        "selection_budget": [Interval(Real, 0, None, closed="neither"), None],
+        "input_shape": [str, None],
+        "min_df": [Interval(Integral, 1, None, closed="left")],
+        "stop_words": [StrOptions({"english"}), None],
+        "n_jobs": [Integral, None],
+        "cluster": [str, None],
+        "random_state": [Interval(Integral, 0, None, closed="left"), None],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        *,
+        similarity="rbf(gamma=1)",
+        input_transform=None,
+        basis_per_class=25,
+        basis_strategy="index",
+        normalization="auto",
+        C=1.0,
+        max_iter=10_000,
+        input_normalization="global",
+        selection_budget=None,
+        input_shape=None,
+        min_df=2,
+        stop_words="english",
+        n_jobs=-1,
+        cluster=None,
+        random_state=0,
+        verbose=False,
+    ):
+        self.similarity = similarity
+        self.input_transform = input_transform
+        self.basis_per_class = basis_per_class
+        self.basis_strategy = basis_strategy
+        self.normalization = normalization
+        self.C = C
+        self.max_iter = max_iter
+        self.input_normalization = input_normalization
+        self.selection_budget = selection_budget
+        self.input_shape = input_shape
+        self.min_df = min_df
+        self.stop_words = stop_words
+        self.n_jobs = n_jobs
+        self.cluster = cluster
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def basis_expansion(self, preparation, verbose: bool = False) -> BasisExpansion:
+        """The unfitted basis expansion of this estimator's parameters, over the inputs as
+        ``preparation`` (settled on the measures) prepares them: one process's fit and the
+        cluster's (:mod:`training.estimator.cluster_fit`) build it here."""
+        return BasisExpansion(
+            similarities=self.similarity,
+            n_basis_per_class=self.basis_per_class,
+            basis_strategy=self.basis_strategy,
+            normalization=self.normalization,
+            grid_shape=preparation.grid_shape,
+            spaces=preparation.spaces,
+            random_state=self.random_state,
+            verbose=verbose,
+        )
+
+    def fit(self, X, y=None):
+        """Choose the basis, expand the training set on it and train the SVMs.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str of length n_samples
+            Dense inputs (vectors, or images), or documents as raw texts.
+        y : array-like of shape (n_samples,)
+            Class labels, at least two distinct ones, of any type that sorts.
+
+        Returns
+        -------
+        self : BasisExpandingSVC
+
+        Raises
+        ------
+        ValueError
+            Malformed inputs or labels, a single class, or a similarity, transform or
+            normalisation that cannot be parsed or does not apply to the inputs.
+        """
+        self._validate_params()
+        sharded = isinstance(X, ShardedData)
+        if self.similarity.strip().lower() == AUTO_SIMILARITY:
+            return self._fit_selected(X, y)
+        if sharded or self.cluster is not None or enclosing_client() is not None:
+            try:
+                return fit_on_cluster(self, X, y)
+            except OneProcessOnly as reason:
+                if sharded:
+                    raise OneProcessOnly(
+                        f"{reason}: sharded data cannot train with it (choose another "
+                        "input_transform, or fit arrays that fit in memory)"
+                    ) from None
+                # The data is here, and only one process can learn from all of it.
+                warnings.warn(
+                    f"{reason}: trained in this process, not on the cluster",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        if y is None:
+            raise ValueError(
+                "this estimator requires y to be passed, but the target y is None (only sharded "
+                "data holds its labels)"
+            )
+        inputs = preparation_for(X, self)
+        X, y = inputs.validate_fit(self, X, y)
+        check_classification_targets(y)
+        self.classes_, codes = np.unique(y, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError(
+                f"a classifier needs at least two classes in y, got 1 class: {self.classes_[0]!r}"
+            )
+        class_names = tuple(str(c) for c in self.classes_)
+        if len(set(class_names)) != len(class_names):
+            raise ValueError(
+                f"labels {list(self.classes_)} are not distinct as text, which the artifact "
+                "and the service use"
+            )
+        try:
+            specs = parse_specs(self.similarity)
+            inputs.settle(specs)
+        except SpecError as error:
+            raise ValueError(str(error)) from None
+        n_cores = _cores(self.n_jobs)
+        timings: dict[str, float] = {}
+        started = time.perf_counter()
+        with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
+            items = inputs.fit_items(X)
+            expansion = self.basis_expansion(inputs, verbose=self.verbose)
+            try:
+                features = expansion.fit_transform(items, codes)
+            except SpecError as error:
+                raise ValueError(str(error)) from None
+        timings["expand_seconds"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        del items
+        coef, intercept, self.n_iter_, self.train_accuracy_ = fit_one_vs_rest(
+            features,
+            codes,
+            len(self.classes_),
+            C=self.C,
+            max_iter=self.max_iter,
+            n_jobs=n_cores,
+        )
+        del features
+        timings["svm_seconds"] = time.perf_counter() - started
+        timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
+        self.set_fitted(inputs, expansion, class_names, coef, intercept, len(codes), timings)
+        return self
+
+    def set_fitted(self, inputs, expansion, class_names, coef, intercept, n_train, timings):
+        """Set the learned state from the fitted parts: what every way of fitting ends with
+        (in this process, or on a cluster: :mod:`training.estimator.cluster_fit`)."""
+        self.timings_ = timings
+        self.expansion_ = expansion
+        self.input_spec_ = inputs.spec
+        self.predictor_ = Predictor(
+            name="model",
+            inputs=inputs.model_inputs(expansion),
+            classes=class_names,
+            specs=expansion.specs_,
+            normalization=expansion.normalization_,
+            basis_labels=np.asarray(expansion.basis_labels_, dtype=np.int64),
+            feature_offset=expansion.offset_,
+            feature_scale=expansion.scale_,
+            coef=coef,
+            intercept=intercept,
+            feature_projection=expansion.projection_,
+            metadata={
+                "basis": {
+                    "size": int(expansion.basis_.shape[0]),
+                    "strategy": self.basis_strategy,
+                    "per_class": self.basis_per_class,
+                },
+                "training": {
+                    "n_train": n_train,
+                    "config": self.training_config(),
+                    "timings": timings,
+                    "train_accuracy": self.train_accuracy_,
+                },
+            },
+        )
+
+    def _fit_selected(self, X, y):
+        """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
+        it; the parameters stay as given, the learned state is the chosen model's."""
+        selection = ForwardSelectionCV(
+            clone(self),
+            budget=self.selection_budget,
+            n_jobs=self.n_jobs,
+            random_state=0 if self.random_state is None else self.random_state,
+            verbose=self.verbose,
+        ).fit(X, y)
+        chosen = selection.best_estimator_
+        self.__dict__.update({k: v for k, v in vars(chosen).items() if k.endswith("_")})
+        self.selection_ = selection
+        training = self.predictor_.metadata["training"]
+        training["selection"] = selection.record()
+        self.timings_ = {**self.timings_, "selection_seconds": selection.seconds_}
+        training["timings"] = self.timings_
+        return self
+
+    def training_config(self) -> dict[str, Any]:
+        """The parameters that make the model, as the artifact records them
+        (``training.config``): every parameter but :data:`RUN_PARAMETERS`."""
+        return {
+            name: float(value) if name == "C" else value
+            for name, value in self.get_params(deep=False).items()
+            if name not in RUN_PARAMETERS
+        }
+
+    # -- prediction ------------------------------------------------------------------------
+
+    def decision_function(self, X):
+        """One-vs-rest scores ``w_k . phi(x) + b_k``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str
+            Inputs of the kind the model was fitted on.
+
+        Returns
+        -------
+        scores : ndarray of shape (n_samples, n_classes), or (n_samples,) for two classes
+            For two classes, positive scores mean ``classes_[1]`` (scikit-learn's convention).
+        """
+        check_is_fitted(self)
+        scores = self.predictor_.decision_function(self._batch(X))
+        return scores[:, 1] if len(self.classes_) == 2 else scores
+
+    def predict(self, X):
+        """Predicted labels.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str
+
+        Returns
+        -------
+        y : ndarray of shape (n_samples,)
+            Elements of ``classes_``.
+        """
+        check_is_fitted(self)
+        scores = self.predictor_.decision_function(self._batch(X))
+        return self.classes_[scores.argmax(axis=1)]
+
+    def _batch(self, X):
+        return preparation_for_spec(self.input_spec_).validate_predict(self, X)
+
+    # -- artifact --------------------------------------------------------------------------
+
+    def save(
+        self,
+        path: str | os.PathLike,
+        name: str | None = None,
+        *,
+        overwrite: bool = False,
+        record: dict[str, Any] | None = None,
+        diagnostics: bool = True,
+    ) -> Path:
+        """Write the model as an artifact directory that ``python -m service.api`` serves.
+
+        The directory is written beside its final place and renamed into it, as the command
+        line does; the service answers with labels as text (``str`` of each of ``classes_``).
+
+        Parameters
+        ----------
+        path : str or path-like
+            The artifact directory.
+        name : str, optional
+            Model name the service routes by; default: the directory's name.
+        overwrite : bool, default=False
+            Replace an existing artifact.
+        record : dict, optional
+            More facts for the manifest's ``training`` entry (the data set, a test accuracy).
+        diagnostics : bool, default=True
+            Record NgRat and NgEng of every measure (an eigen-decomposition of each basis Gram
+            matrix: slow for thousands of bases).
+
+        Returns
+        -------
+        Path
+            The artifact directory.
+
+        Raises
+        ------
+        ArtifactError
+            The directory exists and ``overwrite`` is False, or it cannot be written.
+        """
+        predictor = self.to_predictor(name or Path(path).name, record, diagnostics)
+        return predictor.save(path, overwrite=overwrite)
+
+    def to_predictor(
+        self,
+        name: str = "model",
+        record: dict[str, Any] | None = None,
+        diagnostics: bool = True,
+    ) -> Predictor:
+        """The fitted model as the service holds it, named, with the artifact's metadata.
+
+        Parameters are as :meth:`save` takes them.
+
+        Returns
+        -------
+        Predictor
+        """
+        check_is_fitted(self)
+        metadata = {**self.predictor_.metadata}
+        metadata["training"] = {**metadata["training"], **(record or {})}
+        if diagnostics:
+            metadata["diagnostics"] = basis_diagnostics(self.expansion_)
+        return replace(self.predictor_, name=name, metadata=metadata)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.three_d_array = True  # images as (n, H, W)
+        return tags
+
+
+def basis_diagnostics(expansion: BasisExpansion) -> dict[str, dict[str, float]]:
+    """NgRat and NgEng of every measure on the basis, by the measure's name."""
+    return {
+        name: eigen_diagnostics(gram)
+        for name, gram in zip(expansion.similarity_names_, expansion.basis_gram_, strict=True)
+    }
+
+
+def _cores(n_jobs: int | None) -> int:
+    """Threads for ``n_jobs``: -1 or None every available core, -2 all but one, and so on."""
+    if n_jobs == 0:
+        raise ValueError("n_jobs == 0 has no meaning: use a positive count, or -1 for all cores")
+    cpus = available_cpus()
+    if n_jobs is None or n_jobs < 0:
+        return max(1, min(cpus, effective_n_jobs(-1 if n_jobs is None else n_jobs)))
+    return int(n_jobs)
+
+
+# -- a data set's training split -----------------------------------------------------------
+
+
+@dataclass
+class FitResult:
+    """A model fitted on a data set's training split, with what happened while fitting it."""
+
+    estimator: BasisExpandingSVC
+    predictor: Predictor
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.estimator.timings_
+
+    @property
+    def train_accuracy(self) -> float:
+        return self.estimator.train_accuracy_
+
+
+def fit_dataset(
+    dataset: Dataset, name: str, *, diagnostics: bool = True, **params: Any
+) -> FitResult:
+    """Fit :class:`BasisExpandingSVC` with ``params`` on the training split of ``dataset`` (the
+    test split is never read) and name the model; convergence warnings are kept as notes.
+
+    Parameters
+    ----------
+    dataset : Dataset
+    name : str
+        Model name recorded in the artifact.
+    diagnostics : bool, default=True
+        Compute NgRat/NgEng of every measure (an eigen-decomposition of each B x B basis Gram
+        matrix: minutes for thousands of bases); off for throw-away fits.
+    **params
+        The estimator's parameters; ``input_shape`` comes from the data set.
+
+    Returns
+    -------
+    FitResult
+    """
+    if len(set(dataset.y_train.tolist())) < 2:
+        raise ValueError("the training split needs at least two classes")
+    spec = dataset.input_spec
+    estimator = BasisExpandingSVC(**params, input_shape=None if spec.is_documents else str(spec))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        estimator.fit(dataset.X_train, dataset.y_train)
+    notes = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
+    predictor = estimator.to_predictor(
+        name, record={"dataset": dataset.source}, diagnostics=diagnostics
+    )
+    if not diagnostics:
+        predictor.metadata["diagnostics"] = {}
+    return FitResult(estimator, predictor, notes)

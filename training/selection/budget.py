@@ -1,0 +1,73 @@
+"""The selection's time budget: how much it may spend, counted so that other processes' load
+does not cut it.
+
+By default the budget grows with the items cross-validated (:func:`budget_for`); it counts the
+fold fits' CPU time per core the selection uses, with a wall-clock backstop
+(:class:`SelectionBudget`).
+"""
+
+from __future__ import annotations
+
+import time
+
+# The selection's time budget grows with the items it cross-validates: digits (1,000 training
+# images) gets 40 s, a sample of 3,000 items 120 s (docs/how-it-works/model-selection.md has the
+# measurements).
+BUDGET_S_PER_1000_ITEMS = 40.0
+
+# The budget counts the fold fits' CPU time per core the selection uses, which other processes'
+# load does not change (at a load average of 20 a fold fit took 10 to 15 times its CPU time in
+# wall time, and a wall-clock budget scored a tenth of the selection); past this many times the
+# budget in wall time the selection stops all the same.
+WALL_BACKSTOP = 10.0
+
+
+def budget_for(n_items: int) -> float:
+    """The default time budget in seconds of a selection that cross-validates ``n_items`` items:
+    :data:`BUDGET_S_PER_1000_ITEMS` per 1,000, at least that much."""
+    return BUDGET_S_PER_1000_ITEMS * max(1.0, n_items / 1000)
+
+
+class SelectionBudget:
+    """A selection's budget: ``seconds`` of its fold fits' CPU time per core it uses (what an idle
+    machine spends in about as many seconds of wall time), so that other processes' load does
+    not cut the selection; and :data:`WALL_BACKSTOP` times ``seconds`` of wall time at most.
+
+    Parameters
+    ----------
+    seconds : float
+    cores : int
+        The cores the fold fits run on at once (processes or cluster threads x each fit's
+        threads).
+    """
+
+    def __init__(self, seconds: float, cores: int) -> None:
+        self.seconds = float(seconds)
+        self.cores = max(1, int(cores))
+        self.started = time.monotonic()
+        self.cpu_seconds = 0.0
+
+    def add(self, cpu_seconds: float) -> None:
+        self.cpu_seconds += cpu_seconds
+
+    @property
+    def used_s(self) -> float:
+        """CPU seconds of the fits so far, per core."""
+        return self.cpu_seconds / self.cores
+
+    @property
+    def wall_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def spent(self) -> bool:
+        return self.used_s >= self.seconds or self.wall_s >= WALL_BACKSTOP * self.seconds
+
+    def describe(self) -> str:
+        """Why the selection stopped, when the budget stopped it."""
+        if self.used_s >= self.seconds:
+            return f"budget of {self.seconds:g} s spent"
+        return (
+            f"budget of {self.seconds:g} s cut by the wall clock ({self.wall_s:.0f} s, "
+            f"{WALL_BACKSTOP:g} times the budget; {self.used_s:.1f} s of CPU a core)"
+        )

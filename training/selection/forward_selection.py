@@ -1,0 +1,501 @@
+"""Forward selection of a :class:`~training.estimator.estimator.BasisExpandingSVC`'s
+configuration by cross-validation: :class:`ForwardSelectionCV`, a wrapper like scikit-learn's
+``GridSearchCV``.
+
+It clones the estimator it wraps, scores candidate settings of its parameters by stratified
+k-fold cross-validation on the training set it is given (:mod:`training.selection.folds`), and
+improves one configuration step by step through the stages of :mod:`training.selection.stages`,
+taking a step only on a real gain (:mod:`training.selection.state`). Everything stops when the
+time budget is spent (:mod:`training.selection.budget`; by default it grows with the items
+cross-validated): the record says which stage was cut. The path (each step taken, its
+cross-validated accuracy, gain and standard error) is kept in ``path_``, every stage in
+``stages_``, as plain data for the manifest (:meth:`ForwardSelectionCV.record`).
+
+The parameters it chooses are :data:`~training.selection.space.SELECTED_PARAMETERS`; every other
+parameter of the wrapped estimator (``max_iter``, ``min_df``, ``stop_words``, ``input_shape``,
+...) is the user's, in the folds as in the final model. Candidates and folds are scored in
+parallel (:mod:`training.selection.sites`): ``n_jobs`` joblib processes, or tasks on a Dask
+cluster, and sharded data is selected on a stratified sample of its shards
+(:meth:`ForwardSelectionCV.fit`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from numbers import Integral, Real
+from typing import Any, ClassVar
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
+
+# scikit-learn has no public form of its parameter constraints; its own estimators declare
+# theirs with these, and the pinned version is checked by the estimator checks in the tests.
+from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+from service.model.inputs.dense import GLOBAL_NORMALIZATION
+from training.cluster.connection import client_for, enclosing_client, in_process_client
+from training.cluster.rows import draw_sample
+from training.cluster.shards import ShardedData
+from training.estimator.cluster_fit import fit_on_cluster
+from training.estimator.preparation import preparation_for
+from training.selection.budget import (
+    BUDGET_S_PER_1000_ITEMS,
+    WALL_BACKSTOP,
+    SelectionBudget,
+    budget_for,
+)
+from training.selection.folds import FoldScorer, make_folds, repeats_for
+from training.selection.sites import OnCluster, ThisMachine, fold_jobs
+from training.selection.space import (
+    START_BASIS_PER_CLASS,
+    START_MEASURE,
+    basis_cap,
+    basis_weight,
+    grown_basis_per_class,
+    ladder_around,
+    learns_from_items,
+    prediction_work,
+    rules_for,
+    transform_candidates,
+)
+from training.selection.stages import run_stages
+from training.selection.state import DEFAULT_MIN_GAIN_SE, SelectionState
+
+# The selection cross-validates on at most this many training items (a stratified sample).
+MAX_SELECTION_ITEMS = 3000
+
+# Sharded data: the sample's C is chosen again on every shard, with this many steps of the
+# ladder either way (a warm-started path of the distributed fit).
+SHARD_C_STEPS = 2
+
+
+class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
+    """Choose the configuration of a BE-SVM by forward selection, cross-validated on the
+    training set (see the module docstring), then fit it on the whole set.
+
+    Parameters
+    ----------
+    estimator : BasisExpandingSVC
+        The estimator whose :data:`SELECTED_PARAMETERS` are chosen; its other parameters are
+        kept. Cloned, never fitted itself.
+    budget : float or None, default=None
+        Seconds the selection may take, counted as its fold fits' CPU time per core it uses (on
+        an idle machine about as many seconds of wall time; on a loaded one the same selection,
+        in more wall time: :class:`SelectionBudget`), and at most :data:`WALL_BACKSTOP` times as
+        many seconds of wall time. It stops, keeping the best configuration found, when they
+        are spent (the fits running then are finished or cancelled, so it may overrun by about
+        one fold fit). None: it grows with the data, 40 s per 1,000 items cross-validated
+        (:func:`budget_for`: 40 s up to 1,000 items, 120 s for a sample of 3,000).
+    cv : int, default=3
+        Stratified folds (fewer if the smallest class has fewer items; at least 2).
+    repeats : int or None, default=None
+        Shuffles of the folds; None: enough for about 1,000 validations, at most 3
+        (:func:`repeats_for`: 3 below 334 items, 1 from 1,000).
+    n_jobs : int or None, default=None
+        Fold fits run side by side (joblib processes); None or negative: one per available
+        core, except for selections of fewer than 100,000 numbers (items cross-validated times
+        features: wine, breast cancer, digits), which run in the calling process on one
+        thread, where starting workers costs more than it saves. Each process gets
+        ``cores // n_jobs`` numba threads and one BLAS thread.
+    min_gain_se : float, default=1.0
+        A step is taken when its gain in cross-validated accuracy exceeds this many standard
+        errors of the paired difference (:func:`paired_gain`); a candidate cheaper to predict
+        and at least as accurate wins without it.
+    max_items : int, default=MAX_SELECTION_ITEMS
+        Larger training sets are cross-validated on a stratified sample of this many items.
+    random_state : int, default=0
+        Seed of the folds and the sample.
+    refit : bool, default=True
+        Fit the chosen configuration on the whole training set (``best_estimator_``).
+    verbose : bool, default=False
+        A progress bar per stage on a terminal (never when stderr is not a tty).
+
+    Attributes
+    ----------
+    best_params_ : dict
+        The chosen :data:`SELECTED_PARAMETERS`, the basis grown to the whole set where the
+        rules say so.
+    best_score_ : float
+        Cross-validated accuracy of the chosen configuration on the folds (NaN if the budget
+        ran out before the start was scored).
+    best_estimator_ : BasisExpandingSVC
+        The chosen configuration fitted on the whole training set (with ``refit``).
+    path_ : list of dict
+        The start, then the steps taken, in order: ``step``, ``stage``, ``change`` (the
+        candidate, in words), ``similarity``, ``cv_accuracy`` (a fraction), ``gain`` over the
+        step before and its ``standard_error``, ``why`` (``start``, ``gain``, or ``cheaper,
+        as accurate``), ``candidates`` (how many its stage offered), ``elapsed_s``. Plain
+        JSON, for the manifest. ``cv_accuracy`` never decreases along it.
+    stages_ : list of dict
+        Every stage run, in order: ``stage``, ``candidates``, ``scored`` (on every fold),
+        ``raced_out``, ``cut`` (the budget ended it before its candidates were scored) and
+        ``taken``.
+    budget_s_ : float
+        The budget the selection ran under.
+    stopped_ : str
+        Why the selection ended.
+    seconds_ : float
+        The selection's wall time (the refit not counted).
+    cpu_seconds_ : float
+        Its fold fits' CPU time, all cores together (what the budget counts, per core).
+    n_fits_ : int
+        Fold fits run.
+    n_splits_ : int
+    n_repeats_ : int
+    n_items_ : int
+        Training items the selection cross-validated on (a sample when the set is larger than
+        ``max_items``).
+    C_path_ : list of dict
+        Sharded data only: the distributed fits along the path of C on every shard, in
+        increasing C: ``C``, ``held_out_accuracy`` (on a tenth of every shard's items, held
+        out), ``newton_steps``; ``best_params_["C"]`` is the best of them.
+    searched_basis_per_class_ : int
+        The basis size per class chosen on the folds, before it grew.
+    documents_ : bool
+        Whether the inputs are documents (no input normalisation to choose).
+    classes_ : ndarray of shape (n_classes,)
+    n_features_in_ : int
+        Numbers in one flattened dense input (not set for documents).
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "estimator": [HasMethods(["fit", "predict", "set_params"])],
+        "budget": [Interval(Real, 0, None, closed="neither"), None],
+        "cv": [Interval(Integral, 2, None, closed="left")],
+        "repeats": [Interval(Integral, 1, None, closed="left"), None],
+        "n_jobs": [Integral, None],
+        "min_gain_se": [Interval(Real, 0, None, closed="left")],
+        "max_items": [Interval(Integral, 2, None, closed="left")],
+        "random_state": [Interval(Integral, 0, None, closed="left")],
+        "refit": ["boolean"],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(
+        self,
+        estimator,
+        *,
+        budget=None,
+        cv=3,
+        repeats=None,
+        n_jobs=None,
+        min_gain_se=DEFAULT_MIN_GAIN_SE,
+        max_items=MAX_SELECTION_ITEMS,
+        random_state=0,
+        refit=True,
+        verbose=False,
+    ):
+        self.estimator = estimator
+        self.budget = budget
+        self.cv = cv
+        self.repeats = repeats
+        self.n_jobs = n_jobs
+        self.min_gain_se = min_gain_se
+        self.max_items = max_items
+        self.random_state = random_state
+        self.refit = refit
+        self.verbose = verbose
+
+    def fit(self, X, y=None):
+        """Select a configuration on (X, y) and, with ``refit``, fit it on all of (X, y).
+
+        On a Dask cluster (the wrapped estimator's ``cluster``, or an enclosing ``with
+        distributed.Client(...)``) the fold fits are tasks on its workers, through joblib's
+        Dask backend: the items cross-validated are scattered to every worker once, each task
+        carries a fold's positions. The refit is then the distributed fit
+        (:mod:`training.estimator.cluster_fit`). Sharded data, which no process loads whole, is
+        selected on a stratified sample of ``max_items`` items drawn from its shards
+        (:func:`training.cluster.rows.draw_sample`), and the configuration chosen is fitted on
+        every shard. Without a cluster nothing imports Dask.
+
+        Parameters
+        ----------
+        X : array-like, sequence of str, or ShardedData
+            Training inputs, as the wrapped estimator's ``fit`` takes them.
+        y : array-like of shape (n_samples,), or None with ShardedData
+
+        Returns
+        -------
+        self : ForwardSelectionCV
+
+        Raises
+        ------
+        ValueError
+            Fewer than two classes, inputs the estimator refuses, or labels given with
+            sharded data.
+        """
+        self._validate_params()
+        cluster = self.estimator.get_params().get("cluster")
+        sharded = isinstance(X, ShardedData)
+        if sharded and y is not None:
+            raise ValueError("sharded data holds its labels: pass no y")
+        if cluster is None and enclosing_client() is None and not sharded:
+            self._select(ThisMachine(), X, y)
+            if self.refit:
+                self._refit(X, y)
+            return self
+        with client_for(cluster) as client:
+            if client is None:  # sharded data and no cluster: read here, fit the folds here
+                with in_process_client() as reader:
+                    return self._fit_shards(ThisMachine(), reader, X)
+            site = OnCluster(client)
+            if sharded:
+                return self._fit_shards(site, client, X)
+            self._select(site, X, y)
+            if self.refit:
+                self._refit(X, y, client)
+        return self
+
+    def _fit_shards(self, site, client, data: ShardedData):
+        """Select on a stratified sample of the shards, then fit the choice on every shard."""
+        X, y, class_counts = draw_sample(client, data, self.max_items, self.random_state)
+        # The bof transform learns its visual words from every item in one process: a choice
+        # the fit on the shards could not make.
+        self._select(site, X, y, class_counts, one_process_transforms=False)
+        if self.refit:
+            self._refit(data, None, client, C_grid=_C_path(self.best_params_["C"]))
+        return self
+
+    def _refit(self, X, y, client=None, C_grid: Sequence[float] | None = None) -> None:
+        """``best_estimator_``: the chosen configuration fitted on all of (X, y), on
+        ``client``'s cluster where one is given (the distributed fit; one process for what
+        only one process can learn, such as documents' vocabulary).
+
+        With ``C_grid`` (sharded data), C is chosen again on every shard first: the distributed
+        fit along that warm-started path, each C scored on items held out of every shard
+        (``C_path_``); the model is fitted at the best, which ``best_params_`` then names."""
+        model = clone(self.estimator).set_params(**self.best_params_)
+        if client is None:
+            model.fit(X, y)
+        else:
+            # The fit finds the cluster as the enclosing client instead of connecting again.
+            cluster = model.get_params()["cluster"]
+            with client.as_current():
+                model.set_params(cluster=None)
+                if C_grid is None:
+                    model.fit(X, y)
+                else:
+                    fit_on_cluster(model, X, y, C_grid=C_grid)
+            model.set_params(cluster=cluster)
+        if C_grid is not None:
+            self.C_path_ = model.C_path_
+            self.best_params_ = {**self.best_params_, "C": model.C}
+        self.best_estimator_ = model
+        self.classes_ = model.classes_
+
+    def _select(
+        self, site, X, y, class_counts=None, *, one_process_transforms: bool = True
+    ) -> None:
+        """The forward selection on (X, y), its fold fits where ``site`` runs them; the basis
+        grows for a set of ``class_counts`` items per class (default: y's own, X being the
+        whole set; else X is a sample of it)."""
+        started = time.monotonic()
+        preparation = preparation_for(X, self.estimator)
+        probe = clone(self.estimator)
+        X_checked, y_checked = preparation.validate_fit(probe, X, y)
+        check_classification_targets(y_checked)
+        if hasattr(probe, "n_features_in_"):  # dense inputs
+            self.n_features_in_ = probe.n_features_in_
+        spec = preparation.spec
+        # The folds see the labels as the artifact names them: the classes' order, hence the
+        # items a random or k-medoids basis draws per class, is that of the text.
+        labels = np.asarray([str(label) for label in y_checked])
+        if len(np.unique(labels)) < 2:
+            raise ValueError(
+                f"a classifier needs at least two classes in y, got 1 class: {labels[0]!r}"
+            )
+        if class_counts is None:
+            class_counts = np.unique(labels, return_counts=True)[1]
+        n_validated = min(len(labels), self.max_items)
+        jobs, threads = fold_jobs(
+            self.n_jobs, n_validated * (1 if spec.is_documents else spec.n_features), spec
+        )
+        repeats = repeats_for(n_validated) if self.repeats is None else self.repeats
+        X_folds, folds, n_items = make_folds(
+            X_checked, labels, self.cv, repeats, self.random_state, self.max_items
+        )
+        self.budget_s_ = budget_for(n_items) if self.budget is None else float(self.budget)
+        rules = rules_for(spec)
+        n_classes = len(np.unique(labels))
+        # Every fold's training part holds about as many items of each class as the first's.
+        fold_largest = int(np.unique(folds[0].y_train, return_counts=True)[1].max())
+        transforms = [
+            t
+            for t in transform_candidates(spec)
+            if one_process_transforms or not learns_from_items(t)
+        ]
+        start = {
+            "similarity": START_MEASURE if not spec.is_documents else "linear",
+            "input_transform": transforms[0],
+            "input_normalization": GLOBAL_NORMALIZATION,
+            "basis_per_class": START_BASIS_PER_CLASS,
+            "basis_strategy": "index",
+            "normalization": rules.normalization,
+            "C": 1.0,
+        }
+        # The folds read flat rows: the wrapped estimator must read them as the whole set's.
+        # Their bases are drawn with the selection's seed where the estimator has none, so that
+        # a seed gives one path. Each fold fit runs in one process (on a cluster, one worker's).
+        base = clone(self.estimator).set_params(
+            input_shape=None if spec.is_documents else str(spec),
+            random_state=(
+                self.random_state
+                if self.estimator.get_params()["random_state"] is None
+                else self.estimator.get_params()["random_state"]
+            ),
+        )
+        if "cluster" in base.get_params():
+            base.set_params(cluster=None)
+        budget = SelectionBudget(self.budget_s_, site.cores(jobs, threads))
+        scorer = FoldScorer(
+            base,
+            X_folds,
+            folds,
+            n_items,
+            site.parallel(X_folds, jobs),
+            site.threads(threads),
+            budget,
+            self.verbose,
+        )
+        state = SelectionState(
+            scorer,
+            start,
+            self.min_gain_se,
+            started,
+            lambda params: prediction_work(params, spec, n_classes),
+        )
+        run_stages(state, spec, n_classes, fold_largest, rules, transforms)
+        self.best_params_ = self._final_params(
+            state.current, fold_largest, len(folds[0].y_train), class_counts, n_items, rules
+        )
+        self.best_score_ = state.accuracy
+        self.path_ = state.path
+        self.stages_ = state.stages
+        self.stopped_ = budget.describe() if scorer.out_of_time else "every stage done"
+        self.seconds_ = time.monotonic() - started
+        self.cpu_seconds_ = budget.cpu_seconds
+        self.n_fits_ = scorer.fits
+        self.n_splits_ = len(folds) // repeats
+        self.n_repeats_ = repeats
+        self.n_items_ = n_items
+        self.searched_basis_per_class_ = state.current["basis_per_class"]
+        self.documents_ = spec.is_documents
+        self.classes_ = np.unique(labels)
+
+    @staticmethod
+    def _final_params(
+        chosen, fold_largest: int, fold_items: int, class_counts, n_items: int, rules
+    ) -> dict[str, Any]:
+        """The chosen parameters with the basis for the whole split (``class_counts`` items
+        of each class): grown in proportion where the rules say so (documents, a sampled
+        search), every item of each class when the folds chose every item of theirs, else as
+        the folds chose it."""
+        chosen = dict(chosen)
+        counts = np.asarray(class_counts)
+        n_train = int(counts.sum())
+        weight = basis_weight(chosen["similarity"])
+        if rules.grows_basis(n_items, n_train):
+            chosen["basis_per_class"] = grown_basis_per_class(
+                chosen["basis_per_class"],
+                fold_items,
+                n_train,
+                int(counts.max()),
+                weight,
+                len(counts),
+                rules.grown_features(n_train),
+            )
+        elif chosen["basis_per_class"] >= fold_largest:
+            cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
+            chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
+        return chosen
+
+    def predict(self, X):
+        """Labels predicted by ``best_estimator_``."""
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_.predict(X)
+
+    def decision_function(self, X):
+        """Scores of ``best_estimator_``."""
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_.decision_function(X)
+
+    def record(self) -> dict[str, Any]:
+        """The selection as plain JSON data, for the manifest's ``training`` entry."""
+        check_is_fitted(self, "best_params_")
+        return {
+            "method": "forward selection, stratified k-fold cross-validation on the training "
+            "split, steps taken on a gain above min_gain_se standard errors of the paired "
+            "difference",
+            "folds": self.n_splits_,
+            "repeats": self.n_repeats_,
+            "n_items": self.n_items_,
+            "budget_s": self.budget_s_,
+            "budget_rule": (
+                f"{BUDGET_S_PER_1000_ITEMS:g} s per 1,000 items cross-validated"
+                if self.budget is None
+                else "given"
+            ),
+            "budget_clock": "the fold fits' CPU seconds per core used; at most "
+            f"{WALL_BACKSTOP:g} times the budget in wall time",
+            "min_gain_se": float(self.min_gain_se),
+            "seconds": round(self.seconds_, 2),
+            "cpu_seconds": round(self.cpu_seconds_, 2),
+            "fits": self.n_fits_,
+            "stopped": self.stopped_,
+            # NaN is no JSON: the budget ran out before the start was scored.
+            "cv_accuracy": None if np.isnan(self.best_score_) else self.best_score_,
+            "chosen": dict(self.best_params_),
+            "searched_basis_per_class": self.searched_basis_per_class_,
+            "path": self.path_,
+            "stages": self.stages_,
+            **({"C_path_on_shards": self.C_path_} if hasattr(self, "C_path_") else {}),
+        }
+
+    def describe(self) -> str:
+        """The path as lines of text, one per step, then the choice and the stages cut."""
+        check_is_fitted(self, "best_params_")
+        lines = [
+            f"  {entry['step']}. {entry['stage']:<14} {entry['change']:<52} "
+            f"CV {100 * entry['cv_accuracy']:.2f}%"
+            + (
+                ""
+                if entry["why"] == "start"
+                else f" ({100 * entry['gain']:+.2f} ± {100 * entry['standard_error']:.2f}"
+                + (", cheaper)" if entry["why"] != "gain" else ")")
+            )
+            for entry in self.path_
+        ]
+        chosen = self.best_params_
+        searched = self.searched_basis_per_class_
+        grown = (
+            f", grown from {searched} on the folds" if searched != chosen["basis_per_class"] else ""
+        )
+        lines.append(
+            f"  chosen: {chosen['similarity']} on {chosen['input_transform'] or 'the inputs'}"
+            + ("" if self.documents_ else f", {chosen['input_normalization']} input normalisation")
+            + f", {chosen['basis_per_class']} bases per class ({chosen['basis_strategy']}{grown}),"
+            f" C = {chosen['C']:g}; {self.stopped_}; {self.n_fits_} fold fits"
+            f" ({self.n_splits_} folds x {self.n_repeats_}) in {self.seconds_:.1f} s"
+        )
+        cut = [s for s in self.stages_ if s["cut"]]
+        if cut:
+            lines.append(
+                "  cut by the budget: "
+                + ", ".join(
+                    f"{s['stage']} ({s['scored']} of {s['candidates']} scored)" for s in cut
+                )
+            )
+        if hasattr(self, "C_path_"):
+            lines.append(
+                "  C on every shard (held-out accuracy): "
+                + ", ".join(f"{e['C']:g} {100 * e['held_out_accuracy']:.2f}%" for e in self.C_path_)
+            )
+        return "\n".join(lines)
+
+
+def _C_path(C: float) -> list[float]:
+    """``C`` and :data:`SHARD_C_STEPS` values of :data:`C_LADDER` either way of it."""
+    return sorted({float(C), *ladder_around(C, SHARD_C_STEPS)})

@@ -1,0 +1,319 @@
+"""The space forward selection explores: the parameters it chooses
+(:data:`SELECTED_PARAMETERS`), the candidate measures and transforms for each kind of input, the
+scale of each measure (:class:`Scale`: a coarse grid, and a ladder the refinement steps on),
+the grids of C and of basis sizes, and the caps on prediction work that bound them; what differs
+for documents is one :class:`KindRules` object, chosen once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
+from service.model.inputs.spec import InputSpec
+from service.model.inputs.transforms import parse_transform
+from service.model.similarity import parse_spec, split_specs
+
+MAX_MEASURES = 3
+
+# Basis items times the measures' work per pair, relative to an rbf's (rigid(1) counts 9, the
+# SimilarityKind.cost of the measure): caps training memory and, above all, serving cost.
+MAX_FEATURES = 1000
+
+# A measure that can have fewer basis items a class than this within MAX_FEATURES is not offered.
+MIN_BASIS_PER_CLASS = 5
+
+# Documents: their measures read sparse tf-idf or word-frequency vectors, cheap per basis item,
+# and accuracy keeps growing with the basis far beyond 1,000 items
+# (docs/measurements/reports/fortunes: from
+# 25 to 250 quotes per class, +6 to +8 points for every measure but sensing0).
+MAX_DOCUMENT_FEATURES = 6400
+
+# The similarity normalisation for documents. The ``auto`` rule's nystroem(square) for tf-idf
+# linear made the SVM 5x slower on fortunes (50 quotes per class: 85 s against 16 s) for no
+# accuracy (40.1% against 40.3%); the report's fortunes results are all ``besvm``.
+DOCUMENT_NORMALIZATION = "besvm"
+
+# Dense inputs selected on a sample: the basis the folds chose grows with the split (as for
+# documents) up to this many basis items times measures, and to at most MAX_GROWN_SHARE of the
+# training items. The selection's own cap (MAX_FEATURES) bounds what its folds cost; the final fit
+# affords more, and accuracy keeps growing with the basis on large splits (synthetic, 100,000
+# items: 90.55% at B = 1,000, 93.15% at 4,000), but not past a share of the items (10,000
+# items: 83.75% at 1,000, 83.85% at 2,000, 80.15% at 4,000; docs/how-it-works/model-selection.md).
+MAX_GROWN_FEATURES = 4000
+
+MAX_GROWN_SHARE = 0.2
+
+# The work of a HOG transform per input pixel, in multiply-adds: about 3 µs for an 8 x 8 digit
+# on one thread, where an rbf against 250 bases of 64 numbers (16,000 multiply-adds) takes
+# about 1 µs (docs/how-it-works/model-selection.md). Only compared between candidates (ties go to
+# the cheaper).
+HOG_WORK_PER_PIXEL = 800.0
+
+START_MEASURE = "rbf(gamma=1)"
+
+START_BASIS_PER_CLASS = 25
+
+BASIS_SIZES = (10, 25, 50, 100, 200, 400, 800)
+
+STRATEGIES = ("index", "random", "kmedoids")
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A measure's scale parameter: the values it may take (``ladder``, sorted; the refinement
+    moves one step on it) and the coarse grid every selection starts from."""
+
+    kind: str
+    parameter: str
+    ladder: tuple[float, ...]
+    coarse: tuple[float, ...]
+
+    def measure(self, value: float) -> str:
+        return f"{self.kind}({self.parameter}={value:g})"
+
+    def neighbours(self, value: float) -> list[float]:
+        """The values one step below and above ``value`` on the ladder (its nearest rung if
+        it is not on it)."""
+        logs = np.abs(np.log(np.asarray(self.ladder)) - math.log(value))
+        at = int(np.argmin(logs))
+        return [self.ladder[i] for i in (at - 1, at + 1) if 0 <= i < len(self.ladder)]
+
+    def steps(self, value: float, n: int) -> list[float]:
+        """The values ``n`` steps below and above ``value`` on the ladder."""
+        logs = np.abs(np.log(np.asarray(self.ladder)) - math.log(value))
+        at = int(np.argmin(logs))
+        return [self.ladder[i] for i in (at - n, at + n) if 0 <= i < len(self.ladder)]
+
+
+# rbf widths relative to the normalised inputs: both normalisations make the mean norm 1, so the
+# mean squared distance between two items is about 2 and gamma = 1 is scikit-learn's "scale".
+# The coarse grid spans 1/16 to 16 (2.4 decades, a factor of 4 apart); the ladder halves it.
+RBF_SCALE = Scale(
+    "rbf", "gamma", tuple(2.0**k for k in range(-6, 7)), (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
+)
+
+# sensing1's n (the words a document is scaled to): 15 to 1,500, half a decade apart.
+SENSING_SCALE = Scale(
+    "sensing1",
+    "n",
+    (5, 9, 15, 27, 50, 87, 150, 270, 500, 870, 1500, 2700, 5000),
+    (15, 50, 150, 500, 1500),
+)
+
+# rigid's scale is its shift range in cells: each step multiplies its work per pair by 2.8 (1)
+# to 9 (2), so the prediction-work budget decides how far it may go.
+RIGID_SCALE = Scale("rigid", "h", (1, 2), (1, 2))
+
+SCALES = {scale.kind: scale for scale in (RBF_SCALE, SENSING_SCALE, RIGID_SCALE)}
+
+# C: the coarse grids below, then one step either way on this ladder (a factor of about 3).
+C_LADDER = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
+
+# Kernel measures' features are weak one by one when the kernel is narrow, and pay with a larger
+# C (the tuned SVC's best C was 10 to 100 on the sets whose best width was narrow); the linear
+# measure's, with a smaller one.
+COARSE_C = (1.0, 10.0, 100.0)
+
+COARSE_C_LINEAR = (0.1, 1.0, 10.0)
+
+# Documents' SVMs are slow (fortunes: seconds a fold fit): the coarse grid keeps C = 1 there.
+COARSE_C_DOCUMENTS = (1.0,)
+
+# Images at least this many pixels a side are offered the bof transform (16 x 16 patches every 8
+# pixels: a 3 x 3 grid of patches at least).
+BOF_MIN_SIDE = 32
+
+# The estimator's parameters the selection chooses: with ``similarity="auto"`` the command line
+# refuses options that would set them, since the selection would override them.
+SELECTED_PARAMETERS = (
+    "similarity",
+    "input_transform",
+    "input_normalization",
+    "basis_per_class",
+    "basis_strategy",
+    "normalization",
+    "C",
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting to cross-validate: the selected parameters, with what it changes, in words."""
+
+    change: str
+    params: dict[str, Any]
+
+
+def measures(similarity: str) -> list[str]:
+    """The measures of a ``+``-joined similarity, as written."""
+    return [m.strip() for m in split_specs(similarity)]
+
+
+def basis_weight(similarity: str) -> float:
+    """Work per basis item of ``similarity``'s measures, in rbf pairs: the sum of each
+    measure's :attr:`~service.model.similarity.SimilarityKind.cost` (linear, rbf and the
+    document measures 1, ``rigid(1)`` 9, ``deformable(1, 1)`` 106)."""
+    total = 0.0
+    for text in measures(similarity):
+        spec = parse_spec(text)
+        total += spec.kind.cost(*[value for _, value in spec.params])
+    return total
+
+
+def basis_cap(similarity: str, n_classes: int, max_features: int) -> int:
+    """The most basis items per class that ``similarity`` may have within ``max_features``."""
+    return max(1, int(max_features // (basis_weight(similarity) * max(1, n_classes))))
+
+
+def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str]:
+    """The measures forward selection may use on inputs of ``input_spec`` read through
+    ``transform``, each scaled one at the coarse grid of its :class:`Scale`: linear and rbf for
+    vectors; those, ``rigid`` and ``deformable(1, 1)`` on image grids (pixels or HOG cells);
+    ``sensing1`` and tf-idf ``linear`` for documents and for bags of visual words (``bof``)."""
+    if input_spec.is_documents or learns_from_items(transform):
+        return [SENSING_SCALE.measure(n) for n in SENSING_SCALE.coarse] + ["linear"]
+    candidates = ["linear"] + [RBF_SCALE.measure(gamma) for gamma in RBF_SCALE.coarse]
+    if input_spec.kind == "grid" and transform is not None:
+        candidates += [RIGID_SCALE.measure(h) for h in RIGID_SCALE.coarse]
+        candidates += ["deformable(1, 1)"]
+    return candidates
+
+
+def learns_from_items(transform: str | None) -> bool:
+    """Whether ``transform`` learns from the training items (bof's visual words), in one
+    process: its outputs are word counts, read by the document measures and never
+    input-normalised."""
+    return transform is not None and parse_transform(transform).is_fitted
+
+
+def transform_candidates(input_spec: InputSpec) -> list[str | None]:
+    """Input transforms to try: pixels and HOG cells at one or two cell sizes (about 4 x 4 and
+    7 x 7 cells) for images; and bags of visual words on a pyramid (``bof``, its defaults) for
+    images of at least :data:`BOF_MIN_SIDE` pixels a side; none otherwise."""
+    if input_spec.kind != "grid" or input_spec.shape[2] not in (1, 3):
+        return [None]
+    side = min(input_spec.shape[:2])
+    cells = sorted({c for c in (side // 4, side // 7) if c >= 2}, reverse=True)
+    bof = ["bof"] if side >= BOF_MIN_SIDE else []
+    return ["pixels"] + [f"hog({c})" for c in cells] + bof
+
+
+def basis_size_candidates(
+    class_size: int, weight: float, n_classes: int, max_features: int = MAX_FEATURES
+) -> list[int]:
+    """Per-class basis sizes to try: :data:`BASIS_SIZES` up to the largest class (whose full
+    size is a candidate too: every item a basis item) and to ``max_features`` over the
+    measures' ``weight`` (:func:`basis_weight`)."""
+    cap = max(1, min(class_size, int(max_features // (max(weight, 1e-9) * max(1, n_classes)))))
+    sizes = [size for size in BASIS_SIZES if size < cap]
+    return [*sizes, cap]
+
+
+def grown_basis_per_class(
+    per_class: int,
+    searched_items: int,
+    n_train: int,
+    largest_class: int,
+    weight: float,
+    n_classes: int,
+    max_features: int = MAX_DOCUMENT_FEATURES,
+) -> int:
+    """The per-class basis size for the whole training split, grown from the one chosen on a
+    fold's training part (``searched_items`` items) in proportion to the items: the basis keeps
+    the same share of each class. Capped by the largest class and by ``max_features`` over the
+    measures' ``weight``, never below ``per_class``.
+
+    For documents, and for dense inputs selected on a sample: there the selection runs on folds
+    far smaller than the split, and accuracy keeps growing with the basis, so the size the
+    folds support would leave most of the split's information out.
+    """
+    grown = round(per_class * n_train / max(1, searched_items))
+    cap = max(1, int(max_features // (max(weight, 1e-9) * max(1, n_classes))))
+    return max(per_class, min(grown, largest_class, cap))
+
+
+def prediction_work(params: dict[str, Any], input_spec: InputSpec, n_classes: int) -> float:
+    """Multiply-adds to score one input under ``params``, roughly: the transform, each
+    measure against the basis (a linear measure folds into weights on the input), the SVM.
+    Only compared between candidates: a cheaper one that is as accurate wins."""
+    n_basis = params["basis_per_class"] * n_classes
+    if input_spec.is_documents:
+        n_features, work = 1, 0.0
+    else:
+        transform = parse_transform(params["input_transform"])
+        n_features = transform.n_features(input_spec)
+        work = 0.0 if transform.is_identity else HOG_WORK_PER_PIXEL * input_spec.n_features
+    for text in measures(params["similarity"]):
+        spec = parse_spec(text)
+        if spec.kind.linear_in_input and not input_spec.is_documents:
+            work += n_features * n_classes
+        else:
+            work += spec.work(1, n_basis, n_features) + n_basis * n_classes
+    return work
+
+
+def ladder_around(C: float, steps: int) -> list[float]:
+    """The values of :data:`C_LADDER` up to ``steps`` rungs either way of the one nearest
+    ``C`` (on a log scale), in increasing order."""
+    at = int(np.argmin(np.abs(np.log(C_LADDER) - math.log(C))))
+    low, high = max(0, at - steps), min(len(C_LADDER), at + steps + 1)
+    return [*C_LADDER[low:at], *C_LADDER[at + 1 : high]]
+
+
+@dataclass(frozen=True)
+class KindRules:
+    """What the selection does differently for a kind of input."""
+
+    normalization: str  # the similarity normalisation every candidate uses
+    max_features: int  # basis items times the measures' weight, in the selection
+    grown_max_features: int  # the same for the final fit, when its basis grows ...
+    grown_max_share: float | None  # ... and at most this share of the training items
+    grow_unsampled: bool  # grow the basis even when the selection saw every training item
+    input_normalizations: tuple[str, ...]  # chosen with the widths and C
+    documents: bool
+
+    def grows_basis(self, searched_items: int, n_train: int) -> bool:
+        """Whether the chosen basis grows from the folds to the whole split."""
+        return self.grow_unsampled or searched_items < n_train
+
+    def grown_features(self, n_train: int) -> int:
+        """The feature budget of a grown basis on ``n_train`` training items."""
+        if self.grown_max_share is None:
+            return self.grown_max_features
+        return max(1, min(self.grown_max_features, int(self.grown_max_share * n_train)))
+
+    def coarse_C(self, measure: str) -> tuple[float, ...]:
+        """The values of C the coarse grid tries with ``measure``."""
+        if self.documents:
+            return COARSE_C_DOCUMENTS
+        return COARSE_C_LINEAR if parse_spec(measure).kind.linear_in_input else COARSE_C
+
+
+DENSE_RULES = KindRules(
+    normalization="auto",
+    max_features=MAX_FEATURES,
+    grown_max_features=MAX_GROWN_FEATURES,
+    grow_unsampled=False,
+    grown_max_share=MAX_GROWN_SHARE,
+    input_normalizations=(GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION),
+    documents=False,
+)
+
+DOCUMENT_RULES = KindRules(
+    normalization=DOCUMENT_NORMALIZATION,
+    max_features=MAX_DOCUMENT_FEATURES,
+    grown_max_features=MAX_DOCUMENT_FEATURES,
+    grow_unsampled=True,
+    grown_max_share=None,  # measured on fortunes only, where accuracy grew up to the budget
+    input_normalizations=(GLOBAL_NORMALIZATION,),  # documents are not input-normalised
+    documents=True,
+)
+
+
+def rules_for(spec: InputSpec) -> KindRules:
+    return DOCUMENT_RULES if spec.is_documents else DENSE_RULES

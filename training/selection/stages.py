@@ -1,0 +1,233 @@
+"""The stages of forward selection, in order (the BE-SVM paper's greedy answer, section 3.5,
+to "which measures, at which resolution"). A kernel's width, the SVM's C and the basis size
+depend on each other (a narrow rbf pays only with a larger basis and a larger C), so they are
+searched together and revisited, not fixed one after the other:
+
+1. **Inputs** (images only): the transform (pixels, or HOG cells at one or two cell sizes) under
+   either input normalisation, with ``rbf(gamma=1)``; the best fixes the transform.
+2. **Widths and C**: every candidate measure at each value of a coarse log grid of its scale
+   (:data:`~training.selection.space.SCALES`: rbf's gamma over 2.4 decades, sensing's n over 2
+   decades, rigid's shift) times a coarse grid of C, under both input normalisations (dense
+   inputs), as a kernel SVM's grid search does.
+3. **Basis size** per class: a grid (10, 25, 50, ...) up to the largest class of a fold, whose
+   every item is a candidate basis on small sets, and up to a prediction-work budget
+   (:data:`~training.selection.space.MAX_FEATURES` rbf-equivalent basis items; a measure costing
+   9 times an rbf per pair counts 9 times).
+4. **Refinement**, repeated while it moves: the width one step either way on its scale's ladder,
+   C one step either way (together: 8 neighbours) and the basis one size either way.
+5. **Added measures**: the measure whose ``+``-combination with those chosen helps most,
+   repeatedly, up to :data:`~training.selection.space.MAX_MEASURES`; a second rbf of another
+   width is a candidate (the linear SVM then learns a combination of two kernels, which one SVC
+   cannot be).
+6. **C** one step either way, then **the basis strategy** (``random``, ``kmedoids``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.model.inputs.dense import GLOBAL_NORMALIZATION
+from service.model.inputs.spec import InputSpec
+from service.model.similarity import parse_spec
+from training.selection.space import (
+    MAX_MEASURES,
+    MIN_BASIS_PER_CLASS,
+    SCALES,
+    STRATEGIES,
+    Candidate,
+    KindRules,
+    Scale,
+    basis_cap,
+    basis_size_candidates,
+    basis_weight,
+    ladder_around,
+    learns_from_items,
+    measure_candidates,
+    measures,
+)
+from training.selection.state import SelectionState
+
+# Rounds of the refinement stage at most (each moves the width, C or the basis one step).
+MAX_REFINEMENTS = 4
+
+
+def run_stages(
+    state: SelectionState,
+    spec: InputSpec,
+    n_classes: int,
+    largest: int,
+    rules: KindRules,
+    transforms: list[str | None],
+) -> None:
+    """The stages of the module docstring, in order, on ``state``; ``largest`` is the
+    largest class of a fold's training part, ``transforms`` the input transforms to try."""
+    if len(transforms) > 1:
+        state.step(
+            "inputs",
+            [
+                Candidate(
+                    f"{normalization} normalisation, {transform}",
+                    {
+                        **state.current,
+                        "input_normalization": normalization,
+                        "input_transform": transform,
+                    },
+                )
+                for transform in transforms
+                for normalization in rules.input_normalizations
+                # word counts are not normalised: one candidate for bof
+                if not learns_from_items(transform) or normalization == GLOBAL_NORMALIZATION
+            ],
+        )
+    state.step("widths and C", _coarse_candidates(state, spec, rules, n_classes))
+
+    def sizes() -> list[int]:
+        weight = basis_weight(state.current["similarity"])
+        return basis_size_candidates(largest, weight, n_classes, rules.max_features)
+
+    state.vary("basis size", "basis_per_class", sizes(), lambda size: f"{size} bases per class")
+    for _ in range(MAX_REFINEMENTS):
+        if not state.step("refine", _refinements(state, sizes())):
+            break
+    _add_measures(state, spec, n_classes, rules)
+    state.vary("C", "C", _ladder_neighbours(state.current["C"]), lambda C: f"C = {C:g}")
+    state.vary("basis strategy", "basis_strategy", STRATEGIES, lambda strategy: f"{strategy} basis")
+
+
+def _with_measure(params: dict[str, Any], similarity: str, n_classes: int, max_features: int):
+    """``params`` with ``similarity``, the basis shrunk to fit the feature budget; None if the
+    measures could not have :data:`MIN_BASIS_PER_CLASS` items a class."""
+    cap = basis_cap(similarity, n_classes, max_features)
+    if cap < MIN_BASIS_PER_CLASS:
+        return None
+    return {
+        **params,
+        "similarity": similarity,
+        "basis_per_class": min(params["basis_per_class"], cap),
+    }
+
+
+def _scaled(measure: str) -> tuple[Scale, float] | None:
+    """The measure's :class:`Scale` and its value, if it has one."""
+    spec = parse_spec(measure)
+    scale = SCALES.get(spec.name)
+    if scale is None:
+        return None
+    return scale, dict(spec.params)[scale.parameter]
+
+
+def _coarse_candidates(state: SelectionState, spec: InputSpec, rules: KindRules, n_classes: int):
+    """Every measure at the coarse grid of its scale, times the coarse grid of C, under each
+    input normalisation; the most promising first (the middle of each grid, the current
+    normalisation), so that a stage the budget cuts has scored those."""
+    current = state.current
+    ranked = []
+    normalizations = rules.input_normalizations
+    if learns_from_items(current["input_transform"]):
+        normalizations = (GLOBAL_NORMALIZATION,)  # word counts are not normalised
+    for n, normalization in enumerate(normalizations):
+        if normalization == current["input_normalization"]:
+            n = -1
+        for measure in measure_candidates(spec, current["input_transform"]):
+            params = _with_measure(current, measure, n_classes, rules.max_features)
+            if params is None:
+                continue
+            Cs = rules.coarse_C(measure)
+            for c, C in enumerate(Cs):
+                where = "" if rules.documents else f", {normalization}"
+                priority = _rung(measure) + abs(c - len(Cs) // 2) + 0.5 * (n >= 0)
+                candidate = Candidate(
+                    f"{measure}, C = {C:g}{where}",
+                    {**params, "C": C, "input_normalization": normalization},
+                )
+                ranked.append((priority, len(ranked), candidate))
+    return [candidate for *_, candidate in sorted(ranked, key=lambda r: r[:2])]
+
+
+def _rung(measure: str) -> float:
+    """How far a measure is from the middle of the coarse grids: 0 for the middle width, one
+    more a step away; linear 0.5, measures without a scale 2."""
+    scaled = _scaled(measure)
+    if scaled is None:
+        return 0.5 if parse_spec(measure).kind.linear_in_input else 2.0
+    scale, value = scaled
+    coarse = list(scale.coarse)
+    middle = coarse[len(coarse) // 2]
+    return abs(coarse.index(value) - coarse.index(middle)) if value in coarse else 2.0
+
+
+def _refinements(state: SelectionState, sizes: list[int]) -> list[Candidate]:
+    """The current width and C one step either way, together, and the basis one size either
+    way on ``sizes``."""
+    current = state.current
+    chosen = measures(current["similarity"])
+    scaled = next(((i, s) for i, m in enumerate(chosen) if (s := _scaled(m))), None)
+    widths: list[tuple[str, str]] = [("", current["similarity"])]
+    if scaled is not None:
+        i, (scale, value) = scaled
+        for other in scale.neighbours(value):
+            changed = [*chosen[:i], scale.measure(other), *chosen[i + 1 :]]
+            widths.append((f"{scale.parameter} {other:g}", " + ".join(changed)))
+    Cs = [("", current["C"])] + [(f"C = {C:g}", C) for C in _ladder_neighbours(current["C"])]
+    candidates = [
+        Candidate(", ".join(x for x in (width, c) if x), {**current, "similarity": s, "C": C})
+        for width, s in widths
+        for c, C in Cs
+        if width or c
+    ]
+    size = current["basis_per_class"]
+    below = [s for s in sizes if s < size]
+    above = [s for s in sizes if s > size]
+    for other in below[-1:] + above[:1]:
+        candidates.append(
+            Candidate(f"{other} bases per class", {**current, "basis_per_class": other})
+        )
+    return candidates
+
+
+def _ladder_neighbours(C: float) -> list[float]:
+    return ladder_around(C, 1)
+
+
+def _added_measures(current: str, spec: InputSpec, transform: str | None) -> list[str]:
+    """Measures to join the chosen ones: every candidate measure at its coarse scale, and the
+    chosen scaled measures two steps either way (a second rbf of another width)."""
+    chosen = measures(current)
+    offered = list(measure_candidates(spec, transform))
+    for measure in chosen:
+        scaled = _scaled(measure)
+        if scaled is not None:
+            scale, value = scaled
+            offered += [scale.measure(other) for other in scale.steps(value, 2)]
+    names = {parse_spec(m).measure_name for m in chosen}
+    unique = []
+    for measure in offered:
+        name = parse_spec(measure).measure_name
+        if name not in names:
+            names.add(name)
+            unique.append(measure)
+    return unique
+
+
+def _add_measures(state: SelectionState, spec: InputSpec, n_classes: int, rules: KindRules) -> None:
+    """Add the measure that helps most, while one helps; the basis shrinks if the measures
+    would otherwise exceed the feature budget."""
+    while len(measures(state.current["similarity"])) < MAX_MEASURES:
+        current = state.current
+        candidates = []
+        for measure in _added_measures(current["similarity"], spec, current["input_transform"]):
+            params = _with_measure(
+                current, f"{current['similarity']} + {measure}", n_classes, rules.max_features
+            )
+            if params is None:
+                continue
+            shrunk = params["basis_per_class"] < current["basis_per_class"]
+            candidates.append(
+                Candidate(
+                    f"+ {measure}"
+                    + (f" ({params['basis_per_class']} bases per class)" if shrunk else ""),
+                    params,
+                )
+            )
+        if not state.step("add measure", candidates):
+            return
