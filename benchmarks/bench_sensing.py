@@ -61,10 +61,7 @@ from sklearn.svm import LinearSVC
 from service.model import Predictor
 from service.model.inputs.words import Documents, canonical_counts, smooth_idf
 from service.model.similarity import SimilaritySpec, parse_spec
-from service.model.threads import (
-    DOCUMENT_PAIR_MULTIPLY_ADDS,
-    SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
-)
+from service.model.threads import DOCUMENT_PAIR_MULTIPLY_ADDS, SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 from training.data.datasets import Dataset, load_dataset
 from training.data.readers import DatasetError
 from training.estimator.estimator import fit_dataset

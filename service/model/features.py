@@ -17,8 +17,9 @@ definite by clipping its negative eigenvalues, flipping their sign, or squaring 
 
 Every normalisation is stored as an affine map per feature, ``(raw - offset) / scale``, followed
 for Nystroem by one B x B projection per measure, so that :func:`expand` is the one function both
-training (:class:`training.estimator.expansion.BasisExpansion`, which learns the normalisation) and serving
-compute features with.
+training (:class:`training.estimator.expansion.BasisExpansion`, which learns the normalisation)
+and serving compute features with, and :func:`normalize_features` the one normalisation of maps
+computed already.
 """
 
 from __future__ import annotations
@@ -137,12 +138,35 @@ def expand(
     -------
     features : ndarray of shape (n_samples, M * n_basis)
     """
-    features = raw_similarities(X, basis, measures, out)
-    features -= offset
-    features /= scale
+    return normalize_features(raw_similarities(X, basis, measures, out), offset, scale, projection)
+
+
+def normalize_features(
+    raw: np.ndarray,
+    offset: np.ndarray,
+    scale: np.ndarray,
+    projection: np.ndarray | None = None,
+) -> np.ndarray:
+    """Raw kernel maps normalised in place: ``(raw - offset) / scale``, then each measure's
+    block times its projection (Nystroem); the normalisation :func:`expand` applies, for maps
+    computed already (training's, over the whole training set or a cluster's rows).
+
+    Parameters
+    ----------
+    raw : ndarray of shape (n_samples, M * n_basis)
+    offset, scale : ndarray of shape (M * n_basis,)
+    projection : ndarray of shape (M, n_basis, n_basis), optional
+
+    Returns
+    -------
+    raw : ndarray of shape (n_samples, M * n_basis)
+        The same array, normalised.
+    """
+    raw -= offset
+    raw /= scale
     if projection is not None:
-        project_blocks(features, projection)
-    return features
+        project_blocks(raw, projection)
+    return raw
 
 
 def project_blocks(features: np.ndarray, projection: np.ndarray) -> None:

@@ -16,15 +16,15 @@ from sklearn.datasets import make_classification
 from sklearn.metrics.pairwise import rbf_kernel
 
 from tests.cluster.conftest import start_local_cluster
-from training.cluster.shards import write_shards
+from training.cluster.rows import classes_of
+from training.cluster.shards import read_shard, write_shards
+from training.estimator.cluster_fit import feature_blocks
 from training.estimator.distributed_solver import (
     ONE_TASK_BYTES,
     ONE_TASK_MEMORY_SHARE,
     fit_along_C,
     fit_one_vs_rest_distributed,
     one_task_limit,
-    shard_blocks,
-    shard_classes,
     uniform_by_row,
 )
 from training.estimator.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
@@ -57,11 +57,18 @@ def _one_process(X, labels, featurize):
     return features, codes, fitted
 
 
+def _blocks(client, data, featurize):
+    """The classes and each shard's FeatureBlock, read and featurized where the shard is, as the
+    distributed fit makes them."""
+    pieces = client.map(read_shard, data.shards, pure=False)
+    classes = classes_of(client, pieces)
+    return classes, feature_blocks(client, pieces, classes, featurize)
+
+
 def _on_cluster(client, data, featurize, one_task_bytes=0):
     """The fit on the cluster: by default every product a task on every block (features of
     any size), else as :func:`fit_one_vs_rest_distributed` chooses by ``one_task_bytes``."""
-    classes = shard_classes(client, data.shards)
-    blocks = shard_blocks(client, data.shards, classes, featurize)
+    classes, blocks = _blocks(client, data, featurize)
     n_features = featurize(np.zeros((1, 10))).shape[1]
     return classes, fit_one_vs_rest_distributed(
         client, blocks, n_features, len(classes), C=1.0, max_iter=1000, tol=TOL,
@@ -86,7 +93,7 @@ def _stopping_norms(features, codes, n_classes):
 
 @pytest.mark.parametrize(
     ("one_task_bytes", "solver_task"),
-    [(0, "hessian_part"), (None, "solve_in_one_task")],
+    [(0, "hessian_part"), (None, "fit_in_one_task")],
     ids=["products-on-every-shard", "small-features-in-one-task"],
 )
 def test_the_fit_on_the_cluster_is_the_one_process_fit(
@@ -108,7 +115,7 @@ def test_the_fit_on_the_cluster_is_the_one_process_fit(
             dask_client, data, featurize, one_task_bytes
         )
     names = _task_names(stream)
-    other = ({"hessian_part", "solve_in_one_task"} - {solver_task}).pop()
+    other = ({"hessian_part", "fit_in_one_task"} - {solver_task}).pop()
     assert solver_task in names, sorted(set(names))
     assert other not in names, sorted(set(names))
     np.testing.assert_array_equal(classes, np.unique(labels))
@@ -139,7 +146,7 @@ def _executed(client) -> int:
 def _solving_worker(client) -> str | None:
     """The worker running the one-task solve, if it runs."""
     for worker, keys in client.processing().items():
-        if any(key_split(key) == "solve_in_one_task" for key in keys):
+        if any(key_split(key) == "fit_in_one_task" for key in keys):
             return worker
     return None
 
@@ -218,8 +225,7 @@ def test_features_larger_than_a_worker_memory_limit_are_spilled_and_the_fit_comp
         start_local_cluster(memory_limit=limit) as cluster,
         Client(cluster) as client,
     ):
-        classes = shard_classes(client, data.shards)
-        blocks = shard_blocks(client, data.shards, classes, featurize)
+        classes, blocks = _blocks(client, data, featurize)
         coef, _, _, accuracy = fit_one_vs_rest_distributed(
             client, blocks, 1000, len(classes), C=1.0, max_iter=2, tol=1e-1
         )
@@ -273,8 +279,7 @@ def test_the_C_path_holds_out_the_same_rows_however_the_data_is_cut(
     for rows_per_shard in (500, 1500):
         _, _, data, featurize = _sharded(tmp_path / str(rows_per_shard), 3000,
                                          rows_per_shard=rows_per_shard)  # fmt: skip
-        classes = shard_classes(dask_client, data.shards)
-        blocks = shard_blocks(dask_client, data.shards, classes, featurize)
+        classes, blocks = _blocks(dask_client, data, featurize)
         paths.append(
             fit_along_C(
                 dask_client, blocks, 60, len(classes), [0.1, 1.0, 10.0], max_iter=1000,

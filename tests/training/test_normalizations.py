@@ -7,8 +7,16 @@ from sklearn.metrics.pairwise import rbf_kernel
 
 from service.model import SpecError, parse_specs
 from service.model.features import NORMALIZATIONS, parse_normalization, resolve_normalization
+from training.estimator.block_statistics import learn
 from training.estimator.diagnostics import eigen_diagnostics
-from training.estimator.expansion import BasisExpansion, nystroem_projection
+from training.estimator.expansion import (
+    NORMALIZATION_RULES,
+    BasisExpansion,
+    normalization_rule,
+    normalization_statistics,
+    nystroem_projection,
+)
+from training.estimator.preprocessing import InputNormalizer, InputStatistics
 
 
 @pytest.fixture
@@ -142,3 +150,72 @@ def test_auto_normalization_follows_whether_every_measure_is_a_kernel(
     normalization, similarities, resolved
 ):
     assert resolve_normalization(normalization, parse_specs(similarities)) == resolved
+
+
+def _learned_in_blocks(statistics, X, cuts):
+    """What ``statistics`` learns when the rows come in blocks cut at ``cuts`` (as a cluster's
+    workers hold them): each block's sums added up, pass by pass."""
+    blocks = np.split(X, cuts)
+    return learn(
+        statistics,
+        len(X),
+        lambda step, learned: tuple(
+            sum(parts)
+            for parts in zip(*(statistics.sums(b, step, learned) for b in blocks), strict=True)
+        ),
+    )
+
+
+def test_every_normalization_has_one_rule():
+    assert set(NORMALIZATION_RULES) == set(NORMALIZATIONS)
+    with pytest.raises(ValueError, match="unknown normalization"):
+        normalization_rule("l2", 1)
+
+
+@pytest.mark.parametrize("normalization", ["besvm", "zscore", "none"])
+def test_a_normalization_learned_from_blocks_is_the_one_learned_in_one(normalization):
+    """One process is one block: the sums of any cut into blocks give its statistics, which
+    are the direct numpy formulas (BE-SVM eq. 4 for besvm: each measure's centred map over the
+    mean norm of its rows)."""
+    rng = np.random.default_rng(5)
+    raw = rng.gamma(2.0, size=(300, 3 * 7))  # three measures of seven basis items
+    offset, scale, projection = normalization_statistics(raw, 3, normalization)
+    rule = normalization_rule(normalization, 3)
+    in_blocks = rule.statistics(_learned_in_blocks(rule, raw, [40, 41, 200]), raw.shape[1], None)
+    for one, blocks in zip((offset, scale), in_blocks[:2], strict=True):
+        np.testing.assert_allclose(blocks, one, rtol=1e-12)
+    assert projection is None
+    assert in_blocks[2] is None
+    centred = raw - raw.mean(axis=0)
+    expected = {
+        "none": (np.zeros(21), np.ones(21)),
+        "zscore": (raw.mean(axis=0), raw.std(axis=0)),
+        "besvm": (
+            raw.mean(axis=0),
+            np.repeat(
+                [np.linalg.norm(centred[:, m * 7 : (m + 1) * 7], axis=1).mean() for m in range(3)],
+                7,
+            ),
+        ),
+    }[normalization]
+    np.testing.assert_allclose(offset, expected[0], rtol=1e-12)
+    np.testing.assert_allclose(scale, expected[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("scaling", ["global", "per-feature"])
+def test_the_input_normalization_learned_from_blocks_is_the_one_fitted_in_one(scaling):
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(200, 5)) * [1.0, 10.0, 0.1, 3.0, 0.0] + 4.0  # one constant feature
+    fitted = InputNormalizer(scaling=scaling).fit(X)
+    learned = _learned_in_blocks(InputStatistics(scaling), X, [13, 100])
+    np.testing.assert_allclose(learned["mean"], fitted.mean_, rtol=1e-12)
+    np.testing.assert_allclose(learned["scale"], fitted.scale_, rtol=1e-12)
+    # The mean norm of the normalised inputs is 1, under both scalings (per feature: each
+    # feature standardised first, StandardScaler's, a constant one left as it is).
+    standardized = (X - X.mean(axis=0)) / np.where(X.std(axis=0) > 0, X.std(axis=0), 1.0)
+    reference = X - X.mean(axis=0) if scaling == "global" else standardized
+    expected = np.linalg.norm(reference, axis=1).mean()
+    normalized = fitted.transform(X)
+    np.testing.assert_allclose(np.linalg.norm(normalized, axis=1).mean(), 1.0, rtol=1e-12)
+    if scaling == "global":
+        np.testing.assert_allclose(fitted.scale_, expected, rtol=1e-12)

@@ -16,7 +16,6 @@ from training.estimator.solver import (
     minimize_squared_hinge,
     one_vs_rest_weights,
     problem_weights,
-    squared_hinge_objective,
     training_design,
 )
 
@@ -31,6 +30,16 @@ def problem():
 
 def _signs(y: np.ndarray, classes) -> np.ndarray:
     return np.where(y[:, None] == np.asarray(classes)[None, :], 1.0, -1.0)
+
+
+def squared_hinge_objective(weights, X, signs, C):
+    """liblinear's primal objective of K one-vs-rest problems (the regulariser, bias included,
+    plus the loss's data term) at ``weights`` of shape ((n_features + 1) * K,), and its
+    gradient."""
+    loss = InMemorySquaredHinge(X, signs, C)
+    W = weights.reshape(loss.n_features + 1, loss.n_problems)
+    values, gradient = loss.value_and_gradient(W, np.arange(loss.n_problems))
+    return 0.5 * float(np.vdot(W, W)) + float(values.sum()), (gradient + W).ravel()
 
 
 def test_gradient_matches_finite_differences(problem):

@@ -7,9 +7,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from training.cli.common import (
-    status,
-)
+from training.cli.common import status
 from training.data.glyphs import FONTS_DIR, build_glyphs
 from training.data.readers import DatasetError
 

@@ -62,17 +62,18 @@ def add_output_flags(parser: argparse.ArgumentParser, artifact: str) -> None:
     output.add_argument("--quiet", action="store_true", help="no progress output")
 
 
-def already_there(args: argparse.Namespace, out: Path, load, artifact: str) -> bool:
+def already_there(args: argparse.Namespace, out: Path, load, artifact: str, hint: str = "") -> bool:
     """Whether to stop because ``out`` exists: with --if-missing after checking it loads
-    (a broken artifact is an error, not "present"); without --force it is an error."""
+    (a broken artifact is an error, not "present"); without --force it is an error, whose
+    message ends with ``hint``."""
     if not out.exists():
         return False
     if args.if_missing:
         load()
-        status(args, f"{out} already holds a {artifact}: nothing to do")
+        status(args, f"{out} already holds {artifact}: nothing to do")
         return True
     if not args.force:
-        raise DatasetError(f"{out} already exists: pass --force to replace it")
+        raise DatasetError(f"{out} already exists: pass --force to replace it{hint}")
     return False
 
 

@@ -8,10 +8,7 @@ import shlex
 from pathlib import Path
 
 from service.model import Predictor
-from service.model.search import (
-    UnionOfSubspacesModel,
-    search_dir,
-)
+from service.model.search import UnionOfSubspacesModel, search_dir
 from training.cli.common import (
     add_data_arguments,
     add_output_flags,
@@ -91,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     predictor = Predictor.load(args.model)
     out = search_dir(args.model)
     if already_there(
-        args, out, lambda: UnionOfSubspacesModel.load(out, args.model), "search model"
+        args, out, lambda: UnionOfSubspacesModel.load(out, args.model), "a search model"
     ):
         return 0
     dataset = model_dataset(args, predictor)

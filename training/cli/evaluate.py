@@ -9,11 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from service.model import Predictor
-from training.cli.common import (
-    add_data_arguments,
-    model_dataset,
-    status,
-)
+from training.cli.common import add_data_arguments, model_dataset, status
 from training.data.datasets import as_test_set
 from training.data.readers import DatasetError
 from training.evaluation.held_out import SVC_GRIDS, evaluate

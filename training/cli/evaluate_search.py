@@ -7,13 +7,7 @@ import argparse
 from pathlib import Path
 
 from service.model import Predictor
-from training.cli.common import (
-    add_data_arguments,
-    command_line,
-    model_dataset,
-    split_list,
-    status,
-)
+from training.cli.common import add_data_arguments, command_line, model_dataset, split_list, status
 from training.retrieval.evaluation import DEFAULT_SPARSITIES, evaluate_search, write_search_report
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from sklearn.exceptions import ConvergenceWarning
@@ -19,22 +19,16 @@ from service.model.features import (
     NORMALIZATIONS,
 )
 from service.model.inputs.transforms import TRANSFORMS
-from service.model.search import (
-    search_dir,
-)
+from service.model.search import search_dir
 from service.model.similarity import SIMILARITY_KINDS
-from training.cli.common import (
-    add_data_arguments,
-    load_data,
-    status,
-)
+from training.cli.common import add_data_arguments, already_there, load_data, status
 from training.cli.options import add_estimator_arguments, estimator_params
-from training.cluster.connection import SCHEDULER_ENV
+from training.cluster.connection import cluster_named
 from training.cluster.shards import is_sharded, open_shards
 from training.data.datasets import DIGITS, FORTUNES
 from training.data.readers import DatasetError
 from training.estimator.diagnostics import format_ratio
-from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC, fit_dataset
+from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC, FitResult, fit_dataset
 from training.selection.space import SELECTED_PARAMETERS
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
@@ -113,8 +107,36 @@ def add_parser(commands, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    params = _model_params(args)
+    name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
+    out = args.out or Path("models") / name
+    # A broken artifact is an error, not "present".
+    if already_there(args, out, lambda: Predictor.load(out), "a model", hint=", or choose --out"):
+        return 0
+    if args.data not in (DIGITS, FORTUNES) and is_sharded(args.data):
+        trained = _fit_shards(args, params, name)
+    else:
+        trained = _fit_split(args, params, name)
+    retired_search = search_dir(out).exists()
+    trained.result.predictor.save(out, overwrite=args.force)
+    if retired_search:
+        print(
+            f"note: the search model and catalogue of the old {out} were built on it and went "
+            f"with it: rebuild them (python -m training dictionary --model {out}, then "
+            "python -m training index) before a server takes the new version",
+            file=sys.stderr,
+        )
+    selection = getattr(trained.result.estimator, "selection_", None)
+    if selection is not None:
+        print(f"selection path (CV accuracy on {trained.selected_on}):\n{selection.describe()}")
+    print("\n".join(_summary(trained, name, out, params)))
+    return 0
+
+
+def _model_params(args: argparse.Namespace) -> dict:
+    """The estimator's parameters the command line gives, with its own defaults; refused before
+    anything is loaded: options that the selection would silently override."""
     params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
-    # Refused before anything is loaded: the selection would silently override them.
     argv = sys.argv[1:] if args.argv is None else args.argv
     fixed = [
         option.as_written(argv)
@@ -128,96 +150,51 @@ def run(args: argparse.Namespace) -> int:
             f"with --similarity auto the selection chooses {', '.join(fixed)}: give the measures "
             f"too (e.g. --similarity '{BasisExpandingSVC().similarity}') to fix them yourself"
         )
+    params["cluster"] = cluster_named(params.get("cluster"))
+    return params
 
-    if params.get("cluster") is None and os.environ.get(SCHEDULER_ENV):
-        params["cluster"] = os.environ[SCHEDULER_ENV]  # Dask's own variable, as its tools read it
-    name = args.name or (DIGITS if args.data == DIGITS else Path(args.data).stem)
-    out = args.out or Path("models") / name
-    if args.data not in (DIGITS, FORTUNES) and is_sharded(args.data):
-        return _fit_sharded(args, params, name, out)
-    if args.if_missing and out.exists():
-        existing = Predictor.load(out)  # a broken artifact is an error, not "present"
-        status(args, f"{out} already holds model {existing.name!r}: nothing to do")
-        return 0
+
+@dataclass
+class _Trained:
+    """A fitted model, with what the summary says of its data."""
+
+    result: FitResult
+    data: str  # the data, in words
+    selected_on: str  # what the selection cross-validated on
+    test_accuracy: float | None = None
+    no_test: str = ""  # why there is no test accuracy
+    predict_seconds: float | None = None
+    n_test: int = 0
+
+
+def _fit_split(args: argparse.Namespace, params: dict, name: str) -> _Trained:
+    """fit --data FILE (or a data set's name): trained on the training split in this process
+    (or on the cluster named), scored on the test split."""
     status(args, f"loading data set {args.data} ...")
     dataset = load_data(args)
-    if out.exists() and not args.force:
-        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
-
     status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
     result = fit_dataset(dataset, name, random_state=args.seed, verbose=not args.quiet, **params)
-    predictor = result.predictor
-    n_test = len(dataset.y_test)
-    test_accuracy = predict_seconds = None
-    if n_test:
-        started = time.perf_counter()
-        test_accuracy = float((predictor.predict(dataset.X_test) == dataset.y_test).mean())
-        predict_seconds = time.perf_counter() - started
-    predictor.metadata["training"]["test_accuracy"] = test_accuracy
-    predictor.metadata["training"]["n_test"] = n_test
-    retired_search = search_dir(out).exists()
-    predictor.save(out, overwrite=args.force)
-    if retired_search:
-        print(
-            f"note: the search model and catalogue of the old {out} were built on it and went "
-            f"with it: rebuild them (python -m training dictionary --model {out}, then "
-            "python -m training index) before a server takes the new version",
-            file=sys.stderr,
-        )
-    timings = result.timings
-    selection = getattr(result.estimator, "selection_", None)
-    if selection is not None:
-        print(f"selection path (CV accuracy on the training split):\n{selection.describe()}")
-    print(
-        "\n".join(
-            [
-                f"model            {name}",
-                f"artifact         {out}",
-                f"data             {dataset.name}: {len(dataset.y_train):,} train, "
-                f"{len(dataset.y_test):,} test, input {dataset.input_spec}",
-                f"classes          {len(predictor.classes)}",
-                f"inputs           {predictor.input_spec}"
-                + ("" if predictor.vocabulary is None else " (a vocabulary reads raw text)"),
-                f"transform        {predictor.transform}"
-                + _other_transforms(predictor.measure_transforms, str(predictor.transform)),
-                f"similarities     {' + '.join(predictor.similarity_names)}",
-                f"normalization    {predictor.normalization}",
-                f"basis            {predictor.n_basis} items "
-                f"({predictor.metadata['basis']['strategy']}, "
-                f"{predictor.metadata['basis']['per_class']} per class), "
-                f"{predictor.coef.shape[1]} features",
-                f"train accuracy   {result.train_accuracy:.2%}",
-                "test accuracy    none: no test split, trained on every item (--test-fraction 0)"
-                if test_accuracy is None
-                else f"test accuracy    {test_accuracy:.2%}",
-                f"train time       {timings['train_seconds']:.2f} s (expansion "
-                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
-            ]
-            + (
-                []
-                if predict_seconds is None
-                else [f"test prediction  {1e6 * predict_seconds / n_test:.1f} µs per item"]
-            )
-            + [
-                f"eigenvalues      {name}: NgRat {format_ratio(d['ngrat'])}, "
-                f"NgEng {format_ratio(d['ngeng'])}"
-                for name, d in predictor.metadata["diagnostics"].items()
-            ]
-            + [f"warning          {note}" for note in result.warnings]
-        )
+    trained = _Trained(
+        result,
+        f"{dataset.name}: {len(dataset.y_train):,} train, {len(dataset.y_test):,} test, "
+        f"input {dataset.input_spec}",
+        "the training split",
+        no_test="no test split, trained on every item (--test-fraction 0)",
+        n_test=len(dataset.y_test),
     )
-    return 0
+    if trained.n_test:
+        started = time.perf_counter()
+        predicted = result.predictor.predict(dataset.X_test)
+        trained.predict_seconds = time.perf_counter() - started
+        trained.test_accuracy = float((predicted == dataset.y_test).mean())
+    result.predictor.metadata["training"]["test_accuracy"] = trained.test_accuracy
+    result.predictor.metadata["training"]["n_test"] = trained.n_test
+    return trained
 
 
-def _fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Path) -> int:
-    """fit --data DIR of shards (docs/using/cluster.md): trained on every item, on the cluster named
-    (or, without one, in worker threads of this process)."""
-    if args.if_missing and out.exists():
-        existing = Predictor.load(out)
-        status(args, f"{out} already holds model {existing.name!r}: nothing to do")
-        return 0
-    if out.exists() and not args.force:
-        raise DatasetError(f"{out} already exists: pass --force to replace it, or choose --out")
+def _fit_shards(args: argparse.Namespace, params: dict, name: str) -> _Trained:
+    """fit --data DIR of shards (docs/using/cluster.md): trained on every item, on the cluster
+    named (or, without one, in worker threads of this process)."""
     if args.test_data or args.test_fraction:
         raise DatasetError("sharded data trains on every item: no --test-data or --test-fraction")
     data = open_shards(args.data, args.label_column)
@@ -230,31 +207,57 @@ def _fit_sharded(args: argparse.Namespace, params: dict, name: str, out: Path) -
         estimator.fit(data)
     record = {"dataset": {"path": str(args.data), "shards": data.format}}
     predictor = estimator.to_predictor(name, record=record)
-    predictor.save(out, overwrite=args.force)
-    timings = estimator.timings_
-    selection = getattr(estimator, "selection_", None)
-    if selection is not None:
-        print(
-            "selection path (CV accuracy on a stratified sample of the shards):\n"
-            f"{selection.describe()}"
-        )
-    print(
-        "\n".join(
-            [
-                f"model            {name}",
-                f"artifact         {out}",
-                f"data             {data}",
-                f"cluster          {params.get('cluster') or 'this process'}",
-                f"classes          {len(predictor.classes)}",
-                f"basis            {predictor.n_basis} items, {predictor.coef.shape[1]} features",
-                f"train accuracy   {estimator.train_accuracy_:.2%}",
-                f"train time       {timings['train_seconds']:.2f} s (expansion "
-                f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
-            ]
-            + [f"warning          {w.message}" for w in caught]
-        )
+    return _Trained(
+        FitResult(estimator, predictor, [str(w.message) for w in caught]),
+        str(data),
+        "a stratified sample of the shards",
+        no_test="sharded data trains on every item",
     )
-    return 0
+
+
+def _summary(trained: _Trained, name: str, out: Path, params: dict) -> list[str]:
+    """The lines ``fit`` prints: the model, its data, what it is and how it did."""
+    result, predictor = trained.result, trained.result.predictor
+    timings = result.timings
+    basis = predictor.metadata["basis"]
+    return (
+        [
+            f"model            {name}",
+            f"artifact         {out}",
+            f"data             {trained.data}",
+        ]
+        + ([f"cluster          {params['cluster']}"] if params.get("cluster") else [])
+        + [
+            f"classes          {len(predictor.classes)}",
+            f"inputs           {predictor.input_spec}"
+            + ("" if predictor.vocabulary is None else " (a vocabulary reads raw text)"),
+            f"transform        {predictor.transform}"
+            + _other_transforms(predictor.measure_transforms, str(predictor.transform)),
+            f"similarities     {' + '.join(predictor.similarity_names)}",
+            f"normalization    {predictor.normalization}",
+            f"basis            {predictor.n_basis} items ({basis['strategy']}, "
+            f"{basis['per_class']} per class), {predictor.coef.shape[1]} features",
+            f"train accuracy   {result.train_accuracy:.2%}",
+            f"test accuracy    none: {trained.no_test}"
+            if trained.test_accuracy is None
+            else f"test accuracy    {trained.test_accuracy:.2%}",
+            f"train time       {timings['train_seconds']:.2f} s (expansion "
+            f"{timings['expand_seconds']:.2f} s, SVM {timings['svm_seconds']:.2f} s)",
+        ]
+        + (
+            []
+            if trained.predict_seconds is None
+            else [
+                f"test prediction  {1e6 * trained.predict_seconds / trained.n_test:.1f} µs per item"
+            ]
+        )
+        + [
+            f"eigenvalues      {measure}: NgRat {format_ratio(d['ngrat'])}, "
+            f"NgEng {format_ratio(d['ngeng'])}"
+            for measure, d in predictor.metadata["diagnostics"].items()
+        ]
+        + [f"warning          {note}" for note in result.warnings]
+    )
 
 
 def _other_transforms(measure_transforms: list[str], model_transform: str) -> str:

@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     if args.delete or args.compact:
         return _change_index(args, model, out)
     if not args.append and already_there(
-        args, out, lambda: read_catalogue(out, search_dir(args.model)), "catalogue"
+        args, out, lambda: read_catalogue(out, search_dir(args.model)), "a catalogue"
     ):
         return 0
     labels = None

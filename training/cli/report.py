@@ -5,17 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.cli.common import (
-    add_data_arguments,
-    command_line,
-    load_data,
-    split_list,
-    status,
-)
+from training.cli.common import add_data_arguments, command_line, load_data, split_list, status
 from training.cluster.connection import add_cluster_argument
-from training.data.datasets import (
-    DIGITS,
-)
+from training.data.datasets import DIGITS
 from training.evaluation.report import (
     DEFAULT_CONFIGURATIONS,
     TEXT_CONFIGURATIONS,

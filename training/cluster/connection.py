@@ -42,8 +42,10 @@ __all__ = [
     "add_cluster_argument",
     "check_versions",
     "client_for",
+    "cluster_named",
     "connect",
     "enclosing_client",
+    "in_process_client",
     "parse_cluster",
 ]
 
@@ -93,6 +95,21 @@ class ClusterSpec:
         return f"local:{self.n_workers}" if self.is_local else str(self.address)
 
 
+def cluster_named(value: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """The cluster a command names: ``--cluster``'s value, else ``DASK_SCHEDULER_ADDRESS``
+    (Dask's own variable, as its tools read it; the one place it is read), else None.
+
+    Parameters
+    ----------
+    value : str or None
+    environ : dict, optional
+        The environment (default: ``os.environ``).
+    """
+    if value is not None:
+        return value
+    return (os.environ if environ is None else environ).get(SCHEDULER_ENV) or None
+
+
 def parse_cluster(value: str | None, environ: dict[str, str] | None = None) -> ClusterSpec | None:
     """The cluster named by ``--cluster`` (or, without it, ``DASK_SCHEDULER_ADDRESS``).
 
@@ -114,10 +131,9 @@ def parse_cluster(value: str | None, environ: dict[str, str] | None = None) -> C
     ClusterError
         A value that names no cluster.
     """
+    value = cluster_named(value, environ)
     if value is None:
-        value = (os.environ if environ is None else environ).get(SCHEDULER_ENV) or None
-        if value is None:
-            return None
+        return None
     value = value.strip()
     local = _LOCAL.match(value)
     if local:

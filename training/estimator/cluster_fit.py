@@ -1,14 +1,15 @@
 """Fitting a :class:`~training.estimator.estimator.BasisExpandingSVC` on a Dask cluster.
 
 The estimator's ``fit`` comes here when it has a ``cluster``, runs inside ``with
-distributed.Client(...)``, or is given a :class:`~training.cluster.shards.ShardedData`. The steps
-are
-the one-process fit's, each where its data lives:
+distributed.Client(...)``, or is given a :class:`~training.cluster.shards.ShardedData`. The
+steps are the one-process fit's, each where its data lives:
 
 1. The rows live on the workers: each shard is read there (its lineage is the file, so a lost
    worker's shards are read again), or, for arrays given to ``fit``, scattered in row blocks.
 2. The labels' classes, the input normalisation's mean and scale, and the feature
-   normalisation's statistics (``besvm``, ``zscore``) are reductions over the shards.
+   normalisation's statistics (``besvm``, ``zscore``) are sums over the shards, added up where
+   they are: the same statistics, learned by the same code, as one process learns them from
+   one block of every row (:mod:`training.estimator.block_statistics`).
 3. The basis is drawn on the driver from a sample of each class: for ``index``, the default
    strategy, the very items a one-process fit picks (evenly spaced over the class, located by
    the shards' class counts); ``random`` and ``kmedoids`` draw from the class's first
@@ -21,12 +22,12 @@ the one-process fit's, each where its data lives:
 
 Dense inputs only (vectors and images): documents need a vocabulary and the ``bof`` transform
 its visual words, both learned from every item in one process (:class:`OneProcessOnly`).
-:func:`draw_sample` draws a stratified sample of sharded data where the shards are (the model
-selection searches it, :class:`training.selection.forward_selection.ForwardSelectionCV`).
+:func:`feature_blocks` makes each piece's features where it is.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -46,14 +47,15 @@ from training.cluster.rows import (
     row_pieces,
 )
 from training.cluster.shards import ShardedData, read_shard
+from training.estimator.block_statistics import BlockStatistics, Learned, learn
 from training.estimator.distributed_solver import (
     FeatureBlock,
     fit_along_C,
     fit_one_vs_rest_distributed,
 )
-from training.estimator.expansion import BasisExpansion
+from training.estimator.expansion import BasisExpansion, normalization_rule
 from training.estimator.preparation import DensePreparation, is_texts
-from training.estimator.preprocessing import InputNormalizer
+from training.estimator.preprocessing import InputNormalizer, InputStatistics
 
 __all__ = [
     "ROWS_PER_SCATTERED_BLOCK",
@@ -123,7 +125,7 @@ def _refuse_learned_transforms(estimator) -> None:
         )
 
 
-def _sources(client, estimator, X, y):
+def _pieces(client, estimator, X, y):
     """Futures of the rows and labels on the workers, in pieces that keep every worker's
     threads busy (:data:`PIECES_PER_THREAD`), the input spec and the count."""
     n_pieces = PIECES_PER_THREAD * sum(client.nthreads().values())
@@ -152,126 +154,131 @@ def _sources(client, estimator, X, y):
     return client.scatter(blocks), preparation.spec, len(X)
 
 
-def _transformed_moments(source, transform, spec, mean):
-    """Sums for a space's normaliser: the rows' sum (mean None), else the centred squares'."""
-    rows = transform.apply(source[0], spec)
-    if mean is None:
-        return rows.sum(axis=0), np.array(len(rows), dtype=np.float64)
-    centred = rows - mean
-    return (centred * centred).sum(axis=0), np.array(len(rows), dtype=np.float64)
+def _transformed(piece, transform, spec) -> np.ndarray:
+    return transform.apply(piece[0], spec)
 
 
-def _centred_norms(source, transform, spec, mean, std) -> np.ndarray:
-    centred = transform.apply(source[0], spec) - mean
-    if std is not None:
-        centred /= std
-    return np.array(np.linalg.norm(centred, axis=1).sum())
+def _design(block: FeatureBlock) -> np.ndarray:
+    return block.design
 
 
-def _normalizers(client, sources, preparation, n_samples: int) -> list[InputNormalizer]:
-    """Each space's InputNormalizer from reductions, as InputNormalizer.fit learns it."""
-    scaling = preparation.input_normalization
-    spec = preparation.spec
-    normalizers = []
-    for transform in preparation.transforms:
+def _part_sums(part, rows, statistics: BlockStatistics, step: int, learned: Learned):
+    """One part's sums in a pass of ``statistics`` over the rows ``rows(part)`` (a worker's
+    task)."""
+    return statistics.sums(rows(part), step, learned)
+
+
+def _learn_on_workers(client, parts, rows, statistics: BlockStatistics, n_samples: int):
+    """:func:`~training.estimator.block_statistics.learn` over the parts the workers hold, the
+    rows of each being ``rows(part)``, its sums added up where they are."""
+
+    def add_up(step: int, learned: Learned):
         sums = client.map(
-            _transformed_moments, sources, transform=transform, spec=spec, mean=None, pure=False
+            _part_sums,
+            parts,
+            rows=rows,
+            statistics=statistics,
+            step=step,
+            learned=learned,
+            pure=False,
         )
-        mean = tree_sum(client, sums)[0] / n_samples
-        std = None
-        if scaling == "per-feature":
-            squares = client.map(
-                _transformed_moments, sources, transform=transform, spec=spec, mean=mean, pure=False
-            )
-            std = np.sqrt(tree_sum(client, squares)[0] / n_samples)
-            std[std <= 0.0] = 1.0
-        norms = client.map(
-            _centred_norms, sources, transform=transform, spec=spec, mean=mean, std=std, pure=False
-        )
-        scale = float(tree_sum(client, norms)) / n_samples
-        scale = scale if scale > 0.0 else 1.0
-        normalizers.append(
-            InputNormalizer.from_statistics(
-                scaling, mean, std * scale if std is not None else scale
-            )
-        )
-    return normalizers
+        return tree_sum(client, sums)
+
+    return learn(statistics, n_samples, add_up)
 
 
-def _sample(client, sources, preparation, classes, per_class: int, evenly: bool):
+def _normalizers(client, pieces, preparation, n_samples: int) -> list[InputNormalizer]:
+    """Each space's InputNormalizer learned from the rows where they are, as
+    InputNormalizer.fit learns it in one process."""
+    scaling = preparation.input_normalization
+    return [
+        InputNormalizer.from_learned(
+            scaling,
+            _learn_on_workers(
+                client,
+                pieces,
+                functools.partial(_transformed, transform=transform, spec=preparation.spec),
+                InputStatistics(scaling),
+                n_samples,
+            ),
+        )
+        for transform in preparation.transforms
+    ]
+
+
+def _sample(client, pieces, preparation, classes, per_class: int, evenly: bool):
     """Each class's items that the basis is drawn from, in the order a one-process fit sees
     them: ``evenly``, the ``index`` strategy's own picks (evenly spaced over the class); else
     the class's first ``per_class`` items."""
-    counts = class_counts_by_piece(client, sources, classes)
+    counts = class_counts_by_piece(client, pieces, classes)
     wanted = []
     for total in counts.sum(axis=0):
         k = min(per_class, int(total))
         wanted.append((np.arange(k) * total) // k if evenly else np.arange(k))
-    return items_at(client, sources, classes, counts, wanted, preparation.prepare)
+    return items_at(client, pieces, classes, counts, wanted, preparation.prepare)
 
 
-def _feature_block(source, preparation, expansion, classes) -> FeatureBlock:
-    """A shard's training features and codes (a worker's task, kept there)."""
-    features = expansion.transform(preparation.prepare(source[0]))
-    return FeatureBlock(features, np.searchsorted(classes, source[1]))
+def _raw_maps(rows: np.ndarray, preparation, expansion: BasisExpansion) -> np.ndarray:
+    return expansion.raw_maps(preparation.prepare(rows))
 
 
-def _design_sums(block: FeatureBlock, offset, n_measures: int):
-    """Sums over a block's raw features: of the features (offset None), else of their squares
-    and per-measure norms after subtracting ``offset``."""
-    if offset is None:
-        return block.design.sum(axis=0)
-    centred = block.design - offset
-    blocks = centred.reshape(len(centred), n_measures, -1)
-    return (centred * centred).sum(axis=0), np.linalg.norm(blocks, axis=2).sum(axis=0)
+def feature_blocks(client, pieces: Sequence, classes: np.ndarray, features, **arguments) -> list:
+    """Futures of each piece's :class:`FeatureBlock`, computed and kept where the piece is
+    (Dask computes a lost worker's again from its lineage, and spills them to disk when a
+    worker's memory runs short).
+
+    Parameters
+    ----------
+    client : distributed.Client
+    pieces : sequence of Future
+        Each ``(rows, labels)`` on a worker (:mod:`training.cluster.rows`).
+    classes : ndarray
+        The sorted labels (:func:`training.cluster.rows.classes_of`): a row's class is its
+        label's index.
+    features : callable
+        ``features(rows, **arguments)``: the rows' features, picklable.
+    **arguments
+        Passed to ``features`` on the worker (a future, such as a scattered expansion, is
+        there as its value).
+    """
+    return client.map(
+        _feature_block, pieces, classes=classes, features=features, pure=False, **arguments
+    )
 
 
-def _normalized(block: FeatureBlock, offset: np.ndarray, scale: np.ndarray) -> FeatureBlock:
-    """A block's raw features normalised as :func:`service.model.features.expand` does
-    (subtract, then divide, in place of a new array: the same numbers)."""
-    design = block.design - offset
-    design /= scale
-    return FeatureBlock(design, block.codes)
+def _feature_block(piece, classes, features, **arguments) -> FeatureBlock:
+    design = np.ascontiguousarray(features(piece[0], **arguments), dtype=np.float64)
+    return FeatureBlock(design, np.searchsorted(classes, piece[1]))
 
 
-def _feature_blocks(client, sources, preparation, expansion, classes, n_samples: int) -> list:
-    """Every shard's training features and codes (futures of :class:`FeatureBlock` kept on the
+def _normalized(block: FeatureBlock, expansion: BasisExpansion) -> FeatureBlock:
+    """A block's raw kernel maps normalised as one process normalises the training set's
+    (:meth:`BasisExpansion.normalize`), in a copy: the raw block may be read again."""
+    return FeatureBlock(expansion.normalize(block.design.copy()), block.codes)
+
+
+def _feature_blocks(client, pieces, preparation, expansion, classes, n_samples: int) -> list:
+    """Every piece's training features and codes (futures of :class:`FeatureBlock` kept on the
     workers), each computed once.
 
-    ``besvm`` and ``zscore`` normalisation take their offset and scale from reductions over the
-    raw features of every shard (what expansion.normalization_statistics computes on the whole
-    set in one process), then apply them to the blocks where they are.
+    The raw kernel maps first, then the normalisation learned from them by the rule one
+    process learns it by (:func:`~training.estimator.expansion.normalization_rule`, its passes'
+    sums added up over the workers' rows; Nystroem's reads the basis alone, fitted already),
+    then each block normalised where it is.
     """
-    normalized = expansion.normalization_ in ("besvm", "zscore")
-    if normalized:  # offset 0 and scale 1: the raw features
-        n_features = len(expansion.offset_)
-        expansion.offset_, expansion.scale_ = np.zeros(n_features), np.ones(n_features)
-    blocks = client.map(
-        _feature_block,
-        sources,
-        preparation=preparation,
-        expansion=_shared(client, expansion),
-        classes=classes,
-        pure=False,
+    shared = _shared(client, expansion)
+    raw = feature_blocks(
+        client, pieces, classes, _raw_maps, preparation=preparation, expansion=shared
     )
-    if not normalized:
-        return blocks
-    n_measures = len(expansion.specs_)
-    sums = client.map(_design_sums, blocks, offset=None, n_measures=n_measures, pure=False)
-    mean = tree_sum(client, sums) / n_samples
-    parts = client.map(_design_sums, blocks, offset=mean, n_measures=n_measures, pure=False)
-    squares, norms = tree_sum(client, parts)
-    if expansion.normalization_ == "zscore":
-        std = np.sqrt(squares / n_samples)
-        expansion.offset_, expansion.scale_ = mean, np.where(std > 0, std, 1.0)
-    else:
-        mean_norms = norms / n_samples
-        n_basis = n_features // len(mean_norms)
-        scale = np.repeat(np.where(mean_norms > 0, mean_norms, 1.0), n_basis)
-        expansion.offset_, expansion.scale_ = mean, scale
-    return client.map(
-        _normalized, blocks, offset=expansion.offset_, scale=expansion.scale_, pure=False
-    )
+    rule = normalization_rule(expansion.normalization_, len(expansion.specs_))
+    if rule.passes:
+        learned = _learn_on_workers(client, raw, _design, rule, n_samples)
+        n_features = expansion.offset_.shape[0]
+        expansion.offset_, expansion.scale_, expansion.projection_ = rule.statistics(
+            learned, n_features, expansion.basis_gram_
+        )
+        shared = _shared(client, expansion)
+    return client.map(_normalized, raw, expansion=shared, pure=False)
 
 
 def _shared(client, expansion: BasisExpansion):
@@ -282,9 +289,9 @@ def _shared(client, expansion: BasisExpansion):
 
 def _fit(estimator, client, X, y, C_grid=None):
     started = time.perf_counter()
-    sources, spec, n_samples = _sources(client, estimator, X, y)
-    logger.info("cluster fit: %d items in %d pieces", n_samples, len(sources))
-    classes = classes_of(client, sources)
+    pieces, spec, n_samples = _pieces(client, estimator, X, y)
+    logger.info("cluster fit: %d items in %d pieces", n_samples, len(pieces))
+    classes = classes_of(client, pieces)
     if len(classes) < 2:
         raise ValueError(f"a classifier needs at least two classes, got {list(classes)}")
     estimator.classes_ = classes
@@ -300,18 +307,18 @@ def _fit(estimator, client, X, y, C_grid=None):
             f"input_transform {', '.join(learned)} learns from every training item, in one process"
         )
     logger.info("cluster fit: input normalisation")
-    preparation.use_normalizers(_normalizers(client, sources, preparation, n_samples))
+    preparation.use_normalizers(_normalizers(client, pieces, preparation, n_samples))
     logger.info("cluster fit: drawing the basis")
     evenly = estimator.basis_strategy == "index"
     per_class = estimator.basis_per_class * (1 if evenly else SAMPLE_PER_BASIS_ITEM)
-    items, codes = _sample(client, sources, preparation, classes, per_class, evenly)
+    items, codes = _sample(client, pieces, preparation, classes, per_class, evenly)
     expansion = estimator.basis_expansion(preparation)
     try:
         expansion.fit(items, codes)
     except SpecError as error:
         raise ValueError(str(error)) from None
     logger.info("cluster fit: features on %d basis items", len(items))
-    blocks = _feature_blocks(client, sources, preparation, expansion, classes, n_samples)
+    blocks = _feature_blocks(client, pieces, preparation, expansion, classes, n_samples)
     timings = {"expand_seconds": time.perf_counter() - started}
     started = time.perf_counter()
     n_features = expansion.offset_.shape[0]

@@ -1,14 +1,15 @@
-r"""The squared-hinge solver's data term summed over feature shards held by Dask workers.
+r"""The squared-hinge solver on feature blocks held by Dask workers.
 
-:class:`DistributedSquaredHinge` is the :class:`~training.estimator.solver.SquaredHingeLoss` that
-:func:`training.estimator.solver.minimize_squared_hinge` minimises when the features are larger than
-one
-worker holds with room to spare (:func:`one_task_limit`; smaller ones are solved in one task):
-every value, gradient and Hessian product is a sum over the shards, each term computed by a
-task on the worker that holds the shard (the same kernels as in one process,
-:mod:`training.estimator.hessian_kernels`), for every problem still iterating at once, and the terms
-are added up in a tree of tasks on the workers (:func:`tree_sum`), so that the driver receives a
-few ``(n_features + 1) x k`` blocks a call. Spark's ``treeAggregate`` and dask-glm's ``lbfgs`` have
+Features that one worker holds with room to spare (:func:`one_task_limit`) are solved in one
+task by the one in-memory solve (:func:`training.estimator.solver.fit_one_vs_rest`). Larger ones
+are solved by :class:`DistributedSquaredHinge`, the :class:`~training.estimator.solver.
+SquaredHingeLoss` that :func:`training.estimator.solver.minimize_squared_hinge` minimises:
+every value, gradient and Hessian product is a sum over the blocks, each term computed by a
+task on the worker that holds the block (the same kernels as in one process,
+:mod:`training.estimator.hessian_kernels`), for every problem still iterating at once, and the
+terms are added up in a tree of tasks on the workers
+(:func:`training.cluster.reductions.tree_sum`), so that the driver receives a few
+``(n_features + 1) x k`` blocks a call. Spark's ``treeAggregate`` and dask-glm's ``lbfgs`` have
 this shape: the driver holds vectors, the workers hold the data.
 
 The only state between calls is, per shard, which items have positive slack at the points last
@@ -17,26 +18,28 @@ the shard and those points alone, so a lost worker costs Dask one recomputation 
 shards' features and active sets, never the fit.
 
 Nothing here starts or names a cluster: the caller passes a ``distributed.Client``
-(:func:`training.cluster.connection.connect`) and the shards as futures (:func:`persist_blocks`).
+(:func:`training.cluster.connection.connect`) and the blocks as futures
+(:func:`training.estimator.cluster_fit.feature_blocks`).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
+from sklearn.exceptions import ConvergenceWarning
 
-from service.model.threads import limit_threads
 from training.cluster.reductions import tree_sum
 from training.estimator.solver import (
     TOLERANCE,
-    InMemorySquaredHinge,
     SquaredHingeLoss,
     active_items,
+    correct_predictions,
+    fit_one_vs_rest,
     liblinear_tolerance,
     minimize_squared_hinge,
     one_vs_rest_problems,
@@ -56,9 +59,6 @@ __all__ = [
     "fit_along_C",
     "fit_one_vs_rest_distributed",
     "one_task_limit",
-    "persist_blocks",
-    "shard_blocks",
-    "shard_classes",
     "uniform_by_row",
 ]
 
@@ -80,21 +80,25 @@ ONE_TASK_MEMORY_SHARE = 0.25
 
 @dataclass(frozen=True)
 class FeatureBlock:
-    """One shard's training features and classes, as a worker holds them.
+    """One piece's training features and classes, as a worker holds them.
 
     Attributes
     ----------
-    design : ndarray (C-contiguous) or csr_matrix of shape (n_rows, n_features)
+    design : ndarray of shape (n_rows, n_features), float64, C-contiguous
     codes : ndarray of shape (n_rows,), int
         Class index of each row.
     """
 
-    design: np.ndarray | sp.csr_matrix
+    design: np.ndarray
     codes: np.ndarray
 
     @property
     def n_rows(self) -> int:
         return self.design.shape[0]
+
+    def class_counts(self, n_classes: int) -> np.ndarray:
+        """Rows of each class: shape (n_classes,)."""
+        return np.bincount(self.codes, minlength=n_classes)
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ class DistributedSquaredHinge(SquaredHingeLoss):
     ----------
     client : distributed.Client
     blocks : list of Future
-        Each a :class:`FeatureBlock` on a worker (persisted: :func:`persist_blocks`).
+        Each a :class:`FeatureBlock` on a worker.
     n_features : int
     classes : ndarray of shape (K,), int
         The class index that is each problem's positive side.
@@ -188,28 +192,27 @@ class DistributedSquaredHinge(SquaredHingeLoss):
         return tree_sum(self.client, parts)
 
 
-def _block_of(design, codes) -> FeatureBlock:
-    design = design if sp.issparse(design) else np.ascontiguousarray(design, dtype=np.float64)
-    return FeatureBlock(design, np.asarray(codes, dtype=np.int64))
-
-
-def persist_blocks(client, designs: Sequence, codes: Sequence) -> list:
-    """Futures of :class:`FeatureBlock` from futures (or arrays) of shards' features and codes,
-    kept on the workers."""
-    return client.map(_block_of, designs, codes, pure=False)
-
-
 def _n_rows(block: FeatureBlock) -> int:
     return block.n_rows
 
 
 def _class_counts(block: FeatureBlock, n_classes: int) -> np.ndarray:
-    return np.bincount(block.codes, minlength=n_classes)
+    return block.class_counts(n_classes)
 
 
 def _correct(block: FeatureBlock, coef: np.ndarray, intercept: np.ndarray) -> int:
-    scores = block.design @ coef.T + intercept
-    return int((scores.argmax(axis=1) == block.codes).sum())
+    return correct_predictions(block.design, block.codes, coef, intercept)
+
+
+def _fit_in_one_task(blocks, n_classes, n_threads, **solver):
+    """Every block fitted in one worker's memory by the one in-memory solve in ``n_threads``
+    threads (a worker's task); with the warnings it gave, for the driver to give again."""
+    design = np.vstack([block.design for block in blocks])
+    codes = np.concatenate([block.codes for block in blocks])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        fitted = fit_one_vs_rest(design, codes, n_classes, n_jobs=n_threads, **solver)
+    return fitted, [str(warning.message) for warning in caught]
 
 
 def fit_one_vs_rest_distributed(
@@ -224,24 +227,22 @@ def fit_one_vs_rest_distributed(
     start: tuple[np.ndarray, np.ndarray] | None = None,
     one_task_bytes: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """:func:`training.estimator.solver.fit_one_vs_rest` on shards held by Dask workers: the same
-    problems, the same trust-region Newton-CG, all classes in one pass over the shards.
+    """:func:`training.estimator.solver.fit_one_vs_rest` on blocks held by Dask workers: the
+    same problems, the same trust-region Newton-CG, all classes in one pass over the blocks.
 
     Features that one worker holds with room to spare (``one_task_bytes``) are solved in one
-    task, on the worker holding the most blocks, in the threads of its machine: the solver's
-    products would each cost a round trip through the scheduler. Larger ones are solved by
-    :class:`DistributedSquaredHinge`, each product a task on every block where it is. Dask
-    reruns a lost worker's tasks either way.
-
-    The design is each block's features as they are (no shift around medians: a dense or
-    sparse block is used as given), so the model equals the one-process fit's wherever that
-    trains on the features themselves (dense features: always).
+    task by ``fit_one_vs_rest`` itself, on the worker holding the most blocks, in the threads
+    of its machine: the solver's products would each cost a round trip through the scheduler.
+    Larger ones are solved by :class:`DistributedSquaredHinge`, each product a task on every
+    block where it is, on the blocks' features as they are (no shift around medians: the same
+    model, since dense features are trained on as they are in one process too). Dask reruns a
+    lost worker's tasks either way.
 
     Parameters
     ----------
     client : distributed.Client
     blocks : list of Future
-        :class:`FeatureBlock` futures (:func:`persist_blocks`).
+        :class:`FeatureBlock` futures (:func:`training.estimator.cluster_fit.feature_blocks`).
     n_features : int
     n_classes : int
         At least 2.
@@ -262,28 +263,29 @@ def fit_one_vs_rest_distributed(
     n_iter : int
     train_accuracy : float
     """
-    problems = one_vs_rest_problems(n_classes)
     counts = tree_sum(client, client.map(_class_counts, blocks, n_classes=n_classes, pure=False))
     n_samples = int(counts.sum())
-    tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
-    start_W = None if start is None else problem_weights(*start)
     workers = client.scheduler_info()["workers"]
     if n_samples * (n_features + 1) * 8 <= one_task_limit(workers.values(), one_task_bytes):
         worker, n_threads = _one_task_site(client, blocks, workers)
         logger.info("solving in one task on %s, %d threads", worker, n_threads)
-        solution, correct = client.submit(
-            _solve_in_one_task, blocks, n_classes, C, max_iter, tolerance, start_W, n_threads,
-            workers=[worker], allow_other_workers=True, pure=False,
+        fitted, messages = client.submit(
+            _fit_in_one_task, blocks, n_classes, n_threads, C=C, max_iter=max_iter, tol=tol,
+            start=start, workers=[worker], allow_other_workers=True, pure=False,
         ).result()  # fmt: skip
-        coef, intercept = one_vs_rest_weights(solution.W, n_classes)
-    else:
-        logger.info("solving by products over %d blocks", len(blocks))
-        loss = DistributedSquaredHinge(client, blocks, n_features, problems, C)
-        solution = minimize_squared_hinge(loss, max_iter, tolerance, start_W)
-        coef, intercept = one_vs_rest_weights(solution.W, n_classes)
-        parts = client.map(_correct, blocks, coef=coef, intercept=intercept, pure=False)
-        correct = sum(client.gather(parts))
+        for message in messages:
+            warnings.warn(message, ConvergenceWarning, stacklevel=2)
+        return fitted
+    logger.info("solving by products over %d blocks", len(blocks))
+    problems = one_vs_rest_problems(n_classes)
+    tolerance = liblinear_tolerance(counts[problems], n_samples, tol)
+    start_W = None if start is None else problem_weights(*start)
+    loss = DistributedSquaredHinge(client, blocks, n_features, problems, C)
+    solution = minimize_squared_hinge(loss, max_iter, tolerance, start_W)
     warn_unconverged([solution], max_iter)
+    coef, intercept = one_vs_rest_weights(solution.W, n_classes)
+    parts = client.map(_correct, blocks, coef=coef, intercept=intercept, pure=False)
+    correct = sum(client.gather(parts))
     return coef, intercept, int(solution.n_iter.max()), correct / n_samples
 
 
@@ -329,23 +331,6 @@ def _one_task_site(client, blocks, workers: dict[str, dict]) -> tuple[str, int]:
     worker = held.most_common(1)[0][0] if held else next(iter(workers))
     host = workers[worker]["host"]
     return worker, sum(info["nthreads"] for info in workers.values() if info["host"] == host)
-
-
-def _solve_in_one_task(blocks, n_classes, C, max_iter, tolerance, start, n_threads):
-    """The problems solved on one worker's copy of every block, by the one-process loss in
-    ``n_threads`` threads (a worker's task): the :class:`~training.estimator.solver.Solution` and
-    the items it classifies correctly."""
-    designs = [block.design for block in blocks]
-    design = sp.vstack(designs, format="csr") if sp.issparse(designs[0]) else np.vstack(designs)
-    codes = np.concatenate([block.codes for block in blocks])
-    signs = problem_signs(codes, one_vs_rest_problems(n_classes))
-    with limit_threads(blas_threads=1):
-        solution = minimize_squared_hinge(
-            InMemorySquaredHinge(design, signs, C, n_threads=n_threads), max_iter, tolerance, start
-        )
-    coef, intercept = one_vs_rest_weights(solution.W, n_classes)
-    correct = int(((design @ coef.T + intercept).argmax(axis=1) == codes).sum())
-    return solution, correct
 
 
 def uniform_by_row(rows: np.ndarray, seed: int) -> np.ndarray:
@@ -441,46 +426,3 @@ def fit_along_C(
         if best is None or accuracy > best[0]:
             best = (accuracy, C, start)
     return path, best[1:]
-
-
-def _shard_block(shard, classes: np.ndarray, featurize) -> FeatureBlock:
-    """Read a shard and compute its features (a worker's task): its block."""
-    from training.cluster.shards import read_shard
-
-    X, y = read_shard(shard)
-    codes = np.searchsorted(classes, y)
-    unknown = (codes >= len(classes)) | (classes[np.minimum(codes, len(classes) - 1)] != y)
-    if unknown.any():
-        raise ValueError(f"{shard.path}: label {y[np.argmax(unknown)]!r} is not a known class")
-    return _block_of(X if featurize is None else featurize(X), codes)
-
-
-def _labels(shard) -> np.ndarray:
-    from training.cluster.shards import read_shard
-
-    return np.unique(read_shard(shard)[1])
-
-
-def shard_classes(client, shards: Sequence) -> np.ndarray:
-    """The sorted labels (as text) of every shard, each shard's found where it is read."""
-    return np.unique(np.concatenate(client.gather(client.map(_labels, shards, pure=False))))
-
-
-def shard_blocks(client, shards: Sequence, classes: np.ndarray, featurize=None) -> list:
-    """Futures of each shard's :class:`FeatureBlock`, computed and kept on the workers.
-
-    Each block is a task that reads its shard and computes its features, so that a lost
-    worker's blocks are computed again from the files (Dask keeps that lineage); Dask spills
-    blocks to disk when a worker's memory runs short.
-
-    Parameters
-    ----------
-    client : distributed.Client
-    shards : sequence of training.cluster.shards.Shard
-    classes : ndarray of str
-        The sorted labels (:func:`shard_classes`): a row's class is its label's index.
-    featurize : callable, optional
-        Rows (n, d) to features (n, B), picklable (a fitted expansion's ``transform``); None:
-        the rows are the features.
-    """
-    return client.map(_shard_block, shards, classes=classes, featurize=featurize, pure=False)

@@ -9,7 +9,8 @@ alike (that module's docstring has the formulas).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -22,7 +23,7 @@ from service.model.features import (
     NORMALIZATIONS,
     SPECTRUM_FIXES,
     expand,
-    project_blocks,
+    normalize_features,
     raw_similarities,
     resolve_normalization,
 )
@@ -31,6 +32,7 @@ from service.model.inputs.spaces import Spaces
 from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
 from service.model.similarity import BoundSimilarity, SimilaritySpec, format_spec, parse_specs
 from training.estimator.basis import BASIS_STRATEGIES, select_basis
+from training.estimator.block_statistics import BlockStatistics, Learned, learn_in_one_block
 
 # Items that reach the expansion prepared already (not validated as arrays): images as bags of
 # visual words, alone or beside other spaces.
@@ -71,20 +73,146 @@ def bind_similarities(
     return tuple(spec.bind(n_features, grid_shape, documents) for spec in specs)
 
 
+class FeatureNormalization(BlockStatistics):
+    """How one normalisation is learned from the training set's raw kernel maps: the sums of
+    its passes over blocks of rows (:class:`~training.estimator.block_statistics.
+    BlockStatistics`; one process is one block, a cluster's blocks are its workers' rows), then
+    the affine map and projection a model stores (:meth:`statistics`).
+
+    Parameters
+    ----------
+    n_measures : int
+        M: the maps hold M blocks of columns, one per measure.
+    """
+
+    def __init__(self, n_measures: int):
+        self.n_measures = n_measures
+
+    def sums(self, block, step, learned):
+        raise AssertionError(f"{type(self).__name__} reads no rows")
+
+    def finish(self, totals, step, learned, n_samples):
+        raise AssertionError(f"{type(self).__name__} reads no rows")
+
+    def statistics(
+        self, learned: Learned, n_features: int, basis_gram: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """The offset and scale of every feature and the projection (or None), from what the
+        passes learned and the basis Gram matrices."""
+        return np.zeros(n_features), np.ones(n_features), None
+
+    def _measure_columns(self, n_features: int) -> list[slice]:
+        n_basis = n_features // self.n_measures
+        return [slice(m * n_basis, (m + 1) * n_basis) for m in range(self.n_measures)]
+
+
+class _Centred(FeatureNormalization):
+    """Normalisations that centre each feature on its training mean (pass 0) and divide by a
+    spread that the second pass measures around it."""
+
+    passes = 2
+
+    def sums(self, block, step, learned):
+        if step == 0:
+            return (block.sum(axis=0),)
+        mean = learned["mean"]
+        # One measure's columns at a time: the centred copy is n x B, not n x M * B.
+        spreads = [
+            self._spread_sums(block[:, columns] - mean[columns])
+            for columns in self._measure_columns(block.shape[1])
+        ]
+        return (np.concatenate(spreads),)
+
+    def finish(self, totals, step, learned, n_samples):
+        if step == 0:
+            return {"mean": totals[0] / n_samples}
+        return {**learned, "spread": totals[0] / n_samples}
+
+    def _spread_sums(self, centred: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _ZScore(_Centred):
+    """Each feature divided by its standard deviation."""
+
+    def _spread_sums(self, centred):
+        return (centred * centred).sum(axis=0)
+
+    def statistics(self, learned, n_features, basis_gram):
+        std = np.sqrt(learned["spread"])
+        return learned["mean"], np.where(std > 0, std, 1.0), None
+
+
+class _BeSVM(_Centred):
+    """The paper's (eq. 4): each measure's map divided by the mean norm of its centred rows."""
+
+    def _spread_sums(self, centred):
+        return np.array([np.linalg.norm(centred, axis=1).sum()])
+
+    def statistics(self, learned, n_features, basis_gram):
+        mean_norms = learned["spread"]
+        n_basis = n_features // self.n_measures
+        scale = np.repeat(np.where(mean_norms > 0.0, mean_norms, 1.0), n_basis)
+        return learned["mean"], scale, None
+
+
+class _Nystroem(FeatureNormalization):
+    """Each measure's map projected by the inverse square root of its basis Gram matrix,
+    made positive definite by ``fix`` (:func:`nystroem_projection`): from the basis alone."""
+
+    def __init__(self, n_measures: int, fix: str):
+        super().__init__(n_measures)
+        self.fix = fix
+
+    def statistics(self, learned, n_features, basis_gram):
+        if basis_gram is None:
+            raise ValueError("nystroem normalization needs the basis Gram matrices")
+        projection = np.stack([nystroem_projection(K, self.fix) for K in basis_gram])
+        return np.zeros(n_features), np.ones(n_features), projection
+
+
+# Every normalisation (the canonical names of service.model.features.NORMALIZATIONS) and how it
+# is learned, for maps of M measures.
+NORMALIZATION_RULES: dict[str, Callable[[int], FeatureNormalization]] = {
+    "besvm": _BeSVM,
+    "none": FeatureNormalization,
+    "zscore": _ZScore,
+    **{f"nystroem({fix})": functools.partial(_Nystroem, fix=fix) for fix in SPECTRUM_FIXES},
+}
+
+
+def normalization_rule(normalization: str, n_measures: int) -> FeatureNormalization:
+    """How ``normalization`` (canonical, see :func:`resolve_normalization`) is learned from
+    the maps of ``n_measures`` measures.
+
+    Raises
+    ------
+    ValueError
+        An unknown normalisation.
+    """
+    if normalization not in NORMALIZATION_RULES:
+        raise ValueError(
+            f"unknown normalization {normalization!r}; known: {', '.join(NORMALIZATIONS)}"
+        )
+    return NORMALIZATION_RULES[normalization](n_measures)
+
+
 def normalization_statistics(
     raw: np.ndarray,
     n_measures: int,
     normalization: str,
     basis_gram: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """The normalisation learned from the training set's raw kernel maps.
+    """The normalisation learned from the training set's raw kernel maps, in one process (one
+    block: every row); a cluster learns the same rule from its workers' rows
+    (:mod:`training.estimator.cluster_fit`).
 
     Parameters
     ----------
     raw : ndarray of shape (n_samples, M * n_basis)
     n_measures : int
     normalization : str
-        One of :data:`NORMALIZATIONS` (canonical form, see :func:`parse_normalization`).
+        One of :data:`NORMALIZATION_RULES` (canonical form, see :func:`parse_normalization`).
     basis_gram : ndarray of shape (M, n_basis, n_basis), optional
         Each measure between the basis items; required by Nystroem.
 
@@ -93,30 +221,8 @@ def normalization_statistics(
     offset, scale : ndarray of shape (M * n_basis,)
     projection : ndarray of shape (M, n_basis, n_basis) or None
     """
-    n_features = raw.shape[1]
-    n_basis = n_features // n_measures
-    if normalization == "none":
-        return np.zeros(n_features), np.ones(n_features), None
-    if normalization == "zscore":
-        std = raw.std(axis=0)
-        return raw.mean(axis=0), np.where(std > 0, std, 1.0), None
-    if normalization.startswith("nystroem("):
-        if basis_gram is None:
-            raise ValueError("nystroem normalization needs the basis Gram matrices")
-        fix = normalization[len("nystroem(") : -1]
-        projection = np.stack([nystroem_projection(K, fix) for K in basis_gram])
-        return np.zeros(n_features), np.ones(n_features), projection
-    if normalization != "besvm":
-        raise ValueError(
-            f"unknown normalization {normalization!r}; known: {', '.join(NORMALIZATIONS)}"
-        )
-    offset = raw.mean(axis=0)
-    scale = np.empty(n_features)
-    for m in range(n_measures):
-        block = slice(m * n_basis, (m + 1) * n_basis)
-        mean_norm = float(np.linalg.norm(raw[:, block] - offset[block], axis=1).mean())
-        scale[block] = mean_norm if mean_norm > 0.0 else 1.0
-    return offset, scale, None
+    rule = normalization_rule(normalization, n_measures)
+    return rule.statistics(learn_in_one_block(rule, raw), raw.shape[1], basis_gram)
 
 
 def symmetric_eigenvalues(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -376,13 +482,7 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         self.offset_, self.scale_, self.projection_ = normalization_statistics(
             raw, len(specs), normalization, self.basis_gram_
         )
-        raw -= self.offset_
-        raw /= self.scale_
-        if self.projection_ is not None:
-            # By row chunks: a product's temporary is one chunk, not a second training set.
-            for rows in self._chunks(X.shape[0], desc="projecting"):
-                project_blocks(raw[rows], self.projection_)
-        return raw
+        return self.normalize(raw)
 
     def transform(self, X):
         """Basis-expanded, normalised features.
@@ -395,6 +495,42 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         -------
         features : ndarray of shape (n_samples, M * n_basis)
         """
+        return self._expanded(X, normalized=True)
+
+    def raw_maps(self, X):
+        """The raw kernel maps: every measure of ``X`` against the basis, not normalised (what
+        the normalisation is learned from; :meth:`normalize` finishes them).
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        raw : ndarray of shape (n_samples, M * n_basis)
+        """
+        return self._expanded(X, normalized=False)
+
+    def normalize(self, raw: np.ndarray) -> np.ndarray:
+        """Raw kernel maps (:meth:`raw_maps`) normalised in place by the fitted
+        normalisation (:func:`service.model.features.normalize_features`, as serving does), by
+        row chunks: a projection's temporary is one chunk, not a second training set.
+
+        Parameters
+        ----------
+        raw : ndarray of shape (n_samples, M * n_basis)
+
+        Returns
+        -------
+        raw : ndarray of shape (n_samples, M * n_basis)
+            The same array, normalised.
+        """
+        check_is_fitted(self)
+        for rows in self._chunks(raw.shape[0], desc="normalising"):
+            normalize_features(raw[rows], self.offset_, self.scale_, self.projection_)
+        return raw
+
+    def _expanded(self, X, normalized: bool) -> np.ndarray:
         check_is_fitted(self)
         X, _ = self._validated(X, None, reset=False)
         documents = self.idf_ is not None
@@ -405,15 +541,18 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         X = self._split(self._items(X, reset=False))
         features = np.empty((X.shape[0], self._n_features_out))
         for rows in self._chunks(X.shape[0], desc="expanding"):
-            expand(
-                X[rows],
-                self.basis_items_,
-                measures,
-                self.offset_,
-                self.scale_,
-                features[rows],
-                projection=self.projection_,
-            )
+            if normalized:
+                expand(
+                    X[rows],
+                    self.basis_items_,
+                    measures,
+                    self.offset_,
+                    self.scale_,
+                    features[rows],
+                    projection=self.projection_,
+                )
+            else:
+                raw_similarities(X[rows], self.basis_items_, measures, features[rows])
         return features
 
     def _items(self, X, reset: bool) -> np.ndarray | Documents:

@@ -18,6 +18,7 @@ from service.model.inputs.dense import (
     PER_FEATURE_NORMALIZATION,
     normalize_inputs,
 )
+from training.estimator.block_statistics import BlockStatistics, Learned, learn_in_one_block
 
 
 class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
@@ -60,15 +61,8 @@ class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
                 f"scaling must be one of {', '.join(INPUT_NORMALIZATIONS)}, got {self.scaling!r}"
             )
         X = validate_data(self, X, dtype=np.float64)
-        self.mean_ = X.mean(axis=0)
-        centred = X - self.mean_
-        if self.scaling == PER_FEATURE_NORMALIZATION:
-            std = centred.std(axis=0)
-            std[std <= 0.0] = 1.0
-            centred /= std
-        scale = float(np.linalg.norm(centred, axis=1).mean())
-        scale = scale if scale > 0.0 else 1.0
-        self.scale_ = std * scale if self.scaling == PER_FEATURE_NORMALIZATION else scale
+        learned = learn_in_one_block(InputStatistics(self.scaling), X)
+        self.mean_, self.scale_ = learned["mean"], learned["scale"]
         return self
 
     def transform(self, X):
@@ -87,22 +81,59 @@ class InputNormalizer(OneToOneFeatureMixin, TransformerMixin, BaseEstimator):
         return normalize_inputs(X, self.mean_, self.scale_)
 
     @classmethod
-    def from_statistics(cls, scaling: str, mean: np.ndarray, scale) -> InputNormalizer:
-        """A fitted normaliser from statistics computed elsewhere (by a Dask cluster's
-        reductions, :mod:`training.estimator.cluster_fit`), the same as :meth:`fit` learns.
+    def from_learned(cls, scaling: str, learned: Learned) -> InputNormalizer:
+        """A fitted normaliser from what :class:`InputStatistics` learned elsewhere (from a
+        Dask cluster's rows, :mod:`training.estimator.cluster_fit`), as :meth:`fit` learns it.
 
         Parameters
         ----------
         scaling : {"global", "per-feature"}
-        mean : ndarray of shape (n_features,)
-        scale : float or ndarray of shape (n_features,)
+        learned : dict
+            ``mean`` of shape (n_features,), ``scale`` a float or of shape (n_features,).
 
         Returns
         -------
         InputNormalizer
         """
         normalizer = cls(scaling=scaling)
-        normalizer.mean_ = np.asarray(mean, dtype=np.float64)
-        normalizer.scale_ = scale
+        normalizer.mean_ = np.asarray(learned["mean"], dtype=np.float64)
+        normalizer.scale_ = learned["scale"]
         normalizer.n_features_in_ = len(normalizer.mean_)
         return normalizer
+
+
+class InputStatistics(BlockStatistics):
+    """What the input normalisation learns, in passes over blocks of rows
+    (:mod:`training.estimator.block_statistics`): the mean; for ``per-feature`` each
+    feature's standard deviation around it (a constant feature's counts as 1); then the mean
+    norm of the centred (and standardised) rows, 1 if every row is the mean.
+
+    Parameters
+    ----------
+    scaling : {"global", "per-feature"}
+    """
+
+    def __init__(self, scaling: str = GLOBAL_NORMALIZATION):
+        self.per_feature = scaling == PER_FEATURE_NORMALIZATION
+        self.passes = 3 if self.per_feature else 2
+
+    def sums(self, block, step, learned):
+        if step == 0:
+            return (block.sum(axis=0),)
+        centred = block - learned["mean"]
+        if step == 1 and self.per_feature:
+            return ((centred * centred).sum(axis=0),)
+        if self.per_feature:
+            centred /= learned["std"]
+        return (np.array(np.linalg.norm(centred, axis=1).sum()),)
+
+    def finish(self, totals, step, learned, n_samples):
+        if step == 0:
+            return {"mean": totals[0] / n_samples}
+        if step == 1 and self.per_feature:
+            std = np.sqrt(totals[0] / n_samples)
+            std[std <= 0.0] = 1.0
+            return {**learned, "std": std}
+        scale = float(totals[0]) / n_samples
+        scale = scale if scale > 0.0 else 1.0
+        return {**learned, "scale": learned["std"] * scale if self.per_feature else scale}

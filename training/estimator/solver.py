@@ -27,10 +27,7 @@ import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 
 from service.model.threads import limit_threads
-from training.estimator.hessian_kernels import (
-    dense_active_product,
-    sparse_active_product,
-)
+from training.estimator.hessian_kernels import dense_active_product, sparse_active_product
 
 __all__ = [
     "MAX_ROW_BLOCKS",
@@ -40,13 +37,13 @@ __all__ = [
     "InMemorySquaredHinge",
     "Solution",
     "SquaredHingeLoss",
+    "correct_predictions",
     "fit_one_vs_rest",
     "liblinear_tolerance",
     "minimize_squared_hinge",
     "one_vs_rest_problems",
     "problem_signs",
     "problem_weights",
-    "squared_hinge_objective",
     "training_design",
 ]
 
@@ -329,44 +326,10 @@ def active_rows_product(design, active: np.ndarray, V: np.ndarray) -> np.ndarray
     return out.T
 
 
-def squared_hinge_objective(
-    weights: np.ndarray, design, signs: np.ndarray, C: float
-) -> tuple[float, np.ndarray]:
-    r"""liblinear's primal L2-regularised squared hinge loss of K one-vs-rest problems at once.
-
-    .. math:: f(W) = \sum_k \tfrac12 \lVert w_k \rVert^2
-                     + C \sum_i \max(0, 1 - y_{ik} (w_k \cdot x_i + b_k))^2
-
-    with the bias :math:`b_k` regularised like a weight (liblinear's ``intercept_scaling=1``).
-
-    Parameters
-    ----------
-    weights : ndarray of shape ((n_features + 1) * K,)
-        Column-major (n_features + 1, K): each problem's weights, then its bias.
-    design : ndarray or csr_matrix of shape (n_samples, n_features)
-    signs : ndarray of shape (n_samples, K)
-        +1 for the problem's class, -1 for the others.
-    C : float
-
-    Returns
-    -------
-    value : float
-    gradient : ndarray of shape ((n_features + 1) * K,)
-    """
-    loss = InMemorySquaredHinge(design, signs, C)
-    W = weights.reshape(loss.n_features + 1, loss.n_problems)
-    values, gradient = loss.value_and_gradient(W, np.arange(loss.n_problems))
-    gradient += W
-    return 0.5 * float(np.vdot(W, W)) + float(values.sum()), gradient.ravel()
-
-
-# The solver's stopping rule is liblinear's, with LinearSVC's ``tol`` (see liblinear_tolerance).
-# LinearSVC's default, 1e-4, leaves scores up to 1e-2 from the optimum's on the issue's 6,000 x
-# 1,200 rbf features (26 classes; 6e-2 for this solver), 1e-6 within 5e-4 (and 2e-5 on digits
-# with HOG), 1e-8 on it; going from 1e-4 to 1e-8 costs 2.4x there, 1e-6 to 1e-8 nothing, as
-# Newton converges fast at the end. The default is tight, so that a model is LinearSVC's optimum
-# rather than wherever a solver stopped (the tests compare with LinearSVC at tol=1e-8 within
-# 1e-5); benchmarks/bench_solver.py measures it against LinearSVC at LinearSVC's own default.
+# The solver's stopping rule is liblinear's, with LinearSVC's ``tol`` (see liblinear_tolerance),
+# tighter than LinearSVC's default 1e-4 so that a model is LinearSVC's optimum rather than wherever
+# a solver stopped, at little cost: Newton converges fast at the end (docs/measurements/
+# benchmarks.md, the solver against LinearSVC).
 TOLERANCE = 1e-8
 
 # Trust-region Newton's constants, liblinear's (tron.cpp): a step is taken when the objective
@@ -375,11 +338,8 @@ TOLERANCE = 1e-8
 ETA = (1e-4, 0.25, 0.75)
 SIGMA = (0.25, 0.5, 4.0)
 # The conjugate gradients of a Newton step stop when the residual is below this fraction of the
-# gradient (liblinear's rule before 2.20; LinearSVC's liblinear). Measured on the 6,000 x 1,200
-# rbf features (26 classes, tol 1e-4, one thread): this rule without preconditioning took 13.9 s;
-# liblinear 2.20's diagonal preconditioner (mixed 1% into the identity) 16.4 s with it, 22.6 s
-# with its quadratic-model rule at 0.1 and 95 s at its default 0.5, which takes ten times the
-# Newton steps (each a full pass over the features). So neither is used.
+# gradient (liblinear's rule before 2.20; LinearSVC's liblinear), without preconditioning: the
+# fastest of the rules measured (docs/measurements/benchmarks.md).
 CG_TOLERANCE = 0.1
 
 
@@ -598,11 +558,14 @@ def fit_one_vs_rest(
     max_iter: int,
     n_jobs: int,
     tol: float = TOLERANCE,
+    start: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """LinearSVC's one-vs-rest problems (L2-regularised squared hinge, regularised bias), solved
     together on the one shared feature matrix: each product of the solver is one pass over the
     items for every class still iterating, its row blocks in ``n_jobs`` threads with one BLAS
-    thread each (BLAS threads spinning on busy cores cost 50x here).
+    thread each (BLAS threads spinning on busy cores cost 50x here). The one in-memory solve:
+    one process's fit, and a cluster's where the features fit one worker
+    (:mod:`training.estimator.distributed_solver`).
 
     liblinear copies its training matrix (16 bytes per entry, once per problem trained at the
     same time); this solver only reads the matrix, so peak memory stays near the features'
@@ -623,6 +586,8 @@ def fit_one_vs_rest(
         Cores, at least 1. The result does not depend on it.
     tol : float, default=TOLERANCE
         LinearSVC's ``tol`` (see :func:`liblinear_tolerance`).
+    start : (coef, intercept), optional
+        A model to start from (a warm start: the solution at a nearby C).
 
     Returns
     -------
@@ -640,15 +605,34 @@ def fit_one_vs_rest(
     loss = InMemorySquaredHinge(design, signs, C, n_threads=n_jobs)
     tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), tol)
     del signs
+    # A model of the features starts the design's problems with the shift folded in.
+    start_W = None if start is None else problem_weights(start[0], start[1] + start[0] @ shift)
     with limit_threads(blas_threads=1):
-        solved = [minimize_squared_hinge(loss, max_iter, tolerance)]
-    warn_unconverged(solved, max_iter)
-    n_iter = max(int(solution.n_iter.max()) for solution in solved)
-    coef, intercept = one_vs_rest_weights(np.hstack([s.W for s in solved]), n_classes)
-    scores = design @ coef.T + intercept
+        solution = minimize_squared_hinge(loss, max_iter, tolerance, start_W)
+    warn_unconverged([solution], max_iter)
+    coef, intercept = one_vs_rest_weights(solution.W, n_classes)
+    train_accuracy = correct_predictions(design, codes, coef, intercept) / len(codes)
     intercept -= coef @ shift  # the design's shift folded back: the model scores the features
-    train_accuracy = float((scores.argmax(axis=1) == codes).mean())
-    return coef, intercept, n_iter, train_accuracy
+    return coef, intercept, int(solution.n_iter.max()), train_accuracy
+
+
+def correct_predictions(design, codes: np.ndarray, coef: np.ndarray, intercept: np.ndarray) -> int:
+    """How many items the model classifies as their class: the training accuracy's count (a
+    cluster adds it up over its blocks).
+
+    Parameters
+    ----------
+    design : ndarray or csr_matrix of shape (n_samples, n_features)
+    codes : ndarray of shape (n_samples,), int
+    coef : ndarray of shape (n_classes, n_features)
+    intercept : ndarray of shape (n_classes,)
+
+    Returns
+    -------
+    int
+    """
+    scores = design @ coef.T + intercept
+    return int((scores.argmax(axis=1) == codes).sum())
 
 
 def warn_unconverged(solutions, max_iter: int) -> None:

@@ -20,9 +20,9 @@ scattered to the workers once; the scores are those of one process. The final fi
 setting, whose training and prediction times the report shows, stays in this process, so that
 times compare across settings and with the baselines.
 
-The grid, the records and the report itself are defined in :mod:`training.evaluation.report_data`,
-which
-:mod:`training.evaluation.plots` reads too (plots does not import this module).
+The grid, the records and the report itself are defined in
+:mod:`training.evaluation.report_data`, which :mod:`training.evaluation.plots` reads too (plots
+does not import this module).
 """
 
 from __future__ import annotations
