@@ -8,8 +8,8 @@
 build-glyphs``): letters A-J from installed fonts, 64 x 64, 100 training fonts per letter, up
 to 200 other fonts per letter for the test, as the paper's 100 training images per class.
 
-Rows, BE-SVM (``training.fit_dataset``, ``--basis-per-class`` items of each class as the basis,
-normalisation ``auto``, C = 1) with the bof transform (16 x 16 patches every 8 pixels,
+Rows, BE-SVM (``training.fitting.fit_dataset``, ``--basis-per-class`` items of each class as the
+basis, normalisation ``auto``, C = 1) with the bof transform (16 x 16 patches every 8 pixels,
 ``--words`` visual words) under each measure and each of the paper's three settings:
 ``L = 0, single`` (``bof(levels=0)``: the whole image one bag), ``L = 2, single``
 (``bof(levels=2, single=1)``: 16 cells) and ``L = 2, pyramid`` (``bof(levels=2)``: 21 cells,
@@ -42,8 +42,8 @@ import numpy as np
 from service.model.inputs.transforms import parse_transform
 from service.model.threads import limit_threads
 from training.data.datasets import Dataset, load_dataset
-from training.estimator.estimator import fit_dataset
 from training.evaluation.held_out import median_seconds, tuned_svc
+from training.fitting import fit_dataset
 
 MEASURES = ("sensing0", "sensing1(n=150)", "sensing2(n_words=500)", "linear")
 SETTINGS = {

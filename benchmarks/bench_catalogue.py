@@ -65,7 +65,7 @@ from service.model.search import (
 )
 from service.model.search.filters import NumberColumn
 from service.model.search.remote import CatalogueSource, SearchCluster
-from training.estimator.estimator import fit_dataset
+from training.fitting import fit_dataset
 from training.retrieval.search_model import estimator_for, fit_search_model
 
 DIM = 128

@@ -65,8 +65,8 @@ from sklearn.svm import SVC, LinearSVC
 from service.model.inputs.spec import InputSpec
 from service.model.threads import limit_threads
 from training.data.datasets import Dataset, load_dataset, load_digits_dataset
-from training.estimator.estimator import fit_dataset
 from training.evaluation.held_out import describe_tuned_svc, median_seconds, tuned_svc
+from training.fitting import fit_dataset
 
 BATCH = 1000
 MODELS = {"default": "default (auto)", "svc": "tuned SVC(RBF)", "linear": "LinearSVC"}
@@ -174,7 +174,7 @@ def _default(dataset: Dataset, args) -> dict:
             diagnostics=False,
         )
     )
-    chosen = result.estimator.selection_.best_params_
+    chosen = result.selection.best_params_
     predictor = result.predictor
     predictor.warm_up()
     accuracy = float(np.mean(predictor.predict(dataset.X_test) == dataset.y_test))
@@ -185,7 +185,7 @@ def _default(dataset: Dataset, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         path = predictor.save(Path(folder) / "model")
         size = sum(f.stat().st_size for f in Path(path).iterdir())
-    selection = result.estimator.selection_
+    selection = result.selection
     chosen = selection.best_params_
     cut = [stage["stage"] for stage in selection.stages_ if stage["cut"]]
     return {

@@ -28,7 +28,7 @@ from service.model import Predictor
 from service.model.inputs.spec import InputSpec
 from service.model.search import SearchIndex, SearchQuery, search_dir
 from training.data.datasets import Dataset
-from training.estimator.estimator import fit_dataset
+from training.fitting import fit_dataset
 from training.retrieval.catalogue import build_catalogue
 from training.retrieval.search_model import estimator_for, fit_search_model
 

@@ -64,9 +64,9 @@ from service.model.similarity import SimilaritySpec, parse_spec
 from service.model.threads import DOCUMENT_PAIR_MULTIPLY_ADDS, SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 from training.data.datasets import Dataset, load_dataset
 from training.data.readers import DatasetError
-from training.estimator.estimator import fit_dataset
 from training.estimator.preparation import fit_vocabulary
 from training.evaluation.held_out import median_seconds
+from training.fitting import fit_dataset
 
 MEASURES = ("linear", "sensing0", "sensing1(n=150)", "sensing2(n_words=150)")
 BATCH1_DOCS = 200

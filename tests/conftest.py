@@ -10,7 +10,7 @@ import pytest
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec
 from training.data.datasets import Dataset, load_digits_dataset
-from training.estimator.estimator import fit_dataset
+from training.fitting import fit_dataset
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from service.model.artifact import exchange_paths, manifest_digest
 from service.model.search import SearchIndex, SearchQuery, catalogue_dir
 from tests.api.conftest import serving
 from training.cli.main import main
-from training.estimator.estimator import fit_dataset
+from training.fitting import fit_dataset
 
 pytestmark = pytest.mark.slow
 

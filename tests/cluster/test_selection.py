@@ -73,8 +73,8 @@ def test_selection_on_the_cluster_chooses_what_one_process_chooses(dask_cluster,
 
 
 def test_auto_inside_a_client_context_selects_on_that_cluster(dask_cluster):
-    """BasisExpandingSVC(similarity='auto') in ``with Client(...)``: the search's fits are the
-    workers' (their executed tasks grow by at least the fold fits), and the artifact records
+    """ForwardSelectionCV(BasisExpandingSVC()) in ``with Client(...)``: the selection's fits are
+    the workers' (their executed tasks grow by at least the fold fits), and the artifact records
     the selection."""
     from distributed import Client
 
@@ -84,13 +84,13 @@ def test_auto_inside_a_client_context_selects_on_that_cluster(dask_cluster):
             client.run(lambda dask_worker: dask_worker.state.executed_count).values()
         )
         before = executed()
-        model = BasisExpandingSVC(similarity="auto", selection_budget=8).fit(X, y)
+        selection = ForwardSelectionCV(BasisExpandingSVC(), budget=8).fit(X, y)
         after = executed()
-    selection = model.selection_
     assert after - before > 0
     assert selection.n_fits_ > 0
-    assert model.predictor_.metadata["training"]["selection"]["chosen"] == selection.best_params_
-    assert model.score(X, y) > 0.85
+    training = selection.to_predictor().metadata["training"]
+    assert training["selection"]["chosen"] == selection.best_params_
+    assert selection.score(X, y) > 0.85
 
 
 def test_a_stratified_sample_is_drawn_from_the_shards(dask_client, tmp_path):
@@ -164,18 +164,17 @@ def test_fit_auto_on_shards_from_the_command_line(dask_cluster, tmp_path, capsys
 
 def test_documents_select_on_the_cluster_and_train_here_with_a_warning(dask_cluster, text_dataset):
     texts, labels = list(text_dataset.X_train), text_dataset.y_train
-    model = BasisExpandingSVC(
-        similarity="auto", min_df=1, selection_budget=5, cluster=dask_cluster.scheduler_address
-    )
+    estimator = BasisExpandingSVC(min_df=1, cluster=dask_cluster.scheduler_address)
+    selection = ForwardSelectionCV(estimator, budget=5)
     with pytest.warns(UserWarning, match="documents train in one process.*in this process"):
-        model.fit(texts, labels)
-    assert model.selection_.n_fits_ > 0
-    assert model.predictor_.vocabulary is not None
+        selection.fit(texts, labels)
+    assert selection.n_fits_ > 0
+    assert selection.best_estimator_.predictor_.vocabulary is not None
 
 
 def test_labels_given_with_shards_are_refused(dask_cluster, digits_shards):
     data, _, _ = digits_shards
-    auto = BasisExpandingSVC(similarity="auto", cluster=dask_cluster.scheduler_address)
+    auto = ForwardSelectionCV(BasisExpandingSVC(cluster=dask_cluster.scheduler_address))
     with pytest.raises(ValueError, match="sharded data holds its labels: pass no y"):
         auto.fit(data, np.zeros(data.n_samples))
 
@@ -186,7 +185,7 @@ def test_an_unreachable_scheduler_is_one_error_naming_it():
         address = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     X, y = load_wine(return_X_y=True)
     with pytest.raises(ClusterError, match=f"no Dask scheduler answered at {address}"):
-        BasisExpandingSVC(similarity="auto", cluster=address).fit(X, y)
+        ForwardSelectionCV(BasisExpandingSVC(cluster=address)).fit(X, y)
 
 
 def test_shards_without_a_cluster_are_searched_and_fitted_in_this_process(tmp_path):
@@ -194,7 +193,7 @@ def test_shards_without_a_cluster_are_searched_and_fitted_in_this_process(tmp_pa
     run here, and the fit on every shard too."""
     X, y = load_wine(return_X_y=True)
     data = write_shards(X, y, tmp_path / "shards", rows_per_shard=60)
-    model = BasisExpandingSVC(similarity="auto", selection_budget=3).fit(data)
-    assert model.selection_.n_items_ == 178
-    assert model.predictor_.metadata["training"]["n_train"] == 178
-    assert (model.predict(X).astype(str) == y.astype(str)).mean() > 0.85
+    selection = ForwardSelectionCV(BasisExpandingSVC(), budget=3).fit(data)
+    assert selection.n_items_ == 178
+    assert selection.best_estimator_.predictor_.metadata["training"]["n_train"] == 178
+    assert (selection.predict(X).astype(str) == y.astype(str)).mean() > 0.85

@@ -16,8 +16,8 @@ from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
 from service.model.inputs.spec import InputSpec
 from tests.api.conftest import serving
 from training.data.datasets import Dataset
-from training.estimator.estimator import fit_dataset
 from training.estimator.preprocessing import InputNormalizer
+from training.fitting import fit_dataset
 
 pytestmark = pytest.mark.slow  # trains models and starts a server
 

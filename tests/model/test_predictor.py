@@ -13,9 +13,9 @@ from service.model.inputs.dense import DenseInputs
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
 from training.data.datasets import Dataset
-from training.estimator.estimator import fit_dataset
 from training.estimator.expansion import BasisExpansion
 from training.estimator.preprocessing import InputNormalizer
+from training.fitting import fit_dataset
 
 # The trainer minimises LinearSVC's objective with its own solver (on the shared feature matrix),
 # to a tighter tolerance than LinearSVC's default (whose scores are up to 2e-3 from the optimum's);

@@ -214,7 +214,7 @@ def test_model_options_are_the_estimators_parameters(capsys):
     )
     assert (args.C, args.basis_per_class, args.stop_words) == (2.0, 3, "none")
     assert args.input_transform == "x"  # --transform is the old name of --input-transform
-    assert args.selection_budget is None  # unset: the estimator's default applies
+    assert args.budget is None  # unset: the selection's default applies
     with pytest.raises(SystemExit):
         parser.parse_args(["fit", "--basis-strategy", "sideways"])
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
@@ -223,7 +223,7 @@ def test_model_options_are_the_estimators_parameters(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     for parameter, doc in [
         ("--basis-per-class", "Basis items taken from each class"),
-        ("--selection-budget", "seconds the selection may take"),
+        ("--selection-budget", "Seconds the selection may take"),
         ("--input-normalization {global,per-feature}", "standardised per feature first"),
         ("--n-jobs", "Cores training may use"),
     ]:

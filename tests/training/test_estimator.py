@@ -18,7 +18,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from service.model import ArtifactError, Predictor
 from tests.api.conftest import serving
-from training import BasisExpandingSVC
+from training import BasisExpandingSVC, ForwardSelectionCV
 from training.estimator import solver
 from training.estimator.expansion import BasisExpansion
 from training.estimator.preprocessing import InputNormalizer
@@ -201,6 +201,15 @@ def test_bad_settings_are_refused_in_fit_with_a_message(params, message):
         estimator.fit(X, y)
 
 
+def test_auto_is_the_selection_wrapped_around_the_estimator_which_refuses_it():
+    """The estimator never builds its selector (tests/training/test_layers.py: it imports
+    nothing of the selection): similarity='auto' is refused, with the wrapper that does it
+    named."""
+    X, y = load_iris(return_X_y=True)
+    with pytest.raises(ValueError, match=r"ForwardSelectionCV\(BasisExpandingSVC\(\.\.\.\)\)"):
+        BasisExpandingSVC(similarity="auto").fit(X, y)
+
+
 def test_auto_selects_on_the_training_set_and_keeps_the_parameters_as_given(tmp_path):
     from sklearn.datasets import load_wine
     from sklearn.model_selection import train_test_split
@@ -208,28 +217,38 @@ def test_auto_selects_on_the_training_set_and_keeps_the_parameters_as_given(tmp_
 
     X, y = load_wine(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
-    model = BasisExpandingSVC(selection_budget=20).fit(X_train, y_train)
+    model = BasisExpandingSVC().fit(X_train, y_train)
     assert model.get_params()["similarity"] == "rbf(gamma=1)"  # the default, not auto
-    # A budget the search never reaches: on a loaded machine a short one cuts it (the record
-    # says so), and the accuracy claimed below is the whole search's.
-    auto = BasisExpandingSVC(similarity="auto", selection_budget=600, n_jobs=1)
-    auto.fit(X_train, y_train)
-    assert auto.get_params()["similarity"] == "auto"
-    record = auto.predictor_.metadata["training"]["selection"]
+    # A budget the selection never reaches: on a loaded machine a short one cuts it (the record
+    # says so), and the accuracy claimed below is the whole selection's.
+    estimator = BasisExpandingSVC(n_jobs=1)
+    auto = ForwardSelectionCV(estimator, budget=600, n_jobs=1).fit(X_train, y_train)
+    assert auto.estimator is estimator  # cloned, never fitted itself
+    assert not hasattr(estimator, "classes_")
+    assert estimator.get_params()["similarity"] == "rbf(gamma=1)"
+    chosen = auto.best_estimator_  # the fitted estimator itself, not grafted into another
+    assert isinstance(chosen, BasisExpandingSVC)
+    assert chosen.get_params()["similarity"] == auto.best_params_["similarity"]
+    record = auto.to_predictor().metadata["training"]["selection"]
     accuracies = [step["cv_accuracy"] for step in record["path"]]
     assert accuracies == sorted(accuracies)
     assert (record["budget_s"], record["budget_rule"]) == (600.0, "given")
     assert record["stopped"] == "every stage done"
     assert record["stages"][0]["stage"] == "widths and C"
-    # The chosen model is what the estimator predicts with, and what it saves.
+    # The chosen model is what the wrapper predicts with, and what it saves, with its record.
     reference = make_pipeline(StandardScaler(), SVC()).fit(X_train, y_train)
     assert auto.score(X_test, y_test) >= reference.score(X_test, y_test) - 0.05
     assert auto.score(X_test, y_test) > model.score(X_test, y_test)
+    np.testing.assert_array_equal(auto.predict(X_test), chosen.predict(X_test))
     auto.save(tmp_path / "wine")
     loaded = Predictor.load(tmp_path / "wine")
     np.testing.assert_array_equal(
         loaded.predict(X_test), np.asarray([str(label) for label in auto.predict(X_test)])
     )
+    training = loaded.metadata["training"]
+    assert training["selection"]["chosen"] == auto.best_params_
+    assert training["timings"]["selection_seconds"] == auto.seconds_
+    assert training["config"]["similarity"] == auto.best_params_["similarity"]
 
 
 def test_labels_that_are_equal_as_text_are_refused():
@@ -292,14 +311,12 @@ def test_auto_searches_with_the_vocabulary_the_model_is_fitted_with(text_dataset
         return score_fold(X, estimator, params, fold, threads)
 
     monkeypatch.setattr(selection_folds, "_score_fold", recording)  # one process: n_jobs=1
-    auto = BasisExpandingSVC(
-        similarity="auto", min_df=1, stop_words=None, selection_budget=10, n_jobs=1
-    )
-    auto.fit(texts, labels)
+    estimator = BasisExpandingSVC(min_df=1, stop_words=None, n_jobs=1)
+    auto = ForwardSelectionCV(estimator, budget=10, n_jobs=1).fit(texts, labels)
     assert folds_fitted
     assert {(p["min_df"], p["stop_words"]) for p in folds_fitted} == {(1, None)}
     # Words every text shares ("the", "of") are kept by both: stop words are not removed.
-    assert "the" in auto.predictor_.vocabulary.terms
+    assert "the" in auto.best_estimator_.predictor_.vocabulary.terms
 
 
 def test_the_artifact_records_the_parameters_that_made_the_model(digits_model):

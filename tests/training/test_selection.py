@@ -22,7 +22,7 @@ from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.data.datasets import Dataset
-from training.estimator.estimator import fit_dataset
+from training.fitting import fit_dataset, model_for
 from training.selection.budget import budget_for
 from training.selection.folds import paired_gain, repeats_for
 from training.selection.space import (
@@ -68,7 +68,7 @@ def fit_selected(dataset: Dataset, name: str, *, budget=GENEROUS_BUDGET_S, **opt
     result = fit_dataset(
         dataset, name, similarity="auto", selection_budget=budget, n_jobs=1, **options
     )
-    return result, result.estimator.selection_
+    return result, result.selection
 
 
 def _without_times(path: list[dict]) -> list[dict]:
@@ -207,9 +207,9 @@ def test_the_budget_and_the_repeats_grow_with_the_data():
     record = select(_wine(0), budget=1e-9).record()  # no fit: the plan alone
     assert (record["repeats"], record["folds"], record["n_items"]) == (3, 3, 133)
     assert (record["budget_s"], record["budget_rule"]) == (1e-9, "given")
-    # By default both the wrapper's budget and the estimator's scale with the data.
+    # By default the budget scales with the data, from the command line's model too.
     assert ForwardSelectionCV(BasisExpandingSVC()).budget is None
-    assert BasisExpandingSVC().selection_budget is None
+    assert model_for("auto").budget is None
 
 
 def test_the_paired_gain_is_a_paired_t_statistic():
@@ -386,14 +386,16 @@ def test_bad_settings_are_refused(digits):
         select(digits, min_gain_se=-1)
 
 
-def test_the_estimators_auto_chooses_as_the_wrapper_does():
+def test_the_command_lines_auto_chooses_as_the_wrapper_does():
+    """similarity='auto' from the command line (fit_dataset, model_for) is the wrapper around
+    the default estimator: the same choice, and its best estimator is the model saved."""
     dataset = _wine(2)
-    auto = BasisExpandingSVC(similarity="auto", selection_budget=GENEROUS_BUDGET_S, n_jobs=1)
-    auto.fit(dataset.X_train, dataset.y_train)
+    result, selection = fit_selected(dataset, "wine")
     wrapper = select(dataset)
-    assert auto.selection_.best_params_ == wrapper.best_params_
-    assert auto.get_params()["similarity"] == "auto"
-    chosen = {k: auto.expansion_.get_params()[k] for k in ("n_basis_per_class", "basis_strategy")}
+    assert selection.best_params_ == wrapper.best_params_
+    assert result.estimator is selection.best_estimator_
+    expansion = result.estimator.expansion_
+    chosen = {k: expansion.get_params()[k] for k in ("n_basis_per_class", "basis_strategy")}
     assert chosen == {
         "n_basis_per_class": wrapper.best_params_["basis_per_class"],
         "basis_strategy": wrapper.best_params_["basis_strategy"],

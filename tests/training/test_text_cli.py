@@ -10,9 +10,9 @@ import pytest
 from service.model import Predictor
 from training.cli.main import main
 from training.data.datasets import FORTUNES_DIR, load_dataset
-from training.estimator.estimator import fit_dataset
 from training.evaluation.report import parse_configuration, run_report
 from training.evaluation.report_data import ReportGrid
+from training.fitting import fit_dataset
 
 
 @pytest.fixture

@@ -11,19 +11,17 @@ from training.cli.common import status
 from training.data.glyphs import FONTS_DIR, build_glyphs
 from training.data.readers import DatasetError
 
+HELP = "render a notMNIST-like image set (letters A-J) from the installed fonts"
+DESCRIPTION = textwrap.fill(
+    "Render the letters A to J of every installed font (Debian's font packages: make "
+    "glyph-fonts) as size x size grey images, split by font into training and test "
+    "fonts, and write a .npz that --data reads as grid(size, size, 1): real images "
+    "large enough for the bof transform's 16 x 16 patches.",
+    width=88,
+)
 
-def add_parser(commands, name: str) -> None:
-    parser = commands.add_parser(
-        name,
-        help="render a notMNIST-like image set (letters A-J) from the installed fonts",
-        description=textwrap.fill(
-            "Render the letters A to J of every installed font (Debian's font packages: make "
-            "glyph-fonts) as size x size grey images, split by font into training and test "
-            "fonts, and write a .npz that --data reads as grid(size, size, 1): real images "
-            "large enough for the bof transform's 16 x 16 patches.",
-            width=88,
-        ),
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="the .npz file to write")
     parser.add_argument(
         "--fonts-dir", type=Path, default=FONTS_DIR, help="where fonts are (default: %(default)s)"
@@ -45,7 +43,6 @@ def add_parser(commands, name: str) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the split (default: 0)")
     parser.add_argument("--force", action="store_true", help="replace an existing file")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

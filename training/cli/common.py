@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from service.model import Predictor
+from service.model.search import FEATURE_SPACES
 from training.data.datasets import DIGITS, FORTUNES, load_dataset, with_test_data
 from training.data.packaged import PACKAGED_SETS
 from training.data.readers import DatasetError
@@ -50,6 +51,25 @@ def add_data_arguments(parser: argparse.ArgumentParser, default: str | None) -> 
     )
     group.add_argument(
         "--label-column", default="label", help="CSV column holding the class (default: label)"
+    )
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a command that works on a trained model: ``--model``, its artifact
+    directory, and the data options, whose default is the data set it was trained on."""
+    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
+    add_data_arguments(parser, default=None)
+
+
+def add_feature_space_argument(group) -> None:
+    """``--feature-space``: what a model's search classifiers read (``dictionary``, and
+    ``evaluate-search`` as it)."""
+    group.add_argument(
+        "--feature-space",
+        choices=("auto", *FEATURE_SPACES),
+        default="auto",
+        help="what the classifiers read: the model's normalised inputs, or its basis-expanded "
+        "(BE-SVM) features; auto: inputs, or besvm for text models (default: auto)",
     )
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from pathlib import Path
 
 from service.model import Predictor
 from service.model.search import UnionOfSubspacesModel, search_dir
 from training.cli.common import (
-    add_data_arguments,
+    add_feature_space_argument,
+    add_model_arguments,
     add_output_flags,
     already_there,
     model_dataset,
@@ -41,18 +41,18 @@ _DICTIONARY_FLAGS = {
 }
 
 
-def add_parser(commands, name: str) -> None:
-    parser = commands.add_parser(
-        name,
-        help="learn a US-SVM dictionary and sparse class codes for a model's search",
-        description="Learn the Union-of-Subspaces SVM of a trained model (Algorithm 1 of the "
-        "US-SVM paper: SGD on a dictionary D and sparse codes z_k, w_k = D z_k) on the model's "
-        "features of its training split, prune every code to --sparsity non-zeros, and write it "
-        "to <model>/search. A catalogue built with an older dictionary is removed: run "
-        "'python -m training index' afterwards.",
-    )
-    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
-    add_data_arguments(parser, default=None)
+HELP = "learn a US-SVM dictionary and sparse class codes for a model's search"
+DESCRIPTION = (
+    "Learn the Union-of-Subspaces SVM of a trained model (Algorithm 1 of the "
+    "US-SVM paper: SGD on a dictionary D and sparse codes z_k, w_k = D z_k) on the model's "
+    "features of its training split, prune every code to --sparsity non-zeros, and write it "
+    "to <model>/search. A catalogue built with an older dictionary is removed: run "
+    "'python -m training index' afterwards."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
     learn = parser.add_argument_group("US-SVM")
     learn.add_argument(
         "--variant",
@@ -61,13 +61,7 @@ def add_parser(commands, name: str) -> None:
         help="us-svm (l1 codes), us-svm-e (elastic net, r = 0.5), us-svm-n (non-negative "
         "codes), us-svm-ne (both) (default: %(default)s)",
     )
-    learn.add_argument(
-        "--feature-space",
-        choices=("auto", "inputs", "besvm"),
-        default="auto",
-        help="what the classifiers read: the model's normalised inputs, or its basis-expanded "
-        "(BE-SVM) features; auto: inputs, or besvm for text models (default: auto)",
-    )
+    add_feature_space_argument(learn)
     learn.add_argument(
         "--sparsity",
         type=int,
@@ -81,7 +75,6 @@ def add_parser(commands, name: str) -> None:
             f"--{flag}", dest=param, type=kind, default=None, help=f"{text} (default: {shown})"
         )
     add_output_flags(parser, "search model")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,28 +9,27 @@ from pathlib import Path
 import numpy as np
 
 from service.model import Predictor
-from training.cli.common import add_data_arguments, model_dataset, status
+from training.cli.common import add_model_arguments, model_dataset, status
 from training.data.datasets import as_test_set
 from training.data.readers import DatasetError
 from training.evaluation.held_out import SVC_GRIDS, evaluate
 
+HELP = "held-out accuracy of a model beside LinearSVC and SVC(RBF) baselines"
+DESCRIPTION = (
+    "Accuracy, per-class report, training and prediction times of a trained "
+    "model on the held-out split, side by side with baselines trained on the same inputs "
+    "(and, with --tuned-svc, an SVC tuned by grid search on the raw training split). The "
+    "model's training time includes its selection."
+)
 
-def add_parser(commands, name: str) -> None:
-    ev = commands.add_parser(
-        name,
-        help="held-out accuracy of a model beside LinearSVC and SVC(RBF) baselines",
-        description="Accuracy, per-class report, training and prediction times of a trained "
-        "model on the held-out split, side by side with baselines trained on the same inputs "
-        "(and, with --tuned-svc, an SVC tuned by grid search on the raw training split). The "
-        "model's training time includes its selection's search.",
-    )
-    ev.add_argument("--model", type=Path, required=True, help="artifact directory")
-    add_data_arguments(ev, default=None)
-    ev.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
-    ev.add_argument(
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    parser.add_argument("--json", type=Path, help="also write the numbers to this JSON file")
+    parser.add_argument(
         "--repeats", type=int, default=5, help="timing runs, the median is shown (default: 5)"
     )
-    ev.add_argument(
+    parser.add_argument(
         "--tuned-svc",
         nargs="?",
         const="full",
@@ -40,13 +39,12 @@ def add_parser(commands, name: str) -> None:
         "0.1-100, gamma 'scale' or 1e-4 to 1; the default when the flag has no value) or "
         "'small' (12 settings, for large sets); its training time is the whole grid search",
     )
-    ev.add_argument(
+    parser.add_argument(
         "--jobs",
         type=int,
         default=None,
         help="processes of the tuned SVC's grid search (default: one per core)",
     )
-    ev.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

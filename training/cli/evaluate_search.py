@@ -7,27 +7,28 @@ import argparse
 from pathlib import Path
 
 from service.model import Predictor
-from training.cli.common import add_data_arguments, command_line, model_dataset, split_list, status
+from training.cli.common import (
+    add_feature_space_argument,
+    add_model_arguments,
+    command_line,
+    model_dataset,
+    split_list,
+    status,
+)
 from training.retrieval.evaluation import DEFAULT_SPARSITIES, evaluate_search, write_search_report
 
+HELP = "mAP against sparsity of US-SVM variants and pruned l2/l1-SVMs, with a plot"
+DESCRIPTION = (
+    "Train the four US-SVM variants, an l2-SVM and an l1-SVM on a model's "
+    "features of its training split; prune every class's code or weights to each sparsity; "
+    "rank the test split for every class; write README.md (table), map_sparsity.png and "
+    "results.json."
+)
 
-def add_parser(commands, name: str) -> None:
-    parser = commands.add_parser(
-        name,
-        help="mAP against sparsity of US-SVM variants and pruned l2/l1-SVMs, with a plot",
-        description="Train the four US-SVM variants, an l2-SVM and an l1-SVM on a model's "
-        "features of its training split; prune every class's code or weights to each sparsity; "
-        "rank the test split for every class; write README.md (table), map_sparsity.png and "
-        "results.json.",
-    )
-    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
-    add_data_arguments(parser, default=None)
-    parser.add_argument(
-        "--feature-space",
-        choices=("auto", "inputs", "besvm"),
-        default="auto",
-        help="features the classifiers read (default: auto, as in 'dictionary')",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
+    add_feature_space_argument(parser)
     parser.add_argument(
         "--sparsities",
         default=",".join(str(s) for s in DEFAULT_SPARSITIES),
@@ -38,7 +39,6 @@ def add_parser(commands, name: str) -> None:
     )
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

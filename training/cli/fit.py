@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import textwrap
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-from sklearn.exceptions import ConvergenceWarning
 
 from service.model import Predictor
 from service.model.features import (
@@ -28,7 +26,9 @@ from training.cluster.shards import is_sharded, open_shards
 from training.data.datasets import DIGITS, FORTUNES
 from training.data.readers import DatasetError
 from training.estimator.diagnostics import format_ratio
-from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC, FitResult, fit_dataset
+from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC
+from training.fitting import FitResult, fit_dataset, fit_shards
+from training.selection.forward_selection import ForwardSelectionCV
 from training.selection.space import SELECTED_PARAMETERS
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
@@ -39,7 +39,6 @@ FIT_OPTIONS = {
     "aliases": {
         "C": ("--C",),
         "input_transform": ("--transform",),
-        "selection_budget": ("--budget",),
         "n_jobs": ("--jobs",),
     },
     "defaults": {"similarity": AUTO_SIMILARITY},
@@ -50,6 +49,14 @@ FIT_OPTIONS = {
     "extra_help": {
         "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
     },
+}
+
+
+# The one option of the selection's: its budget (the others follow the model's options).
+SELECTION_OPTIONS = {
+    "cls": ForwardSelectionCV,
+    "skip": tuple(set(inspect.signature(ForwardSelectionCV).parameters) - {"budget"}),
+    "aliases": {"budget": ("--selection-budget",)},
 }
 
 
@@ -70,26 +77,30 @@ def _fit_epilog() -> str:
     )
 
 
-def add_parser(commands, name: str) -> None:
-    fit = commands.add_parser(
-        name,
-        help="train a model and write its artifact directory",
-        description=textwrap.fill(
-            "Choose a class-balanced basis, expand the training set on it under one or more "
-            "similarity measures, fit a one-vs-rest linear SVM, and write the artifact. With "
-            "--similarity auto (the default) the configuration is chosen by cross-validation "
-            "first.",
-            width=88,
-        ),
-        epilog=_fit_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_data_arguments(fit, default=DIGITS)
-    model = fit.add_argument_group(
+HELP = "train a model and write its artifact directory"
+DESCRIPTION = textwrap.fill(
+    "Choose a class-balanced basis, expand the training set on it under one or more "
+    "similarity measures, fit a one-vs-rest linear SVM, and write the artifact. With "
+    "--similarity auto (the default) the configuration is chosen by cross-validation "
+    "first.",
+    width=88,
+)
+PARSER_OPTIONS = {"epilog": _fit_epilog(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser, default=DIGITS)
+    model = parser.add_argument_group(
         "model", "the estimator's parameters (training.BasisExpandingSVC; --seed sets random_state)"
     )
-    fit.set_defaults(model_options=add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS))
-    output = fit.add_argument_group("output")
+    parser.set_defaults(
+        model_options=add_estimator_arguments(model, BasisExpandingSVC, **FIT_OPTIONS)
+    )
+    selection = parser.add_argument_group(
+        "selection", "with --similarity auto (training.ForwardSelectionCV, which wraps the model)"
+    )
+    parser.set_defaults(selection_options=add_estimator_arguments(selection, **SELECTION_OPTIONS))
+    output = parser.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="artifact directory to write (default: models/<name>)"
     )
@@ -103,7 +114,6 @@ def add_parser(commands, name: str) -> None:
         help="do nothing if a valid artifact already exists at --out (exit 0)",
     )
     output.add_argument("--quiet", action="store_true", help="no progress output")
-    fit.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,17 +136,19 @@ def run(args: argparse.Namespace) -> int:
             "python -m training index) before a server takes the new version",
             file=sys.stderr,
         )
-    selection = getattr(trained.result.estimator, "selection_", None)
+    selection = trained.result.selection
     if selection is not None:
         print(f"selection path (CV accuracy on {trained.selected_on}):\n{selection.describe()}")
-    print("\n".join(_summary(trained, name, out, params)))
+    print("\n".join(_summary(trained, name, out)))
     return 0
 
 
 def _model_params(args: argparse.Namespace) -> dict:
-    """The estimator's parameters the command line gives, with its own defaults; refused before
-    anything is loaded: options that the selection would silently override."""
+    """The parameters of :func:`training.fitting.model_for` the command line gives, with its
+    own defaults; refused before anything is loaded: options that the selection would silently
+    override."""
     params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
+    budget = estimator_params(args, args.selection_options).get("budget")
     argv = sys.argv[1:] if args.argv is None else args.argv
     fixed = [
         option.as_written(argv)
@@ -151,7 +163,8 @@ def _model_params(args: argparse.Namespace) -> dict:
             f"too (e.g. --similarity '{BasisExpandingSVC().similarity}') to fix them yourself"
         )
     params["cluster"] = cluster_named(params.get("cluster"))
-    return params
+    seed_and_progress = {"random_state": args.seed, "verbose": not args.quiet}
+    return {**params, **seed_and_progress, "selection_budget": budget}
 
 
 @dataclass
@@ -165,6 +178,7 @@ class _Trained:
     no_test: str = ""  # why there is no test accuracy
     predict_seconds: float | None = None
     n_test: int = 0
+    cluster: str | None = None  # where it trained, when not in this process alone
 
 
 def _fit_split(args: argparse.Namespace, params: dict, name: str) -> _Trained:
@@ -173,12 +187,13 @@ def _fit_split(args: argparse.Namespace, params: dict, name: str) -> _Trained:
     status(args, f"loading data set {args.data} ...")
     dataset = load_data(args)
     status(args, f"fitting BE-SVM on {len(dataset.y_train):,} training items ...")
-    result = fit_dataset(dataset, name, random_state=args.seed, verbose=not args.quiet, **params)
+    result = fit_dataset(dataset, name, **params)
     trained = _Trained(
         result,
-        f"{dataset.name}: {len(dataset.y_train):,} train, {len(dataset.y_test):,} test, "
+        cluster=params["cluster"],
+        data=f"{dataset.name}: {len(dataset.y_train):,} train, {len(dataset.y_test):,} test, "
         f"input {dataset.input_spec}",
-        "the training split",
+        selected_on="the training split",
         no_test="no test split, trained on every item (--test-fraction 0)",
         n_test=len(dataset.y_test),
     )
@@ -199,23 +214,17 @@ def _fit_shards(args: argparse.Namespace, params: dict, name: str) -> _Trained:
         raise DatasetError("sharded data trains on every item: no --test-data or --test-fraction")
     data = open_shards(args.data, args.label_column)
     status(args, f"fitting BE-SVM on {data} ...")
-    estimator = BasisExpandingSVC(
-        **params, input_shape=args.input_shape, random_state=args.seed, verbose=not args.quiet
-    )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        estimator.fit(data)
-    record = {"dataset": {"path": str(args.data), "shards": data.format}}
-    predictor = estimator.to_predictor(name, record=record)
+    result = fit_shards(data, name, input_shape=args.input_shape, **params)
     return _Trained(
-        FitResult(estimator, predictor, [str(w.message) for w in caught]),
-        str(data),
-        "a stratified sample of the shards",
+        result,
+        cluster=params["cluster"] or "this process (worker threads reading the shards)",
+        data=str(data),
+        selected_on="a stratified sample of the shards",
         no_test="sharded data trains on every item",
     )
 
 
-def _summary(trained: _Trained, name: str, out: Path, params: dict) -> list[str]:
+def _summary(trained: _Trained, name: str, out: Path) -> list[str]:
     """The lines ``fit`` prints: the model, its data, what it is and how it did."""
     result, predictor = trained.result, trained.result.predictor
     timings = result.timings
@@ -226,7 +235,7 @@ def _summary(trained: _Trained, name: str, out: Path, params: dict) -> list[str]
             f"artifact         {out}",
             f"data             {trained.data}",
         ]
-        + ([f"cluster          {params['cluster']}"] if params.get("cluster") else [])
+        + ([f"cluster          {trained.cluster}"] if trained.cluster else [])
         + [
             f"classes          {len(predictor.classes)}",
             f"inputs           {predictor.input_spec}"

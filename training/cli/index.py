@@ -20,7 +20,7 @@ from service.model.search import (
     search_dir,
 )
 from training.cli.common import (
-    add_data_arguments,
+    add_model_arguments,
     add_output_flags,
     already_there,
     model_dataset,
@@ -35,23 +35,22 @@ from training.retrieval.catalogue import (
     projector,
 )
 
+HELP = "build, update or compact the search catalogue X' = D^T X of a model"
+DESCRIPTION = (
+    "Compute the features and D^T x of every catalogue item in chunks (bounded "
+    "memory, with a progress bar) and write them atom-major, float32, in shards of "
+    "--shard-items items with their ids and attributes, to <model>/search/catalogue, which "
+    "the service memory-maps. Items come from a data set split (ids '<split>-<position>', "
+    "labels kept for evaluation) or from a .npy array file read through a memory map "
+    "(catalogues larger than memory). --append adds items to the catalogue as a new shard "
+    "(an id already there is replaced), --delete removes ids, --compact merges small shards "
+    "and drops removed items: each a new version, written beside the one served and put "
+    "in place once complete (a server serves it at its next rescan)."
+)
 
-def add_parser(commands, name: str) -> None:
-    parser = commands.add_parser(
-        name,
-        help="build, update or compact the search catalogue X' = D^T X of a model",
-        description="Compute the features and D^T x of every catalogue item in chunks (bounded "
-        "memory, with a progress bar) and write them atom-major, float32, in shards of "
-        "--shard-items items with their ids and attributes, to <model>/search/catalogue, which "
-        "the service memory-maps. Items come from a data set split (ids '<split>-<position>', "
-        "labels kept for evaluation) or from a .npy array file read through a memory map "
-        "(catalogues larger than memory). --append adds items to the catalogue as a new shard "
-        "(an id already there is replaced), --delete removes ids, --compact merges small shards "
-        "and drops removed items: each a new version, written beside the one served and put "
-        "in place once complete (a server serves it at its next rescan).",
-    )
-    parser.add_argument("--model", type=Path, required=True, help="artifact directory")
-    add_data_arguments(parser, default=None)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_model_arguments(parser)
     items = parser.add_argument_group("items")
     items.add_argument(
         "--split",
@@ -115,7 +114,6 @@ def add_parser(commands, name: str) -> None:
     )
     add_cluster_argument(parser)
     add_output_flags(parser, "catalogue")
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,8 +20,9 @@ from training.cli import (
 from training.cluster.connection import ClusterError
 from training.data.readers import DatasetError
 
-# Every command: its name, and the module that adds its parser (``add_parser(commands, name)``,
-# which sets the ``handler`` that runs it), in the order ``--help`` lists them.
+# Every command, in the order ``--help`` lists them: its name, and its module, which says what it
+# does (``HELP``, ``DESCRIPTION`` and any other ``PARSER_OPTIONS``), adds its options
+# (``add_arguments(parser)``) and runs it (``run(args)``, the exit status).
 COMMANDS = {
     "fit": fit,
     "dictionary": dictionary,
@@ -42,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, command in COMMANDS.items():
-        command.add_parser(commands, name)
+        options = getattr(command, "PARSER_OPTIONS", {})
+        subparser = commands.add_parser(
+            name, help=command.HELP, description=command.DESCRIPTION, **options
+        )
+        command.add_arguments(subparser)
+        subparser.set_defaults(handler=command.run)
     return parser
 
 

@@ -21,20 +21,20 @@ from training.evaluation.report_data import (
     DEFAULT_STRATEGIES,
 )
 
+HELP = "train a grid of configurations and write a Markdown report with plots"
+DESCRIPTION = (
+    "Fit BE-SVM over configurations (transform and similarity measures) x basis "
+    "sizes, x basis strategies and x normalisations at a reference size; score each on a "
+    "validation part of the training split (which picks the best) and on the test split; "
+    "train LinearSVC, SVC(RBF) and Nystroem + LinearSVC on the same inputs (on text: tf-idf "
+    "+ LinearSVC, multinomial naive Bayes, SVC(RBF) on tf-idf); write README.md, PNG plots "
+    "and results.json."
+)
 
-def add_parser(commands, name: str) -> None:
-    rep = commands.add_parser(
-        name,
-        help="train a grid of configurations and write a Markdown report with plots",
-        description="Fit BE-SVM over configurations (transform and similarity measures) x basis "
-        "sizes, x basis strategies and x normalisations at a reference size; score each on a "
-        "validation part of the training split (which picks the best) and on the test split; "
-        "train LinearSVC, SVC(RBF) and Nystroem + LinearSVC on the same inputs (on text: tf-idf "
-        "+ LinearSVC, multinomial naive Bayes, SVC(RBF) on tf-idf); write README.md, PNG plots "
-        "and results.json.",
-    )
-    add_data_arguments(rep, default=DIGITS)
-    axes = rep.add_argument_group("grid")
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_data_arguments(parser, default=DIGITS)
+    axes = parser.add_argument_group("grid")
     axes.add_argument(
         "--configurations",
         help="configurations separated by ';', each 'similarities' or 'transform: similarities',"
@@ -73,12 +73,11 @@ def add_parser(commands, name: str) -> None:
     axes.add_argument(
         "--repeats", type=int, default=5, help="timing runs, the median is shown (default: 5)"
     )
-    rep.add_argument(
+    parser.add_argument(
         "--out", type=Path, default=Path("report"), help="output directory (default: report)"
     )
-    rep.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_cluster_argument(rep.add_argument_group("cluster (the cross-validation's fits)"))
-    rep.set_defaults(handler=run)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_cluster_argument(parser.add_argument_group("cluster (the cross-validation's fits)"))
 
 
 def run(args: argparse.Namespace) -> int:

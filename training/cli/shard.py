@@ -10,16 +10,16 @@ import numpy as np
 from training.cluster.shards import SHARD_FORMATS, write_shards
 from training.data.readers import DatasetError
 
+HELP = "write one .npz (X, y) as a directory of shards that fit --cluster reads"
+DESCRIPTION = (
+    "Split a .npz file's X and y into shards of --rows items, in one of the "
+    "layouts a sharded --data takes (docs/using/cluster.md): npz (DIR/0.npz, ...: X and y), "
+    "npy-stack (DIR/X/ and DIR/y/ as dask.array.to_npy_stack writes them) or parquet "
+    "(DIR/0.parquet, ...: columns x0, x1, ... and the label column)."
+)
 
-def add_parser(commands, name: str) -> None:
-    parser = commands.add_parser(
-        name,
-        help="write one .npz (X, y) as a directory of shards that fit --cluster reads",
-        description="Split a .npz file's X and y into shards of --rows items, in one of the "
-        "layouts a sharded --data takes (docs/using/cluster.md): npz (DIR/0.npz, ...: X and y), "
-        "npy-stack (DIR/X/ and DIR/y/ as dask.array.to_npy_stack writes them) or parquet "
-        "(DIR/0.parquet, ...: columns x0, x1, ... and the label column).",
-    )
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, required=True, help="a .npz file with X and y")
     parser.add_argument("--out", type=Path, required=True, help="a new (or empty) directory")
     parser.add_argument(
@@ -31,7 +31,6 @@ def add_parser(commands, name: str) -> None:
     parser.add_argument(
         "--label-column", default="label", help="parquet: the label column (default: label)"
     )
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,10 +12,11 @@ writes the artifact the service loads, so a model trained in a notebook is serve
     model.score(X_test, y_test)
     model.save("models/mine")  # python -m service.api serves it
 
-``similarity="auto"`` delegates to :class:`training.selection.forward_selection.ForwardSelectionCV`,
-which clones the estimator, chooses its configuration by cross-validation and fits the choice.
-:func:`fit_dataset` fits an estimator on a :class:`~training.data.datasets.Dataset`'s training split
-and gives the model as the service holds it: the command line's and the tests' one way in.
+Choosing the configuration by cross-validation (``--similarity auto`` on the command line) is
+model selection, a wrapper around this estimator as ``GridSearchCV`` is around scikit-learn's:
+:class:`training.selection.forward_selection.ForwardSelectionCV`, built where it is asked for
+(:mod:`training.fitting`). The estimator never imports it, and ``fit`` refuses ``similarity=
+"auto"`` with a message that names it.
 
 Training steps, each using at most ``n_jobs`` cores: the input kind's preparation
 (:mod:`training.estimator.preparation`: a transform and the input normalisation, or a vocabulary),
@@ -28,15 +29,14 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from joblib import effective_n_jobs
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.base import BaseEstimator, ClassifierMixin
 
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
 # theirs with these, and the pinned version is checked by the estimator checks in the tests.
@@ -50,24 +50,72 @@ from service.model.similarity import parse_specs
 from service.model.threads import available_cpus, limit_threads
 from training.cluster.connection import enclosing_client
 from training.cluster.shards import ShardedData
-from training.data.datasets import Dataset
 from training.estimator.basis import BASIS_STRATEGIES
 from training.estimator.cluster_fit import OneProcessOnly, fit_on_cluster
 from training.estimator.diagnostics import eigen_diagnostics
 from training.estimator.expansion import BasisExpansion
 from training.estimator.preparation import preparation_for, preparation_for_spec
 from training.estimator.solver import fit_one_vs_rest
-from training.selection.forward_selection import ForwardSelectionCV
 
-# The value of ``similarity`` that asks for forward selection
-# (training.selection.forward_selection).
+# The value of ``similarity`` that asks for model selection: no measure, but the wrapper around
+# the estimator that chooses them (training.selection.forward_selection.ForwardSelectionCV).
 AUTO_SIMILARITY = "auto"
 # Parameters that say how a fit runs, not what model it makes: the artifact's training record
 # leaves them out.
 RUN_PARAMETERS = ("n_jobs", "cluster", "verbose")
 
 
-class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
+class ArtifactMixin:
+    """What a fitted model gives the service: its :meth:`to_predictor`, written as an artifact
+    by :meth:`save` (the estimator's own, or a selection's best with the selection's record)."""
+
+    def save(
+        self,
+        path: str | os.PathLike,
+        name: str | None = None,
+        *,
+        overwrite: bool = False,
+        record: dict[str, Any] | None = None,
+        diagnostics: bool = True,
+    ) -> Path:
+        """Write the model (:meth:`to_predictor`'s) as an artifact directory that ``python -m
+        service.api`` serves.
+
+        The directory is written beside its final place and renamed into it, as the command
+        line does; the service answers with labels as text (``str`` of each of ``classes_``).
+
+        Parameters
+        ----------
+        path : str or path-like
+            The artifact directory.
+        name : str, optional
+            Model name the service routes by; default: the directory's name.
+        overwrite : bool, default=False
+            Replace an existing artifact.
+        record : dict, optional
+            More facts for the manifest's ``training`` entry (the data set, a test accuracy).
+        diagnostics : bool, default=True
+            Record NgRat and NgEng of every measure (an eigen-decomposition of each basis Gram
+            matrix: slow for thousands of bases).
+
+        Returns
+        -------
+        Path
+            The artifact directory.
+
+        Raises
+        ------
+        ArtifactError
+            The directory exists and ``overwrite`` is False, or it cannot be written.
+        """
+        predictor = self.to_predictor(name or Path(path).name, record, diagnostics)
+        return predictor.save(path, overwrite=overwrite)
+
+    def to_predictor(self, name: str, record: dict[str, Any] | None, diagnostics: bool):
+        raise NotImplementedError
+
+
+class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
     """Basis Expanding SVM: similarities to a class-balanced basis, then a one-vs-rest linear SVM.
 
     The inputs are prepared by their kind (dense: an optional transform, then centred and divided
@@ -81,10 +129,10 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         Similarity measure(s) sharing the basis, joined with '+', e.g. 'rbf(gamma=0.5) +
         rigid(1)'. A measure may read an input transform of its own, 'hog(4): rbf + pixels:
         rbf' (each transform computed once, one basis). Documents read sensing0,
-        sensing1(n=...), sensing2 or tf-idf linear and rbf. 'auto': forward selection by
-        cross-validation on the training set of the measures, the transform, the input
-        normalisation, the basis size and strategy and C, within selection_budget seconds
-        (training.selection.forward_selection).
+        sensing1(n=...), sensing2 or tf-idf linear and rbf. 'auto' (the command line's
+        default) chooses the measures, the transform, the input normalisation, the basis size
+        and strategy and C by cross-validation on the training set: forward selection,
+        training.ForwardSelectionCV, which wraps this estimator (its fit refuses 'auto').
     input_transform : str or None, default=None
         Input transform the service applies to raw instances first: none, pixels,
         'hog(cell_size, orientations)' (images as a grid of HOG cells, e.g. 'hog(2, 9)'), or
@@ -106,12 +154,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     input_normalization : {"global", "per-feature"}, default="global"
         Dense inputs: centred and divided by their mean norm (the paper's), or standardised per
         feature first (for features on different scales).
-    selection_budget : float or None, default=None
-        With similarity 'auto': seconds the selection may take before it keeps the best
-        configuration found, counted as its fold fits' CPU time per core (so that other
-        processes' load does not cut it; at most 10 times as much wall time); None: it grows
-        with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
-        120 s from 3,000, the most it samples).
     input_shape : str or None, default=None
         How to read a flat row: 'grid(H, W, C)' for images given as (n, H * W * C), or
         'vector(d)'; unset: from the array (2-d: vectors, 3-d or 4-d: images).
@@ -129,15 +171,15 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         On a cluster, each worker expands its own rows and the SVM's products are sums over
         them; the model is the one-process fit's (the basis drawn per class from the first
         items, as ``index`` does). ``fit`` also takes a :class:`training.cluster.shards.ShardedData`
-        (``X``, without ``y``) there, which no process loads whole. With similarity 'auto',
-        the selection's fold fits are tasks on the workers and the chosen configuration gets
-        the distributed fit (sharded data: searched on a stratified sample of its shards).
+        (``X``, without ``y``) there, which no process loads whole. Wrapped in a selection,
+        its fold fits are tasks on the same cluster and the chosen configuration gets the
+        distributed fit (sharded data: selected on a stratified sample of its shards).
         Documents and the ``bof`` transform learn from every item in one process: in memory,
         they train here with a warning; sharded, they are refused.
     random_state : int or None, default=0
-        Seed of the random and kmedoids basis strategies and of the selection's folds.
+        Seed of the random and kmedoids basis strategies.
     verbose : bool, default=False
-        Progress bars while expanding the training set and selecting.
+        Progress bars while expanding the training set.
 
     Attributes
     ----------
@@ -156,11 +198,8 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
     train_accuracy_ : float
         Accuracy on the training set.
     timings_ : dict of str to float
-        Seconds spent expanding (``expand_seconds``), in the SVMs (``svm_seconds``), in all
-        (``train_seconds``) and, with 'auto', selecting (``selection_seconds``).
-    selection_ : ForwardSelectionCV
-        With similarity 'auto': the fitted selection (its ``best_params_`` are the chosen
-        configuration, its ``path_`` the steps).
+        Seconds spent expanding (``expand_seconds``), in the SVMs (``svm_seconds``) and in
+        all (``train_seconds``).
 
     Examples
     --------
@@ -180,7 +219,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         "C": [Interval(Real, 0, None, closed="neither")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "input_normalization": [StrOptions(set(INPUT_NORMALIZATIONS))],
-        "selection_budget": [Interval(Real, 0, None, closed="neither"), None],
         "input_shape": [str, None],
         "min_df": [Interval(Integral, 1, None, closed="left")],
         "stop_words": [StrOptions({"english"}), None],
@@ -201,7 +239,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         C=1.0,
         max_iter=10_000,
         input_normalization="global",
-        selection_budget=None,
         input_shape=None,
         min_df=2,
         stop_words="english",
@@ -218,7 +255,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         self.C = C
         self.max_iter = max_iter
         self.input_normalization = input_normalization
-        self.selection_budget = selection_budget
         self.input_shape = input_shape
         self.min_df = min_df
         self.stop_words = stop_words
@@ -262,13 +298,20 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
         Raises
         ------
         ValueError
-            Malformed inputs or labels, a single class, or a similarity, transform or
-            normalisation that cannot be parsed or does not apply to the inputs.
+            Malformed inputs or labels, a single class, a similarity, transform or
+            normalisation that cannot be parsed or does not apply to the inputs, or similarity
+            'auto' (a selection wraps the estimator instead).
         """
         self._validate_params()
-        sharded = isinstance(X, ShardedData)
         if self.similarity.strip().lower() == AUTO_SIMILARITY:
-            return self._fit_selected(X, y)
+            raise ValueError(
+                "similarity='auto' is model selection, a wrapper around this estimator: "
+                "ForwardSelectionCV(BasisExpandingSVC(...)).fit(X, y) chooses the measures, "
+                "the transform, the normalisations, the basis and C by cross-validation, and "
+                "its best_estimator_ is the BasisExpandingSVC fitted with them (from training "
+                "import ForwardSelectionCV)"
+            )
+        sharded = isinstance(X, ShardedData)
         if sharded or self.cluster is not None or enclosing_client() is not None:
             try:
                 return fit_on_cluster(self, X, y)
@@ -369,25 +412,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
             },
         )
 
-    def _fit_selected(self, X, y):
-        """``similarity="auto"``: select a configuration on (X, y) by cross-validation, then fit
-        it; the parameters stay as given, the learned state is the chosen model's."""
-        selection = ForwardSelectionCV(
-            clone(self),
-            budget=self.selection_budget,
-            n_jobs=self.n_jobs,
-            random_state=0 if self.random_state is None else self.random_state,
-            verbose=self.verbose,
-        ).fit(X, y)
-        chosen = selection.best_estimator_
-        self.__dict__.update({k: v for k, v in vars(chosen).items() if k.endswith("_")})
-        self.selection_ = selection
-        training = self.predictor_.metadata["training"]
-        training["selection"] = selection.record()
-        self.timings_ = {**self.timings_, "selection_seconds": selection.seconds_}
-        training["timings"] = self.timings_
-        return self
-
     def training_config(self) -> dict[str, Any]:
         """The parameters that make the model, as the artifact records them
         (``training.config``): every parameter but :data:`RUN_PARAMETERS`."""
@@ -439,47 +463,6 @@ class BasisExpandingSVC(ClassifierMixin, BaseEstimator):
 
     # -- artifact --------------------------------------------------------------------------
 
-    def save(
-        self,
-        path: str | os.PathLike,
-        name: str | None = None,
-        *,
-        overwrite: bool = False,
-        record: dict[str, Any] | None = None,
-        diagnostics: bool = True,
-    ) -> Path:
-        """Write the model as an artifact directory that ``python -m service.api`` serves.
-
-        The directory is written beside its final place and renamed into it, as the command
-        line does; the service answers with labels as text (``str`` of each of ``classes_``).
-
-        Parameters
-        ----------
-        path : str or path-like
-            The artifact directory.
-        name : str, optional
-            Model name the service routes by; default: the directory's name.
-        overwrite : bool, default=False
-            Replace an existing artifact.
-        record : dict, optional
-            More facts for the manifest's ``training`` entry (the data set, a test accuracy).
-        diagnostics : bool, default=True
-            Record NgRat and NgEng of every measure (an eigen-decomposition of each basis Gram
-            matrix: slow for thousands of bases).
-
-        Returns
-        -------
-        Path
-            The artifact directory.
-
-        Raises
-        ------
-        ArtifactError
-            The directory exists and ``overwrite`` is False, or it cannot be written.
-        """
-        predictor = self.to_predictor(name or Path(path).name, record, diagnostics)
-        return predictor.save(path, overwrite=overwrite)
-
     def to_predictor(
         self,
         name: str = "model",
@@ -523,60 +506,3 @@ def _cores(n_jobs: int | None) -> int:
     if n_jobs is None or n_jobs < 0:
         return max(1, min(cpus, effective_n_jobs(-1 if n_jobs is None else n_jobs)))
     return int(n_jobs)
-
-
-# -- a data set's training split -----------------------------------------------------------
-
-
-@dataclass
-class FitResult:
-    """A model fitted on a data set's training split, with what happened while fitting it."""
-
-    estimator: BasisExpandingSVC
-    predictor: Predictor
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def timings(self) -> dict[str, float]:
-        return self.estimator.timings_
-
-    @property
-    def train_accuracy(self) -> float:
-        return self.estimator.train_accuracy_
-
-
-def fit_dataset(
-    dataset: Dataset, name: str, *, diagnostics: bool = True, **params: Any
-) -> FitResult:
-    """Fit :class:`BasisExpandingSVC` with ``params`` on the training split of ``dataset`` (the
-    test split is never read) and name the model; convergence warnings are kept as notes.
-
-    Parameters
-    ----------
-    dataset : Dataset
-    name : str
-        Model name recorded in the artifact.
-    diagnostics : bool, default=True
-        Compute NgRat/NgEng of every measure (an eigen-decomposition of each B x B basis Gram
-        matrix: minutes for thousands of bases); off for throw-away fits.
-    **params
-        The estimator's parameters; ``input_shape`` comes from the data set.
-
-    Returns
-    -------
-    FitResult
-    """
-    if len(set(dataset.y_train.tolist())) < 2:
-        raise ValueError("the training split needs at least two classes")
-    spec = dataset.input_spec
-    estimator = BasisExpandingSVC(**params, input_shape=None if spec.is_documents else str(spec))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        estimator.fit(dataset.X_train, dataset.y_train)
-    notes = [str(w.message) for w in caught if issubclass(w.category, ConvergenceWarning)]
-    predictor = estimator.to_predictor(
-        name, record={"dataset": dataset.source}, diagnostics=diagnostics
-    )
-    if not diagnostics:
-        predictor.metadata["diagnostics"] = {}
-    return FitResult(estimator, predictor, notes)

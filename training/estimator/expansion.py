@@ -498,17 +498,9 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         return self._expanded(X, normalized=True)
 
     def raw_maps(self, X):
-        """The raw kernel maps: every measure of ``X`` against the basis, not normalised (what
-        the normalisation is learned from; :meth:`normalize` finishes them).
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-
-        Returns
-        -------
-        raw : ndarray of shape (n_samples, M * n_basis)
-        """
+        """:meth:`transform`'s features before their normalisation: the raw kernel maps, each
+        measure of ``X`` against the basis, of shape (n_samples, M * n_basis); what the
+        normalisation is learned from, and what :meth:`normalize` finishes."""
         return self._expanded(X, normalized=False)
 
     def normalize(self, raw: np.ndarray) -> np.ndarray:

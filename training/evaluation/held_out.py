@@ -392,7 +392,7 @@ def evaluate(
     predicted = predictor.predict(X_test)
     timings = predictor.metadata.get("training", {}).get("timings", {})
     train_seconds = timings.get("train_seconds")
-    if train_seconds is not None:  # the selection's search is part of training
+    if train_seconds is not None:  # the selection is part of training
         train_seconds += timings.get("selection_seconds", 0.0)
     results = [
         MethodResult(

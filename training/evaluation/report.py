@@ -47,7 +47,7 @@ from training.cluster.connection import client_for
 from training.data.datasets import Dataset
 from training.estimator.basis import BASIS_STRATEGIES
 from training.estimator.diagnostics import format_ratio
-from training.estimator.estimator import BasisExpandingSVC, fit_dataset
+from training.estimator.estimator import BasisExpandingSVC
 from training.estimator.preparation import fit_vocabulary
 from training.evaluation.held_out import (
     evaluate_baselines,
@@ -62,6 +62,7 @@ from training.evaluation.report_data import (
     ReportGrid,
     diagnostics_by_measure,
 )
+from training.fitting import fit_dataset
 
 DEFAULT_CONFIGURATIONS = (
     "linear",

@@ -35,11 +35,13 @@ from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from service.model import Predictor
 from service.model.inputs.dense import GLOBAL_NORMALIZATION
 from training.cluster.connection import client_for, enclosing_client, in_process_client
 from training.cluster.rows import draw_sample
 from training.cluster.shards import ShardedData
 from training.estimator.cluster_fit import fit_on_cluster
+from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC
 from training.estimator.preparation import preparation_for
 from training.selection.budget import (
     BUDGET_S_PER_1000_ITEMS,
@@ -72,23 +74,22 @@ MAX_SELECTION_ITEMS = 3000
 SHARD_C_STEPS = 2
 
 
-class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
+class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
     """Choose the configuration of a BE-SVM by forward selection, cross-validated on the
     training set (see the module docstring), then fit it on the whole set.
 
     Parameters
     ----------
-    estimator : BasisExpandingSVC
-        The estimator whose :data:`SELECTED_PARAMETERS` are chosen; its other parameters are
-        kept. Cloned, never fitted itself.
+    estimator : BasisExpandingSVC or None, default=None
+        The estimator whose selected parameters
+        (:data:`~training.selection.space.SELECTED_PARAMETERS`) are chosen; its other
+        parameters are kept. Cloned, never fitted itself. None: ``BasisExpandingSVC()``.
     budget : float or None, default=None
-        Seconds the selection may take, counted as its fold fits' CPU time per core it uses (on
-        an idle machine about as many seconds of wall time; on a loaded one the same selection,
-        in more wall time: :class:`SelectionBudget`), and at most :data:`WALL_BACKSTOP` times as
-        many seconds of wall time. It stops, keeping the best configuration found, when they
-        are spent (the fits running then are finished or cancelled, so it may overrun by about
-        one fold fit). None: it grows with the data, 40 s per 1,000 items cross-validated
-        (:func:`budget_for`: 40 s up to 1,000 items, 120 s for a sample of 3,000).
+        Seconds the selection may take before it keeps the best configuration found, counted
+        as its fold fits' CPU time per core (so that other processes' load does not cut it; at
+        most 10 times as much wall time; it may overrun by about one fold fit); None: it grows
+        with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
+        120 s from 3,000, the most it samples).
     cv : int, default=3
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
     repeats : int or None, default=None
@@ -162,7 +163,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
     """
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
-        "estimator": [HasMethods(["fit", "predict", "set_params"])],
+        "estimator": [HasMethods(["fit", "predict", "set_params"]), None],
         "budget": [Interval(Real, 0, None, closed="neither"), None],
         "cv": [Interval(Integral, 2, None, closed="left")],
         "repeats": [Interval(Integral, 1, None, closed="left"), None],
@@ -176,7 +177,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
 
     def __init__(
         self,
-        estimator,
+        estimator=None,
         *,
         budget=None,
         cv=3,
@@ -198,6 +199,9 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         self.random_state = random_state
         self.refit = refit
         self.verbose = verbose
+
+    def _estimator(self):
+        return BasisExpandingSVC() if self.estimator is None else self.estimator
 
     def fit(self, X, y=None):
         """Select a configuration on (X, y) and, with ``refit``, fit it on all of (X, y).
@@ -228,7 +232,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
             sharded data.
         """
         self._validate_params()
-        cluster = self.estimator.get_params().get("cluster")
+        cluster = self._estimator().get_params().get("cluster")
         sharded = isinstance(X, ShardedData)
         if sharded and y is not None:
             raise ValueError("sharded data holds its labels: pass no y")
@@ -267,7 +271,7 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         With ``C_grid`` (sharded data), C is chosen again on every shard first: the distributed
         fit along that warm-started path, each C scored on items held out of every shard
         (``C_path_``); the model is fitted at the best, which ``best_params_`` then names."""
-        model = clone(self.estimator).set_params(**self.best_params_)
+        model = clone(self._estimator()).set_params(**self.best_params_)
         if client is None:
             model.fit(X, y)
         else:
@@ -293,8 +297,8 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         grows for a set of ``class_counts`` items per class (default: y's own, X being the
         whole set; else X is a sample of it)."""
         started = time.monotonic()
-        preparation = preparation_for(X, self.estimator)
-        probe = clone(self.estimator)
+        preparation = preparation_for(X, self._estimator())
+        probe = clone(self._estimator())
         X_checked, y_checked = preparation.validate_fit(probe, X, y)
         check_classification_targets(y_checked)
         if hasattr(probe, "n_features_in_"):  # dense inputs
@@ -339,12 +343,12 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         # The folds read flat rows: the wrapped estimator must read them as the whole set's.
         # Their bases are drawn with the selection's seed where the estimator has none, so that
         # a seed gives one path. Each fold fit runs in one process (on a cluster, one worker's).
-        base = clone(self.estimator).set_params(
+        base = clone(self._estimator()).set_params(
             input_shape=None if spec.is_documents else str(spec),
             random_state=(
                 self.random_state
-                if self.estimator.get_params()["random_state"] is None
-                else self.estimator.get_params()["random_state"]
+                if self._estimator().get_params()["random_state"] is None
+                else self._estimator().get_params()["random_state"]
             ),
         )
         if "cluster" in base.get_params():
@@ -390,8 +394,8 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         chosen, fold_largest: int, fold_items: int, class_counts, n_items: int, rules
     ) -> dict[str, Any]:
         """The chosen parameters with the basis for the whole split (``class_counts`` items
-        of each class): grown in proportion where the rules say so (documents, a sampled
-        search), every item of each class when the folds chose every item of theirs, else as
+        of each class): grown in proportion where the rules say so (documents, a selection on a
+        sample), every item of each class when the folds chose every item of theirs, else as
         the folds chose it."""
         chosen = dict(chosen)
         counts = np.asarray(class_counts)
@@ -421,6 +425,28 @@ class ForwardSelectionCV(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
         """Scores of ``best_estimator_``."""
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_.decision_function(X)
+
+    def to_predictor(
+        self,
+        name: str = "model",
+        record: dict[str, Any] | None = None,
+        diagnostics: bool = True,
+    ) -> Predictor:
+        """``best_estimator_`` as the service holds it
+        (:meth:`~training.estimator.estimator.BasisExpandingSVC.to_predictor`), its training
+        record holding the selection's (:meth:`record`, and ``selection_seconds`` among the
+        timings): what :meth:`save` writes.
+
+        Parameters are as :meth:`save` takes them.
+
+        Returns
+        -------
+        Predictor
+        """
+        check_is_fitted(self, "best_estimator_")
+        timings = {**self.best_estimator_.timings_, "selection_seconds": self.seconds_}
+        selection = {"selection": self.record(), "timings": timings}
+        return self.best_estimator_.to_predictor(name, {**selection, **(record or {})}, diagnostics)
 
     def record(self) -> dict[str, Any]:
         """The selection as plain JSON data, for the manifest's ``training`` entry."""

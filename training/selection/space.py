@@ -216,7 +216,7 @@ def basis_size_candidates(
 
 def grown_basis_per_class(
     per_class: int,
-    searched_items: int,
+    validated_items: int,
     n_train: int,
     largest_class: int,
     weight: float,
@@ -224,7 +224,7 @@ def grown_basis_per_class(
     max_features: int = MAX_DOCUMENT_FEATURES,
 ) -> int:
     """The per-class basis size for the whole training split, grown from the one chosen on a
-    fold's training part (``searched_items`` items) in proportion to the items: the basis keeps
+    fold's training part (``validated_items`` items) in proportion to the items: the basis keeps
     the same share of each class. Capped by the largest class and by ``max_features`` over the
     measures' ``weight``, never below ``per_class``.
 
@@ -232,7 +232,7 @@ def grown_basis_per_class(
     far smaller than the split, and accuracy keeps growing with the basis, so the size the
     folds support would leave most of the split's information out.
     """
-    grown = round(per_class * n_train / max(1, searched_items))
+    grown = round(per_class * n_train / max(1, validated_items))
     cap = max(1, int(max_features // (max(weight, 1e-9) * max(1, n_classes))))
     return max(per_class, min(grown, largest_class, cap))
 
@@ -277,9 +277,9 @@ class KindRules:
     input_normalizations: tuple[str, ...]  # chosen with the widths and C
     documents: bool
 
-    def grows_basis(self, searched_items: int, n_train: int) -> bool:
+    def grows_basis(self, validated_items: int, n_train: int) -> bool:
         """Whether the chosen basis grows from the folds to the whole split."""
-        return self.grow_unsampled or searched_items < n_train
+        return self.grow_unsampled or validated_items < n_train
 
     def grown_features(self, n_train: int) -> int:
         """The feature budget of a grown basis on ``n_train`` training items."""
