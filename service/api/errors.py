@@ -30,6 +30,7 @@ from service.model.errors import (
     ModelNotReadyError,
     NotFoundError,
     ShardsUnavailableError,
+    SnapshotRefusedError,
     SpecError,
     VersionConflictError,
 )
@@ -73,6 +74,7 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
     (LoadRefusedError, 409, "load_refused"),
     (VersionConflictError, 409, "version_conflict"),
+    (SnapshotRefusedError, 409, "snapshot_refused"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (RequestTooLargeError, 413, "request_too_large"),
     (InvalidInputError, 422, "invalid_input"),

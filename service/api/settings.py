@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         description="With SEARCH_CLUSTER: seconds a shard has to answer a search; later, the "
         "search answers 503, or partial if the request allows it (SEARCH_SHARD_TIMEOUT_S).",
     )
+    snapshots_dir: Path | None = Field(
+        None,
+        description="Where POST /v1/models/{name}/catalogue/snapshots writes catalogue "
+        "snapshots, one directory per model (SNAPSHOTS_DIR; unset: the snapshot routes answer "
+        "404). Restores read them from there.",
+    )
     # -- limits and timeouts (docs/operating/limits.md) --------------------------------------------
     header_timeout_s: float = Field(
         10.0,

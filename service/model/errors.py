@@ -43,6 +43,11 @@ class ArtifactChangedError(ArtifactIntegrityError):
     rename, never rewritten in place)."""
 
 
+class SnapshotRefusedError(ArtifactIntegrityError):
+    """A catalogue snapshot that cannot be restored: damaged, partial, of a newer schema, or of
+    a catalogue built for another search model. Nothing was written."""
+
+
 class ArtifactVersionError(ArtifactError):
     """An artifact was written with a schema this version of the library does not know."""
 

@@ -1185,6 +1185,14 @@ def batch_runs_serially(queries: Sequence[KernelQuery], n_items: int) -> bool:
     return search_runs_serially(entries, n_items)
 
 
+def search_many_bytes(n_bitmaps: int, n_items: int, n_ranked: int) -> int:
+    """Bytes a batch holds while it ranks (:func:`search_shards_many`): ``n_bitmaps`` bitmaps
+    of ``n_items`` items, and heaps of ``n_ranked`` items in all in every group of the parallel
+    driver and in the merged answer (16 bytes an item: a score and a position)."""
+    groups = GROUPS_PER_THREAD * numba.get_num_threads() + 1
+    return n_bitmaps * 8 * ((n_items + 63) // 64) + 16 * n_ranked * groups
+
+
 def _starts(lengths: Sequence[int]) -> np.ndarray:
     """Where each of consecutive parts of ``lengths`` starts, and the end; shape (n + 1,)."""
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)

@@ -26,7 +26,7 @@ from service.model.errors import (
     brief,
     located,
 )
-from service.model.kernels.search import search_runs_serially
+from service.model.kernels.search import search_many_bytes, search_runs_serially
 from service.model.predictor import Predictor
 from service.model.search.catalogue import Catalogue, Ranking, RankRequest
 from service.model.search.codes import SparseCode, sparse_svm_code
@@ -35,6 +35,11 @@ from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
 from service.model.search.pages import Cursor, query_digest
 from service.model.search.remote import CatalogueSource
+from service.model.search.snapshots import (
+    Snapshot,
+    restore_model_catalogue,
+    snapshot_model_catalogue,
+)
 from service.model.search.store import CatalogueUpdate, UpdateResult, check_ids, rows_filler
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
@@ -317,6 +322,19 @@ class SearchIndex:
         assert self.catalogue is not None  # runs_serially is False without one
         return search_runs_serially(self.model.n_atoms * len(queries), self.catalogue.n_positions)
 
+    def batch_bytes(self, queries: Sequence[SearchQuery]) -> int:
+        """Bytes :meth:`run_many` holds for ``queries`` while it ranks them (see
+        :func:`service.model.kernels.search.search_many_bytes`): the bitmap of each distinct
+        filter over the catalogue (built on the workers, for shards held elsewhere) and each
+        query's heaps."""
+        catalogue = self.require_catalogue()
+        filters = {query.filter.canonical() for query in queries if query.filter is not None}
+        return search_many_bytes(
+            0 if self.answers_elsewhere else len(filters),
+            catalogue.n_positions,
+            sum(query.offset + query.top_k for query in queries),
+        )
+
     def run(self, query: SearchQuery) -> SearchResult:
         """Answer one query (its own rules were checked when it was made).
 
@@ -565,11 +583,15 @@ class SearchIndex:
             raise InvalidInputError(f"{what}[{int(bad[0])}] has non-finite features")
         return rows
 
-    def _update(self) -> CatalogueUpdate:
+    def _model_dir(self) -> Path:
         if self.model_dir is None:
             raise NotFoundError("this search index was not loaded from a model directory")
+        return self.model_dir
+
+    def _update(self) -> CatalogueUpdate:
+        model_dir = self._model_dir()
         return CatalogueUpdate(
-            catalogue_dir(self.model_dir), search_dir(self.model_dir), self.model.n_atoms,
+            catalogue_dir(model_dir), search_dir(model_dir), self.model.n_atoms,
             reuse=self.catalogue,
         )  # fmt: skip
 
@@ -607,6 +629,18 @@ class SearchIndex:
         self.require_catalogue()
         with self._update() as update:
             return update.delete(ids)
+
+    def snapshot(self, out: str | os.PathLike) -> Snapshot:
+        """Write a snapshot of the newest catalogue version on disk to ``out`` (see
+        :func:`service.model.search.snapshots.take_snapshot`)."""
+        return snapshot_model_catalogue(self._model_dir(), out)
+
+    def restore(self, snapshot: str | os.PathLike) -> UpdateResult:
+        """Verify the snapshot at ``snapshot`` and make its version the catalogue's newest (see
+        :func:`service.model.search.snapshots.restore_snapshot`); on disk when this returns,
+        served by this index's successor."""
+        _, result = restore_model_catalogue(snapshot, self._model_dir())
+        return result
 
     def warm_up(self) -> None:
         """Make the first query of every kind as fast as the next: compile and page in the

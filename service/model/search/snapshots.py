@@ -32,7 +32,9 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,7 +50,13 @@ from service.model.artifact import (
     open_regular,
     read_manifest,
 )
-from service.model.errors import ArtifactError, ArtifactIntegrityError
+from service.model.errors import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    NotFoundError,
+    SnapshotRefusedError,
+    brief,
+)
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.store import (
     UpdateResult,
@@ -205,8 +213,8 @@ def take_snapshot(
     return _described(out, document)
 
 
-def _refused(path: Path, why: str) -> ArtifactIntegrityError:
-    return ArtifactIntegrityError(f"snapshot {path} refused: {why}")
+def _refused(path: Path, why: str) -> SnapshotRefusedError:
+    return SnapshotRefusedError(f"snapshot {path} refused: {why}")
 
 
 def read_snapshot(path: str | os.PathLike) -> Snapshot:
@@ -242,13 +250,17 @@ def read_snapshot(path: str | os.PathLike) -> Snapshot:
 def _document(path: Path) -> dict[str, Any]:
     """The snapshot's document, checked against its own checksum."""
     document_path = path / SNAPSHOT_MANIFEST
-    if not path.is_dir() or not os.path.lexists(document_path):
-        raise ArtifactError(f"no snapshot at {path}: {SNAPSHOT_MANIFEST} is missing")
+    if not path.is_dir():
+        raise ArtifactError(f"no snapshot at {path}: no such directory")
+    if not os.path.lexists(document_path):
+        raise _refused(path, f"partial: {document_path} is missing")
     try:
         with open_regular(document_path, MAX_MANIFEST_BYTES) as handle:
             document = json.loads(handle.read())
+    except ArtifactIntegrityError as error:
+        raise _refused(path, f"damaged: {error}") from None
     except OSError as error:
-        raise ArtifactError(f"cannot read {document_path}: {error.strerror or error}") from None
+        raise _refused(path, f"{document_path} cannot be read: {error.strerror or error}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise _refused(path, f"damaged: {document_path} is not JSON ({error})") from None
     if not isinstance(document, dict) or document.get("format") != SNAPSHOT_FORMAT:
@@ -256,10 +268,10 @@ def _document(path: Path) -> dict[str, Any]:
     if document.get("sha256") != _document_digest(document):
         raise _refused(path, f"damaged: {document_path} does not match its checksum")
     if document.get("schema_version") != SNAPSHOT_SCHEMA:
-        raise ArtifactError(
-            f"{document_path}: snapshot schema {document.get('schema_version')!r}; this version "
-            f"reads schema {SNAPSHOT_SCHEMA}"
-        )
+        raise _refused(
+            path, f"{document_path} is of snapshot schema {document.get('schema_version')!r}; "
+            f"this version reads schema {SNAPSHOT_SCHEMA}",
+        )  # fmt: skip
     return document
 
 
@@ -301,6 +313,57 @@ def _verify_file(snapshot: Path, file: Path, size: int, sha256: str) -> None:
         raise _refused(snapshot, f"damaged: {file} does not match its checksum")
 
 
+def described_snapshot(path: str | os.PathLike) -> Snapshot:
+    """The snapshot at ``path`` as its document (checked against its own checksum) describes
+    it, without reading its files: for listing (:func:`read_snapshot` verifies them).
+
+    Raises
+    ------
+    ArtifactError, ArtifactIntegrityError
+        No snapshot there, or a damaged document.
+    """
+    path = Path(path)
+    return _described(path, _document(path))
+
+
+# A snapshot's name where a server keeps them (SNAPSHOTS_DIR/<model>/<name>).
+SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def new_snapshot_name() -> str:
+    """A new snapshot's name: when it is taken (UTC, so names sort by time), and a few random
+    characters."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:6]}"
+
+
+def snapshot_in(directory: str | os.PathLike, name: str) -> Path:
+    """The snapshot ``name`` kept in ``directory``; NotFoundError if the name is not one of a
+    snapshot's or none is there."""
+    path = Path(directory) / name
+    if not SNAPSHOT_NAME.fullmatch(name) or not path.is_dir():
+        raise NotFoundError(f"no catalogue snapshot {brief(name)} in {directory}")
+    return path
+
+
+def list_snapshots(directory: str | os.PathLike) -> tuple[list[Snapshot], list[str]]:
+    """The snapshots kept in ``directory``, oldest first, by their documents (see
+    :func:`described_snapshot`), and the directories there that hold none readable, each
+    with why."""
+    directory = Path(directory)
+    found, unreadable = [], []
+    if not directory.is_dir():
+        return found, unreadable
+    for entry in sorted(directory.iterdir()):
+        if not SNAPSHOT_NAME.fullmatch(entry.name) or not entry.is_dir():
+            continue  # a snapshot being written (staged under a hidden name), or not ours
+        try:
+            found.append(described_snapshot(entry))
+        except ArtifactError as error:
+            unreadable.append(f"{entry.name}: {error}")
+    found.sort(key=lambda snapshot: (snapshot.created, snapshot.path.name))
+    return found, unreadable
+
+
 def restore_snapshot(
     snapshot: str | os.PathLike, path: str | os.PathLike, search_path: str | os.PathLike
 ) -> tuple[Snapshot, UpdateResult]:
@@ -316,7 +379,7 @@ def restore_snapshot(
     """
     verified = read_snapshot(snapshot)
     if verified.search_manifest_sha256 != manifest_digest(search_path):
-        raise ArtifactIntegrityError(
+        raise SnapshotRefusedError(
             f"snapshot {verified.path} is of a catalogue built for another search model than "
             f"{search_path}: restore it into the model it was taken from (or a copy of it)"
         )
@@ -334,3 +397,36 @@ def restore_model_catalogue(
 ) -> tuple[Snapshot, UpdateResult]:
     """:func:`restore_snapshot` into a model's catalogue."""
     return restore_snapshot(snapshot, catalogue_dir(model_dir), search_dir(model_dir))
+
+
+SNAPSHOT_HELP = (
+    "write a consistent copy of the catalogue's newest version to the new directory OUT, with "
+    "a sha256 of every file (snapshot.json), while servers search and update it"
+)
+RESTORE_HELP = (
+    "verify every file of the snapshot in SNAPSHOT (a damaged or partial one is refused, the "
+    "file named), then make its version the catalogue's newest (servers serve it at their next "
+    "rescan)"
+)
+
+
+def snapshot_command(
+    model_dir: str | os.PathLike,
+    snapshot: str | os.PathLike | None,
+    restore: str | os.PathLike | None,
+) -> str:
+    """``python -m training index --snapshot OUT`` or ``--restore SNAPSHOT``: what it did, in a
+    line."""
+    if snapshot is not None:
+        taken = snapshot_model_catalogue(model_dir, snapshot)
+        return (
+            f"snapshot         {taken.path}: catalogue version {taken.catalogue_version}, "
+            f"{taken.n_items:,} items in {taken.n_shards} shards, {len(taken.checksums)} files "
+            f"({sum(taken.sizes.values()):,} bytes) with their sha256"
+        )
+    verified, result = restore_model_catalogue(restore, model_dir)
+    return (
+        f"catalogue        {catalogue_dir(model_dir)}: version {result.version}, "
+        f"{result.n_items:,} items in {result.n_shards} shards (restored from {verified.path}, "
+        f"version {verified.catalogue_version}, every file verified)"
+    )
