@@ -644,9 +644,9 @@ class SearchIndex:
 
     def warm_up(self) -> None:
         """Make the first query of every kind as fast as the next: compile and page in the
-        scoring path (serial and parallel) with the first class, and learn one code from the
-        first live items as positives (the path solver's first call otherwise loads its
-        compiled code)."""
+        scoring path (serial and parallel, one query and a batch) with the first class, and
+        learn one code from the first live items as positives (the path solver's first call
+        otherwise loads its compiled code)."""
         catalogue = self.catalogue
         if catalogue is None:
             return
@@ -654,6 +654,7 @@ class SearchIndex:
         catalogue.top(code, 10)
         if code.n_nonzero:
             catalogue.top(code.pruned(1), 10)
+        catalogue.top_many([RankRequest(code, 10), RankRequest(code.pruned(1), 10)])
         positions = catalogue.negatives[:WARM_UP_POSITIVES]
         positives = catalogue.rows(positions)
         negatives = catalogue.negative_rows(positions)
