@@ -164,15 +164,19 @@ def summary(singles: list[float], batches: list[float]) -> tuple[float, float, f
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=1_000_000, help="catalogue items")
-    parser.add_argument("--atoms", type=int, default=256, help="dictionary atoms (rows of X')")
-    parser.add_argument("--queries", type=int, default=32, help="queries in a batch")
-    parser.add_argument("--nnz", type=int, default=10, help="non-zeros of each query's code")
-    parser.add_argument("--sparsity", type=int, default=30, help="non-zeros of a class code")
-    parser.add_argument("--top-k", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=15, help="timed rounds of each set")
+    numbers = {
+        "--n": (1_000_000, "catalogue items"),
+        "--atoms": (256, "dictionary atoms (rows of X')"),
+        "--queries": (32, "queries in a batch"),
+        "--nnz": (10, "non-zeros of each query's code"),
+        "--sparsity": (30, "non-zeros of a class code"),
+        "--top-k": (100, "items each query asks for"),
+        "--repeats": (15, "timed rounds of each set"),
+        "--seed": (0, "of the model, the catalogue and the queries"),
+    }
+    for flag, (default, text) in numbers.items():
+        parser.add_argument(flag, type=int, default=default, help=f"{text} (default: {default})")
     parser.add_argument("--http", action="store_true", help="also through a real server")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one)")
     args = parser.parse_args()
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}, "

@@ -25,8 +25,9 @@ from tests.api.test_catalogue_api import (
     TOKEN,
     WAIT_S,
     copy_with_catalogue,
-    images,
-    upsert,
+    running,
+    search_until,
+    update_round,
 )
 from tests.catalogues import attributes_of
 
@@ -70,60 +71,39 @@ def test_a_snapshot_taken_under_upserts_and_searches_restores_exactly_its_versio
     shutil.copytree(attributed_model, model)
     kept = tmp_path / "snapshots"
     live = {1: {f"test-{j}" for j in range(797)}}
-    ranked: dict[int, list[str]] = {}
+    answers: list[tuple[int, list[str]]] = []
     failures: list[str] = []
     stop = threading.Event()
-
-    def search(url: str) -> None:
-        with httpx.Client(timeout=WAIT_S) as http:
-            while not stop.is_set():
-                response = http.post(f"{url}/search", json=EVERY_ITEM)
-                if response.status_code != 200:
-                    failures.append(f"search {response.status_code} {response.text[:200]}")
-                    continue
-                body = response.json()
-                ranked[body["catalogue_version"]] = [hit["id"] for hit in body["results"]]
 
     def update(url: str) -> None:
         current = set(live[1])
         with httpx.Client(timeout=WAIT_S) as http:
             r = 0
             while not stop.is_set():
-                ids = [f"new-{r}-{j}" for j in range(5)] + [f"test-{r}"]  # test-r replaced
-                done = upsert(url, ids, images(digits, 6, 6 * (r % 100)), http=http)
-                current |= set(ids)
-                live[done["catalogue_version"]] = set(current)
-                gone = [f"test-{200 + r}", f"new-{r}-0"]
-                response = http.post(f"{url}/v1/models/digits/catalogue/delete",
-                                     json={"ids": gone}, headers=AUTH)  # fmt: skip
-                current -= set(gone)
-                live[response.json()["catalogue_version"]] = set(current)
+                update_round(url, http, digits, r, current, live)
                 r += 1
 
     with serving(model, ADMIN_TOKEN=TOKEN, SNAPSHOTS_DIR=str(kept)) as url:
-        workers = [threading.Thread(target=search, args=(url,)) for _ in range(2)]
+        workers = [
+            threading.Thread(target=search_until, args=(url, EVERY_ITEM, stop, answers, failures))
+            for _ in range(2)
+        ]
         workers.append(threading.Thread(target=update, args=(url,)))
-        for worker in workers:
-            worker.start()
-        try:
-            with httpx.Client(timeout=WAIT_S) as http:
-                deadline = time.monotonic() + WAIT_S
-                while len(live) < 4:
-                    assert time.monotonic() < deadline, failures
-                    time.sleep(0.02)
-                taken = http.post(f"{url}/v1/models/digits/catalogue/snapshots", headers=AUTH)
-                assert taken.status_code == 200, taken.text
-                # The command line, from another process, while the server writes.
-                command = snapshot_command(model, "--snapshot", str(tmp_path / "by-command"))
-                assert command.returncode == 0, command.stderr
-                while len(live) < 12:  # updates went on after both snapshots
-                    assert time.monotonic() < deadline, failures
-                    time.sleep(0.02)
-        finally:
-            stop.set()
-            for worker in workers:
-                worker.join()
+        with running(workers, stop), httpx.Client(timeout=WAIT_S) as http:
+            deadline = time.monotonic() + WAIT_S
+            while len(live) < 4:
+                assert time.monotonic() < deadline, failures
+                time.sleep(0.02)
+            taken = http.post(f"{url}/v1/models/digits/catalogue/snapshots", headers=AUTH)
+            assert taken.status_code == 200, taken.text
+            # The command line, from another process, while the server writes.
+            command = snapshot_command(model, "--snapshot", str(tmp_path / "by-command"))
+            assert command.returncode == 0, command.stderr
+            while len(live) < 12:  # updates went on after both snapshots
+                assert time.monotonic() < deadline, failures
+                time.sleep(0.02)
         assert not failures
+        ranked = dict(answers)
         snapshot = taken.json()
         version = snapshot["catalogue_version"]
         assert snapshot["n_items"] == len(live[version])

@@ -541,30 +541,30 @@ class CatalogueItem(BaseModel):
 # -- batches, counts and facets ----------------------------------------------------------------
 
 
+def strict_body(*examples: dict[str, Any]) -> ConfigDict:
+    """The configuration of a request body: no field beyond its own, strict types, and the
+    ``examples`` the OpenAPI document shows."""
+    return ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": list(examples)})
+
+
 class SearchBatchRequest(BaseModel):
     """Several searches of one model's catalogue in one request, answered in order: each
     exactly what it answers alone, from one catalogue version. Queries by code (class, code or
     learned) are ranked together in one pass over the catalogue's rows. One query that is not
     valid refuses the whole batch (the error names it: ``searches[3]: ...``)."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
+    model_config = strict_body(
+        {
+            "searches": [
+                {"class": "7", "top_k": 5},
+                {"code": {"indices": [3, 17], "values": [0.8, -0.2]}, "top_k": 3},
                 {
-                    "searches": [
-                        {"class": "7", "top_k": 5},
-                        {"code": {"indices": [3, 17], "values": [0.8, -0.2]}, "top_k": 3},
-                        {
-                            "class": "1",
-                            "top_k": 5,
-                            "filter": {"must": [{"key": "source", "match": {"value": "scan"}}]},
-                        },
-                    ]
-                }
+                    "class": "1",
+                    "top_k": 5,
+                    "filter": {"must": [{"key": "source", "match": {"value": "scan"}}]},
+                },
             ]
-        },
+        }
     )
 
     searches: list[SearchRequest] = Field(
@@ -605,12 +605,8 @@ class SearchBody:
 class CountRequest(BaseModel):
     """Count the live items a filter allows."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [{"filter": {"must": [{"key": "source", "match": {"value": "scan"}}]}}, {}]
-        },
+    model_config = strict_body(
+        {"filter": {"must": [{"key": "source", "match": {"value": "scan"}}]}}, {}
     )
 
     filter: SearchFilter | None = Field(
@@ -628,19 +624,9 @@ class CountResponse(BaseModel):
 class FacetRequest(BaseModel):
     """Count the live items per value of one attribute (Qdrant's facet)."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
-                {"key": "source"},
-                {
-                    "key": "year",
-                    "limit": 3,
-                    "filter": {"must": [{"key": "year", "range": {"gte": 2020}}]},
-                },
-            ]
-        },
+    model_config = strict_body(
+        {"key": "source"},
+        {"key": "year", "limit": 3, "filter": {"must": [{"key": "year", "range": {"gte": 2020}}]}},
     )
 
     key: str = Field(..., description="The attribute (GET /v1/models/{name}/catalogue lists them).")

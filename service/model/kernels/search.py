@@ -596,20 +596,11 @@ def scan_segment(
 
     Parameters
     ----------
-    projected : ndarray of shape (A, n), float32
-    atoms, weights : ndarray of shape (nnz,)
-    offset : int
-        The shard's first global position.
     lo, hi : int
-    excluded : ndarray, int64, sorted unique global positions
-    allowed : ndarray of uint64
-        Empty: no filter.
-    base : int
-    after_sum : float
-    after_pos : int
-    buf : ndarray of shape (chunk,), float64
-    heap_scores, heap_positions : ndarray of shape (capacity,)
-    size, capacity : int
+        The segment.
+    projected, atoms, weights, offset, excluded, allowed, base, after_sum, after_pos, buf,
+    heap_scores, heap_positions, size, capacity
+        As :func:`scan_chunk`.
 
     Returns
     -------

@@ -188,7 +188,8 @@ class SearchResult:
 
 @dataclass(frozen=True, eq=False)
 class PreparedQuery:
-    """A query ready to be ranked (see :meth:`SearchIndex.prepare`).
+    """A query ready to be ranked (see :meth:`SearchIndex.prepare`): all it needs of the model
+    and the catalogue is settled, its ranking is not made yet (alone or in a batch).
 
     Parameters
     ----------
