@@ -359,3 +359,20 @@ def test_snapshots_are_listed_and_named_safely(model, tmp_path):
             snapshot_in(root, name)
     with pytest.raises(Exception, match="already exists"):
         snapshot_model_catalogue(model, root / "a-first")
+
+
+def test_a_catalogue_written_before_shards_is_snapshotted_and_restored_whole(tmp_path):
+    previous = Path(__file__).resolve().parents[1] / "fixtures" / "previous-layout" / "digits-v1"
+    path = tmp_path / "digits-v1"
+    shutil.copytree(previous, path)
+    index = load(path)
+    ranking = index.run(SearchQuery(class_label="7", top_k=10)).items
+    taken = snapshot_model_catalogue(path, tmp_path / "snap")
+    assert (taken.catalogue_version, taken.n_shards) == (0, 1)
+    index.upsert(["added-0"], [np.zeros((8, 8)).tolist()])  # now sharded, version 1
+    _, result = restore_model_catalogue(tmp_path / "snap", path)
+    assert result.version == 0  # copied whole: the layout before shards has no versions
+    restored = load(path)
+    assert restored.catalogue.version == 0
+    assert restored.run(SearchQuery(class_label="7", top_k=10)).items == ranking
+    assert "added-0" not in restored.catalogue.ids.tolist()
