@@ -51,6 +51,14 @@ read at all, a chunk with few has only those scored (:func:`accumulate_picked`, 
 as :func:`accumulate_chunk`), the others in full with the disallowed items skipped when fed. A page
 after a cursor ``(after_sum, after_position)`` keeps only items ranked after it.
 
+**Batches.** :func:`search_shards_many` ranks several queries in one pass: the segments and
+chunks are the same, and each chunk is scanned for every query in turn (:func:`scan_chunk`, the
+single driver's own step, with each query's heap, bitmap, exclusions and cursor), so that rows
+the queries share are read from memory once per chunk and from cache by the others. Each item
+is summed by each query exactly as alone, so every answer is the single query's, bit for bit;
+a batch is bound by the arithmetic (nnz multiply-adds per item and query) where a single query
+is bound by the memory (see docs/measurements/benchmarks.md).
+
 Serial or parallel is chosen by the catalogue entries read, ``max(nnz, 1) * N``, against
 :data:`service.model.threads.SEARCH_PARALLEL_MIN_ENTRIES`, in :func:`search_top_k` only. Parallel
 calls are serialised with the similarity drivers' lock,
