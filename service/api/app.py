@@ -63,10 +63,10 @@ routes (`/v2`, `/v2/health/...`, `/v2/models/...`), where they take the protocol
 
 def repository_of(settings: Settings) -> Repository:
     """The models a server with ``settings`` serves."""
-    links = settings.allow_external_symlinks
+    links, traffic = settings.allow_external_symlinks, settings.traffic_file
     if settings.model_repository is not None:
-        return Repository(settings.model_repository, allow_external_symlinks=links)
-    return Repository(settings.model_dir or DEFAULT_MODEL_DIR, True, links)
+        return Repository(settings.model_repository, False, links, traffic)
+    return Repository(settings.model_dir or DEFAULT_MODEL_DIR, True, links, traffic)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

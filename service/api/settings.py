@@ -177,6 +177,12 @@ class Settings(BaseSettings):
         description="Bearer token of the repository routes (ADMIN_TOKEN): POST "
         "/v2/repository/index, .../models/{name}/load and .../unload. Unset: they answer 403.",
     )
+    traffic_file: Path | None = Field(
+        None,
+        description="The traffic policies: aliases, canaries and shadows over the repository's "
+        "models (TRAFFIC_FILE; default traffic.json in MODEL_REPOSITORY). Re-read at every "
+        "rescan; the admin routes /v2/repository/aliases/... write it (docs/operating/traffic.md).",
+    )
     reload_interval_s: float = Field(
         0.0,
         ge=0,
@@ -243,6 +249,7 @@ class Settings(BaseSettings):
         "tls_key_file",
         "tls_client_ca_file",
         "grpc_port",
+        "traffic_file",
         mode="before",
     )
     @classmethod
