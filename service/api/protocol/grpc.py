@@ -54,7 +54,7 @@ from grpc import aio
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.errors import LoadRefusedError, status_of
+from service.api.errors import LoadRefusedError, RateLimitedError, status_of
 from service.api.machinery.auth import (
     Access,
     AccessPolicy,
@@ -101,6 +101,7 @@ _CODES = {
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -317,6 +318,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             except ModelError as error:
                 status, _ = status_of(error)
                 code, message = _CODES.get(status, grpc.StatusCode.INTERNAL), str(error)
+                if isinstance(error, RateLimitedError):
+                    trailing.append(("retry-after", error.retry_after()))
                 if status == 500:
                     logger.error("gRPC %s failed: %s", method, error)
             except asyncio.CancelledError:
