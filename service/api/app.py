@@ -22,6 +22,7 @@ from service.api.machinery.auth import AccessPolicy, KeyCheckMiddleware, KeyStor
 from service.api.machinery.hotpath import HotRoutes
 from service.api.machinery.limits import MemoryBudget, install_limits
 from service.api.machinery.metrics import Metrics, PrometheusMetrics
+from service.api.machinery.payloads import PayloadLog, payload_log
 from service.api.protocol import rest as protocol_rest
 from service.api.protocol.grpc import drain_on_signals, start_grpc_server
 from service.api.registry import ModelRegistry, Repository
@@ -84,6 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     policy = AccessPolicy(keys, settings)
     # The request bytes the process holds at once: one budget for HTTP bodies and gRPC messages.
     budget = MemoryBudget(settings.max_buffered_bytes)
+    # Sampled requests and answers (PAYLOAD_LOG_RATE), None when none are.
+    payloads = payload_log(settings, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -109,7 +112,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             grpc = None
             try:
                 if settings.grpc_port is not None:
-                    grpc = await GrpcService.start(settings, plane, policy, metrics, budget)
+                    grpc = await GrpcService.start(
+                        settings, plane, policy, metrics, budget, payloads
+                    )
                 rescans = Rescans(
                     registry,
                     settings.reload_interval_s,
@@ -122,6 +127,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if grpc is not None:
                     await grpc.stop()
                 plane.close()
+                if payloads is not None:
+                    payloads.close()
                 metrics.fold()  # what the last requests reported, before the process ends
                 if cluster is not None:
                     await cluster.close()
@@ -154,6 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         HotRoutes,
         routes=app.router.routes,
         handlers={**routes.HOT_HANDLERS, **protocol_rest.HOT_HANDLERS},
+        payloads=payloads,
     )
     app.add_middleware(KeyCheckMiddleware, policy=policy)
     install_limits(app, settings, budget)
@@ -294,8 +302,9 @@ class GrpcService:
         policy: AccessPolicy,
         metrics: Metrics,
         budget: MemoryBudget,
+        payloads: PayloadLog | None = None,
     ) -> GrpcService:
-        server = await start_grpc_server(settings, plane, policy, metrics, budget)
+        server = await start_grpc_server(settings, plane, policy, metrics, budget, payloads)
         service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service
