@@ -23,8 +23,14 @@ from service.api.machinery.hotpath import HotRoutes
 from service.api.machinery.limits import MemoryBudget, install_limits
 from service.api.machinery.metrics import Metrics, PrometheusMetrics
 from service.api.machinery.payloads import PayloadLog, payload_log
+from service.api.machinery.tracing import (
+    TracingMiddleware,
+    traced_data_plane,
+    traced_servicer,
+    tracing_from_environment,
+)
 from service.api.protocol import rest as protocol_rest
-from service.api.protocol.grpc import drain_on_signals, start_grpc_server
+from service.api.protocol.grpc import InferenceServicer, drain_on_signals, start_grpc_server
 from service.api.registry import ModelRegistry, Repository
 from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
@@ -87,6 +93,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     budget = MemoryBudget(settings.max_buffered_bytes)
     # Sampled requests and answers (PAYLOAD_LOG_RATE), None when none are.
     payloads = payload_log(settings, metrics)
+    # OpenTelemetry (OTEL_*), None when off: then nothing of it is installed.
+    tracing = tracing_from_environment()
+    plane_class = traced_data_plane(tracing)
+    if payloads is not None and tracing is not None:
+        payloads.traceparent = tracing.traceparent
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -98,7 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.load_timeout_s,
             CatalogueSource(cluster),
         )
-        plane = app.state.dataplane = DataPlane(registry, settings, metrics)
+        plane = app.state.dataplane = plane_class(registry, settings, metrics)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
         # final matrix product, and linear/rbf similarities of batches) stays single-threaded
         # instead of fighting them; that is also what makes a BLAS similarity call serial.
@@ -113,7 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             try:
                 if settings.grpc_port is not None:
                     grpc = await GrpcService.start(
-                        settings, plane, policy, metrics, budget, payloads
+                        settings, plane, policy, metrics, budget, payloads, traced_servicer(tracing)
                     )
                 rescans = Rescans(
                     registry,
@@ -129,6 +140,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 plane.close()
                 if payloads is not None:
                     payloads.close()
+                if tracing is not None:
+                    tracing.shutdown()
                 metrics.fold()  # what the last requests reported, before the process ends
                 if cluster is not None:
                     await cluster.close()
@@ -165,6 +178,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.add_middleware(KeyCheckMiddleware, policy=policy)
     install_limits(app, settings, budget)
+    if tracing is not None:
+        # Outermost of the middleware: the key check's and the limits' refusals are traced too.
+        app.add_middleware(TracingMiddleware, tracing=tracing, routes=app.router.routes)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
     for router in (
@@ -303,8 +319,11 @@ class GrpcService:
         metrics: Metrics,
         budget: MemoryBudget,
         payloads: PayloadLog | None = None,
+        servicer: type[InferenceServicer] = InferenceServicer,
     ) -> GrpcService:
-        server = await start_grpc_server(settings, plane, policy, metrics, budget, payloads)
+        server = await start_grpc_server(
+            settings, plane, policy, metrics, budget, payloads, servicer
+        )
         service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service

@@ -24,6 +24,7 @@ import os
 import random
 import socket
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 import orjson
@@ -68,6 +69,9 @@ class PayloadLog:
             stream = self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self.writer = BackgroundStreamHandler(stream, max_pending=settings.payload_log_queue)
         self.source = f"/besvm/{socket.gethostname()}/{os.getpid()}"
+        # The current span's traceparent, when tracing is on (CloudEvents' distributed tracing
+        # extension): the records of a request belong to its trace.
+        self.traceparent: Callable[[], str | None] | None = None
 
     def sampled(self) -> bool:
         """Whether this request is recorded (an independent draw per request)."""
@@ -90,13 +94,14 @@ class PayloadLog:
         request_id = None if context is None else context.request_id
         model = None if context is None else context.model or None
         now = datetime.datetime.now(datetime.UTC).isoformat()
+        traceparent = None if self.traceparent is None else self.traceparent()
         for kind, body, content_type in (
             (REQUEST_TYPE, request, request_type),
             (RESPONSE_TYPE, answer, answer_type),
         ):
             values = (
                 kind, fresh_request_id(), now, request_id, endpoint, model, version, status,
-                body, content_type,
+                body, content_type, traceparent,
             )  # fmt: skip
             if not self.writer.write_later(self._event, values):
                 self.metrics.payload_dropped()
@@ -113,6 +118,7 @@ class PayloadLog:
         status: int | str,
         body: bytes | Any,
         content_type: str,
+        traceparent: str | None,
     ) -> str:
         """One CloudEvent's JSON line (on the writer thread)."""
         event: dict[str, Any] = {
@@ -126,6 +132,7 @@ class PayloadLog:
             "model": model,
             "modelversion": version,
             "status": status,
+            "traceparent": traceparent,
         }
         if not isinstance(body, bytes):  # a gRPC message
             body = orjson.dumps(json_format.MessageToDict(body))

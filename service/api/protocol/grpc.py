@@ -498,6 +498,7 @@ async def start_grpc_server(
     metrics: Metrics,
     budget: MemoryBudget,
     payloads: PayloadLog | None = None,
+    servicer: type[InferenceServicer] | None = None,
 ) -> aio.Server:
     """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set), its
     messages counted in ``budget`` (the process's, shared with HTTP)."""
@@ -518,7 +519,7 @@ async def start_grpc_server(
         maximum_concurrent_rpcs=concurrency_bound(settings),
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(plane, policy, metrics, payloads), server
+        (servicer or InferenceServicer)(plane, policy, metrics, payloads), server
     )
     address = f"{settings.host}:{settings.grpc_port}"
     tls = TlsFiles.from_settings(settings)
