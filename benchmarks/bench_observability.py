@@ -35,7 +35,9 @@ from service.api.machinery.observability import JsonFormatter, RequestIdFilter, 
 from training.datasets import load_digits_dataset
 
 
-def _request(app, body: bytes):
+def classify_request(app, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()):
+    """A POST /classify of ``body`` to ``app`` as ASGI: a new scope per call, and receive."""
+
     def scope() -> dict:
         return {
             "app": app,  # set by the app's __call__, which the stacks bypass
@@ -52,6 +54,7 @@ def _request(app, body: bytes):
                 (b"host", b"bench"),
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
@@ -86,7 +89,7 @@ async def _main(args: argparse.Namespace) -> None:
             "metrics": RequestObservability(bare, routes, metrics, access_log=False),
             "metrics+log": RequestObservability(bare, routes, metrics, access_log=True),
         }
-        scope, receive = _request(app, body)
+        scope, receive = classify_request(app, body)
         statuses: list[int] = []
 
         async def send(message: dict) -> None:

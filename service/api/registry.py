@@ -512,16 +512,11 @@ class ModelRegistry:
         """The snapshot that answers one classification, as :meth:`snapshot`, but an alias's
         canary and shadow drawn (see :meth:`AliasPolicy.route`)."""
         key = name if name is not None else self._default_name()
-        entry = self.entries.get(key)
-        if entry is None:
+        if key not in self.entries:
             policy = self.policies.get(key)
-            if policy is None:
-                raise NotFoundError(self._unknown(name))
-            return policy.route(key, self.entries, version)
-        snapshot = entry.snapshot
-        if snapshot is None:
-            raise ModelNotReadyError(entry.not_ready_message())
-        return snapshot, None
+            if policy is not None:
+                return policy.route(key, self.entries, version)
+        return self.snapshot(name, version), None
 
     def _default_name(self) -> str | None:
         if self.default_model is not None:

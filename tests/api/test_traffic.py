@@ -23,7 +23,7 @@ from scipy.stats import binom
 from benchmarks.serving import free_port
 from service.api import Settings, create_app
 from service.model.artifact import manifest_digest
-from tests.api.conftest import server_process
+from tests.api.conftest import answered, server_process
 from training.estimator import fit_dataset
 
 pytestmark = pytest.mark.slow
@@ -72,12 +72,13 @@ def batch(digits, versions):
     return X[chosen]
 
 
-def _scores(answer: dict, classes) -> np.ndarray:
-    rows = []
-    for prediction in answer["predictions"]:
-        by_label = {entry["label"]: entry["score"] for entry in prediction["top_k"]}
-        rows.append([by_label[c] for c in classes])
-    return np.array(rows)
+def _scores(answer: dict, column: dict[str, int]) -> np.ndarray:
+    """The answer's scores in the model's order of classes (its top_k holds them all)."""
+    scores = np.full((len(answer["predictions"]), len(column)), np.nan)
+    for row, prediction in enumerate(answer["predictions"]):
+        for entry in prediction["top_k"]:
+            scores[row, column[entry["label"]]] = entry["score"]
+    return scores
 
 
 def _metric(url: str, name: str, **labels: str) -> float:
@@ -109,7 +110,7 @@ def test_alias_moves_canaries_shadows_and_rolls_back_under_load_without_a_failed
     digests = [manifest_digest(repository / f"digits-{n}") for n in (1, 2, 3)]
     expected = {d: v.decision_function(batch) for d, v in zip(digests, versions, strict=True)}
     labels = {d: v.predict(batch).tolist() for d, v in zip(digests, versions, strict=True)}
-    classes = versions[0].classes
+    column = {label: index for index, label in enumerate(versions[0].classes)}
     instances = batch.reshape(len(batch), 8, 8).tolist()
     tensor = batch.reshape(len(batch), 8, 8, 1)
 
@@ -129,20 +130,15 @@ def test_alias_moves_canaries_shadows_and_rolls_back_under_load_without_a_failed
     def rest_client(path: str) -> None:
         with httpx.Client(base_url=url, timeout=30) as http:
             while not stop.is_set():
-                try:
-                    response = http.post(path, json={"instances": instances, "top_k": 10})
-                except httpx.HTTPError as error:
-                    failures.append(f"{path}: {error!r}")
-                    continue
-                if response.status_code != 200:
-                    failures.append(f"{path}: {response.status_code} {response.text[:200]}")
+                response = answered(http, path, {"instances": instances, "top_k": 10}, failures)
+                if response is None:
                     continue
                 body = response.json()
                 version = response.headers["x-model-version"]
                 if body["model_version"] != version:
                     failures.append(f"{path}: body and header name other versions")
                 predicted = [p["label"] for p in body["predictions"]]
-                check(version, _scores(body, classes), predicted, path)
+                check(version, _scores(body, column), predicted, path)
 
     def grpc_client() -> None:
         with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:

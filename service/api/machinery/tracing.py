@@ -112,6 +112,10 @@ class Tracing:
         """The context of a request's ``traceparent`` (and what the propagators read)."""
         return self.propagate.extract(carrier)
 
+    def recording(self) -> bool:
+        """Whether the current span records (its request was sampled)."""
+        return self.trace.get_current_span().is_recording()
+
     def traceparent(self) -> str | None:
         """The current span's W3C ``traceparent`` (None outside a sampled span)."""
         carrier: dict[str, str] = {}
@@ -188,12 +192,16 @@ class TracedDataPlane(DataPlane):
     tracing: Tracing
 
     async def classify(self, *args, **kwargs):
+        if not self.tracing.recording():  # the request is not sampled: nor is its work
+            return await super().classify(*args, **kwargs)
         with self.tracing.tracer.start_as_current_span("classify") as span:
             snapshot, answers = await super().classify(*args, **kwargs)
             span.set_attributes(_model_attributes(snapshot, len(answers)))
             return snapshot, answers
 
     async def search(self, *args, **kwargs):
+        if not self.tracing.recording():
+            return await super().search(*args, **kwargs)
         with self.tracing.tracer.start_as_current_span("search") as span:
             snapshot, result = await super().search(*args, **kwargs)
             span.set_attributes(_model_attributes(snapshot, 1))
