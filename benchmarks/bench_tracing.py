@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 import orjson
+from bench_observability import classify_request
 
 import service.api.app as app_module
-from benchmarks.bench_observability import classify_request
 from service.api import Settings, create_app
 from service.api.dataplane import DataPlane
 from service.api.machinery.tracing import TracingMiddleware
