@@ -512,11 +512,13 @@ class ModelRegistry:
         """The snapshot that answers one classification, as :meth:`snapshot`, but an alias's
         canary and shadow drawn (see :meth:`AliasPolicy.route`)."""
         key = name if name is not None else self._default_name()
-        if key not in self.entries:
-            policy = self.policies.get(key)
-            if policy is not None:
-                return policy.route(key, self.entries, version)
-        return self.snapshot(name, version), None
+        entry = self.entries.get(key)
+        if entry is not None and entry.snapshot is not None:
+            return entry.snapshot, None
+        policy = None if entry is not None else self.policies.get(key)
+        if policy is not None:
+            return policy.route(key, self.entries, version)
+        return self.snapshot(name, version), None  # the error
 
     def _default_name(self) -> str | None:
         if self.default_model is not None:

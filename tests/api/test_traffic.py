@@ -397,3 +397,36 @@ def test_aliases_need_a_repository_or_a_traffic_file(digits_model_dir, tmp_path)
             ).json()["model"]
             == "digits"
         )
+
+
+def test_a_change_by_one_worker_reaches_every_worker(small_repository):
+    """WORKERS=2: the worker that answers the admin route tells the supervisor (SIGHUP), which
+    tells every worker to read the file: new connections, spread over both workers, all see
+    the change, without waiting for a rescan (RELOAD_INTERVAL_S is 0)."""
+    _write_traffic(small_repository, {"digits": {"model": "digits-1"}})
+    digests = [manifest_digest(small_repository / f"digits-{n}") for n in (1, 2)]
+    image = {"instances": [np.zeros((8, 8)).tolist()]}
+    with server_process(
+        MODEL_REPOSITORY=str(small_repository), ADMIN_TOKEN=TOKEN, WORKERS="2"
+    ) as server:
+        url = server.url
+
+        def versions() -> set[str]:
+            # A new connection each: the kernel spreads them over the workers.
+            return {
+                httpx.post(f"{url}/v1/models/digits/classify", json=image).headers[
+                    "x-model-version"
+                ]
+                for _ in range(40)
+            }
+
+        assert versions() == {digests[0]}
+        moved = httpx.put(
+            f"{url}/v2/repository/aliases/digits", headers=ADMIN, json={"model": "digits-2"}
+        )
+        assert moved.status_code == 200, moved.text
+        _wait_for(lambda: versions() == {digests[1]}, "every worker to serve version 2")
+        # Both workers applied it (each logs the change once), not one that took every request.
+        _wait_for(
+            lambda: server.log().count("now: model 'digits-2'") == 2, "both workers' log lines"
+        )
