@@ -141,14 +141,20 @@ def _report(title: str, per_call: dict[str, list[float]]) -> None:
         print(f"{name:<14} {median:15.1f} {median - base:12.1f} {median / base:7.3f}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def in_process_options(description: str, calls: int, repeats: int) -> argparse.ArgumentParser:
+    """The options of an in-process benchmark of a one-digit /classify: the model, the calls
+    of a round and the rounds."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        description=description, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--model", type=Path, default=Path("models/digits"))
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=15)
-    asyncio.run(_main(parser.parse_args(argv)))
+    parser.add_argument("--calls", type=int, default=calls)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_main(in_process_options(__doc__, 2000, 15).parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import orjson
-from bench_observability import classify_request
+from bench_observability import classify_request, in_process_options
 
 import service.api.app as app_module
 from service.api import Settings, create_app
@@ -145,13 +145,7 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    parser.add_argument("--model", type=Path, default=Path("models/digits"))
-    parser.add_argument("--calls", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=200)
-    asyncio.run(_main(parser.parse_args(argv)))
+    asyncio.run(_main(in_process_options(__doc__, 100, 200).parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -472,6 +472,18 @@ def describe_policy(
 # -- shadows -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One request's copy for a shadow: its inputs and the answers served to them."""
+
+    shadow: Shadow
+    snapshot: ModelSnapshot
+    served: ModelSnapshot
+    instances: Sequence[Any] | None
+    texts: Sequence[str] | None
+    answers: list[Answer]
+
+
 class ShadowRunner:
     """Runs shadow comparisons on a thread of its own, at most ``queue`` queued or under way.
 
@@ -517,25 +529,16 @@ class ShadowRunner:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="besvm-shadow"
             )
+        job = Comparison(shadow, snapshot, served, instances, texts, answers)
         # In the request's context: the shadow's log lines carry the request's id.
-        context = contextvars.copy_context()
-        self._executor.submit(
-            context.run, self._compare, shadow, snapshot, served, instances, texts, answers
-        )
+        self._executor.submit(contextvars.copy_context().run, self._compare, job)
 
-    def _compare(
-        self,
-        shadow: Shadow,
-        snapshot: ModelSnapshot,
-        served: ModelSnapshot,
-        instances: Sequence[Any] | None,
-        texts: Sequence[str] | None,
-        answers: list[Answer],
-    ) -> None:
+    def _compare(self, job: Comparison) -> None:
+        shadow, snapshot, served, answers = job.shadow, job.snapshot, job.served, job.answers
         try:
             started = time.perf_counter()
             try:
-                shadowed = snapshot.predictor.classify(instances, 1, texts=texts)
+                shadowed = snapshot.predictor.classify(job.instances, 1, texts=job.texts)
             except Exception as error:
                 self.metrics.shadow_skipped(shadow.alias, shadow.model, "failed")
                 self._failed(shadow, snapshot, error)
