@@ -20,6 +20,7 @@ from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
+    AliasRequest,
     AtomResponse,
     ClassifyRequest,
     ClassifyResponse,
@@ -82,6 +83,7 @@ BODY_SCHEMAS: tuple[type[BaseModel], ...] = (
     SearchRequest,
     SearchBatchRequest,
     RepositoryIndexRequest,
+    AliasRequest,
 )
 
 
