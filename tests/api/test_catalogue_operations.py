@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 # A code query of every item: its answer is exactly the live items of the version that answered.
 EVERY_ITEM = {"code": {"indices": [3], "values": [1.0]}, "top_k": 1000}
 SCANS = {"must": [{"key": "source", "match": {"value": "scan"}}]}
+ROUNDS = 20
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +79,11 @@ def test_a_snapshot_taken_under_upserts_and_searches_restores_exactly_its_versio
     def update(url: str) -> None:
         current = set(live[1])
         with httpx.Client(timeout=WAIT_S) as http:
-            r = 0
-            while not stop.is_set():
+            # Each round adds 8 live items: 20 rounds stay within EVERY_ITEM's top_k.
+            for r in range(ROUNDS):
+                if stop.is_set():
+                    break
                 update_round(url, http, digits, r, current, live)
-                r += 1
 
     with serving(model, ADMIN_TOKEN=TOKEN, SNAPSHOTS_DIR=str(kept)) as url:
         workers = [
@@ -99,7 +101,7 @@ def test_a_snapshot_taken_under_upserts_and_searches_restores_exactly_its_versio
             # The command line, from another process, while the server writes.
             command = snapshot_command(model, "--snapshot", str(tmp_path / "by-command"))
             assert command.returncode == 0, command.stderr
-            while len(live) < 12:  # updates went on after both snapshots
+            while len(live) < 2 * ROUNDS + 1:  # every round of updates done
                 assert time.monotonic() < deadline, failures
                 time.sleep(0.02)
         assert not failures
