@@ -14,6 +14,7 @@ import pytest
 
 from service.model import InvalidInputError, Predictor
 from service.model.errors import (
+    ArtifactError,
     ArtifactIntegrityError,
     NotFoundError,
     SnapshotRefusedError,
@@ -376,3 +377,11 @@ def test_a_catalogue_written_before_shards_is_snapshotted_and_restored_whole(tmp
     assert restored.catalogue.version == 0
     assert restored.run(SearchQuery(class_label="7", top_k=10)).items == ranking
     assert "added-0" not in restored.catalogue.ids.tolist()
+
+
+def test_a_snapshot_that_cannot_be_written_says_why(model, tmp_path):
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the snapshots' directory should be")
+    with pytest.raises(ArtifactError, match="cannot write the snapshot"):
+        snapshot_model_catalogue(model, blocked / "snap")
+    assert not list(search_dir(model).glob(".catalogue-snapshot*"))  # the pins are gone

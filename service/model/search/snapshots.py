@@ -184,6 +184,13 @@ def take_snapshot(
     path, search_path, out = Path(path), Path(search_path), Path(out)
     if out.exists():
         raise ArtifactError(f"{out} already exists: a snapshot is written to a new directory")
+    try:
+        return _take(path, search_path, out)
+    except OSError as error:  # a full disk, a directory not writable: said, never a 500
+        raise ArtifactError(f"cannot write the snapshot {out}: {error}") from None
+
+
+def _take(path: Path, search_path: Path, out: Path) -> Snapshot:
     out.parent.mkdir(parents=True, exist_ok=True)
     with _pinned(path, search_path) as (pin, files), locked_staging(out) as staging:
         # Checked against the manifests as they are copied: a version damaged on disk is
@@ -383,7 +390,10 @@ def restore_snapshot(
             f"snapshot {verified.path} is of a catalogue built for another search model than "
             f"{search_path}: restore it into the model it was taken from (or a copy of it)"
         )
-    result = restore_version(path, search_path, verified.version_path, verified.checksums)
+    try:
+        result = restore_version(path, search_path, verified.version_path, verified.checksums)
+    except OSError as error:  # a full disk, a directory not writable: said, never a 500
+        raise ArtifactError(f"cannot restore {verified.path} into {path}: {error}") from None
     return verified, result
 
 
