@@ -13,8 +13,8 @@ between them is allowed); readers of the rendered page do not see it:
   rewritten to its ports). Servers of one name and settings are shared; each serves its own
   copy of the digits model that ``make run`` trains, with its search model and catalogue, as
   ``make run`` does (``MODEL_REPOSITORY``, ``DEFAULT_MODEL=digits``), with ``ADMIN_TOKEN=s3cret``
-  and a gRPC port unless the marker's settings say otherwise. Relative paths in the settings
-  are the scratch directory's files.
+  and a gRPC port unless the marker's settings say otherwise; ``MODEL_DIR=path`` serves the
+  page's own model instead. Relative paths in the settings are the scratch directory's files.
 - ``<!-- output -->``: what the example before it prints, compared with what it printed.
 - ``<!-- not-run: why -->``: a block the test does not run, and why.
 """
@@ -254,12 +254,14 @@ def _same_number(got: float, want: float) -> bool:
 def _compare(got, want, where: str, found: list[str]) -> None:
     if isinstance(want, dict) and isinstance(got, dict):
         if set(got) != set(want):
-            found.append(f"{where or 'the answer'}: keys {sorted(got)}, the docs show {sorted(want)}")
+            found.append(
+                f"{where or 'the answer'}: keys {sorted(got)}, the docs show {sorted(want)}"
+            )
         for key in want.keys() & got.keys():
             if key in PER_RUN:
                 if type(got[key]) is not type(want[key]) or (
-                    isinstance(want[key], str) and bool(_SHA256.fullmatch(want[key]))
-                    != bool(_SHA256.fullmatch(got[key]))
+                    isinstance(want[key], str)
+                    and bool(_SHA256.fullmatch(want[key])) != bool(_SHA256.fullmatch(got[key]))
                 ):
                     found.append(f"{where}.{key}: {got[key]!r} is not shaped as {want[key]!r}")
                 continue
@@ -267,7 +269,7 @@ def _compare(got, want, where: str, found: list[str]) -> None:
     elif isinstance(want, list) and isinstance(got, list):
         if len(got) != len(want):
             found.append(f"{where or 'the answer'}: {len(got)} items, the docs show {len(want)}")
-        for i, (a, b) in enumerate(zip(got, want)):
+        for i, (a, b) in enumerate(zip(got, want, strict=False)):  # lengths checked above
             _compare(a, b, f"{where}[{i}]", found)
     elif _is_number(want) and _is_number(got):
         if not _same_number(got, want):
@@ -291,7 +293,7 @@ def _compare_text(printed: str, expected: str) -> list[str]:
         return [f"printed:\n{printed}\nthe docs show:\n{expected}"]
     return [
         f"{a}, the docs show {b} (in {printed.strip()!r})"
-        for a, b in zip(got_numbers, want_numbers)
+        for a, b in zip(got_numbers, want_numbers, strict=True)
         if not _same_number(float(a), float(b))
     ]
 

@@ -31,29 +31,39 @@ class Servers:
 
     def __init__(self, model: Path, root: Path, stack: contextlib.ExitStack):
         self.model, self.root, self.stack = model, root, stack
-        self.running: dict[tuple[Server, Path], tuple[str, int, int]] = {}
+        self.running: dict[tuple[Server, Path], tuple[int, int]] = {}
 
-    def get(self, server: Server, scratch: Path) -> tuple[str, int, int]:
-        """(scheme, HTTP port, gRPC port) of the server, relative settings read in ``scratch``."""
+    def get(self, server: Server, scratch: Path) -> tuple[int, int]:
+        """(HTTP port, gRPC port) of the server, relative settings read in ``scratch``."""
         settings = {
             variable: str(scratch / value) if (scratch / value).exists() else value
             for variable, value in server.settings
         }
         key = (server, scratch if settings != dict(server.settings) else self.root)
         if key not in self.running:
-            repository = self.root / f"repository-{len(self.running)}"
-            shutil.copytree(self.model, repository / "digits")
             grpc = free_port()
             env = {
-                **{k: v for k, v in os.environ.items() if k not in ("MODEL_DIR", "MODEL_REPOSITORY")},
+                **{
+                    k: v
+                    for k, v in os.environ.items()
+                    if k not in ("MODEL_DIR", "MODEL_REPOSITORY")
+                },
                 **SERVED,
-                "MODEL_REPOSITORY": str(repository),
                 "GRPC_PORT": str(grpc),
                 **settings,
             }
+            if "MODEL_DIR" in settings:  # the page's own model
+                del env["DEFAULT_MODEL"]
+            else:
+                repository = self.root / f"repository-{len(self.running)}"
+                shutil.copytree(self.model, repository / "digits")
+                env["MODEL_REPOSITORY"] = str(repository)
             probe = {}
             if "TLS_CERT_FILE" in settings:  # polled with the client certificate the page made
-                probe = {"verify": False, "cert": (scratch / "client.pem", scratch / "client-key.pem")}
+                probe = {
+                    "verify": False,
+                    "cert": (scratch / "client.pem", scratch / "client-key.pem"),
+                }
             try:
                 process = self.stack.enter_context(
                     server_process(
@@ -66,7 +76,7 @@ class Servers:
                 )
             except ServerNotReady as error:
                 pytest.fail(f"the server {server.name} did not start: {error}")
-            self.running[key] = (process.scheme, process.port, grpc)
+            self.running[key] = (process.port, grpc)
         return self.running[key]
 
 
@@ -106,7 +116,7 @@ def test_the_examples_run_as_printed(document, servers, tmp_path):
         text = block.text
         server = markdown.server_of(block)
         if server is not None:
-            scheme, port, grpc = servers.get(server, scratch)
+            port, grpc = servers.get(server, scratch)
             text = text.replace("localhost:8000", f"localhost:{port}")
             text = text.replace("localhost:8081", f"localhost:{grpc}")
         result = _run(block, scratch, text)

@@ -24,7 +24,9 @@ def test_the_readme_is_a_short_guide():
 
 
 def test_every_page_is_on_the_map():
-    mapped = {markdown.DOCS / unquote(target) for _, target in markdown.links(markdown.DOCS / "README.md")}
+    mapped = {
+        markdown.DOCS / unquote(target) for _, target in markdown.links(markdown.DOCS / "README.md")
+    }
     pages = {
         path
         for path in markdown.DOCS.rglob("*.md")
@@ -64,9 +66,8 @@ def test_every_command_is_run_or_says_why_not(document: Path):
         if block.kind == "not-run":
             assert block.options, f"{block.where}: say why it is not run"
         if block.kind == "output":
-            assert i > 0 and found[i - 1].kind == "example", (
-                f"{block.where}: an output block follows the example whose output it is"
-            )
+            before = found[i - 1].kind if i > 0 else None
+            assert before == "example", f"{block.where}: an output block follows its example"
         if block.kind == "example":
             markdown.server_of(block)  # its settings parse
 

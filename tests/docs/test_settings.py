@@ -58,7 +58,9 @@ def test_the_documented_default_is_the_settings(name):
     default = field.get_default(call_default_factory=True)
     shown, expected = SETTINGS[name.upper()], _documented(default)
     if isinstance(expected, int | float):
-        assert float(shown) == expected, f"{name.upper()}: the page says {shown}, the code {expected}"
+        assert float(shown) == expected, (
+            f"{name.upper()}: the page says {shown}, the code {expected}"
+        )
     else:
         assert shown == expected, f"{name.upper()}: the page says {shown}, the code {expected}"
 
