@@ -145,28 +145,27 @@ _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
-def _prose(path: Path) -> list[tuple[int, str]]:
-    """The lines of ``path`` outside fenced code blocks, with their numbers, inline code removed."""
+def _outside_code(path: Path) -> list[tuple[int, str]]:
+    """The lines of ``path`` outside fenced code blocks, with their numbers."""
     out = []
     fence = None
     for number, line in enumerate(path.read_text().splitlines(), 1):
         opening = _FENCE.match(line)
         if fence is None and opening:
             fence = opening.group(1)
-            continue
-        if fence is not None:
+        elif fence is not None:
             if line.strip() == fence:
                 fence = None
-            continue
-        out.append((number, re.sub(r"`[^`]*`", "", line)))
+        else:
+            out.append((number, line))
     return out
 
 
 def links(path: Path) -> list[tuple[int, str]]:
     """(line, target) of every Markdown link and image in ``path``, outside code."""
     found = []
-    for number, line in _prose(path):
-        for match in _LINK.finditer(line):
+    for number, line in _outside_code(path):
+        for match in _LINK.finditer(re.sub(r"`[^`]*`", "", line)):
             found.append((number, match.group(1) or match.group(2)))
     return found
 
@@ -185,16 +184,7 @@ def anchors(path: Path) -> set[str]:
     """The anchors of ``path``'s headings (a repeated heading gets -1, -2, ... as on GitHub)."""
     seen: dict[str, int] = {}
     found = set()
-    fence = None
-    for line in path.read_text().splitlines():
-        opening = _FENCE.match(line)
-        if fence is None and opening:
-            fence = opening.group(1)
-            continue
-        if fence is not None:
-            if line.strip() == fence:
-                fence = None
-            continue
+    for _, line in _outside_code(path):
         heading = _HEADING.match(line)
         if heading:
             base = slug(re.sub(r"`", "", heading.group(2)))
