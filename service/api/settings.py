@@ -42,8 +42,9 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(
         1000,
         ge=1,
-        description="Most instances in one /classify request, and positives plus negatives in "
-        "one /search; more get 413.",
+        description="Most instances in one /classify request, positives plus negatives in one "
+        "/search, and searches in one batch of searches (their positives and negatives in all "
+        "too); more get 413.",
     )
     max_request_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest request body; larger bodies get 413."
