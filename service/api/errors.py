@@ -31,6 +31,7 @@ from service.model.errors import (
     ModelNotReadyError,
     NotFoundError,
     ShardsUnavailableError,
+    SnapshotRefusedError,
     SpecError,
     VersionConflictError,
 )
@@ -94,6 +95,7 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (TrafficPolicyError, 409, "policy_refused"),
     (RateLimitedError, 429, "rate_limited"),
     (VersionConflictError, 409, "version_conflict"),
+    (SnapshotRefusedError, 409, "snapshot_refused"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (RequestTooLargeError, 413, "request_too_large"),
     (InvalidInputError, 422, "invalid_input"),
