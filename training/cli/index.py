@@ -19,6 +19,7 @@ from service.model.search import (
     read_catalogue,
     search_dir,
 )
+from service.model.search.snapshots import RESTORE_HELP, SNAPSHOT_HELP, snapshot_command
 from training.cli.common import (
     add_model_arguments,
     add_output_flags,
@@ -112,6 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="merge runs of small shards into shards of up to --shard-items and drop removed "
         "items (the ranking is unchanged)",
     )
+    which.add_argument("--snapshot", type=Path, metavar="OUT", help=SNAPSHOT_HELP)
+    which.add_argument("--restore", type=Path, metavar="SNAPSHOT", help=RESTORE_HELP)
     add_cluster_argument(parser)
     add_output_flags(parser, "catalogue")
 
@@ -120,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
     predictor = Predictor.load(args.model)
     model = UnionOfSubspacesModel.load(search_dir(args.model), args.model)
     out = catalogue_dir(args.model)
+    if args.snapshot or args.restore:
+        print(snapshot_command(args.model, args.snapshot, args.restore))
+        return 0
     if args.delete or args.compact:
         return _change_index(args, model, out)
     if not args.append and already_there(
