@@ -175,6 +175,11 @@ class DataPlane:
         """Every model's status (name, state, version, reason) and its snapshot, by name."""
         return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
 
+    def aliases(self) -> list[dict[str, Any]]:
+        """Every alias served: its model, canary and shadow, each with the version it serves
+        (see :func:`service.api.traffic.describe_policy`)."""
+        return self.registry.describe_aliases()["aliases"]
+
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
         """One ready model's status and snapshot (an alias's: its model's)."""
         snapshot = self.snapshot(name)

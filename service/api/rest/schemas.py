@@ -203,6 +203,12 @@ class ModelList(BaseModel):
     models: list[ModelInfo | ModelStatus] = Field(
         ..., description="Every model of the repository, by name; details for ready ones."
     )
+    aliases: list[AliasInfo] = Field(
+        default_factory=list,
+        description="The names that are aliases (docs/operating/traffic.md), by name: the model "
+        "each answers from, its canary and shadow with their shares, and the version each "
+        "serves; as GET /v2/repository/aliases lists them, without an admin key.",
+    )
 
 
 class RepositoryIndexRequest(BaseModel):
