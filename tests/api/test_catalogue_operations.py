@@ -463,6 +463,13 @@ def test_the_openapi_examples_of_the_new_routes_answer(client):
     assert {"$ref": "#/components/schemas/SearchBatchRequest"} in body["schema"]["oneOf"]
     assert schemas["SearchBatchRequest"]["properties"]["searches"]["maxItems"] == 50
     for path in ("/v1/models/{name}/catalogue/snapshots",
+                 "/v1/models/{name}/catalogue/snapshots/{snapshot}",
                  "/v1/models/{name}/catalogue/snapshots/{snapshot}/restore"):  # fmt: skip
         for operation in spec["paths"][path].values():
             assert "403" in operation["responses"]  # admin routes
+            assert "504" not in operation["responses"]  # jobs: 202 when past the time
+    snapshots = spec["paths"]["/v1/models/{name}/catalogue/snapshots"]["post"]
+    restore = spec["paths"]["/v1/models/{name}/catalogue/snapshots/{snapshot}/restore"]
+    assert {"201", "202", "409"} <= set(snapshots["responses"])
+    assert {"200", "202", "409"} <= set(restore["post"]["responses"])
+    assert restore["get"]["operationId"] != restore["post"]["operationId"]

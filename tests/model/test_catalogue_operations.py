@@ -468,6 +468,9 @@ def test_a_read_only_catalogue_is_snapshotted_under_the_writers_lock(
         assert not finished.wait(1.0)
     worker.join(30)
     assert finished.is_set()
+    # A restore must write the catalogue: refused, saying why, never a 500.
+    with pytest.raises(ArtifactError, match="Read-only file system"):
+        restore_model_catalogue(tmp_path / "snap", read_only_model)
 
 
 def test_what_an_interrupted_snapshot_left_is_removed_and_never_listed(model, tmp_path):

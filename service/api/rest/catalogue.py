@@ -14,6 +14,7 @@ REQUEST_TIMEOUT_S and answers what it did, or 202 with its status route while it
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
@@ -21,7 +22,7 @@ from fastapi.responses import Response
 
 from service.api.dataplane import DataPlane
 from service.api.errors import documented_errors
-from service.api.jobs import RESTORE, SNAPSHOT, Claim
+from service.api.jobs import RESTORE, SNAPSHOT, Claim, JobKind
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
@@ -214,7 +215,9 @@ _WAIT = Query(
     description="Wait for it up to REQUEST_TIMEOUT_S (true, the default), or answer 202 at once "
     "(false); either way it goes on until it is done, and its status route says so.",
 )
-_SNAPSHOT_NAME = "The snapshot's name (POST .../snapshots answers it, GET .../snapshots lists it)."
+SnapshotName = Annotated[
+    str, Path(description="The snapshot's name (POST .../snapshots answers it, GET lists it).")
+]
 
 
 def _accepted(status: type, done: str) -> dict[int | str, dict[str, Any]]:
@@ -291,20 +294,6 @@ async def list_snapshots(request: Request, name: ModelName) -> Response:
     return json_answer(payload, snapshot)
 
 
-@router.get(
-    "/snapshots/{snapshot}",
-    response_model=SnapshotStatus,
-    responses=documented_errors(401, 403, 404, 409, 503, meanings=_STATUS_ERRORS),
-)
-async def snapshot_status(
-    request: Request, name: ModelName, snapshot: Annotated[str, Path(description=_SNAPSHOT_NAME)]
-) -> Response:
-    """A snapshot's status: in progress (how far), done (the snapshot, as the 201 answers it),
-    or failed (the error it answered, or would have)."""
-    served, record = await _plane(request).job_status(name, SNAPSHOT, snapshot, _snapshot_payload)
-    return json_answer(record, served)
-
-
 @router.post(
     "/snapshots/{snapshot}/restore",
     response_model=RestoreResponse,
@@ -316,7 +305,7 @@ async def snapshot_status(
 async def restore_snapshot(
     request: Request,
     name: ModelName,
-    snapshot: Annotated[str, Path(description=_SNAPSHOT_NAME)],
+    snapshot: SnapshotName,
     wait: bool = _WAIT,
 ) -> Response:
     """Verify every file of a snapshot (a damaged or partial one is refused, the file named,
@@ -330,15 +319,39 @@ async def restore_snapshot(
     return _job_answer(served, claim, restored, 200)
 
 
-@router.get(
+def _status_route(
+    kind: JobKind, payload: Callable[..., dict[str, Any]], route_name: str, doc: str
+) -> Callable[..., Awaitable[Response]]:
+    """The status route of ``kind``'s jobs: its record (see :meth:`DataPlane.job_status`),
+    done ones answering ``payload`` of what they did."""
+
+    async def status(request: Request, name: ModelName, snapshot: SnapshotName) -> Response:
+        served, record = await _plane(request).job_status(name, kind, snapshot, payload)
+        return json_answer(record, served)
+
+    status.__name__, status.__doc__ = route_name, doc
+    return status
+
+
+router.get(
+    "/snapshots/{snapshot}",
+    response_model=SnapshotStatus,
+    responses=documented_errors(401, 403, 404, 409, 503, meanings=_STATUS_ERRORS),
+)(
+    _status_route(
+        SNAPSHOT, _snapshot_payload, "snapshot_status",
+        """A snapshot's status: in progress (how far), done (the snapshot, as the 201 answers
+        it), or failed (the error it answered, or would have).""",
+    )
+)  # fmt: skip
+router.get(
     "/snapshots/{snapshot}/restore",
     response_model=RestoreStatus,
     responses=documented_errors(401, 403, 404, 503, meanings={404: _NO_RESTORE}),
-)
-async def restore_status(
-    request: Request, name: ModelName, snapshot: Annotated[str, Path(description=_SNAPSHOT_NAME)]
-) -> Response:
-    """The status of the last restore of a snapshot: in progress (how far), done (its answer),
-    or failed (the error it answered, or would have)."""
-    served, record = await _plane(request).job_status(name, RESTORE, snapshot, _restore_payload)
-    return json_answer(record, served)
+)(
+    _status_route(
+        RESTORE, _restore_payload, "restore_status",
+        """The status of the last restore of a snapshot: in progress (how far), done (its
+        answer), or failed (the error it answered, or would have).""",
+    )
+)  # fmt: skip
