@@ -412,9 +412,9 @@ class Jobs:
             except BaseException as error:
                 if not isinstance(error, ModelError):
                     logger.error("%s %s failed", claim.kind.name, claim.name, exc_info=error)
-                claim.finish(None, error)
+                await asyncio.to_thread(claim.finish, None, error)  # a file synced: off the loop
                 raise
-            claim.finish(result, None)
+            await asyncio.to_thread(claim.finish, result, None)
             return result
 
         task = asyncio.get_running_loop().create_task(job())
