@@ -157,6 +157,8 @@ class JobRecords:
         except BlockingIOError:
             running = os.pread(descriptor, 256, 0).decode(errors="replace").strip()
             os.close(descriptor)
+            if not SNAPSHOT_NAME.fullmatch(running):  # not written yet (or not ours)
+                running = ""
             where = self.location(kind, running) if running else None
             raise JobInProgressError(
                 f"model {self.model!r}: {kind.running} ({running or 'starting'}); one at a "
