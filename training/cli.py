@@ -75,6 +75,7 @@ from training.search import (
 )
 from training.selection import SEARCHED_PARAMETERS
 from training.shards import SHARD_FORMATS, is_sharded, open_shards, write_shards
+from training.snapshot_progress import ProgressBars
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
 # set, older option names kept for scripts, and the one default of the command line's own (it
@@ -879,7 +880,9 @@ def _run_index(args: argparse.Namespace) -> int:
     model = UnionOfSubspacesModel.load(search_dir(args.model), args.model)
     out = catalogue_dir(args.model)
     if args.snapshot or args.restore:
-        print(snapshot_command(args.model, args.snapshot, args.restore))
+        with ProgressBars(not args.quiet) as bars:
+            done = snapshot_command(args.model, args.snapshot, args.restore, bars)
+        print(done)
         return 0
     if args.delete or args.compact:
         return _change_index(args, model, out)

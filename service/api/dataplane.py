@@ -26,6 +26,7 @@ concurrent work.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import signal
@@ -36,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from service.api.jobs import DONE, RESTORE, SNAPSHOT, Claim, JobKind, JobRecords, Jobs
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
@@ -43,7 +45,7 @@ from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
-from service.model.errors import ArtifactChangedError, brief, located
+from service.model.errors import ArtifactChangedError, ArtifactError, brief, located
 from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer
 from service.model.search import (
@@ -60,6 +62,7 @@ from service.model.search.snapshots import (
     described_snapshot,
     list_snapshots,
     new_snapshot_name,
+    remove_unfinished,
     snapshot_in,
 )
 
@@ -127,6 +130,8 @@ class DataPlane:
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
         # Aliases' shadows: compared off the request path, on a thread of their own.
         self.shadows = ShadowRunner(self.metrics)
+        # Snapshots and restores, which outlive the request that starts them if they must.
+        self.jobs = Jobs(settings.request_timeout_s)
 
     def close(self) -> None:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
@@ -174,6 +179,11 @@ class DataPlane:
     def models(self) -> list[tuple[dict[str, Any], ModelSnapshot | None]]:
         """Every model's status (name, state, version, reason) and its snapshot, by name."""
         return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
+
+    def aliases(self) -> list[dict[str, Any]]:
+        """Every alias served: its model, canary and shadow, each with the version it serves
+        (see :func:`service.api.traffic.describe_policy`)."""
+        return self.registry.describe_aliases()["aliases"]
 
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
         """One ready model's status and snapshot (an alias's: its model's)."""
@@ -350,17 +360,28 @@ class DataPlane:
         index = snapshot.require_search()
         self.work.admit()
         result = await self.work.run(self.work.pool(), lambda: change(index))
-        entry = await self.registry.load(snapshot.name, force=False)
+        return await self._serve_written(snapshot.name, result), result
+
+    async def _serve_written(self, name: str, result: UpdateResult) -> ModelSnapshot:
+        """Serve the catalogue version that an update of model ``name`` wrote (``result``), and
+        tell the other worker processes; the snapshot that serves it.
+
+        Raises
+        ------
+        ModelNotReadyError
+            The version written could not be loaded (the reason says why; it is on disk).
+        """
+        entry = await self.registry.load(name, force=False)
         served = entry.snapshot
         catalogue = None if served is None or served.search is None else served.search.catalogue
-        if catalogue is None or catalogue.version < result.version:
+        if served is None or catalogue is None or catalogue.version < result.version:
             raise ModelNotReadyError(
-                f"model {snapshot.name!r}: catalogue version {result.version} was written but "
-                f"is not served: {entry.reason}"
+                f"model {name!r}: catalogue version {result.version} was written but is not "
+                f"served: {entry.reason}"
             )
         if self.has_siblings:
             os.kill(os.getppid(), signal.SIGHUP)
-        return served, result
+        return served
 
     async def count(self, name: str, query_filter: Filter | None) -> tuple[ModelSnapshot, int, int]:
         """The catalogue version of model ``name`` and its live items that ``query_filter``
@@ -398,15 +419,124 @@ class DataPlane:
             )
         return self.snapshots_dir / name
 
-    async def take_snapshot(self, name: str) -> tuple[ModelSnapshot, Snapshot]:
-        """Write a snapshot of model ``name``'s newest catalogue version under SNAPSHOTS_DIR
-        (on a worker thread, while searches and updates go on)."""
-        snapshot = self.snapshot(name)
-        index = snapshot.require_search()
-        index.require_catalogue()
-        out = self.snapshots_of(snapshot.name) / new_snapshot_name()
+    async def _claim(self, records: JobRecords, kind: JobKind, name: str) -> Claim:
+        """``kind``'s lock on the catalogue for job ``name`` (JobInProgressError: one runs),
+        taken on a worker thread (files); a snapshot's first removes what snapshots
+        interrupted before it left half-written (hidden staging directories)."""
+
+        def claim() -> Claim:
+            try:
+                claimed = records.claim(kind, name)
+            except OSError as error:  # SNAPSHOTS_DIR not writable: said, never a 500
+                raise ArtifactError(f"cannot write {records.directory}: {error}") from None
+            if kind is SNAPSHOT:
+                remove_unfinished(records.directory)
+            return claimed
+
         self.work.admit()
-        return snapshot, await self.work.run(self.work.pool(), lambda: index.snapshot(out))
+        # Untimed: a claim is taken or not, never left held by a request that stopped waiting.
+        return await self.work.run(self.work.pool(), claim, timed=False)
+
+    async def take_snapshot(
+        self, name: str, wait: bool, answer: Callable[[ModelSnapshot, Snapshot], dict[str, Any]]
+    ) -> tuple[ModelSnapshot, Claim, dict[str, Any] | None]:
+        """Start a snapshot of model ``name``'s newest catalogue version under SNAPSHOTS_DIR, a
+        job (see :mod:`service.api.jobs`) on a thread of its own while searches and updates go
+        on, and wait for it up to REQUEST_TIMEOUT_S if ``wait``: the model's snapshot that
+        serves, the job's claim (its name, record and status route) and ``answer`` of the
+        snapshot taken, None while it is under way.
+
+        Raises
+        ------
+        JobInProgressError
+            A snapshot of the catalogue is being taken.
+        ModelError
+            The snapshot failed within the wait (the error it would answer).
+        """
+        served = self.snapshot(name)
+        index = served.require_search()
+        index.require_catalogue()
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+        claim = await self._claim(records, SNAPSHOT, new_snapshot_name())
+        out = records.directory / claim.name
+
+        async def finish(taken: Snapshot) -> dict[str, Any]:
+            return answer(served, taken)
+
+        task = self.jobs.start(claim, lambda progress: index.snapshot(out, progress), finish)
+        return served, claim, await self.jobs.outcome(task, wait)
+
+    async def restore_snapshot(
+        self,
+        name: str,
+        snapshot_name: str,
+        wait: bool,
+        answer: Callable[[ModelSnapshot, UpdateResult, Snapshot], dict[str, Any]],
+    ) -> tuple[ModelSnapshot, Claim, dict[str, Any] | None]:
+        """Start the restore of model ``name``'s snapshot ``snapshot_name``, a job as
+        :meth:`take_snapshot`: every file verified, then its version made the catalogue's
+        newest and served by this process (the others told) before the job is done; the
+        model's snapshot that serves, the job's claim and ``answer`` of the restore, None while
+        it is under way.
+
+        Raises
+        ------
+        JobInProgressError
+            A restore of the catalogue is running.
+        ModelError
+            No such snapshot; or the restore failed within the wait (a damaged snapshot:
+            SnapshotRefusedError, nothing written).
+        """
+        served = self.snapshot(name)
+        index = served.require_search()
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+        path = snapshot_in(records.directory, snapshot_name)
+        claim = await self._claim(records, RESTORE, snapshot_name)
+
+        def restore(progress: Claim) -> tuple[UpdateResult, Snapshot]:
+            return index.restore(path, progress), described_snapshot(path)
+
+        async def finish(restored: tuple[UpdateResult, Snapshot]) -> dict[str, Any]:
+            result, verified = restored
+            return answer(await self._serve_written(served.name, result), result, verified)
+
+        task = self.jobs.start(claim, restore, finish)
+        return served, claim, await self.jobs.outcome(task, wait)
+
+    async def job_status(
+        self,
+        name: str,
+        kind: JobKind,
+        snapshot_name: str,
+        answer: Callable[[ModelSnapshot, Snapshot], dict[str, Any]],
+    ) -> tuple[ModelSnapshot, dict[str, Any]]:
+        """The record of model ``name``'s snapshot or restore ``snapshot_name`` (see
+        :mod:`service.api.jobs`): in progress, done with its result, or failed with its error.
+        A snapshot's directory, complete, is its record's last word: done (``answer`` of it,
+        where no record says so), whoever took it.
+
+        Raises
+        ------
+        NotFoundError
+            No such job known (nor, for a snapshot, such a snapshot).
+        """
+        served = self.snapshot(name)
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+
+        def read() -> dict[str, Any]:
+            record = records.status(kind, snapshot_name)
+            if kind is SNAPSHOT and (record is None or record["state"] != DONE):
+                with contextlib.suppress(NotFoundError):
+                    taken = described_snapshot(snapshot_in(records.directory, snapshot_name))
+                    record = records.done(kind, snapshot_name, answer(served, taken), record)
+            if record is None:
+                raise NotFoundError(
+                    f"model {served.name!r}: no {kind.name} {brief(snapshot_name)} known"
+                )
+            return record
+
+        self.work.admit()
+        return served, await self.work.run(self.work.pool(), read, timed=False)
 
     async def list_snapshots(self, name: str) -> tuple[list[Snapshot], list[str]]:
         """Model ``name``'s catalogue snapshots, oldest first, and the directories there that
@@ -414,16 +544,6 @@ class DataPlane:
         where = self.snapshots_of(self.snapshot(name).name)
         self.work.admit()
         return await self.work.run(self.work.pool(), lambda: list_snapshots(where))
-
-    async def restore_snapshot(
-        self, name: str, snapshot_name: str
-    ) -> tuple[ModelSnapshot, Snapshot, UpdateResult]:
-        """Verify model ``name``'s snapshot ``snapshot_name`` and make its version the
-        catalogue's newest, served by this process before it answers (see
-        :meth:`update_catalogue`)."""
-        path = snapshot_in(self.snapshots_of(self.snapshot(name).name), snapshot_name)
-        served, result = await self.update_catalogue(name, 0, lambda index: index.restore(path))
-        return served, described_snapshot(path), result
 
     def _check_query(self, query: SearchQuery) -> None:
         """What this server allows one search: top_k, strongest_atoms and offset."""

@@ -76,7 +76,8 @@ class Settings(BaseSettings):
         None,
         description="Where POST /v1/models/{name}/catalogue/snapshots writes catalogue "
         "snapshots, one directory per model (SNAPSHOTS_DIR; unset: the snapshot routes answer "
-        "404). Restores read them from there.",
+        "404). Restores read them from there; the records of snapshots and restores (their "
+        "status routes) are kept there too, in <model>/.jobs.",
     )
     # -- limits and timeouts (docs/operating/limits.md) --------------------------------------------
     header_timeout_s: float = Field(
@@ -107,7 +108,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="Seconds a request's model work may take, waiting for a thread included; "
-        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background.",
+        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background. A catalogue "
+        "snapshot or restore is waited for this long, then answers 202 with its status route.",
     )
     max_concurrent_requests: int | None = Field(
         None,

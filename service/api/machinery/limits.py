@@ -411,10 +411,13 @@ class WorkLimiter:
             )
         return self._pool
 
-    async def run(self, executor: concurrent.futures.Executor, work: Callable[[], T]) -> T:
+    async def run(
+        self, executor: concurrent.futures.Executor, work: Callable[[], T], timed: bool = True
+    ) -> T:
         """Run ``work`` on ``executor`` under a slot taken by :meth:`admit`; its answer, or
-        :class:`WorkTimeoutError` after ``timeout_s``. The slot is given back when the work is
-        done, or dropped before it started."""
+        :class:`WorkTimeoutError` after ``timeout_s`` (``timed``; untimed: short work whose
+        effect must be known, done or not, such as taking a lock). The slot is given back when
+        the work is done, or dropped before it started."""
         context = contextvars.copy_context()
         try:
             future = executor.submit(context.run, work)
@@ -422,7 +425,7 @@ class WorkLimiter:
             self.release()
             raise
         future.add_done_callback(lambda _: self.release())
-        deadline = asyncio.timeout(self.timeout_s)
+        deadline = asyncio.timeout(self.timeout_s if timed else None)
         try:
             # On time out the wrapped future is cancelled: work not started yet never starts.
             async with deadline:

@@ -350,9 +350,11 @@ def _describe(status: dict[str, Any], snapshot: ModelSnapshot | None) -> dict[st
 async def list_models(request: Request) -> Response:
     """Every model of the repository with its state (loading, ready, failed with the reason,
     unloaded) and version; for ready models their metadata: classes, input shape,
-    similarities, basis size, created."""
-    models = _plane(request).models()
-    return json_answer({"models": [_describe(status, snapshot) for status, snapshot in models]})
+    similarities, basis size, created. Then the aliases: the model each names, its canary and
+    shadow (docs/operating/traffic.md)."""
+    plane = _plane(request)
+    models = [_describe(status, snapshot) for status, snapshot in plane.models()]
+    return json_answer({"models": models, "aliases": plane.aliases()})
 
 
 @router.get(

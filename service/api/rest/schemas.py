@@ -203,6 +203,12 @@ class ModelList(BaseModel):
     models: list[ModelInfo | ModelStatus] = Field(
         ..., description="Every model of the repository, by name; details for ready ones."
     )
+    aliases: list[AliasInfo] = Field(
+        default_factory=list,
+        description="The names that are aliases (docs/operating/traffic.md), by name: the model "
+        "each answers from, its canary and shadow with their shares, and the version each "
+        "serves; as GET /v2/repository/aliases lists them, without an admin key.",
+    )
 
 
 class RepositoryIndexRequest(BaseModel):
@@ -758,3 +764,43 @@ class SnapshotResponse(SnapshotInfo):
 
 class RestoreResponse(CatalogueUpdateResponse):
     snapshot: SnapshotInfo = Field(..., description="The snapshot restored, every file verified.")
+
+
+class JobProgress(BaseModel):
+    stage: str = Field(
+        ...,
+        description="copying (a snapshot); verifying, then restoring (a restore): each stage "
+        "counts its own files and bytes.",
+    )
+    files_done: int
+    n_files: int
+    bytes_done: int
+    n_bytes: int
+
+
+class JobStatus(BaseModel):
+    """A snapshot or a restore: started by a request, finished whatever the request's time."""
+
+    model: str
+    kind: str = Field(..., description="snapshot or restore.")
+    name: str = Field(..., description="The snapshot's name (a restore's: the one restored).")
+    state: str = Field(
+        ...,
+        description="in_progress; done (result: what the route answers when it finishes in "
+        "time); failed (error: what it would have answered; type interrupted when the process "
+        "running it ended first).",
+    )
+    started: str | None = Field(None, description="UTC, ISO 8601.")
+    finished: str | None = Field(None, description="UTC, ISO 8601.")
+    progress: JobProgress | None = Field(
+        None, description="While in progress: the stage and how far it is (updated every second)."
+    )
+    error: ErrorBody | None = None
+
+
+class SnapshotStatus(JobStatus):
+    result: SnapshotResponse | None = Field(None, description="Done: the snapshot taken.")
+
+
+class RestoreStatus(JobStatus):
+    result: RestoreResponse | None = Field(None, description="Done: the restore's answer.")
