@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from service.api.batching import Batcher, BatchingPolicy
 from service.api.machinery.limits import WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
@@ -43,7 +44,7 @@ from service.api.settings import Settings
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
 from service.model.errors import ArtifactChangedError, brief
 from service.model.inputs.words import Vocabulary
-from service.model.predictor import Answer
+from service.model.predictor import Answer, ClassifyCall
 from service.model.search import Catalogue, SearchIndex, SearchQuery, SearchResult, UpdateResult
 
 T = TypeVar("T")
@@ -55,6 +56,8 @@ COST_SMOOTHING = 0.2
 COST_OUTLIER_FACTOR = 4.0
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
+# Most basis items one explanation names.
+MAX_EXPLAIN_ITEMS = 100
 
 # A request's work by part, each counted in its own units ("instances", "text_chars",
 # "search", "ids", "atom"); an empty mapping, or None: no estimate, never inline.
@@ -102,6 +105,13 @@ class DataPlane:
         self._compute: ThreadPoolExecutor | None = None
         # Concurrent work and its time limit: overload answers at once instead of queueing.
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
+        # Dynamic batching, unless a model's serving.json says otherwise; a batcher per version.
+        self.batching = BatchingPolicy(
+            settings.dynamic_batch_max_instances, settings.dynamic_batch_max_delay_ms / 1000.0
+        )
+        self._batchers: weakref.WeakKeyDictionary[ModelSnapshot, Batcher] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def close(self) -> None:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
@@ -162,26 +172,46 @@ class DataPlane:
         texts: Sequence[str] | None,
         top_k: int | None,
         version: str | None = None,
+        explain: int = 0,
     ) -> tuple[ModelSnapshot, list[Answer]]:
         """Classify a batch with model ``name`` (None: the default model), ``version`` if
-        given (see :meth:`snapshot`)."""
+        given (see :meth:`snapshot`), with ``explain`` items per explanation (0: none); with
+        dynamic batching together with the requests waiting beside it
+        (:mod:`service.api.batching`)."""
         snapshot = self.snapshot(name, version)
         batch = instances if instances is not None else texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
+        self._check_explain(explain)
         predictor = snapshot.predictor
         k = self.default_top_k if top_k is None else top_k
-        parts = {"instances": max(size, 1)}
-        if texts is not None:
-            parts["text_chars"] = sum(map(len, texts))
-        answers = await self._run(
-            snapshot,
-            parts,
-            predictor.runs_serially(max(size, 1)),
-            lambda: predictor.classify(instances, k, texts=texts),
-        )
+        text_chars = 0 if texts is None else sum(map(len, texts))
+        batcher = self._batcher(snapshot)
+        if batcher is not None and size <= batcher.policy.max_instances:
+            call = ClassifyCall(instances, texts, k, explain)
+            answers = await batcher.classify(call, max(size, 1), text_chars)
+        else:
+            parts = {"instances": max(size, 1)}
+            if texts is not None:
+                parts["text_chars"] = text_chars
+            answers = await self._run(
+                snapshot,
+                parts,
+                predictor.runs_serially(max(size, 1)),
+                lambda: predictor.classify(instances, k, texts=texts, explain=explain),
+            )
         self.metrics.batch(snapshot.name, size)
         return snapshot, answers
+
+    def _batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
+        """The batcher of ``snapshot``'s version; None without dynamic batching."""
+        batcher = self._batchers.get(snapshot)
+        if batcher is None:
+            policy = snapshot.batching or self.batching
+            if not policy.enabled:
+                return None
+            batcher = self._batchers[snapshot] = Batcher(self, snapshot, policy)
+        return batcher
 
     async def search(
         self, name: str | None, query: SearchQuery
@@ -293,6 +323,12 @@ class DataPlane:
                 f"the request holds {size} {what}; the limit is {self.max_batch_size}"
             )
 
+    def _check_explain(self, explain: int) -> None:
+        if explain > MAX_EXPLAIN_ITEMS:
+            raise InvalidInputError(
+                f"explain must be at most {MAX_EXPLAIN_ITEMS} basis items, got {explain}"
+            )
+
     def _check_top_k(self, top_k: int) -> None:
         if top_k > self.max_search_top_k:
             raise InvalidInputError(
@@ -374,6 +410,14 @@ class DataPlane:
         self.work.admit()
         return await self.work.run(self.work.pool(), work)
 
+    def executor(self, place: Placement) -> ThreadPoolExecutor:
+        """The threads of work placed on the compute thread or the thread pool."""
+        if place is not Placement.COMPUTE_THREAD:
+            return self.work.pool()
+        if self._compute is None:
+            self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+        return self._compute
+
     async def _run(
         self,
         snapshot: ModelSnapshot,
@@ -396,13 +440,7 @@ class DataPlane:
                 finally:
                     self.work.release()
             else:
-                if place is Placement.COMPUTE_THREAD:
-                    if self._compute is None:
-                        self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-                    executor = self._compute
-                else:
-                    executor = self.work.pool()
-                result, seconds = await self.work.run(executor, lambda: _timed(work))
+                result, seconds = await self.work.run(self.executor(place), lambda: _timed(work))
         except ArtifactChangedError:
             # A file of the snapshot was rewritten in place: what is on disk now is loaded as
             # any new version would be (or refused, the message says why in the log).

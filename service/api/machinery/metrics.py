@@ -51,11 +51,17 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 # Instances per request: powers of two up to the default MAX_BATCH_SIZE (1000).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# How long a request waits in a model's dynamic batching queue: nothing when the model is idle,
+# up to a few batches' time under load.
+QUEUE_BUCKETS_S = (
+    0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 # How long a request's reports wait before they are folded into the metrics (see
 # PrometheusMetrics.fold): short beside any scrape interval.
 FOLD_DELAY_S = 0.05
 # The kinds of reports a request notes.
-_HTTP, _GRPC, _BATCH = "http", "grpc", "batch"
+_HTTP, _GRPC, _BATCH, _DYNAMIC = "http", "grpc", "batch", "dynamic batch"
 LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -77,6 +83,10 @@ class Metrics:
 
     def batch(self, model: str, size: int) -> None:
         """Model ``model`` classified ``size`` instances in one request."""
+
+    def batch_computed(self, model: str, instances: int, requests: int, waits: list[float]) -> None:
+        """Dynamic batching started a batch of ``instances`` instances from ``requests``
+        requests of model ``model``, after each request waited ``waits`` seconds."""
 
     def search_rows(self, model: str, rows: int) -> None:
         """A search of model ``model`` read ``rows`` catalogue rows (one per atom used)."""
@@ -135,6 +145,27 @@ class PrometheusMetrics(Metrics):
             "Instances per classification request, by model.",
             ("model",),
             buckets=BATCH_BUCKETS,
+            **common,
+        )
+        self.dynamic_batch_size = Histogram(
+            "dynamic_batch_size",
+            "Instances computed together in one batch by dynamic batching, by model.",
+            ("model",),
+            buckets=BATCH_BUCKETS,
+            **common,
+        )
+        self.dynamic_batch_requests = Histogram(
+            "dynamic_batch_requests",
+            "Requests computed together in one batch by dynamic batching, by model.",
+            ("model",),
+            buckets=BATCH_BUCKETS,
+            **common,
+        )
+        self.queue_time = Histogram(
+            "dynamic_batch_queue_seconds",
+            "Time a request waited for its batch to start (0 when the model was idle), by model.",
+            ("model",),
+            buckets=QUEUE_BUCKETS_S,
             **common,
         )
         self.rows_read = Counter(
@@ -219,6 +250,10 @@ class PrometheusMetrics(Metrics):
         self._pending.append((_BATCH, model, size))
         self._note()
 
+    def batch_computed(self, model: str, instances: int, requests: int, waits: list[float]) -> None:
+        self._pending.append((_DYNAMIC, model, (instances, requests, waits)))
+        self._note()
+
     def _note(self) -> None:
         """Fold what is noted FOLD_DELAY_S from now, unless a fold is due already; at once
         where no event loop runs (a caller outside the server)."""
@@ -248,6 +283,14 @@ class PrometheusMetrics(Metrics):
                 if child is None:
                     child = self._batch_children[labels] = self.batch_size.labels(labels)
                 child.observe(value)
+                continue
+            if kind is _DYNAMIC:
+                instances, requests, waits = value
+                self.dynamic_batch_size.labels(labels).observe(instances)
+                self.dynamic_batch_requests.labels(labels).observe(requests)
+                queue_time = self.queue_time.labels(labels)
+                for wait in waits:
+                    queue_time.observe(wait)
                 continue
             children = self._request_children.get((kind, labels))
             if children is None:
