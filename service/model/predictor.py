@@ -116,6 +116,26 @@ class Explanation:
     items: list[Contribution]
     rest: float
 
+    def as_dict(self) -> dict[str, Any]:
+        """The explanation as plain data (the service's JSON answers write it so)."""
+        return {
+            "label": self.label,
+            "score": self.score,
+            "intercept": self.intercept,
+            "items": [
+                {
+                    "basis_index": item.basis_index,
+                    "id": item.id,
+                    "label": item.label,
+                    "contribution": item.contribution,
+                    "share": item.share,
+                    "measures": item.measures,
+                }
+                for item in self.items
+            ],
+            "rest": self.rest,
+        }
+
 
 @dataclass(slots=True)
 class ClassifyCall:

@@ -83,6 +83,7 @@ from service.api.protocol.tensors import (
     ModelInputs,
     classes_to_rank,
     decode_request,
+    items_to_explain,
     model_metadata,
     output_tensors,
 )
@@ -235,11 +236,18 @@ def infer_request(request: pb.ModelInferRequest) -> tuple[ProtocolRequest, bytes
                     )
         shape = list(tensor.shape)
         inputs.append(ProtocolInput(tensor.name, shape, tensor.datatype, parameters or None, data))
-    top_k = _parameter_value(request.parameters["top_k"]) if "top_k" in request.parameters else None
-    if top_k is not None and (type(top_k) is not int or top_k < 1):
-        raise InvalidInputError("parameters.top_k must be an integer of at least 1")
+    top_k, explain = (_count_parameter(request.parameters, name) for name in ("top_k", "explain"))
     outputs = [ProtocolOutput(o.name, _parameters(o.parameters)) for o in request.outputs]
-    return ProtocolRequest(inputs, outputs or None, top_k, request.id or None), binary
+    protocol = ProtocolRequest(inputs, outputs or None, top_k, request.id or None, explain)
+    return protocol, binary
+
+
+def _count_parameter(parameters, name: str) -> int | None:
+    """The request parameter ``name``, an integer of at least 1, or None when absent."""
+    value = _parameter_value(parameters[name]) if name in parameters else None
+    if value is not None and (type(value) is not int or value < 1):
+        raise InvalidInputError(f"parameters.{name} must be an integer of at least 1")
+    return value
 
 
 def _raw_tensor(datatype: str, data: list) -> bytes:
@@ -403,7 +411,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             body, inputs, names = await plane.convert(request.ByteSize(), decoded)
             k = plane.default_top_k if body.top_k is None else body.top_k
             snapshot, answers = await plane.classify(
-                name, inputs.instances, inputs.texts, classes_to_rank(names, k), version=version
+                name,
+                inputs.instances,
+                inputs.texts,
+                classes_to_rank(names, k),
+                version=version,
+                explain=items_to_explain(names, body.explain),
             )
             tensors = output_tensors(answers, snapshot.predictor.classes, names, k)
             response = pb.ModelInferResponse(

@@ -32,7 +32,7 @@ from service.api.rest.schemas import (
 )
 from service.api.settings import Settings
 from service.model import ModelNotReadyError
-from service.model.predictor import Answer, Explanation
+from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
 router = APIRouter()
@@ -105,30 +105,9 @@ def _classify_payload(snapshot: ModelSnapshot, answers: list[Answer]) -> dict[st
         if answer.known_words is not None:
             prediction["known_words"] = answer.known_words
         if answer.explanation is not None:
-            prediction["explanation"] = explanation_payload(answer.explanation)
+            prediction["explanation"] = answer.explanation.as_dict()
         predictions.append(prediction)
     return {"model": snapshot.name, "model_version": snapshot.version, "predictions": predictions}
-
-
-def explanation_payload(explanation: Explanation) -> dict[str, Any]:
-    """An explanation as the answers' JSON write it (:class:`~.schemas.Explanation`)."""
-    return {
-        "label": explanation.label,
-        "score": explanation.score,
-        "intercept": explanation.intercept,
-        "items": [
-            {
-                "basis_index": item.basis_index,
-                "id": item.id,
-                "label": item.label,
-                "contribution": item.contribution,
-                "share": item.share,
-                "measures": item.measures,
-            }
-            for item in explanation.items
-        ],
-        "rest": explanation.rest,
-    }
 
 
 async def _classify(request: Request, name: str | None) -> Response:
