@@ -8,7 +8,7 @@ class a random smooth prototype plus noise), ``rbf(gamma=1)`` on a basis of 400 
 (4,000 basis items, about 3 million multiply-adds an image), ``besvm`` normalisation; written
 to a temporary directory. Then starts two servers on it as deployed (``python -m service.api``,
 access log on and written to a file, metrics on): ``unbatched`` (DYNAMIC_BATCH_MAX_INSTANCES=0)
-and ``batched`` (DYNAMIC_BATCH_MAX_INSTANCES=--max-instances, DYNAMIC_BATCH_MAX_DELAY_MS=0).
+and ``batched`` (DYNAMIC_BATCH_MAX_INSTANCES=--max-instances, DYNAMIC_BATCH_MAX_DELAY_MS=--max-delay-ms).
 
 Every connection sends one image a request (``/classify``, top_k 3), a different image per
 connection (16 images in turn). Per repeat and concurrency, the unbatched server then the
@@ -16,7 +16,8 @@ batched one, back to back, each for --seconds after --warmup (benchmarks/loadgen
 distinct answer either server gave is checked against the model's answer to that image alone
 in process (labels equal, scores within 1e-9 relative): batching changes no answer.
 
-Prints req/s and p50 per server and concurrency (medians over repeats), the ratio batched /
+Prints req/s, p50 and the server's CPU microseconds a request per server and concurrency
+(medians over repeats), the ratio batched /
 unbatched (median of the per-repeat ratios), and the targets: at the highest concurrency, req/s
 at least 3x; at concurrency 1, p50 within 0.1 ms of unbatched. Then the batch sizes and queue
 times the batched server's metrics recorded. The machine is shared with the clients: numbers
@@ -37,7 +38,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from loadgen import http_request, run_load
-from serving import HOST, service_env, serving
+from serving import HOST, SESSIONS, service_env, serving, session_cpu_seconds
 
 from service.model import Predictor
 from training import BasisExpandingSVC
@@ -119,6 +120,7 @@ def main() -> None:
     add("--warmup", type=float, default=0.5, help="unmeasured seconds before each cell")
     add("--repeats", type=int, default=3, help="passes over the grid")
     add("--max-instances", type=int, default=64, help="DYNAMIC_BATCH_MAX_INSTANCES")
+    add("--max-delay-ms", type=float, default=0.0, help="DYNAMIC_BATCH_MAX_DELAY_MS")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
@@ -132,7 +134,7 @@ def main() -> None:
             "unbatched": {"DYNAMIC_BATCH_MAX_INSTANCES": "0"},
             "batched": {
                 "DYNAMIC_BATCH_MAX_INSTANCES": str(args.max_instances),
-                "DYNAMIC_BATCH_MAX_DELAY_MS": "0",
+                "DYNAMIC_BATCH_MAX_DELAY_MS": str(args.max_delay_ms),
             },
         }
         command = [sys.executable, "-m", "service.api"]
@@ -156,8 +158,12 @@ def main() -> None:
                 for c in concurrencies:
                     line = []
                     for name in ports:
+                        cpu = session_cpu_seconds(SESSIONS[ports[name]])
                         result = run_load(HOST, ports[name], requests[name], c, args.seconds,
                                           args.warmup)  # fmt: skip
+                        served = result.requests_per_second * (args.seconds + args.warmup)
+                        cpu = session_cpu_seconds(SESSIONS[ports[name]]) - cpu
+                        result.cpu_us = 1e6 * cpu / max(served, 1)
                         if result.n_errors:
                             print(f"  ! {name}, c={c}: {dict(result.errors)} {result.samples}")
                         checked += _check(result.answers, bodies, predictor, name)
@@ -167,18 +173,21 @@ def main() -> None:
                           f"{';  '.join(line)}")  # fmt: skip
             metrics = httpx.get(f"http://{HOST}:{batched}/metrics").text
     print(f"\n/classify, one {args.side}x{args.side} image a request; medians of {args.repeats} "
-          f"x {args.seconds:g} s; ratios: medians of per-repeat ratios (batched / unbatched)")  # fmt: skip
-    print(f"{'c':>4} | {'unbatched req/s':>15} {'p50 ms':>7} | {'batched req/s':>13} "
-          f"{'p50 ms':>7} | {'req/s x':>7} {'p50 diff ms':>11}")  # fmt: skip
+          f"x {args.seconds:g} s; ratios: medians of per-repeat ratios, batched / unbatched")  # fmt: skip
+    print(f"{'c':>4} | {'unbatched req/s':>15} {'p50 ms':>7} {'CPU us':>7} | "
+          f"{'batched req/s':>13} {'p50 ms':>7} {'CPU us':>7} | {'req/s x':>7} "
+          f"{'p50 diff ms':>11}")  # fmt: skip
     for c in concurrencies:
         plain_runs, batched_runs = results["unbatched", c], results["batched", c]
         pairs = list(zip(plain_runs, batched_runs, strict=True))
         ratio = statistics.median(b.requests_per_second / p.requests_per_second for p, b in pairs)
         diff = statistics.median(b.percentile_ms(50) - p.percentile_ms(50) for p, b in pairs)
         print(f"{c:>4} | {statistics.median(r.requests_per_second for r in plain_runs):>15.0f} "
-              f"{statistics.median(r.percentile_ms(50) for r in plain_runs):>7.3f} | "
+              f"{statistics.median(r.percentile_ms(50) for r in plain_runs):>7.3f} "
+              f"{statistics.median(r.cpu_us for r in plain_runs):>7.0f} | "
               f"{statistics.median(r.requests_per_second for r in batched_runs):>13.0f} "
-              f"{statistics.median(r.percentile_ms(50) for r in batched_runs):>7.3f} | "
+              f"{statistics.median(r.percentile_ms(50) for r in batched_runs):>7.3f} "
+              f"{statistics.median(r.cpu_us for r in batched_runs):>7.0f} | "
               f"{ratio:>7.2f} {diff:>+11.3f}")  # fmt: skip
     top, low = max(concurrencies), min(concurrencies)
 
@@ -196,8 +205,9 @@ def main() -> None:
     batches, instances = _histogram(metrics, "dynamic_batch_size")
     waits, waited = _histogram(metrics, "dynamic_batch_queue_seconds")
     if batches:
+        mean_wait_ms = 1e3 * waited / max(waits, 1)
         print(f"batched server: {batches:.0f} batches, {instances / batches:.1f} instances a "
-              f"batch on average, mean queue time {1e3 * waited / max(waits, 1):.3f} ms")  # fmt: skip
+              f"batch on average, mean queue time {mean_wait_ms:.3f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":
