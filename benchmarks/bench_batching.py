@@ -8,7 +8,8 @@ class a random smooth prototype plus noise), ``rbf(gamma=1)`` on a basis of 400 
 (4,000 basis items, about 3 million multiply-adds an image), ``besvm`` normalisation; written
 to a temporary directory. Then starts two servers on it as deployed (``python -m service.api``,
 access log on and written to a file, metrics on): ``unbatched`` (DYNAMIC_BATCH_MAX_INSTANCES=0)
-and ``batched`` (DYNAMIC_BATCH_MAX_INSTANCES=--max-instances, DYNAMIC_BATCH_MAX_DELAY_MS=--max-delay-ms).
+and ``batched`` (DYNAMIC_BATCH_MAX_INSTANCES and DYNAMIC_BATCH_MAX_DELAY_MS from
+--max-instances and --max-delay-ms).
 
 Every connection sends one image a request (``/classify``, top_k 3), a different image per
 connection (16 images in turn). Per repeat and concurrency, the unbatched server then the
@@ -173,7 +174,8 @@ def main() -> None:
                           f"{';  '.join(line)}")  # fmt: skip
             metrics = httpx.get(f"http://{HOST}:{batched}/metrics").text
     print(f"\n/classify, one {args.side}x{args.side} image a request; medians of {args.repeats} "
-          f"x {args.seconds:g} s; ratios: medians of per-repeat ratios, batched / unbatched")  # fmt: skip
+          f"x {args.seconds:g} s; ratios: medians of per-repeat ratios (batched over "
+          "unbatched)")  # fmt: skip
     print(f"{'c':>4} | {'unbatched req/s':>15} {'p50 ms':>7} {'CPU us':>7} | "
           f"{'batched req/s':>13} {'p50 ms':>7} {'CPU us':>7} | {'req/s x':>7} "
           f"{'p50 diff ms':>11}")  # fmt: skip

@@ -95,9 +95,7 @@ class RequestInput(BaseModel):
 class RequestOutput(BaseModel):
     """An output the client asks for."""
 
-    name: str = Field(
-        ..., description="label, scores, top_k_labels, top_k_scores or explanation."
-    )
+    name: str = Field(..., description="label, scores, top_k_labels, top_k_scores or explanation.")
     parameters: dict[str, Any] | None = Field(
         None, description="Ignored (answers are JSON: binary_data is not honoured)."
     )
