@@ -164,6 +164,9 @@ class Batcher:
         work.admit()
         future = asyncio.get_running_loop().create_future()
         waiting = Waiting(call, instances, text_chars, future, time.perf_counter())
+        future.add_done_callback(
+            lambda done: self._abandoned(waiting) if done.cancelled() else None
+        )
         if self.running < self.capacity and not self.queue:
             self._start([waiting])
         else:
@@ -203,6 +206,16 @@ class Batcher:
     def _timed_out(self) -> None:
         self._timer = None
         self._start_next()
+
+    def _abandoned(self, waiting: Waiting) -> None:
+        """A request that stopped waiting (timed out, cancelled) while queued leaves the queue
+        and gives back its slot; one whose batch computes keeps it until the batch ends."""
+        try:
+            self.queue.remove(waiting)
+        except ValueError:
+            return
+        self.queued_instances -= waiting.instances
+        self.plane.work.release()
 
     def _drop_abandoned(self) -> None:
         """Requests at the head of the queue that stopped waiting (timed out, cancelled) give

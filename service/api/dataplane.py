@@ -186,7 +186,7 @@ class DataPlane:
         predictor = snapshot.predictor
         k = self.default_top_k if top_k is None else top_k
         text_chars = 0 if texts is None else sum(map(len, texts))
-        batcher = self._batcher(snapshot)
+        batcher = self.batcher(snapshot)
         if batcher is not None and size <= batcher.policy.max_instances:
             call = ClassifyCall(instances, texts, k, explain)
             answers = await batcher.classify(call, max(size, 1), text_chars)
@@ -203,7 +203,7 @@ class DataPlane:
         self.metrics.batch(snapshot.name, size)
         return snapshot, answers
 
-    def _batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
+    def batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
         """The batcher of ``snapshot``'s version; None without dynamic batching."""
         batcher = self._batchers.get(snapshot)
         if batcher is None:

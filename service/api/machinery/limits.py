@@ -385,6 +385,11 @@ class WorkLimiter:
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
+    @property
+    def free(self) -> int:
+        """Slots free now."""
+        return self._free
+
     def admit(self) -> None:
         """Take a slot, or raise :class:`OverloadedError` when none is free."""
         with self._lock:
