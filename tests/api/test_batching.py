@@ -219,6 +219,18 @@ def test_every_route_batches_through_a_real_server(digits_model_dir, digits, dig
         with ThreadPoolExecutor(24) as pool:
             scores = list(pool.map(lambda call: call[0](call[1]), calls))
         metrics = httpx.get(f"{url}/metrics").text
+        # The explanation output over gRPC, as the model library explains.
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            tensor = grpcclient.InferInput("input", [1, 8, 8], "FP64")
+            tensor.set_data_from_numpy(images[:1].astype(np.float64))
+            wanted = [grpcclient.InferRequestedOutput("explanation")]
+            result = client.infer("digits", [tensor], outputs=wanted, parameters={"explain": 2})
+        (document,) = result.as_numpy("explanation")
+        explanation = json.loads(document)
+        (answer,) = digits_predictor.classify([images[0].tolist()], 3, explain=2)
+        assert [i["basis_index"] for i in explanation["items"]] == [
+            i.basis_index for i in answer.explanation.items
+        ]
     for (_, i), got in zip(calls, scores, strict=True):
         assert np.allclose(got, expected[i].scores, rtol=0, atol=TOLERANCE)
     samples = {
