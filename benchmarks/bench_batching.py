@@ -12,8 +12,8 @@ and ``batched`` (DYNAMIC_BATCH_MAX_INSTANCES and DYNAMIC_BATCH_MAX_DELAY_MS from
 --max-instances and --max-delay-ms).
 
 Every connection sends one image a request (``/classify``, top_k 3), a different image per
-connection (16 images in turn). Per repeat and concurrency, the unbatched server then the
-batched one, back to back, each for --seconds after --warmup (benchmarks/loadgen.py). Every
+connection (16 images in turn). Per repeat and concurrency, the two servers back to back (each
+first in every other repeat), each for --seconds after --warmup (benchmarks/loadgen.py). Every
 distinct answer either server gave is checked against the model's answer to that image alone
 in process (labels equal, scores within 1e-9 relative): batching changes no answer.
 
@@ -158,7 +158,9 @@ def main() -> None:
             for repeat in range(args.repeats):
                 for c in concurrencies:
                     line = []
-                    for name in ports:
+                    # Each server first in every other repeat: what one leaves running (its
+                    # kernels' threads winding down) costs both alike.
+                    for name in list(ports)[:: 1 if repeat % 2 == 0 else -1]:
                         cpu = session_cpu_seconds(SESSIONS[ports[name]])
                         result = run_load(HOST, ports[name], requests[name], c, args.seconds,
                                           args.warmup)  # fmt: skip
