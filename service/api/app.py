@@ -7,11 +7,12 @@ import contextlib
 import gc
 import logging
 import signal
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
+import grpc
 from fastapi import FastAPI
-from grpc import aio as grpc_aio
 from pydantic import BaseModel
 
 import service
@@ -106,10 +107,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # again and again under the requests' small allocations.
             gc.collect()
             gc.freeze()
-            grpc = None
+            grpc_service = None
             try:
                 if settings.grpc_port is not None:
-                    grpc = await GrpcService.start(settings, plane, policy, metrics, budget)
+                    grpc_service = GrpcService.start(settings, plane, policy, metrics, budget)
                 rescans = Rescans(
                     registry,
                     settings.reload_interval_s,
@@ -119,8 +120,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 async with rescans:
                     yield
             finally:
-                if grpc is not None:
-                    await grpc.stop()
+                if grpc_service is not None:
+                    await grpc_service.stop()
                 plane.close()
                 metrics.fold()  # what the last requests reported, before the process ends
                 if cluster is not None:
@@ -281,13 +282,13 @@ class GrpcService:
     """The gRPC server of one app: started by the lifespan, drained on SIGTERM (with HTTP),
     stopped at the end of the lifespan."""
 
-    def __init__(self, server: grpc_aio.Server, grace_s: float) -> None:
+    def __init__(self, server: grpc.Server, grace_s: float) -> None:
         self.server = server
         self.grace_s = grace_s
-        self._stopping: asyncio.Task | None = None
+        self._stopped: threading.Event | None = None
 
     @classmethod
-    async def start(
+    def start(
         cls,
         settings: Settings,
         plane: DataPlane,
@@ -295,17 +296,18 @@ class GrpcService:
         metrics: Metrics,
         budget: MemoryBudget,
     ) -> GrpcService:
-        server = await start_grpc_server(settings, plane, policy, metrics, budget)
+        server = start_grpc_server(settings, plane, policy, metrics, budget)
         service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service
 
     def drain(self) -> None:
         """Refuse new calls, and let those under way finish within SHUTDOWN_TIMEOUT_S."""
-        if self._stopping is None:
+        if self._stopped is None:
             logger.info("gRPC: draining")
-            self._stopping = asyncio.get_running_loop().create_task(self.server.stop(self.grace_s))
+            self._stopped = self.server.stop(self.grace_s)
 
     async def stop(self) -> None:
         self.drain()
-        await self._stopping
+        # Calls under way may wait for the event loop (a batch, the registry): never block it.
+        await asyncio.to_thread(self._stopped.wait)

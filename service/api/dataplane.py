@@ -26,6 +26,8 @@ concurrent work.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import enum
 import os
 import signal
@@ -33,9 +35,11 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from service.api.batching import Batcher, BatchingPolicy
+from service.api.errors import WorkTimeoutError
 from service.api.machinery.limits import WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
@@ -178,30 +182,104 @@ class DataPlane:
         given (see :meth:`snapshot`), with ``explain`` items per explanation (0: none); with
         dynamic batching together with the requests waiting beside it
         (:mod:`service.api.batching`)."""
+        snapshot, request = self._classification(name, instances, texts, top_k, version, explain)
+        batcher = self.batcher(snapshot)
+        if batcher is not None and request.size <= batcher.policy.max_instances:
+            answers = await batcher.classify(request.call, request.instances, request.text_chars)
+        else:
+            answers = await self._run(
+                snapshot, request.parts, request.serially, request.work(snapshot.predictor)
+            )
+        self.metrics.batch(snapshot.name, request.size)
+        return snapshot, answers
+
+    def classify_blocking(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        name: str | None,
+        instances: Sequence[Any] | None,
+        texts: Sequence[str] | None,
+        top_k: int | None,
+        version: str | None = None,
+        explain: int = 0,
+        timeout_s: float | None = None,
+    ) -> tuple[ModelSnapshot, list[Answer]]:
+        """:meth:`classify`, called from a worker thread (a gRPC call's) instead of the event
+        loop ``loop``, with the same limits: the work slot, REQUEST_TIMEOUT_S (or
+        ``timeout_s``, the caller's deadline, if sooner: then TimeoutError), the placement and
+        the batching.
+
+        Serial work runs on the calling thread, which is a worker thread already (no hand-over
+        costs it anything); parallel kernels run on the compute thread; a batched request
+        joins its model's queue on the event loop.
+        """
+        snapshot, request = self._classification(name, instances, texts, top_k, version, explain)
+        limit = self.work.timeout_s if timeout_s is None else min(timeout_s, self.work.timeout_s)
+        batcher = self.batcher(snapshot)
+        try:
+            if batcher is not None and request.size <= batcher.policy.max_instances:
+                coroutine = batcher.classify(request.call, request.instances, request.text_chars)
+                future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+                answers = self._result(future, limit, timeout_s)
+            else:
+                work = request.work(snapshot.predictor)
+                self.work.admit()
+                if request.serially:
+                    try:
+                        answers, seconds = _timed(work)
+                    finally:
+                        self.work.release()
+                else:
+                    executor = self.executor(Placement.COMPUTE_THREAD)
+                    future = self.work.submit(executor, lambda: _timed(work))
+                    answers, seconds = self._result(future, limit, timeout_s)
+                self.observe(snapshot, request.parts, seconds)
+        except ArtifactChangedError:
+            loop.call_soon_threadsafe(self.registry.recheck, snapshot.name)
+            raise
+        self.metrics.batch(snapshot.name, request.size)
+        return snapshot, answers
+
+    def _result(
+        self, future: concurrent.futures.Future[T], limit: float, timeout_s: float | None
+    ) -> T:
+        """``future``'s result within ``limit`` seconds: past it the future is cancelled (work
+        not started never starts), and TimeoutError when the caller's ``timeout_s`` was the
+        limit, else WorkTimeoutError (REQUEST_TIMEOUT_S)."""
+        try:
+            return future.result(limit)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            if timeout_s is not None and timeout_s < self.work.timeout_s:
+                raise TimeoutError from None
+            raise WorkTimeoutError(
+                f"the request did not finish within {self.work.timeout_s:g} s (REQUEST_TIMEOUT_S)"
+            ) from None
+
+    def _classification(
+        self,
+        name: str | None,
+        instances: Sequence[Any] | None,
+        texts: Sequence[str] | None,
+        top_k: int | None,
+        version: str | None,
+        explain: int,
+    ) -> tuple[ModelSnapshot, _Classification]:
+        """The snapshot a classification uses and what it asks, checked against the limits."""
         snapshot = self.snapshot(name, version)
         batch = instances if instances is not None else texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
         self._check_explain(explain)
-        predictor = snapshot.predictor
         k = self.default_top_k if top_k is None else top_k
         text_chars = 0 if texts is None else sum(map(len, texts))
-        batcher = self.batcher(snapshot)
-        if batcher is not None and size <= batcher.policy.max_instances:
-            call = ClassifyCall(instances, texts, k, explain)
-            answers = await batcher.classify(call, max(size, 1), text_chars)
-        else:
-            parts = {"instances": max(size, 1)}
-            if texts is not None:
-                parts["text_chars"] = text_chars
-            answers = await self._run(
-                snapshot,
-                parts,
-                predictor.runs_serially(max(size, 1)),
-                lambda: predictor.classify(instances, k, texts=texts, explain=explain),
-            )
-        self.metrics.batch(snapshot.name, size)
-        return snapshot, answers
+        request = _Classification(
+            ClassifyCall(instances, texts, k, explain),
+            size,
+            text_chars,
+            snapshot.predictor.runs_serially(max(size, 1)),
+        )
+        return snapshot, request
 
     def batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
         """The batcher of ``snapshot``'s version; None without dynamic batching."""
@@ -449,6 +527,34 @@ class DataPlane:
         if parts:
             self.observe(snapshot, parts, seconds)
         return result
+
+
+@dataclass(slots=True)
+class _Classification:
+    """One classification request as the data plane runs it."""
+
+    call: ClassifyCall
+    size: int
+    text_chars: int
+    serially: bool
+
+    @property
+    def instances(self) -> int:
+        """Its instances, at least one (an empty batch still costs its refusal)."""
+        return max(self.size, 1)
+
+    @property
+    def parts(self) -> dict[str, int]:
+        parts = {"instances": self.instances}
+        if self.call.texts is not None:
+            parts["text_chars"] = self.text_chars
+        return parts
+
+    def work(self, predictor) -> Callable[[], list[Answer]]:
+        call = self.call
+        return lambda: predictor.classify(
+            call.instances, call.top_k, texts=call.texts, explain=call.explain
+        )
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, float]:

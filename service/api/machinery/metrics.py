@@ -62,12 +62,17 @@ QUEUE_BUCKETS_S = (
 FOLD_DELAY_S = 0.05
 # The kinds of reports a request notes.
 _HTTP, _GRPC, _BATCH, _DYNAMIC = "http", "grpc", "batch", "dynamic batch"
+# A fold asked of the event loop from another thread, not yet armed there.
+_ARMING = object()
 LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class Metrics:
     """What the service reports, as calls: this base reports nothing (a data plane or registry
     built without metrics, e.g. in a unit test); :class:`PrometheusMetrics` records them."""
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Reports from threads other than ``loop``'s (gRPC calls) are folded on ``loop``."""
 
     def request_started(self) -> None:
         """A request came in (requests in flight)."""
@@ -218,7 +223,8 @@ class PrometheusMetrics(Metrics):
         # from either end by any thread, so nothing is lost between them.
         self._pending: collections.deque[tuple] = collections.deque()
         self._in_flight = 0
-        self._fold_due: asyncio.TimerHandle | None = None
+        self._fold_due: asyncio.TimerHandle | object | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         # A scrape (on a thread) must not fold while the timer does: it would miss what the
         # other has taken but not yet recorded.
         self._folding = threading.Lock()
@@ -254,17 +260,30 @@ class PrometheusMetrics(Metrics):
         self._pending.append((_DYNAMIC, model, (instances, requests, waits)))
         self._note()
 
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
     def _note(self) -> None:
-        """Fold what is noted FOLD_DELAY_S from now, unless a fold is due already; at once
+        """Fold what is noted FOLD_DELAY_S from now, unless a fold is due already: from the
+        event loop's thread, or another thread (a gRPC call's) once a loop is bound; at once
         where no event loop runs (a caller outside the server)."""
         if self._fold_due is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.fold()
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                self.fold()
+                return
+            # One hand-over to the loop per fold, not per report.
+            self._fold_due = _ARMING
+            loop.call_soon_threadsafe(self._arm_fold)
             return
         self._fold_due = loop.call_later(FOLD_DELAY_S, self.fold)
+
+    def _arm_fold(self) -> None:
+        self._fold_due = asyncio.get_running_loop().call_later(FOLD_DELAY_S, self.fold)
 
     def fold(self) -> None:
         """Record every report noted so far, and the requests in flight now, in the metrics:
