@@ -33,7 +33,7 @@ from service.model.inputs.kinds import input_arrays, read_inputs
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
 from service.model.inputs.words import Documents, Vocabulary
-from service.model.kernels.scores import affine_rows
+from service.model.kernels.scores import affine_rows, top_contributions
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
 from service.model.threads import (
     SCORES_BLAS_MIN_MULTIPLY_ADDS,
@@ -646,47 +646,54 @@ class Predictor:
         of every measure) whose scores are in ``rows``."""
         n_basis, n_measures = self.n_basis, len(self.specs)
         k = min(k, n_basis)
-        weights = self._scorer.weights[:, best].T  # (n, M * B), each row its class's weights
-        contributions = (raw - self.feature_offset) * weights
-        by_measure = contributions.reshape(len(best), n_measures, n_basis)
-        totals = by_measure.sum(axis=1)  # (n, B)
-        if k < n_basis:
-            top = np.argpartition(-totals, k - 1, axis=1)[:, :k]
-        else:
-            top = np.broadcast_to(np.arange(n_basis), totals.shape)
-        order = np.take_along_axis(top, np.argsort(-np.take_along_axis(totals, top, 1), 1), 1)
-        ids = None if self.basis_ids is None else self.basis_ids.tolist()
-        labels = [self.classes[c] for c in self.basis_labels.tolist()]
+        weights, offset = self._scorer.weights, self.feature_offset
+        ids, labels = self._basis_names()
         explanations = []
         for i, c in enumerate(best):
+            indices, values = np.empty(k, dtype=np.int64), np.empty(k)
+            measures = np.empty((k, n_measures))
+            total = top_contributions(raw[i], offset, weights, c, n_measures, indices, values,
+                                      measures)  # fmt: skip
+            values_list = values.tolist()
             score, intercept = rows[i][c], float(self.intercept[c])
             explained = score - intercept
-            items = []
-            kept = 0.0
-            for j in order[i].tolist():
-                value = float(totals[i, j])
-                kept += value
-                items.append(
-                    Contribution(
-                        basis_index=j,
-                        id=None if ids is None else ids[j],
-                        label=labels[j],
-                        contribution=value,
-                        share=value / explained if explained != 0 else None,
-                        measures=by_measure[i, :, j].tolist(),
-                    )
+            items = [
+                Contribution(
+                    basis_index=j,
+                    id=None if ids is None else ids[j],
+                    label=labels[j],
+                    contribution=value,
+                    share=value / explained if explained != 0 else None,
+                    measures=per_measure,
                 )
-            rest = float(totals[i].sum()) - kept
+                for j, value, per_measure in zip(
+                    indices.tolist(), values_list, measures.tolist(), strict=True
+                )
+            ]
+            rest = total - sum(values_list)
             explanations.append(Explanation(self.classes[c], score, intercept, items, rest))
         return explanations
 
+    def _basis_names(self) -> tuple[list[int] | None, list[str]]:
+        """Each basis item's id (None without ids) and its class's label, as lists (made once:
+        an explanation reads k of them)."""
+        names = self.__dict__.get("_names")
+        if names is None:
+            ids = None if self.basis_ids is None else self.basis_ids.tolist()
+            labels = [self.classes[c] for c in self.basis_labels.tolist()]
+            names = (ids, labels)
+            object.__setattr__(self, "_names", names)
+        return names
+
     def warm_up(self) -> None:
-        """Run the whole prediction path, serial and parallel, so compiled kernels are loaded."""
+        """Run the whole prediction path, serial and parallel, and an explanation, so compiled
+        kernels are loaded."""
         work_per_row = self.n_basis * min(measure.pair_work for measure in self._measures)
         # Two rows at least: a transform runs one image on the calling thread (bof), two or more
         # in parallel when heavy.
         for rows in (1, max(2, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // work_per_row) + 1)):
             self.decision_function(self.inputs.warm_up_batch(rows))
+        self.explain(self.inputs.warm_up_batch(1), 1)
 
     # -- artifact form ---------------------------------------------------------------------
 
@@ -803,6 +810,8 @@ class _Scorer:
         """The raw similarities of every measure, shape (n_samples, M * B) in the model's order:
         those of :attr:`computed` taken from ``computed`` (rows of :meth:`scored`'s), the
         others (folded into weights on the input) computed here."""
+        if len(self.computed) == len(measures):  # every measure computed, in the model's order
+            return computed
         n_basis = len(basis)
         out = np.empty((len(items), len(measures) * n_basis))
         at = dict(zip(self.computed_positions, range(len(self.computed)), strict=True))
