@@ -182,7 +182,8 @@ class DataPlane:
         given (see :meth:`snapshot`), with ``explain`` items per explanation (0: none); with
         dynamic batching together with the requests waiting beside it
         (:mod:`service.api.batching`)."""
-        snapshot, request = self._classification(name, instances, texts, top_k, version, explain)
+        call = ClassifyCall(instances, texts, top_k, explain)
+        snapshot, request = self._classification(name, version, call)
         batcher = self.batcher(snapshot)
         if batcher is not None and request.size <= batcher.policy.max_instances:
             answers = await batcher.classify(request.call, request.instances, request.text_chars)
@@ -196,24 +197,21 @@ class DataPlane:
     def classify_blocking(
         self,
         loop: asyncio.AbstractEventLoop,
+        timeout_s: float | None,
         name: str | None,
-        instances: Sequence[Any] | None,
-        texts: Sequence[str] | None,
-        top_k: int | None,
-        version: str | None = None,
-        explain: int = 0,
-        timeout_s: float | None = None,
+        version: str | None,
+        call: ClassifyCall,
     ) -> tuple[ModelSnapshot, list[Answer]]:
-        """:meth:`classify`, called from a worker thread (a gRPC call's) instead of the event
-        loop ``loop``, with the same limits: the work slot, REQUEST_TIMEOUT_S (or
-        ``timeout_s``, the caller's deadline, if sooner: then TimeoutError), the placement and
-        the batching.
+        """:meth:`classify` of ``call`` (its ``top_k`` None: DEFAULT_TOP_K), called from a
+        worker thread (a gRPC call's) instead of the event loop ``loop``, with the same limits:
+        the work slot, REQUEST_TIMEOUT_S (or ``timeout_s``, the caller's deadline, if sooner:
+        then TimeoutError), the placement and the batching.
 
         Serial work runs on the calling thread, which is a worker thread already (no hand-over
         costs it anything); parallel kernels run on the compute thread; a batched request
         joins its model's queue on the event loop.
         """
-        snapshot, request = self._classification(name, instances, texts, top_k, version, explain)
+        snapshot, request = self._classification(name, version, call)
         limit = self.work.timeout_s if timeout_s is None else min(timeout_s, self.work.timeout_s)
         batcher = self.batcher(snapshot)
         try:
@@ -257,29 +255,19 @@ class DataPlane:
             ) from None
 
     def _classification(
-        self,
-        name: str | None,
-        instances: Sequence[Any] | None,
-        texts: Sequence[str] | None,
-        top_k: int | None,
-        version: str | None,
-        explain: int,
+        self, name: str | None, version: str | None, call: ClassifyCall
     ) -> tuple[ModelSnapshot, _Classification]:
         """The snapshot a classification uses and what it asks, checked against the limits."""
         snapshot = self.snapshot(name, version)
-        batch = instances if instances is not None else texts
+        batch = call.instances if call.instances is not None else call.texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
-        self._check_explain(explain)
-        k = self.default_top_k if top_k is None else top_k
-        text_chars = 0 if texts is None else sum(map(len, texts))
-        request = _Classification(
-            ClassifyCall(instances, texts, k, explain),
-            size,
-            text_chars,
-            snapshot.predictor.runs_serially(max(size, 1)),
-        )
-        return snapshot, request
+        self._check_explain(call.explain)
+        if call.top_k is None:
+            call.top_k = self.default_top_k
+        text_chars = 0 if call.texts is None else sum(map(len, call.texts))
+        serially = snapshot.predictor.runs_serially(max(size, 1))
+        return snapshot, _Classification(call, size, text_chars, serially)
 
     def batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
         """The batcher of ``snapshot``'s version; None without dynamic batching."""

@@ -140,11 +140,12 @@ class Explanation:
 @dataclass(slots=True)
 class ClassifyCall:
     """One request's part of :meth:`Predictor.classify_many`: what :meth:`Predictor.classify`
-    takes."""
+    takes (a caller with a default of its own may hold None in ``top_k`` until it applies
+    it)."""
 
     instances: Any = None
     texts: Any = None
-    top_k: int = 3
+    top_k: int | None = 3
     explain: int = 0
 
 

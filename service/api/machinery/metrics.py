@@ -152,26 +152,22 @@ class PrometheusMetrics(Metrics):
             buckets=BATCH_BUCKETS,
             **common,
         )
-        self.dynamic_batch_size = Histogram(
-            "dynamic_batch_size",
-            "Instances computed together in one batch by dynamic batching, by model.",
-            ("model",),
-            buckets=BATCH_BUCKETS,
-            **common,
-        )
-        self.dynamic_batch_requests = Histogram(
-            "dynamic_batch_requests",
-            "Requests computed together in one batch by dynamic batching, by model.",
-            ("model",),
-            buckets=BATCH_BUCKETS,
-            **common,
-        )
-        self.queue_time = Histogram(
-            "dynamic_batch_queue_seconds",
-            "Time a request waited for its batch to start (0 when the model was idle), by model.",
-            ("model",),
-            buckets=QUEUE_BUCKETS_S,
-            **common,
+        # Dynamic batching's batches (service.api.batching), each by model.
+        self.dynamic_batch_size, self.dynamic_batch_requests, self.queue_time = (
+            Histogram(name, text, ("model",), buckets=buckets, **common)
+            for name, text, buckets in (
+                ("dynamic_batch_size", "Instances computed together in one batch.", BATCH_BUCKETS),
+                (
+                    "dynamic_batch_requests",
+                    "Requests computed together in one batch.",
+                    BATCH_BUCKETS,
+                ),
+                (
+                    "dynamic_batch_queue_seconds",
+                    "Time a request waited for its batch to start (0 when the model was idle).",
+                    QUEUE_BUCKETS_S,
+                ),
+            )
         )
         self.rows_read = Counter(
             "search_rows_read",

@@ -91,15 +91,15 @@ from service.api.protocol.rest import EXTENSIONS, SERVER_NAME
 from service.api.protocol.schemas import ProtocolInput, ProtocolOutput, ProtocolRequest
 from service.api.protocol.tensors import (
     BINARY_DATA_SIZE,
-    classes_to_rank,
+    classification,
     decode_request,
-    items_to_explain,
     model_metadata,
     output_tensors,
 )
 from service.api.registry import ModelState
 from service.api.settings import Settings
 from service.model import InvalidInputError, ModelError, ModelNotReadyError, NotFoundError
+from service.model.predictor import ClassifyCall
 from service.model.threads import available_cpus
 
 logger = logging.getLogger("service.api")
@@ -461,16 +461,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             body, binary = infer_request(request)
             inputs, names = decode_request(body, binary, predictor, plane.max_batch_size)
             k = plane.default_top_k if body.top_k is None else body.top_k
-            snapshot, answers = plane.classify_blocking(
-                self.loop,
-                name,
-                inputs.instances,
-                inputs.texts,
-                classes_to_rank(names, k),
-                version=version,
-                explain=items_to_explain(names, body.explain),
-                timeout_s=remaining,
-            )
+            call = ClassifyCall(**classification(inputs, names, body, k))
+            snapshot, answers = plane.classify_blocking(self.loop, remaining, name, version, call)
             tensors = output_tensors(answers, snapshot.predictor.classes, names, k)
             response = pb.ModelInferResponse(
                 model_name=snapshot.name, model_version=snapshot.version, id=request.id

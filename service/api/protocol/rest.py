@@ -33,9 +33,8 @@ from service.api.protocol.schemas import (
 )
 from service.api.protocol.tensors import (
     ModelInputs,
-    classes_to_rank,
+    classification,
     decode_request,
-    items_to_explain,
     model_metadata,
     output_tensors,
 )
@@ -195,12 +194,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     )
     k = plane.default_top_k if body.top_k is None else body.top_k
     snapshot, answers = await plane.classify(
-        name,
-        inputs.instances,
-        inputs.texts,
-        classes_to_rank(outputs, k),
-        version=version,
-        explain=items_to_explain(outputs, body.explain),
+        name, version=version, **classification(inputs, outputs, body, k)
     )
     payload = {
         "model_name": snapshot.name,

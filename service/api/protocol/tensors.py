@@ -376,6 +376,19 @@ def items_to_explain(names: Sequence[str], explain: int | None) -> int:
     return DEFAULT_EXPLAIN_ITEMS if explain is None else explain
 
 
+def classification(
+    inputs: ModelInputs, names: Sequence[str], request: ProtocolRequest, top_k: int
+) -> dict[str, Any]:
+    """The data plane's classify arguments for a decoded request and the outputs ``names`` it
+    wants: its instances or texts, the classes to rank, the basis items to explain."""
+    return {
+        "instances": inputs.instances,
+        "texts": inputs.texts,
+        "top_k": classes_to_rank(names, top_k),
+        "explain": items_to_explain(names, request.explain),
+    }
+
+
 def classes_to_rank(names: Sequence[str], top_k: int) -> int:
     """How many classes each answer must rank for the outputs ``names``: ``top_k`` for the
     top-k outputs, else one (the label; scores come in the classes' order, unranked)."""
