@@ -21,8 +21,10 @@ Prints req/s, p50 and the server's CPU microseconds a request per server and con
 (medians over repeats), the ratio batched /
 unbatched (median of the per-repeat ratios), and the targets: at the highest concurrency, req/s
 at least 3x; at concurrency 1, p50 within 0.1 ms of unbatched. Then the batch sizes and queue
-times the batched server's metrics recorded. The machine is shared with the clients: numbers
-are medians, but noisy; compare ratios.
+times the batched server's metrics recorded, and a lone request through the data plane in
+process with and without batching, --pairs times in turn: the median of the paired differences
+(the kernels' noise, on a busy machine far larger than the batcher's cost, cancels out). The
+machine is shared with the clients: numbers are medians, but noisy; compare ratios.
 """
 
 from __future__ import annotations
