@@ -649,13 +649,17 @@ class Predictor:
         k = min(k, n_basis)
         weights, offset = self._scorer.weights, self.feature_offset
         ids, labels = self._basis_names()
+        n = len(best)
+        indices, values = np.empty((n, k), dtype=np.int64), np.empty((n, k))
+        measures, totals = np.empty((n, k, n_measures)), np.empty(n)
+        columns = np.asarray(best, dtype=np.int64)
+        top_contributions(raw, offset, weights, columns, n_measures, indices, values, measures,
+                          totals)  # fmt: skip
         explanations = []
-        for i, c in enumerate(best):
-            indices, values = np.empty(k, dtype=np.int64), np.empty(k)
-            measures = np.empty((k, n_measures))
-            total = top_contributions(raw[i], offset, weights, c, n_measures, indices, values,
-                                      measures)  # fmt: skip
-            values_list = values.tolist()
+        per_row = zip(
+            best, indices.tolist(), values.tolist(), measures.tolist(), totals.tolist(), strict=True
+        )
+        for i, (c, row_indices, row_values, row_measures, total) in enumerate(per_row):
             score, intercept = rows[i][c], float(self.intercept[c])
             explained = score - intercept
             items = [
@@ -667,11 +671,9 @@ class Predictor:
                     share=value / explained if explained != 0 else None,
                     measures=per_measure,
                 )
-                for j, value, per_measure in zip(
-                    indices.tolist(), values_list, measures.tolist(), strict=True
-                )
+                for j, value, per_measure in zip(row_indices, row_values, row_measures, strict=True)
             ]
-            rest = total - sum(values_list)
+            rest = total - sum(row_values)
             explanations.append(Explanation(self.classes[c], score, intercept, items, rest))
         return explanations
 

@@ -78,12 +78,11 @@ def compile_inputs() -> list[str]:
 
 def compile_scores() -> list[str]:
     """The linear layer of a few inputs, on the scorer's types (float64, C order, writable), and
-    an explanation's contributions (a row of raw similarities, Python ints for the class and
-    the measures)."""
+    an explanation's contributions (rows of raw similarities, a Python int for the measures)."""
     affine_rows(np.zeros((2, 6)), np.zeros((6, 3)), np.zeros(3), np.empty((2, 3)))
-    raw = np.zeros((2, 6))
-    top_contributions(raw[0], np.zeros(6), np.zeros((6, 3)), 1, 2, np.empty(2, dtype=np.int64),
-                      np.empty(2), np.empty((2, 2)))  # fmt: skip
+    top_contributions(np.zeros((2, 6)), np.zeros(6), np.zeros((6, 3)),
+                      np.zeros(2, dtype=np.int64), 2, np.empty((2, 2), dtype=np.int64),
+                      np.empty((2, 2)), np.empty((2, 2, 2)), np.empty(2))  # fmt: skip
     return ["scores"]
 
 
