@@ -110,7 +110,7 @@ SERVICE = "inference.GRPCInferenceService"
 # Threads that run the calls, per CPU: few threads kept busy cost a call less than many taking
 # turns (each turn a wake-up and a hand-over of the interpreter), and enough that calls
 # waiting for parallel kernels or a batch leave others running.
-GRPC_THREADS_PER_CPU = 4
+GRPC_THREADS_PER_CPU = 2
 # The HTTP status of a domain error (service.api.errors, the one mapping) as a gRPC code.
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
