@@ -22,6 +22,11 @@ The first request with a part of each kind leaves the loop, since its cost is no
 Decoding a request's body (:meth:`DataPlane.convert`) runs on the loop only for bodies up to
 ``INLINE_BODY_BYTES``; larger ones are decoded on a worker thread, under the same bound on
 concurrent work.
+
+With dynamic batching (:mod:`service.api.batching`), a classification joins its model
+version's queue and is computed with the requests waiting beside it; each batch is placed as
+above. gRPC calls, which run on threads of their own, come in through
+:meth:`DataPlane.classify_blocking`, with the same limits.
 """
 
 from __future__ import annotations
