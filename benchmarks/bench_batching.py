@@ -151,16 +151,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add = parser.add_argument
-    add("--basis-per-class", type=int, default=400, help="basis images a class (10 classes)")
-    add("--side", type=int, default=28, help="image side")
-    add("--concurrency", default="1,32", help="comma-separated client counts")
-    add("--seconds", type=float, default=3.0, help="measured seconds a cell")
-    add("--warmup", type=float, default=0.5, help="unmeasured seconds before each cell")
-    add("--repeats", type=int, default=3, help="passes over the grid")
-    add("--max-instances", type=int, default=64, help="DYNAMIC_BATCH_MAX_INSTANCES")
-    add("--max-delay-ms", type=float, default=0.0, help="DYNAMIC_BATCH_MAX_DELAY_MS")
-    add("--pairs", type=int, default=200, help="lone requests in process, each way")
+    parser.add_argument("--concurrency", default="1,32", help="comma-separated client counts")
+    for flag, kind, default, text in (
+        ("--basis-per-class", int, 400, "basis images a class (10 classes)"),
+        ("--side", int, 28, "image side"),
+        ("--seconds", float, 3.0, "measured seconds a cell"),
+        ("--warmup", float, 0.5, "unmeasured seconds before each cell"),
+        ("--repeats", int, 3, "passes over the grid"),
+        ("--max-instances", int, 64, "DYNAMIC_BATCH_MAX_INSTANCES"),
+        ("--max-delay-ms", float, 0.0, "DYNAMIC_BATCH_MAX_DELAY_MS"),
+        ("--pairs", int, 200, "lone requests in process, each way"),
+    ):
+        parser.add_argument(flag, type=kind, default=default, help=text)
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
     concurrencies = sorted({int(c) for c in args.concurrency.split(",")})
