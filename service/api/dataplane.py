@@ -41,20 +41,37 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from service.api.batching import Batcher, BatchingPolicy
 from service.api.errors import WorkTimeoutError
-from service.api.machinery.limits import WorkLimiter, concurrency_bound
+from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
+from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
-from service.model.errors import ArtifactChangedError, brief
+from service.model.errors import ArtifactChangedError, brief, located
 from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer, ClassifyCall
-from service.model.search import Catalogue, SearchIndex, SearchQuery, SearchResult, UpdateResult
+from service.model.search import (
+    Catalogue,
+    Filter,
+    SearchIndex,
+    SearchQuery,
+    SearchResult,
+    UpdateResult,
+)
+from service.model.search.catalogue import Facet
+from service.model.search.snapshots import (
+    Snapshot,
+    described_snapshot,
+    list_snapshots,
+    new_snapshot_name,
+    snapshot_in,
+)
 
 T = TypeVar("T")
 
@@ -67,6 +84,9 @@ COST_OUTLIER_FACTOR = 4.0
 MAX_STRONGEST_ATOMS = 100
 # Most basis items one explanation names.
 MAX_EXPLAIN_ITEMS = 100
+# Values a facet answers by default, and at most.
+DEFAULT_FACET_VALUES = 10
+MAX_FACET_VALUES = 1000
 
 # A request's work by part, each counted in its own units ("instances", "text_chars",
 # "search", "ids", "atom"); an empty mapping, or None: no estimate, never inline.
@@ -102,6 +122,9 @@ class DataPlane:
         self.default_search_top_k = settings.default_search_top_k
         self.max_search_top_k = settings.max_search_top_k
         self.max_search_offset = settings.max_search_offset
+        # What one search may rank, and a batch of them in all.
+        self.most_ranked = settings.max_search_top_k + settings.max_search_offset
+        self.snapshots_dir = settings.snapshots_dir
         # Worker processes beside this one (uvicorn's supervisor passes SIGHUP on to them).
         self.has_siblings = settings.workers > 1
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
@@ -121,6 +144,8 @@ class DataPlane:
         self._batchers: weakref.WeakKeyDictionary[ModelSnapshot, Batcher] = (
             weakref.WeakKeyDictionary()
         )
+        # Aliases' shadows: compared off the request path, on a thread of their own.
+        self.shadows = ShadowRunner(self.metrics)
 
     def close(self) -> None:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
@@ -130,6 +155,7 @@ class DataPlane:
             self._compute.shutdown(wait=False, cancel_futures=True)
             self._compute = None
         self.work.close()
+        self.shadows.close()
 
     # -- models --------------------------------------------------------------------------------
 
@@ -143,13 +169,22 @@ class DataPlane:
         version : str, optional
             The version the request names: NotFoundError unless it is the one served.
         """
-        snapshot = self.registry.snapshot(name)
+        snapshot = self.registry.snapshot(name, version)
         answered_by(snapshot.name)
         if version is not None and version != snapshot.version:
-            raise NotFoundError(
-                f"model {snapshot.name!r} serves version {snapshot.version}, not {brief(version)}"
-            )
+            raise _not_serving(snapshot, version)
         return snapshot
+
+    def route(
+        self, name: str | None, version: str | None = None
+    ) -> tuple[ModelSnapshot, Shadow | None]:
+        """As :meth:`snapshot`, for a classification: an alias's canary and shadow drawn (see
+        :mod:`service.api.traffic`)."""
+        snapshot, shadow = self.registry.route(name, version)
+        answered_by(snapshot.name)
+        if version is not None and version != snapshot.version:
+            raise _not_serving(snapshot, version)
+        return snapshot, shadow
 
     def readiness(self) -> tuple[bool, str]:
         """Whether the service is ready, and why (not)."""
@@ -160,9 +195,9 @@ class DataPlane:
         return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
 
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
-        """One ready model's status and snapshot."""
+        """One ready model's status and snapshot (an alias's: its model's)."""
         snapshot = self.snapshot(name)
-        return self.registry.entries[name].describe(), snapshot
+        return self.registry.entries[snapshot.name].describe(), snapshot
 
     def vocabulary(self, name: str) -> tuple[ModelSnapshot, Vocabulary]:
         """A text model's vocabulary; NotFoundError for models that read no text."""
@@ -188,7 +223,7 @@ class DataPlane:
         dynamic batching together with the requests waiting beside it
         (:mod:`service.api.batching`)."""
         call = ClassifyCall(instances, texts, top_k, explain)
-        snapshot, request = self._classification(name, version, call)
+        snapshot, shadow, request = self._classification(name, version, call)
         batcher = self.batcher(snapshot)
         if batcher is not None and request.size <= batcher.policy.max_instances:
             answers = await batcher.classify(request.call, request.instances, request.text_chars)
@@ -196,7 +231,7 @@ class DataPlane:
             answers = await self._run(
                 snapshot, request.parts, request.serially, request.work(snapshot.predictor)
             )
-        self.metrics.batch(snapshot.name, request.size)
+        self._answered(snapshot, shadow, request, answers)
         return snapshot, answers
 
     def classify_blocking(
@@ -216,7 +251,7 @@ class DataPlane:
         costs it anything); parallel kernels run on the compute thread; a batched request
         joins its model's queue on the event loop.
         """
-        snapshot, request = self._classification(name, version, call)
+        snapshot, shadow, request = self._classification(name, version, call)
         limit = self.work.timeout_s if timeout_s is None else min(timeout_s, self.work.timeout_s)
         batcher = self.batcher(snapshot)
         try:
@@ -240,7 +275,7 @@ class DataPlane:
         except ArtifactChangedError:
             loop.call_soon_threadsafe(self.registry.recheck, snapshot.name)
             raise
-        self.metrics.batch(snapshot.name, request.size)
+        self._answered(snapshot, shadow, request, answers)
         return snapshot, answers
 
     def _result(
@@ -261,9 +296,10 @@ class DataPlane:
 
     def _classification(
         self, name: str | None, version: str | None, call: ClassifyCall
-    ) -> tuple[ModelSnapshot, _Classification]:
-        """The snapshot a classification uses and what it asks, checked against the limits."""
-        snapshot = self.snapshot(name, version)
+    ) -> tuple[ModelSnapshot, Shadow | None, _Classification]:
+        """The snapshot a classification uses (an alias's canary and shadow drawn), its shadow,
+        and what it asks, checked against the limits."""
+        snapshot, shadow = self.route(name, version)
         batch = call.instances if call.instances is not None else call.texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
@@ -272,7 +308,20 @@ class DataPlane:
             call.top_k = self.default_top_k
         text_chars = 0 if call.texts is None else sum(map(len, call.texts))
         serially = snapshot.predictor.runs_serially(max(size, 1))
-        return snapshot, _Classification(call, size, text_chars, serially)
+        return snapshot, shadow, _Classification(call, size, text_chars, serially)
+
+    def _answered(
+        self,
+        snapshot: ModelSnapshot,
+        shadow: Shadow | None,
+        request: _Classification,
+        answers: list[Answer],
+    ) -> None:
+        """What follows a classification's answers: its batch size counted, its shadow run."""
+        self.metrics.batch(snapshot.name, request.size)
+        if shadow is not None:
+            call = request.call
+            self.shadows.submit(shadow, snapshot, call.instances, call.texts, answers)
 
     def batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
         """The batcher of ``snapshot``'s version; None without dynamic batching."""
@@ -290,19 +339,8 @@ class DataPlane:
         """Answer a search with model ``name`` (None: the default model)."""
         snapshot = self.snapshot(name)
         index = snapshot.require_search()
-        self._check_top_k(query.top_k)
-        if query.strongest_atoms > MAX_STRONGEST_ATOMS:
-            raise InvalidInputError(
-                f"strongest_atoms must be at most {MAX_STRONGEST_ATOMS}, "
-                f"got {query.strongest_atoms}"
-            )
-        if query.offset > self.max_search_offset:
-            raise InvalidInputError(
-                f"offset must be at most {self.max_search_offset} (MAX_SEARCH_OFFSET), got "
-                f"{query.offset}: page further with next_cursor"
-            )
-        examples = len(query.positives or ()) + len(query.negatives or ())
-        self._check_batch(examples, "positives and negatives")
+        self._check_query(query)
+        self._check_batch(_examples(query), "positives and negatives")
         # Learning a code fits small SVMs, and shards held elsewhere are waited for: never on
         # the loop, and no cost estimate to keep.
         parts = None
@@ -314,6 +352,55 @@ class DataPlane:
         # The ranking reads one catalogue row per atom of the code, each strongest atom one more.
         self.metrics.search_rows(snapshot.name, result.code.n_nonzero + len(result.strongest_atoms))
         return snapshot, result
+
+    async def search_many(
+        self, name: str | None, queries: Sequence[SearchQuery], hold: RequestHold | None = None
+    ) -> tuple[ModelSnapshot, list[SearchResult]]:
+        """Answer a batch of searches with model ``name`` (None: the default model), each
+        exactly as alone (see :meth:`SearchIndex.run_many`). The batch counts toward the limits
+        as one request: at most MAX_BATCH_SIZE searches, and positives and negatives; offset +
+        top_k of every query together at most what one query may rank (MAX_SEARCH_TOP_K +
+        MAX_SEARCH_OFFSET); what it holds while ranking against the memory budget (``hold``);
+        one slot of concurrent work and one REQUEST_TIMEOUT_S. A query that breaks a rule of its
+        own fails the batch, named (``searches[3]: ...``).
+
+        Raises
+        ------
+        BatchTooLargeError
+            Too many searches, examples or items ranked in all (413).
+        InvalidInputError
+            No search, or one that is not valid (422).
+        """
+        snapshot = self.snapshot(name)
+        index = snapshot.require_search()
+        if not queries:
+            raise InvalidInputError("searches is empty: give at least one query")
+        self._check_batch(len(queries), "searches")
+        for i, query in enumerate(queries):
+            with located(f"searches[{i}]"):
+                self._check_query(query)
+        self._check_batch(sum(map(_examples, queries)), "positives and negatives in all")
+        ranked, most = sum(q.offset + q.top_k for q in queries), self.most_ranked
+        if ranked > most:
+            raise BatchTooLargeError(
+                f"the searches rank {ranked} items in all (offset + top_k of each); a batch "
+                f"ranks at most {most}, what one search may (MAX_SEARCH_TOP_K + MAX_SEARCH_OFFSET)"
+            )
+        if hold is not None:
+            hold.add(index.batch_bytes(queries), f"ranking {len(queries)} searches")
+        parts = None
+        if not index.answers_elsewhere and all(q.positives is None for q in queries):
+            parts = {
+                "batch_search": len(queries),
+                "search": sum(q.strongest_atoms for q in queries),
+                "ids": sum(len(q.exclude) for q in queries),
+            }
+        results = await self._run(
+            snapshot, parts, index.batch_runs_serially(queries), lambda: index.run_many(queries)
+        )
+        rows = sum(r.code.n_nonzero + len(r.strongest_atoms) for r in results)
+        self.metrics.search_rows(snapshot.name, rows)
+        return snapshot, results
 
     async def atom(
         self, name: str, atom: int, top_k: int | None
@@ -387,6 +474,83 @@ class DataPlane:
         if self.has_siblings:
             os.kill(os.getppid(), signal.SIGHUP)
         return served, result
+
+    async def count(self, name: str, query_filter: Filter | None) -> tuple[ModelSnapshot, int, int]:
+        """The catalogue version of model ``name`` and its live items that ``query_filter``
+        allows (None: all), exact (on a worker thread: the shards may be held elsewhere)."""
+        snapshot, catalogue = self.catalogue(name)
+        self.work.admit()
+        count = await self.work.run(self.work.pool(), lambda: catalogue.count(query_filter))
+        return snapshot, catalogue.version, count
+
+    async def facet(
+        self, name: str, key: str, query_filter: Filter | None, limit: int | None
+    ) -> tuple[ModelSnapshot, int, Facet]:
+        """The catalogue version of model ``name`` and the counts of its live items that
+        ``query_filter`` allows per value of attribute ``key``: the ``limit`` values (default
+        :data:`DEFAULT_FACET_VALUES`, at most :data:`MAX_FACET_VALUES`) with the most."""
+        snapshot, catalogue = self.catalogue(name)
+        limit = DEFAULT_FACET_VALUES if limit is None else limit
+        if limit > MAX_FACET_VALUES:
+            raise InvalidInputError(f"limit must be at most {MAX_FACET_VALUES}, got {limit}")
+        self.work.admit()
+        facet = await self.work.run(
+            self.work.pool(), lambda: catalogue.facet(key, query_filter, limit)
+        )
+        return snapshot, catalogue.version, facet
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshots_of(self, name: str) -> Path:
+        """Where model ``name``'s catalogue snapshots are kept; NotFoundError without
+        SNAPSHOTS_DIR."""
+        if self.snapshots_dir is None:
+            raise NotFoundError(
+                "this server keeps no catalogue snapshots: set SNAPSHOTS_DIR to a directory it "
+                "may write (or take one with python -m training index --snapshot OUT)"
+            )
+        return self.snapshots_dir / name
+
+    async def take_snapshot(self, name: str) -> tuple[ModelSnapshot, Snapshot]:
+        """Write a snapshot of model ``name``'s newest catalogue version under SNAPSHOTS_DIR
+        (on a worker thread, while searches and updates go on)."""
+        snapshot = self.snapshot(name)
+        index = snapshot.require_search()
+        index.require_catalogue()
+        out = self.snapshots_of(snapshot.name) / new_snapshot_name()
+        self.work.admit()
+        return snapshot, await self.work.run(self.work.pool(), lambda: index.snapshot(out))
+
+    async def list_snapshots(self, name: str) -> tuple[list[Snapshot], list[str]]:
+        """Model ``name``'s catalogue snapshots, oldest first, and the directories there that
+        hold none readable (see :func:`service.model.search.snapshots.list_snapshots`)."""
+        where = self.snapshots_of(self.snapshot(name).name)
+        self.work.admit()
+        return await self.work.run(self.work.pool(), lambda: list_snapshots(where))
+
+    async def restore_snapshot(
+        self, name: str, snapshot_name: str
+    ) -> tuple[ModelSnapshot, Snapshot, UpdateResult]:
+        """Verify model ``name``'s snapshot ``snapshot_name`` and make its version the
+        catalogue's newest, served by this process before it answers (see
+        :meth:`update_catalogue`)."""
+        path = snapshot_in(self.snapshots_of(self.snapshot(name).name), snapshot_name)
+        served, result = await self.update_catalogue(name, 0, lambda index: index.restore(path))
+        return served, described_snapshot(path), result
+
+    def _check_query(self, query: SearchQuery) -> None:
+        """What this server allows one search: top_k, strongest_atoms and offset."""
+        self._check_top_k(query.top_k)
+        if query.strongest_atoms > MAX_STRONGEST_ATOMS:
+            raise InvalidInputError(
+                f"strongest_atoms must be at most {MAX_STRONGEST_ATOMS}, "
+                f"got {query.strongest_atoms}"
+            )
+        if query.offset > self.max_search_offset:
+            raise InvalidInputError(
+                f"offset must be at most {self.max_search_offset} (MAX_SEARCH_OFFSET), got "
+                f"{query.offset}: page further with next_cursor"
+            )
 
     def _check_batch(self, size: int, what: str) -> None:
         if size > self.max_batch_size:
@@ -548,6 +712,17 @@ class _Classification:
         return lambda: predictor.classify(
             call.instances, call.top_k, texts=call.texts, explain=call.explain
         )
+
+
+def _examples(query: SearchQuery) -> int:
+    """Positives and negatives of a search (instances or ids)."""
+    return len(query.positives or ()) + len(query.negatives or ())
+
+
+def _not_serving(snapshot: ModelSnapshot, version: str) -> NotFoundError:
+    return NotFoundError(
+        f"model {snapshot.name!r} serves version {snapshot.version}, not {brief(version)}"
+    )
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, float]:

@@ -42,8 +42,9 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(
         1000,
         ge=1,
-        description="Most instances in one /classify request, and positives plus negatives in "
-        "one /search; more get 413.",
+        description="Most instances in one /classify request, positives plus negatives in one "
+        "/search, and searches in one batch of searches (their positives and negatives in all "
+        "too); more get 413.",
     )
     max_request_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest request body; larger bodies get 413."
@@ -70,6 +71,12 @@ class Settings(BaseSettings):
         gt=0,
         description="With SEARCH_CLUSTER: seconds a shard has to answer a search; later, the "
         "search answers 503, or partial if the request allows it (SEARCH_SHARD_TIMEOUT_S).",
+    )
+    snapshots_dir: Path | None = Field(
+        None,
+        description="Where POST /v1/models/{name}/catalogue/snapshots writes catalogue "
+        "snapshots, one directory per model (SNAPSHOTS_DIR; unset: the snapshot routes answer "
+        "404). Restores read them from there.",
     )
     # -- limits and timeouts (docs/operating/limits.md) --------------------------------------------
     header_timeout_s: float = Field(
@@ -193,6 +200,12 @@ class Settings(BaseSettings):
         description="Bearer token of the repository routes (ADMIN_TOKEN): POST "
         "/v2/repository/index, .../models/{name}/load and .../unload. Unset: they answer 403.",
     )
+    traffic_file: Path | None = Field(
+        None,
+        description="The traffic policies: aliases, canaries and shadows over the repository's "
+        "models (TRAFFIC_FILE; default traffic.json in MODEL_REPOSITORY). Re-read at every "
+        "rescan; the admin routes /v2/repository/aliases/... write it (docs/operating/traffic.md).",
+    )
     reload_interval_s: float = Field(
         0.0,
         ge=0,
@@ -206,6 +219,32 @@ class Settings(BaseSettings):
         True,
         description="Log one line per request (ACCESS_LOG), health probes and scrapes at "
         "debug level.",
+    )
+    payload_log_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of inference requests (classify, search, /v2 infer, gRPC ModelInfer) "
+        "written with their answers as CloudEvents JSON lines (PAYLOAD_LOG_RATE; 0: none, 1: "
+        "all) (docs/operating/observability.md).",
+    )
+    payload_log: str = Field(
+        "stdout",
+        min_length=1,
+        description="Where payload records go: 'stdout', or a file appended to, '{pid}' in its "
+        "name replaced by the process's id (PAYLOAD_LOG).",
+    )
+    payload_log_max_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="A request or answer body larger than this is recorded without its data "
+        "(PAYLOAD_LOG_MAX_BYTES).",
+    )
+    payload_log_queue: int = Field(
+        1000,
+        ge=1,
+        description="Payload records waiting to be written at most; beyond, records are dropped "
+        "and counted (besvm_payload_records_dropped_total), never waited for (PAYLOAD_LOG_QUEUE).",
     )
     log_format: Literal["json", "text"] = Field(
         "json",
@@ -259,6 +298,7 @@ class Settings(BaseSettings):
         "tls_key_file",
         "tls_client_ca_file",
         "grpc_port",
+        "traffic_file",
         mode="before",
     )
     @classmethod

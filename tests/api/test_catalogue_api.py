@@ -5,9 +5,8 @@ in-process client for the error paths."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import re
 import shutil
 import signal
 import threading
@@ -200,6 +199,48 @@ def test_catalogue_routes_describe_items_and_updates(client, digits):
 # -- through a real server ---------------------------------------------------------------------
 
 
+def search_until(
+    url: str, query: dict, stop: threading.Event, answers: list, failures: list[str]
+) -> None:
+    """POST ``query`` to /search until ``stop`` is set: each answer's (catalogue version, ids)
+    appended to ``answers``, any other status to ``failures``."""
+    with httpx.Client(timeout=WAIT_S) as http:
+        while not stop.is_set():
+            response = http.post(f"{url}/search", json=query)
+            if response.status_code != 200:
+                failures.append(f"{response.status_code} {response.text[:200]}")
+                continue
+            body = response.json()
+            answers.append((body["catalogue_version"], [h["id"] for h in body["results"]]))
+
+
+@contextlib.contextmanager
+def running(threads: list[threading.Thread], stop: threading.Event):
+    """The threads started for the block, then told to stop (``stop``) and joined."""
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def update_round(url: str, http, digits, r: int, current: set, live: dict) -> None:
+    """Round ``r`` of updates: ten new items and test-r replaced, then test-(100 + r) and one of
+    the new ones deleted; ``current`` follows the live ids, ``live`` records them by version."""
+    ids = [f"new-{r}-{j}" for j in range(10)] + [f"test-{r}"]
+    done = upsert(url, ids, images(digits, 11, 11 * (r % 80)), http=http)
+    current |= set(ids)
+    live[done["catalogue_version"]] = set(current)
+    gone = [f"test-{100 + r}", f"new-{r}-0"]
+    response = http.post(f"{url}/v1/models/digits/catalogue/delete", json={"ids": gone},
+                         headers=AUTH)  # fmt: skip
+    current -= set(gone)
+    live[response.json()["catalogue_version"]] = set(current)
+
+
 def test_upserts_and_deletes_under_concurrent_searches_never_mix_versions(
     attributed_model, digits, tmp_path
 ):
@@ -212,38 +253,16 @@ def test_upserts_and_deletes_under_concurrent_searches_never_mix_versions(
     # A code query of every item: each answer must be exactly the live items of its version.
     query = {"code": {"indices": [3], "values": [1.0]}, "top_k": 1000}
 
-    def search(url: str) -> None:
-        with httpx.Client(timeout=WAIT_S) as http:
-            while not stop.is_set():
-                response = http.post(f"{url}/search", json=query)
-                if response.status_code != 200:
-                    failures.append(f"{response.status_code} {response.text[:200]}")
-                    continue
-                body = response.json()
-                answers.append((body["catalogue_version"], [h["id"] for h in body["results"]]))
-
     with serving(model, ADMIN_TOKEN=TOKEN) as url:
-        searchers = [threading.Thread(target=search, args=(url,)) for _ in range(3)]
-        for thread in searchers:
-            thread.start()
-        try:
-            with httpx.Client(timeout=WAIT_S) as http:
-                current = set(live[1])
-                for r in range(8):
-                    ids = [f"new-{r}-{j}" for j in range(10)] + [f"test-{r}"]  # test-r replaced
-                    done = upsert(url, ids, images(digits, 11, 11 * r), http=http)
-                    current |= set(ids)
-                    live[done["catalogue_version"]] = set(current)
-                    gone = [f"test-{100 + r}", f"new-{r}-0"]
-                    response = http.post(f"{url}/v1/models/digits/catalogue/delete",
-                                         json={"ids": gone}, headers=AUTH)  # fmt: skip
-                    current -= set(gone)
-                    live[response.json()["catalogue_version"]] = set(current)
-                    time.sleep(0.05)
-        finally:
-            stop.set()
-            for thread in searchers:
-                thread.join()
+        searchers = [
+            threading.Thread(target=search_until, args=(url, query, stop, answers, failures))
+            for _ in range(3)
+        ]
+        with running(searchers, stop), httpx.Client(timeout=WAIT_S) as http:
+            current = set(live[1])
+            for r in range(8):
+                update_round(url, http, digits, r, current, live)
+                time.sleep(0.05)
     assert not failures
     assert sorted(live) == list(range(1, 18))
     seen = {version for version, _ in answers}
@@ -392,39 +411,3 @@ def test_every_worker_serves_an_update_at_once(attributed_model, digits, tmp_pat
             fresh = fresh + 1 if answer.json()["catalogue_version"] == 2 else 0
             if not fresh:
                 time.sleep(0.05)
-
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def _curl(command: str) -> tuple[str, dict, dict | None]:
-    """(path, headers, JSON body) of one of the README's curl lines."""
-    path = re.search(r"localhost:8000(\S+)", command).group(1)
-    headers = dict(h.split(": ", 1) for h in re.findall(r"-H '([^']*)'", command))
-    body = re.search(r"-d '(.*)'", command)
-    return path, headers, None if body is None else json.loads(body.group(1))
-
-
-def test_the_readme_catalogue_examples_answer_as_described(search_model_dir, tmp_path):
-    block = re.search(r"ADMIN_TOKEN=s3cret make run\n(.*?)```", README.read_text(), re.DOTALL)
-    assert block, "README shows no catalogue example"
-    commands = [line for line in block.group(1).splitlines() if line.startswith("curl")]
-    assert len(commands) == 4
-    model = tmp_path / "digits"
-    shutil.copytree(search_model_dir, model)
-    with serving(model, ADMIN_TOKEN="s3cret") as url, httpx.Client(timeout=WAIT_S) as http:
-        answers = []
-        for command in commands:
-            path, headers, body = _curl(command)
-            if answers and "cursor" in body:
-                body["cursor"] = answers[-1]["next_cursor"]
-            response = http.post(f"{url}{path}", json=body, headers=headers)
-            assert response.status_code == 200, response.text
-            answers.append(response.json())
-        upserted, filtered, by_offset, by_cursor = answers
-        assert (upserted["catalogue_version"], upserted["n_items"]) == (2, 798)
-        assert upserted["upserted"] == 1
-        assert [hit["id"] for hit in filtered["results"]] == ["scan-1"]
-        ranking = http.post(f"{url}/search", json={"class": "7", "top_k": 9}).json()["results"]
-        assert by_offset["results"] == ranking[3:6]
-        assert by_cursor["results"] == ranking[6:9]

@@ -28,15 +28,33 @@ from service.api.rest.schemas import (
     CatalogueItem,
     CatalogueItemsRequest,
     CatalogueUpdateResponse,
+    CountRequest,
+    CountResponse,
+    FacetRequest,
+    FacetResponse,
+    RestoreResponse,
+    SearchFilter,
+    SnapshotList,
+    SnapshotResponse,
 )
-from service.model.search import UpdateResult
+from service.model.search import Filter, UpdateResult
 
 router = APIRouter(prefix="/v1/models/{name}/catalogue", tags=["catalogue"])
 
-BODY_SCHEMAS = (CatalogueItemsRequest, CatalogueDeleteRequest)
+BODY_SCHEMAS = (CatalogueItemsRequest, CatalogueDeleteRequest, CountRequest, FacetRequest)
 _NO_CATALOGUE = "No model of that name, or it has no search model or catalogue (or no such item)."
 _UPDATE_ERRORS = documented_errors(
     400, 401, 403, 404, 408, 413, 415, 422, 503, 504, meanings={404: _NO_CATALOGUE}
+)
+_READ_ERRORS = documented_errors(
+    400, 404, 408, 413, 415, 422, 503, 504, meanings={404: _NO_CATALOGUE}
+)
+_RESTORE_REFUSED = (
+    "A damaged or partial snapshot, or one of another search model (snapshot_refused: the "
+    "message names the file); nothing was written."
+)
+_NO_SNAPSHOT = (
+    "No model of that name, no catalogue or snapshot, or no SNAPSHOTS_DIR (the message says which)."
 )
 
 
@@ -44,10 +62,10 @@ def _plane(request: Request) -> DataPlane:
     return request.app.state.dataplane
 
 
-def _body_doc(body: type, answer: type) -> dict[str, Any]:
+def _body_doc(body: type, answer: type, errors: dict | None = None) -> dict[str, Any]:
     reference = {"$ref": f"#/components/schemas/{body.__name__}"}
     return {
-        "responses": {200: {"model": answer}, **_UPDATE_ERRORS},
+        "responses": {200: {"model": answer}, **(_UPDATE_ERRORS if errors is None else errors)},
         "response_class": Response,
         "openapi_extra": {
             "requestBody": {
@@ -128,3 +146,98 @@ async def delete_items(request: Request, name: ModelName) -> Response:
         name, len(ids), lambda index: index.delete(ids)
     )
     return json_answer(_update_payload(snapshot, result), snapshot)
+
+
+# -- counts and facets -------------------------------------------------------------------------
+
+
+def _filter(body_filter: SearchFilter | None) -> Filter | None:
+    return None if body_filter is None else Filter.parse(body_filter.model_dump(exclude_none=True))
+
+
+@router.post("/count", **_body_doc(CountRequest, CountResponse, _READ_ERRORS))
+async def count_items(request: Request, name: ModelName) -> Response:
+    """How many live items a filter allows (every live item without one), exact: from the
+    shards' bitmaps, in this process or on the cluster's workers."""
+    body = await read_body(request, CountRequest)
+    snapshot, version, count = await _plane(request).count(name, _filter(body.filter))
+    payload = {
+        "model": snapshot.name,
+        "model_version": snapshot.version,
+        "catalogue_version": version,
+        "count": count,
+    }
+    return json_answer(payload, snapshot)
+
+
+@router.post("/facet", **_body_doc(FacetRequest, FacetResponse, _READ_ERRORS))
+async def facet_items(request: Request, name: ModelName) -> Response:
+    """How many live items (those a filter allows, if given) hold each value of an attribute:
+    the ``limit`` values with the most, exact (every shard's counts are summed before the
+    values are ranked)."""
+    body = await read_body(request, FacetRequest)
+    snapshot, version, facet = await _plane(request).facet(
+        name, body.key, _filter(body.filter), body.limit
+    )
+    payload = {
+        "model": snapshot.name,
+        "model_version": snapshot.version,
+        "catalogue_version": version,
+        "key": facet.key,
+        "hits": [{"value": v, "count": c} for v, c in zip(facet.values, facet.counts, strict=True)],
+        "n_values": facet.n_values,
+    }
+    return json_answer(payload, snapshot)
+
+
+# -- snapshots (admin) -------------------------------------------------------------------------
+
+
+@router.post(
+    "/snapshots",
+    response_model=SnapshotResponse,
+    responses=documented_errors(401, 403, 404, 503, 504, meanings={404: _NO_SNAPSHOT}),
+)
+async def take_snapshot(request: Request, name: ModelName) -> Response:
+    """Write a snapshot of the catalogue's newest version to SNAPSHOTS_DIR/<model>/<name>: a
+    consistent copy (the version's files pinned under the writer lock, then copied while
+    searches and updates go on) with the sha256 of every file. Past REQUEST_TIMEOUT_S it
+    answers 504 and the snapshot is finished in the background (it is listed once complete)."""
+    snapshot, taken = await _plane(request).take_snapshot(name)
+    payload = {"model": snapshot.name, "model_version": snapshot.version, **taken.describe()}
+    return json_answer(payload, snapshot)
+
+
+@router.get(
+    "/snapshots",
+    response_model=SnapshotList,
+    responses=documented_errors(401, 403, 404, 503, meanings={404: _NO_SNAPSHOT}),
+)
+async def list_snapshots(request: Request, name: ModelName) -> Response:
+    """The snapshots kept of the model's catalogue, oldest first, as their documents describe
+    them (a restore verifies every file)."""
+    plane = _plane(request)
+    snapshot = plane.snapshot(name)
+    found, unreadable = await plane.list_snapshots(name)
+    payload = {
+        "model": snapshot.name,
+        "snapshots": [s.describe() for s in found],
+        "unreadable": unreadable,
+    }
+    return json_answer(payload, snapshot)
+
+
+@router.post(
+    "/snapshots/{snapshot}/restore",
+    response_model=RestoreResponse,
+    responses=documented_errors(
+        401, 403, 404, 409, 503, 504, meanings={404: _NO_SNAPSHOT, 409: _RESTORE_REFUSED}
+    ),
+)
+async def restore_snapshot(request: Request, name: ModelName, snapshot: str) -> Response:
+    """Verify every file of a snapshot (a damaged or partial one is refused, the file named),
+    then make its version the catalogue's newest: a new version (the snapshot's shards that
+    are there intact are kept), on disk and served by this process before the answer."""
+    served, verified, result = await _plane(request).restore_snapshot(name, snapshot)
+    payload = {**_update_payload(served, result), "snapshot": verified.describe()}
+    return json_answer(payload, served)
