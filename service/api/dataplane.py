@@ -22,10 +22,17 @@ The first request with a part of each kind leaves the loop, since its cost is no
 Decoding a request's body (:meth:`DataPlane.convert`) runs on the loop only for bodies up to
 ``INLINE_BODY_BYTES``; larger ones are decoded on a worker thread, under the same bound on
 concurrent work.
+
+With dynamic batching (:mod:`service.api.batching`), a classification joins its model
+version's queue and is computed with the requests waiting beside it; each batch is placed as
+above. gRPC calls, which run on threads of their own, come in through
+:meth:`DataPlane.classify_blocking`, with the same limits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import enum
 import os
@@ -34,9 +41,12 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from service.api.batching import Batcher, BatchingPolicy
+from service.api.errors import WorkTimeoutError
 from service.api.jobs import DONE, RESTORE, SNAPSHOT, Claim, JobKind, JobRecords, Jobs
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
@@ -47,7 +57,7 @@ from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
 from service.model.errors import ArtifactChangedError, ArtifactError, brief, located
 from service.model.inputs.words import Vocabulary
-from service.model.predictor import Answer
+from service.model.predictor import Answer, ClassifyCall
 from service.model.search import (
     Catalogue,
     Filter,
@@ -75,6 +85,8 @@ COST_SMOOTHING = 0.2
 COST_OUTLIER_FACTOR = 4.0
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
+# Most basis items one explanation names.
+MAX_EXPLAIN_ITEMS = 100
 # Values a facet answers by default, and at most.
 DEFAULT_FACET_VALUES = 10
 MAX_FACET_VALUES = 1000
@@ -128,6 +140,13 @@ class DataPlane:
         self._compute: ThreadPoolExecutor | None = None
         # Concurrent work and its time limit: overload answers at once instead of queueing.
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
+        # Dynamic batching, unless a model's serving.json says otherwise; a batcher per version.
+        self.batching = BatchingPolicy(
+            settings.dynamic_batch_max_instances, settings.dynamic_batch_max_delay_ms / 1000.0
+        )
+        self._batchers: weakref.WeakKeyDictionary[ModelSnapshot, Batcher] = (
+            weakref.WeakKeyDictionary()
+        )
         # Aliases' shadows: compared off the request path, on a thread of their own.
         self.shadows = ShadowRunner(self.metrics)
         # Snapshots and restores, which outlive the request that starts them if they must.
@@ -207,28 +226,122 @@ class DataPlane:
         texts: Sequence[str] | None,
         top_k: int | None,
         version: str | None = None,
+        explain: int = 0,
     ) -> tuple[ModelSnapshot, list[Answer]]:
         """Classify a batch with model ``name`` (None: the default model), ``version`` if
-        given (see :meth:`snapshot`)."""
+        given (see :meth:`snapshot`), with ``explain`` items per explanation (0: none); with
+        dynamic batching together with the requests waiting beside it
+        (:mod:`service.api.batching`)."""
+        call = ClassifyCall(instances, texts, top_k, explain)
+        snapshot, shadow, request = self._classification(name, version, call)
+        batcher = self.batcher(snapshot)
+        if batcher is not None and request.size <= batcher.policy.max_instances:
+            answers = await batcher.classify(request.call, request.instances, request.text_chars)
+        else:
+            answers = await self._run(
+                snapshot, request.parts, request.serially, request.work(snapshot.predictor)
+            )
+        self._answered(snapshot, shadow, request, answers)
+        return snapshot, answers
+
+    def classify_blocking(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout_s: float | None,
+        name: str | None,
+        version: str | None,
+        call: ClassifyCall,
+    ) -> tuple[ModelSnapshot, list[Answer]]:
+        """:meth:`classify` of ``call`` (its ``top_k`` None: DEFAULT_TOP_K), called from a
+        worker thread (a gRPC call's) instead of the event loop ``loop``, with the same limits:
+        the work slot, REQUEST_TIMEOUT_S (or ``timeout_s``, the caller's deadline, if sooner:
+        then TimeoutError), the placement and the batching.
+
+        Serial work runs on the calling thread, which is a worker thread already (no hand-over
+        costs it anything); parallel kernels run on the compute thread; a batched request
+        joins its model's queue on the event loop.
+        """
+        snapshot, shadow, request = self._classification(name, version, call)
+        limit = self.work.timeout_s if timeout_s is None else min(timeout_s, self.work.timeout_s)
+        batcher = self.batcher(snapshot)
+        try:
+            if batcher is not None and request.size <= batcher.policy.max_instances:
+                coroutine = batcher.classify(request.call, request.instances, request.text_chars)
+                future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+                answers = self._result(future, limit, timeout_s)
+            else:
+                work = request.work(snapshot.predictor)
+                self.work.admit()
+                if request.serially:
+                    try:
+                        answers, seconds = _timed(work)
+                    finally:
+                        self.work.release()
+                else:
+                    executor = self.executor(Placement.COMPUTE_THREAD)
+                    future = self.work.submit(executor, lambda: _timed(work))
+                    answers, seconds = self._result(future, limit, timeout_s)
+                self.observe(snapshot, request.parts, seconds)
+        except ArtifactChangedError:
+            loop.call_soon_threadsafe(self.registry.recheck, snapshot.name)
+            raise
+        self._answered(snapshot, shadow, request, answers)
+        return snapshot, answers
+
+    def _result(
+        self, future: concurrent.futures.Future[T], limit: float, timeout_s: float | None
+    ) -> T:
+        """``future``'s result within ``limit`` seconds: past it the future is cancelled (work
+        not started never starts), and TimeoutError when the caller's ``timeout_s`` was the
+        limit, else WorkTimeoutError (REQUEST_TIMEOUT_S)."""
+        try:
+            return future.result(limit)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            if timeout_s is not None and timeout_s < self.work.timeout_s:
+                raise TimeoutError from None
+            raise WorkTimeoutError(
+                f"the request did not finish within {self.work.timeout_s:g} s (REQUEST_TIMEOUT_S)"
+            ) from None
+
+    def _classification(
+        self, name: str | None, version: str | None, call: ClassifyCall
+    ) -> tuple[ModelSnapshot, Shadow | None, _Classification]:
+        """The snapshot a classification uses (an alias's canary and shadow drawn), its shadow,
+        and what it asks, checked against the limits."""
         snapshot, shadow = self.route(name, version)
-        batch = instances if instances is not None else texts
+        batch = call.instances if call.instances is not None else call.texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
-        predictor = snapshot.predictor
-        k = self.default_top_k if top_k is None else top_k
-        parts = {"instances": max(size, 1)}
-        if texts is not None:
-            parts["text_chars"] = sum(map(len, texts))
-        answers = await self._run(
-            snapshot,
-            parts,
-            predictor.runs_serially(max(size, 1)),
-            lambda: predictor.classify(instances, k, texts=texts),
-        )
-        self.metrics.batch(snapshot.name, size)
+        self._check_explain(call.explain)
+        if call.top_k is None:
+            call.top_k = self.default_top_k
+        text_chars = 0 if call.texts is None else sum(map(len, call.texts))
+        serially = snapshot.predictor.runs_serially(max(size, 1))
+        return snapshot, shadow, _Classification(call, size, text_chars, serially)
+
+    def _answered(
+        self,
+        snapshot: ModelSnapshot,
+        shadow: Shadow | None,
+        request: _Classification,
+        answers: list[Answer],
+    ) -> None:
+        """What follows a classification's answers: its batch size counted, its shadow run."""
+        self.metrics.batch(snapshot.name, request.size)
         if shadow is not None:
-            self.shadows.submit(shadow, snapshot, instances, texts, answers)
-        return snapshot, answers
+            call = request.call
+            self.shadows.submit(shadow, snapshot, call.instances, call.texts, answers)
+
+    def batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
+        """The batcher of ``snapshot``'s version; None without dynamic batching."""
+        batcher = self._batchers.get(snapshot)
+        if batcher is None:
+            policy = snapshot.batching or self.batching
+            if not policy.enabled:
+                return None
+            batcher = self._batchers[snapshot] = Batcher(self, snapshot, policy)
+        return batcher
 
     async def search(
         self, name: str | None, query: SearchQuery
@@ -565,6 +678,12 @@ class DataPlane:
                 f"the request holds {size} {what}; the limit is {self.max_batch_size}"
             )
 
+    def _check_explain(self, explain: int) -> None:
+        if explain > MAX_EXPLAIN_ITEMS:
+            raise InvalidInputError(
+                f"explain must be at most {MAX_EXPLAIN_ITEMS} basis items, got {explain}"
+            )
+
     def _check_top_k(self, top_k: int) -> None:
         if top_k > self.max_search_top_k:
             raise InvalidInputError(
@@ -646,6 +765,14 @@ class DataPlane:
         self.work.admit()
         return await self.work.run(self.work.pool(), work)
 
+    def executor(self, place: Placement) -> ThreadPoolExecutor:
+        """The threads of work placed on the compute thread or the thread pool."""
+        if place is not Placement.COMPUTE_THREAD:
+            return self.work.pool()
+        if self._compute is None:
+            self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+        return self._compute
+
     async def _run(
         self,
         snapshot: ModelSnapshot,
@@ -668,13 +795,7 @@ class DataPlane:
                 finally:
                     self.work.release()
             else:
-                if place is Placement.COMPUTE_THREAD:
-                    if self._compute is None:
-                        self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-                    executor = self._compute
-                else:
-                    executor = self.work.pool()
-                result, seconds = await self.work.run(executor, lambda: _timed(work))
+                result, seconds = await self.work.run(self.executor(place), lambda: _timed(work))
         except ArtifactChangedError:
             # A file of the snapshot was rewritten in place: what is on disk now is loaded as
             # any new version would be (or refused, the message says why in the log).
@@ -683,6 +804,34 @@ class DataPlane:
         if parts:
             self.observe(snapshot, parts, seconds)
         return result
+
+
+@dataclass(slots=True)
+class _Classification:
+    """One classification request as the data plane runs it."""
+
+    call: ClassifyCall
+    size: int
+    text_chars: int
+    serially: bool
+
+    @property
+    def instances(self) -> int:
+        """Its instances, at least one (an empty batch still costs its refusal)."""
+        return max(self.size, 1)
+
+    @property
+    def parts(self) -> dict[str, int]:
+        parts = {"instances": self.instances}
+        if self.call.texts is not None:
+            parts["text_chars"] = self.text_chars
+        return parts
+
+    def work(self, predictor) -> Callable[[], list[Answer]]:
+        call = self.call
+        return lambda: predictor.classify(
+            call.instances, call.top_k, texts=call.texts, explain=call.explain
+        )
 
 
 def _examples(query: SearchQuery) -> int:

@@ -181,6 +181,22 @@ class Settings(BaseSettings):
         "longer ones on worker threads, so that no request blocks the loop for long "
         "(INLINE_BUDGET_MS; 0 sends every request to a thread).",
     )
+    dynamic_batch_max_instances: int = Field(
+        0,
+        ge=0,
+        description="Dynamic batching (DYNAMIC_BATCH_MAX_INSTANCES): classification requests "
+        "for one model version that wait together are computed as one batch of up to this many "
+        "instances. A request never waits for others: it runs at once when the model is idle, "
+        "and those that arrive while a batch computes gather for the next. 0 or 1: off. A "
+        "model's serving.json may set its own (docs/operating/batching.md).",
+    )
+    dynamic_batch_max_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        description="With dynamic batching: how long a batch that has gathered fewer than "
+        "DYNAMIC_BATCH_MAX_INSTANCES may wait for more once the model is free, counted from "
+        "the arrival of its oldest request (DYNAMIC_BATCH_MAX_DELAY_MS; 0: never waits).",
+    )
     admin_token: SecretStr | None = Field(
         None,
         description="Bearer token of the repository routes (ADMIN_TOKEN): POST "

@@ -119,13 +119,17 @@ def _classify_payload(snapshot: ModelSnapshot, answers: list[Answer]) -> dict[st
         }
         if answer.known_words is not None:
             prediction["known_words"] = answer.known_words
+        if answer.explanation is not None:
+            prediction["explanation"] = answer.explanation.as_dict()
         predictions.append(prediction)
     return {"model": snapshot.name, "model_version": snapshot.version, "predictions": predictions}
 
 
 async def _classify(request: Request, name: str | None) -> Response:
     body = await read_body(request, ClassifyRequest)
-    snapshot, answers = await _plane(request).classify(name, body.instances, body.texts, body.top_k)
+    snapshot, answers = await _plane(request).classify(
+        name, body.instances, body.texts, body.top_k, explain=body.explain or 0
+    )
     return json_answer(_classify_payload(snapshot, answers), snapshot)
 
 
