@@ -7,9 +7,14 @@ pool, no model), answers a fixed answer of the service's shape and size: ``{"mod
 pairs]}]}``. What is left is uvicorn, FastAPI, pydantic and JSON. POST /search does the same
 for a code query (top_k ids and scores back). GET /readyz answers once the server is up.
 
+With ``APP=thin``, the thinnest app instead: a raw ASGI callable (:func:`thin`), no framework,
+that reads the body, parses its JSON (orjson, as the service reads JSON), and answers the same
+fixed bytes on any POST (GET /readyz: ready). What is left is uvicorn and one JSON parse: what
+any Python model server on uvicorn pays at the least.
+
 Served like the service: ``HOST=127.0.0.1 PORT=8001 python benchmarks/bare_endpoint.py``, read
-from HOST, PORT, WORKERS (uvicorn worker processes, default 1), LOG_LEVEL (default warning) and
-ACCESS_LOG (default false).
+from HOST, PORT, WORKERS (uvicorn worker processes, default 1), LOG_LEVEL (default warning),
+ACCESS_LOG (default false) and APP (``fastapi``, the default, or ``thin``).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import orjson
 import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
@@ -106,10 +112,52 @@ async def search(body: SearchRequest) -> SearchResponse:
     )
 
 
+_THIN_ANSWER = (
+    ClassifyResponse(
+        model="digits",
+        model_version=_VERSION,
+        predictions=[
+            Prediction(label="7", top_k=[ClassScore(label=c, score=s) for c, s in _RANKED])
+        ],
+    )
+    .model_dump_json()
+    .encode()
+)
+_THIN_READY = b'{"status":"ready"}'
+
+
+async def thin(scope, receive, send) -> None:
+    """The thinnest app: read the body, parse its JSON, answer fixed bytes."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if scope["method"] == "POST":
+        orjson.loads(body)
+        answer = _THIN_ANSWER
+    else:
+        answer = _THIN_READY
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
 def main() -> None:
     level = os.environ.get("LOG_LEVEL", "warning")
+    app = "bare_endpoint:thin" if os.environ.get("APP") == "thin" else "bare_endpoint:app"
     uvicorn.run(
-        "bare_endpoint:app",
+        app,
         app_dir=str(Path(__file__).resolve().parent),
         host=os.environ.get("HOST", "127.0.0.1"),
         port=int(os.environ.get("PORT", "8001")),

@@ -6,9 +6,12 @@ same run.
 
 Starts the floor, benchmarks/bare_endpoint.py (the same uvicorn with one ``async def`` FastAPI
 route that validates the same request body, one 8 x 8 digit and top_k 3, with pydantic and
-answers a fixed answer of the service's shape, without a model), and the real service as it is
-deployed (``python -m service.api`` on MODEL_DIR=--model, WORKERS=--workers, the access log on
-and written to a file, metrics on, GRPC_PORT set), twice: without keys, and with
+answers a fixed answer of the service's shape, without a model), the thinnest ASGI app
+(bare_endpoint.py's ``thin``: a raw ``async def app(scope, receive, send)`` on the same uvicorn
+that parses the same JSON and answers the same fixed bytes, no access log), and the real
+service as it is deployed (``python -m service.api`` on MODEL_DIR=--model, WORKERS=--workers,
+the access log on and written to a file, metrics on, GRPC_PORT set), twice: without keys, and
+with
 API_KEYS_FILE (every request then sends a key). The targets, one digit a request:
 
 - ``/classify`` (JSON) and ``/v2/models/digits/infer`` (the protocol's JSON, FP64), over HTTP;
@@ -25,7 +28,9 @@ neighbours move throughput), medians over repeats, and the ratios to the floor (
 per-repeat ratios); then the target, req/s at least 80% of the floor's on both REST routes
 (gRPC is shown beside them: its client library costs the shared cores far more than the raw
 HTTP client), and whether req/s falls as concurrency rises (more than 10% below the best at a
-lower concurrency).
+lower concurrency). Against the thinnest ASGI app: every REST target's req/s and CPU a request
+over the thin app's, with the target /classify req/s >= 0.5 of its; and gRPC ModelInfer's
+server CPU a request over REST /classify's on the same server, with the target <= 1.25.
 
 Unless --no-search: POST /search for a code query (10 non-zeros, top --search-top-k) on a
 synthetic catalogue of --search-n items (about 1 GB at 1,000,000; built in a temporary directory
@@ -74,6 +79,7 @@ from training.data.datasets import load_digits_dataset
 from training.evaluation.held_out import median_seconds
 
 RPS_FRACTION, P99_FACTOR, FALL_TOLERANCE = 0.8, 2.0, 0.9
+THIN_FRACTION, GRPC_CPU_FACTOR = 0.5, 1.25
 SEARCH_TARGETS = ("service", "floor")
 SEARCH_SLACK_MS = 0.5
 
@@ -160,13 +166,14 @@ class Target:
 
 
 FLOOR = Target("floor", "floor", "/classify")
+THIN = Target("thin ASGI app", "thin", "/classify")
 V2_ROUTE, GRPC_ROUTE = "/v2/models/digits/infer", "gRPC ModelInfer"
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 BENCH_KEY = "bench-key-9f8e7d6c5b4a39281706"
 
 
 def _targets(args) -> list[Target]:
-    targets = [FLOOR]
+    targets = [FLOOR, THIN]
     for server in ("service", "service+keys") if args.keys else ("service",):
         for route in ("/classify", V2_ROUTE, *([GRPC_ROUTE] if args.grpc else [])):
             suffix = ", key" if server == "service+keys" else ""
@@ -252,8 +259,8 @@ def _grid(args, targets: list[Target], cells: dict) -> dict[tuple[Target, int], 
     return results
 
 
-def _summary(results, target: Target, concurrency: int) -> dict[str, float]:
-    runs, floor = results[target, concurrency], results[FLOOR, concurrency]
+def _summary(results, target: Target, concurrency: int, base: Target = FLOOR) -> dict[str, float]:
+    runs, floor = results[target, concurrency], results[base, concurrency]
     pairs = list(zip(runs, floor, strict=True))
     return {
         "rps": _median(r.requests_per_second for r in runs),
@@ -282,6 +289,32 @@ def _print_table(args, targets: list[Target], results, model_ms: float) -> None:
                   f"{row['p99']:>7.3f} {row['cpu_us']:>7.0f} | {row['rps_ratio']:>6.2f} "
                   f"{row['p50_ratio']:>6.2f} {row['p99_ratio']:>6.2f} {row['cpu_ratio']:>6.2f} | "
                   f"{row['errors']:.0f}")  # fmt: skip
+    print(f"\nagainst the thinnest ASGI app on the same uvicorn (a raw ASGI callable parsing "
+          f"the JSON and answering fixed bytes, no access log): req/s and CPU a request over "
+          f"its; target: /classify req/s >= {THIN_FRACTION:g} of its")  # fmt: skip
+    for target in targets:
+        if target in (FLOOR, THIN) or target.route == GRPC_ROUTE:
+            continue
+        cells = []
+        for c in args.concurrency:
+            row = _summary(results, target, c, base=THIN)
+            verdict = ""
+            if target.name == "/classify":
+                verdict = " " + _verdict(row["rps_ratio"] >= THIN_FRACTION)
+            cells.append(f"c={c}: {row['rps_ratio']:.2f}{verdict} (CPU x{row['cpu_ratio']:.2f})")
+        print(f"  {target.name:<32} {';  '.join(cells)}")
+    grpc_targets = [t for t in targets if t.route == GRPC_ROUTE]
+    if grpc_targets:
+        print(f"gRPC ModelInfer's server CPU a request over REST /classify's (same server, same "
+              f"run; target <= {GRPC_CPU_FACTOR:g}):")  # fmt: skip
+        for target in grpc_targets:
+            rest = next(t for t in targets if t.server == target.server and t.route == "/classify")
+            cells = []
+            for c in args.concurrency:
+                pairs = zip(results[target, c], results[rest, c], strict=True)
+                ratio = _median(g.cpu_us / r.cpu_us for g, r in pairs)
+                cells.append(f"c={c}: {ratio:.2f} {_verdict(ratio <= GRPC_CPU_FACTOR)}")
+            print(f"  {target.name:<32} {';  '.join(cells)}")
     print(f"\ntargets (model time in process: {model_ms:.3f} ms, median of {args.model_calls} "
           f"Predictor.classify([digit], 3) calls): req/s >= {RPS_FRACTION:.0%} of the floor "
           f"on both REST routes; p99 <= {P99_FACTOR:g} x the floor's")  # fmt: skip
@@ -415,15 +448,13 @@ def main() -> None:
                 "API_KEYS_FILE": str(keys),
             },
         }
+        bare = [sys.executable, str(REPO / "benchmarks" / "bare_endpoint.py")]
+        quiet = {"ACCESS_LOG": "false", "LOG_LEVEL": "warning", **workers}
         ports = {
-            "floor": stack.enter_context(
-                serving(
-                    [sys.executable, str(REPO / "benchmarks" / "bare_endpoint.py")],
-                    {"ACCESS_LOG": "false", "LOG_LEVEL": "warning", **workers},
-                )
-            )
+            "floor": stack.enter_context(serving(bare, quiet)),
+            "thin": stack.enter_context(serving(bare, {**quiet, "APP": "thin"})),
         }
-        for server in sorted({target.server for target in targets} - {"floor"}):
+        for server in sorted({target.server for target in targets} - {"floor", "thin"}):
             command = [sys.executable, "-m", "service.api"]
             ports[server] = stack.enter_context(
                 serving(command, service_env(model_dir, **envs[server]))

@@ -93,12 +93,14 @@ def server_process(
     ready_timeout: float = 180.0,
     new_session: bool = True,
     probe: Mapping[str, typing.Any] | None = None,
+    cwd: Path = REPO,
 ) -> Iterator[ServerProcess]:
     """Run ``command`` with ``env`` (plus HOST and PORT, a free port) until the block ends;
     yields the process once GET ``ready_path`` answers 200.
 
-    With ``TLS_CERT_FILE`` in ``env`` the server speaks https, and ``probe`` holds the httpx
-    options (``verify``, ``cert``) that its readiness is polled with.
+    The command runs in ``cwd`` (default: this checkout). With ``TLS_CERT_FILE`` in ``env`` the
+    server speaks https, and ``probe`` holds the httpx options (``verify``, ``cert``) that its
+    readiness is polled with.
 
     The log goes to a file, not a pipe nobody reads: a chatty server must never block on it.
     With ``new_session`` the process gets its own session, so that uvicorn's worker processes
@@ -114,7 +116,7 @@ def server_process(
         process = subprocess.Popen(
             command,
             env=env,
-            cwd=REPO,
+            cwd=cwd,
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,

@@ -7,11 +7,12 @@ import contextlib
 import gc
 import logging
 import signal
+import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
+import grpc
 from fastapi import FastAPI
-from grpc import aio as grpc_aio
 from pydantic import BaseModel
 
 import service
@@ -120,10 +121,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # again and again under the requests' small allocations.
             gc.collect()
             gc.freeze()
-            grpc = None
+            grpc_service = None
             try:
                 if settings.grpc_port is not None:
-                    grpc = await GrpcService.start(
+                    grpc_service = GrpcService.start(
                         settings, plane, policy, metrics, budget, payloads, traced_servicer(tracing)
                     )
                 rescans = Rescans(
@@ -135,8 +136,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 async with rescans:
                     yield
             finally:
-                if grpc is not None:
-                    await grpc.stop()
+                if grpc_service is not None:
+                    await grpc_service.stop()
                 plane.close()
                 if payloads is not None:
                     payloads.close()
@@ -305,13 +306,13 @@ class GrpcService:
     """The gRPC server of one app: started by the lifespan, drained on SIGTERM (with HTTP),
     stopped at the end of the lifespan."""
 
-    def __init__(self, server: grpc_aio.Server, grace_s: float) -> None:
+    def __init__(self, server: grpc.Server, grace_s: float) -> None:
         self.server = server
         self.grace_s = grace_s
-        self._stopping: asyncio.Task | None = None
+        self._stopped: threading.Event | None = None
 
     @classmethod
-    async def start(
+    def start(
         cls,
         settings: Settings,
         plane: DataPlane,
@@ -321,19 +322,18 @@ class GrpcService:
         payloads: PayloadLog | None = None,
         servicer: type[InferenceServicer] = InferenceServicer,
     ) -> GrpcService:
-        server = await start_grpc_server(
-            settings, plane, policy, metrics, budget, payloads, servicer
-        )
+        server = start_grpc_server(settings, plane, policy, metrics, budget, payloads, servicer)
         service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service
 
     def drain(self) -> None:
         """Refuse new calls, and let those under way finish within SHUTDOWN_TIMEOUT_S."""
-        if self._stopping is None:
+        if self._stopped is None:
             logger.info("gRPC: draining")
-            self._stopping = asyncio.get_running_loop().create_task(self.server.stop(self.grace_s))
+            self._stopped = self.server.stop(self.grace_s)
 
     async def stop(self) -> None:
         self.drain()
-        await self._stopping
+        # Calls under way may wait for the event loop (a batch, the registry): never block it.
+        await asyncio.to_thread(self._stopped.wait)

@@ -22,10 +22,18 @@ The first request with a part of each kind leaves the loop, since its cost is no
 Decoding a request's body (:meth:`DataPlane.convert`) runs on the loop only for bodies up to
 ``INLINE_BODY_BYTES``; larger ones are decoded on a worker thread, under the same bound on
 concurrent work.
+
+With dynamic batching (:mod:`service.api.batching`), a classification joins its model
+version's queue and is computed with the requests waiting beside it; each batch is placed as
+above. gRPC calls, which run on threads of their own, come in through
+:meth:`DataPlane.classify_blocking`, with the same limits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import enum
 import os
 import signal
@@ -33,9 +41,13 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from service.api.batching import Batcher, BatchingPolicy
+from service.api.errors import WorkTimeoutError
+from service.api.jobs import DONE, RESTORE, SNAPSHOT, Claim, JobKind, JobRecords, Jobs
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
@@ -43,9 +55,9 @@ from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
-from service.model.errors import ArtifactChangedError, brief, located
+from service.model.errors import ArtifactChangedError, ArtifactError, brief, located
 from service.model.inputs.words import Vocabulary
-from service.model.predictor import Answer
+from service.model.predictor import Answer, ClassifyCall
 from service.model.search import (
     Catalogue,
     Filter,
@@ -60,6 +72,7 @@ from service.model.search.snapshots import (
     described_snapshot,
     list_snapshots,
     new_snapshot_name,
+    remove_unfinished,
     snapshot_in,
 )
 
@@ -72,6 +85,8 @@ COST_SMOOTHING = 0.2
 COST_OUTLIER_FACTOR = 4.0
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
+# Most basis items one explanation names.
+MAX_EXPLAIN_ITEMS = 100
 # Values a facet answers by default, and at most.
 DEFAULT_FACET_VALUES = 10
 MAX_FACET_VALUES = 1000
@@ -125,8 +140,17 @@ class DataPlane:
         self._compute: ThreadPoolExecutor | None = None
         # Concurrent work and its time limit: overload answers at once instead of queueing.
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
+        # Dynamic batching, unless a model's serving.json says otherwise; a batcher per version.
+        self.batching = BatchingPolicy(
+            settings.dynamic_batch_max_instances, settings.dynamic_batch_max_delay_ms / 1000.0
+        )
+        self._batchers: weakref.WeakKeyDictionary[ModelSnapshot, Batcher] = (
+            weakref.WeakKeyDictionary()
+        )
         # Aliases' shadows: compared off the request path, on a thread of their own.
         self.shadows = ShadowRunner(self.metrics)
+        # Snapshots and restores, which outlive the request that starts them if they must.
+        self.jobs = Jobs(settings.request_timeout_s)
 
     def close(self) -> None:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
@@ -175,6 +199,11 @@ class DataPlane:
         """Every model's status (name, state, version, reason) and its snapshot, by name."""
         return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
 
+    def aliases(self) -> list[dict[str, Any]]:
+        """Every alias served: its model, canary and shadow, each with the version it serves
+        (see :func:`service.api.traffic.describe_policy`)."""
+        return self.registry.describe_aliases()["aliases"]
+
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
         """One ready model's status and snapshot (an alias's: its model's)."""
         snapshot = self.snapshot(name)
@@ -197,28 +226,122 @@ class DataPlane:
         texts: Sequence[str] | None,
         top_k: int | None,
         version: str | None = None,
+        explain: int = 0,
     ) -> tuple[ModelSnapshot, list[Answer]]:
         """Classify a batch with model ``name`` (None: the default model), ``version`` if
-        given (see :meth:`snapshot`)."""
+        given (see :meth:`snapshot`), with ``explain`` items per explanation (0: none); with
+        dynamic batching together with the requests waiting beside it
+        (:mod:`service.api.batching`)."""
+        call = ClassifyCall(instances, texts, top_k, explain)
+        snapshot, shadow, request = self._classification(name, version, call)
+        batcher = self.batcher(snapshot)
+        if batcher is not None and request.size <= batcher.policy.max_instances:
+            answers = await batcher.classify(request.call, request.instances, request.text_chars)
+        else:
+            answers = await self._run(
+                snapshot, request.parts, request.serially, request.work(snapshot.predictor)
+            )
+        self._answered(snapshot, shadow, request, answers)
+        return snapshot, answers
+
+    def classify_blocking(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout_s: float | None,
+        name: str | None,
+        version: str | None,
+        call: ClassifyCall,
+    ) -> tuple[ModelSnapshot, list[Answer]]:
+        """:meth:`classify` of ``call`` (its ``top_k`` None: DEFAULT_TOP_K), called from a
+        worker thread (a gRPC call's) instead of the event loop ``loop``, with the same limits:
+        the work slot, REQUEST_TIMEOUT_S (or ``timeout_s``, the caller's deadline, if sooner:
+        then TimeoutError), the placement and the batching.
+
+        Serial work runs on the calling thread, which is a worker thread already (no hand-over
+        costs it anything); parallel kernels run on the compute thread; a batched request
+        joins its model's queue on the event loop.
+        """
+        snapshot, shadow, request = self._classification(name, version, call)
+        limit = self.work.timeout_s if timeout_s is None else min(timeout_s, self.work.timeout_s)
+        batcher = self.batcher(snapshot)
+        try:
+            if batcher is not None and request.size <= batcher.policy.max_instances:
+                coroutine = batcher.classify(request.call, request.instances, request.text_chars)
+                future = asyncio.run_coroutine_threadsafe(coroutine, loop)
+                answers = self._result(future, limit, timeout_s)
+            else:
+                work = request.work(snapshot.predictor)
+                self.work.admit()
+                if request.serially:
+                    try:
+                        answers, seconds = _timed(work)
+                    finally:
+                        self.work.release()
+                else:
+                    executor = self.executor(Placement.COMPUTE_THREAD)
+                    future = self.work.submit(executor, lambda: _timed(work))
+                    answers, seconds = self._result(future, limit, timeout_s)
+                self.observe(snapshot, request.parts, seconds)
+        except ArtifactChangedError:
+            loop.call_soon_threadsafe(self.registry.recheck, snapshot.name)
+            raise
+        self._answered(snapshot, shadow, request, answers)
+        return snapshot, answers
+
+    def _result(
+        self, future: concurrent.futures.Future[T], limit: float, timeout_s: float | None
+    ) -> T:
+        """``future``'s result within ``limit`` seconds: past it the future is cancelled (work
+        not started never starts), and TimeoutError when the caller's ``timeout_s`` was the
+        limit, else WorkTimeoutError (REQUEST_TIMEOUT_S)."""
+        try:
+            return future.result(limit)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            if timeout_s is not None and timeout_s < self.work.timeout_s:
+                raise TimeoutError from None
+            raise WorkTimeoutError(
+                f"the request did not finish within {self.work.timeout_s:g} s (REQUEST_TIMEOUT_S)"
+            ) from None
+
+    def _classification(
+        self, name: str | None, version: str | None, call: ClassifyCall
+    ) -> tuple[ModelSnapshot, Shadow | None, _Classification]:
+        """The snapshot a classification uses (an alias's canary and shadow drawn), its shadow,
+        and what it asks, checked against the limits."""
         snapshot, shadow = self.route(name, version)
-        batch = instances if instances is not None else texts
+        batch = call.instances if call.instances is not None else call.texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
-        predictor = snapshot.predictor
-        k = self.default_top_k if top_k is None else top_k
-        parts = {"instances": max(size, 1)}
-        if texts is not None:
-            parts["text_chars"] = sum(map(len, texts))
-        answers = await self._run(
-            snapshot,
-            parts,
-            predictor.runs_serially(max(size, 1)),
-            lambda: predictor.classify(instances, k, texts=texts),
-        )
-        self.metrics.batch(snapshot.name, size)
+        self._check_explain(call.explain)
+        if call.top_k is None:
+            call.top_k = self.default_top_k
+        text_chars = 0 if call.texts is None else sum(map(len, call.texts))
+        serially = snapshot.predictor.runs_serially(max(size, 1))
+        return snapshot, shadow, _Classification(call, size, text_chars, serially)
+
+    def _answered(
+        self,
+        snapshot: ModelSnapshot,
+        shadow: Shadow | None,
+        request: _Classification,
+        answers: list[Answer],
+    ) -> None:
+        """What follows a classification's answers: its batch size counted, its shadow run."""
+        self.metrics.batch(snapshot.name, request.size)
         if shadow is not None:
-            self.shadows.submit(shadow, snapshot, instances, texts, answers)
-        return snapshot, answers
+            call = request.call
+            self.shadows.submit(shadow, snapshot, call.instances, call.texts, answers)
+
+    def batcher(self, snapshot: ModelSnapshot) -> Batcher | None:
+        """The batcher of ``snapshot``'s version; None without dynamic batching."""
+        batcher = self._batchers.get(snapshot)
+        if batcher is None:
+            policy = snapshot.batching or self.batching
+            if not policy.enabled:
+                return None
+            batcher = self._batchers[snapshot] = Batcher(self, snapshot, policy)
+        return batcher
 
     async def search(
         self, name: str | None, query: SearchQuery
@@ -350,17 +473,28 @@ class DataPlane:
         index = snapshot.require_search()
         self.work.admit()
         result = await self.work.run(self.work.pool(), lambda: change(index))
-        entry = await self.registry.load(snapshot.name, force=False)
+        return await self._serve_written(snapshot.name, result), result
+
+    async def _serve_written(self, name: str, result: UpdateResult) -> ModelSnapshot:
+        """Serve the catalogue version that an update of model ``name`` wrote (``result``), and
+        tell the other worker processes; the snapshot that serves it.
+
+        Raises
+        ------
+        ModelNotReadyError
+            The version written could not be loaded (the reason says why; it is on disk).
+        """
+        entry = await self.registry.load(name, force=False)
         served = entry.snapshot
         catalogue = None if served is None or served.search is None else served.search.catalogue
-        if catalogue is None or catalogue.version < result.version:
+        if served is None or catalogue is None or catalogue.version < result.version:
             raise ModelNotReadyError(
-                f"model {snapshot.name!r}: catalogue version {result.version} was written but "
-                f"is not served: {entry.reason}"
+                f"model {name!r}: catalogue version {result.version} was written but is not "
+                f"served: {entry.reason}"
             )
         if self.has_siblings:
             os.kill(os.getppid(), signal.SIGHUP)
-        return served, result
+        return served
 
     async def count(self, name: str, query_filter: Filter | None) -> tuple[ModelSnapshot, int, int]:
         """The catalogue version of model ``name`` and its live items that ``query_filter``
@@ -398,15 +532,124 @@ class DataPlane:
             )
         return self.snapshots_dir / name
 
-    async def take_snapshot(self, name: str) -> tuple[ModelSnapshot, Snapshot]:
-        """Write a snapshot of model ``name``'s newest catalogue version under SNAPSHOTS_DIR
-        (on a worker thread, while searches and updates go on)."""
-        snapshot = self.snapshot(name)
-        index = snapshot.require_search()
-        index.require_catalogue()
-        out = self.snapshots_of(snapshot.name) / new_snapshot_name()
+    async def _claim(self, records: JobRecords, kind: JobKind, name: str) -> Claim:
+        """``kind``'s lock on the catalogue for job ``name`` (JobInProgressError: one runs),
+        taken on a worker thread (files); a snapshot's first removes what snapshots
+        interrupted before it left half-written (hidden staging directories)."""
+
+        def claim() -> Claim:
+            try:
+                claimed = records.claim(kind, name)
+            except OSError as error:  # SNAPSHOTS_DIR not writable: said, never a 500
+                raise ArtifactError(f"cannot write {records.directory}: {error}") from None
+            if kind is SNAPSHOT:
+                remove_unfinished(records.directory)
+            return claimed
+
         self.work.admit()
-        return snapshot, await self.work.run(self.work.pool(), lambda: index.snapshot(out))
+        # Untimed: a claim is taken or not, never left held by a request that stopped waiting.
+        return await self.work.run(self.work.pool(), claim, timed=False)
+
+    async def take_snapshot(
+        self, name: str, wait: bool, answer: Callable[[ModelSnapshot, Snapshot], dict[str, Any]]
+    ) -> tuple[ModelSnapshot, Claim, dict[str, Any] | None]:
+        """Start a snapshot of model ``name``'s newest catalogue version under SNAPSHOTS_DIR, a
+        job (see :mod:`service.api.jobs`) on a thread of its own while searches and updates go
+        on, and wait for it up to REQUEST_TIMEOUT_S if ``wait``: the model's snapshot that
+        serves, the job's claim (its name, record and status route) and ``answer`` of the
+        snapshot taken, None while it is under way.
+
+        Raises
+        ------
+        JobInProgressError
+            A snapshot of the catalogue is being taken.
+        ModelError
+            The snapshot failed within the wait (the error it would answer).
+        """
+        served = self.snapshot(name)
+        index = served.require_search()
+        index.require_catalogue()
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+        claim = await self._claim(records, SNAPSHOT, new_snapshot_name())
+        out = records.directory / claim.name
+
+        async def finish(taken: Snapshot) -> dict[str, Any]:
+            return answer(served, taken)
+
+        task = self.jobs.start(claim, lambda progress: index.snapshot(out, progress), finish)
+        return served, claim, await self.jobs.outcome(task, wait)
+
+    async def restore_snapshot(
+        self,
+        name: str,
+        snapshot_name: str,
+        wait: bool,
+        answer: Callable[[ModelSnapshot, UpdateResult, Snapshot], dict[str, Any]],
+    ) -> tuple[ModelSnapshot, Claim, dict[str, Any] | None]:
+        """Start the restore of model ``name``'s snapshot ``snapshot_name``, a job as
+        :meth:`take_snapshot`: every file verified, then its version made the catalogue's
+        newest and served by this process (the others told) before the job is done; the
+        model's snapshot that serves, the job's claim and ``answer`` of the restore, None while
+        it is under way.
+
+        Raises
+        ------
+        JobInProgressError
+            A restore of the catalogue is running.
+        ModelError
+            No such snapshot; or the restore failed within the wait (a damaged snapshot:
+            SnapshotRefusedError, nothing written).
+        """
+        served = self.snapshot(name)
+        index = served.require_search()
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+        path = snapshot_in(records.directory, snapshot_name)
+        claim = await self._claim(records, RESTORE, snapshot_name)
+
+        def restore(progress: Claim) -> tuple[UpdateResult, Snapshot]:
+            return index.restore(path, progress), described_snapshot(path)
+
+        async def finish(restored: tuple[UpdateResult, Snapshot]) -> dict[str, Any]:
+            result, verified = restored
+            return answer(await self._serve_written(served.name, result), result, verified)
+
+        task = self.jobs.start(claim, restore, finish)
+        return served, claim, await self.jobs.outcome(task, wait)
+
+    async def job_status(
+        self,
+        name: str,
+        kind: JobKind,
+        snapshot_name: str,
+        answer: Callable[[ModelSnapshot, Snapshot], dict[str, Any]],
+    ) -> tuple[ModelSnapshot, dict[str, Any]]:
+        """The record of model ``name``'s snapshot or restore ``snapshot_name`` (see
+        :mod:`service.api.jobs`): in progress, done with its result, or failed with its error.
+        A snapshot's directory, complete, is its record's last word: done (``answer`` of it,
+        where no record says so), whoever took it.
+
+        Raises
+        ------
+        NotFoundError
+            No such job known (nor, for a snapshot, such a snapshot).
+        """
+        served = self.snapshot(name)
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+
+        def read() -> dict[str, Any]:
+            record = records.status(kind, snapshot_name)
+            if kind is SNAPSHOT and (record is None or record["state"] != DONE):
+                with contextlib.suppress(NotFoundError):
+                    taken = described_snapshot(snapshot_in(records.directory, snapshot_name))
+                    record = records.done(kind, snapshot_name, answer(served, taken), record)
+            if record is None:
+                raise NotFoundError(
+                    f"model {served.name!r}: no {kind.name} {brief(snapshot_name)} known"
+                )
+            return record
+
+        self.work.admit()
+        return served, await self.work.run(self.work.pool(), read, timed=False)
 
     async def list_snapshots(self, name: str) -> tuple[list[Snapshot], list[str]]:
         """Model ``name``'s catalogue snapshots, oldest first, and the directories there that
@@ -414,16 +657,6 @@ class DataPlane:
         where = self.snapshots_of(self.snapshot(name).name)
         self.work.admit()
         return await self.work.run(self.work.pool(), lambda: list_snapshots(where))
-
-    async def restore_snapshot(
-        self, name: str, snapshot_name: str
-    ) -> tuple[ModelSnapshot, Snapshot, UpdateResult]:
-        """Verify model ``name``'s snapshot ``snapshot_name`` and make its version the
-        catalogue's newest, served by this process before it answers (see
-        :meth:`update_catalogue`)."""
-        path = snapshot_in(self.snapshots_of(self.snapshot(name).name), snapshot_name)
-        served, result = await self.update_catalogue(name, 0, lambda index: index.restore(path))
-        return served, described_snapshot(path), result
 
     def _check_query(self, query: SearchQuery) -> None:
         """What this server allows one search: top_k, strongest_atoms and offset."""
@@ -443,6 +676,12 @@ class DataPlane:
         if size > self.max_batch_size:
             raise BatchTooLargeError(
                 f"the request holds {size} {what}; the limit is {self.max_batch_size}"
+            )
+
+    def _check_explain(self, explain: int) -> None:
+        if explain > MAX_EXPLAIN_ITEMS:
+            raise InvalidInputError(
+                f"explain must be at most {MAX_EXPLAIN_ITEMS} basis items, got {explain}"
             )
 
     def _check_top_k(self, top_k: int) -> None:
@@ -526,6 +765,14 @@ class DataPlane:
         self.work.admit()
         return await self.work.run(self.work.pool(), work)
 
+    def executor(self, place: Placement) -> ThreadPoolExecutor:
+        """The threads of work placed on the compute thread or the thread pool."""
+        if place is not Placement.COMPUTE_THREAD:
+            return self.work.pool()
+        if self._compute is None:
+            self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+        return self._compute
+
     async def _run(
         self,
         snapshot: ModelSnapshot,
@@ -548,13 +795,7 @@ class DataPlane:
                 finally:
                     self.work.release()
             else:
-                if place is Placement.COMPUTE_THREAD:
-                    if self._compute is None:
-                        self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
-                    executor = self._compute
-                else:
-                    executor = self.work.pool()
-                result, seconds = await self.work.run(executor, lambda: _timed(work))
+                result, seconds = await self.work.run(self.executor(place), lambda: _timed(work))
         except ArtifactChangedError:
             # A file of the snapshot was rewritten in place: what is on disk now is loaded as
             # any new version would be (or refused, the message says why in the log).
@@ -563,6 +804,34 @@ class DataPlane:
         if parts:
             self.observe(snapshot, parts, seconds)
         return result
+
+
+@dataclass(slots=True)
+class _Classification:
+    """One classification request as the data plane runs it."""
+
+    call: ClassifyCall
+    size: int
+    text_chars: int
+    serially: bool
+
+    @property
+    def instances(self) -> int:
+        """Its instances, at least one (an empty batch still costs its refusal)."""
+        return max(self.size, 1)
+
+    @property
+    def parts(self) -> dict[str, int]:
+        parts = {"instances": self.instances}
+        if self.call.texts is not None:
+            parts["text_chars"] = self.text_chars
+        return parts
+
+    def work(self, predictor) -> Callable[[], list[Answer]]:
+        call = self.call
+        return lambda: predictor.classify(
+            call.instances, call.top_k, texts=call.texts, explain=call.explain
+        )
 
 
 def _examples(query: SearchQuery) -> int:

@@ -61,6 +61,15 @@ class RateLimitedError(ModelError):
         return str(max(1, math.ceil(self.retry_after_s)))
 
 
+class JobInProgressError(ModelError):
+    """A snapshot or a restore of the catalogue is under way, and one runs at a time;
+    ``location``: its status route (None while it is not known)."""
+
+    def __init__(self, message: str, location: str | None) -> None:
+        super().__init__(message)
+        self.location = location
+
+
 class OverloadedError(ModelError):
     """The server holds its limit of concurrent work (MAX_CONCURRENT_REQUESTS)."""
 
@@ -96,6 +105,7 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (RateLimitedError, 429, "rate_limited"),
     (VersionConflictError, 409, "version_conflict"),
     (SnapshotRefusedError, 409, "snapshot_refused"),
+    (JobInProgressError, 409, "in_progress"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (RequestTooLargeError, 413, "request_too_large"),
     (InvalidInputError, 422, "invalid_input"),
@@ -167,6 +177,8 @@ async def _domain_error(request: Request, error: ModelError) -> JSONResponse:
     response = error_response(status, type_, str(error), path=request.url.path)
     if isinstance(error, RateLimitedError):
         response.headers["retry-after"] = error.retry_after()
+    if isinstance(error, JobInProgressError) and error.location is not None:
+        response.headers["location"] = error.location
     return response
 
 

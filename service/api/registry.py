@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from service.api.batching import BatchingPolicy, read_serving_file
 from service.api.errors import TrafficPolicyError
 from service.api.machinery.metrics import Metrics
 from service.api.traffic import (
@@ -173,6 +174,8 @@ class ModelSnapshot:
     search_problem : str or None
         Why the model's search artifacts could not be loaded: /search says so while /classify
         keeps serving.
+    batching : BatchingPolicy or None
+        The model's own dynamic batching (its ``serving.json``); None: the server's settings.
     """
 
     name: str
@@ -183,6 +186,7 @@ class ModelSnapshot:
     predictor: Predictor
     search: SearchIndex | None
     search_problem: str | None
+    batching: BatchingPolicy | None = None
 
     def require_search(self) -> SearchIndex:
         """The search index; raises NotFoundError or ModelNotReadyError naming the fix."""
@@ -266,6 +270,7 @@ def _load(
         and previous.search is not None
         and before[:CATALOGUE_LEVEL] == previous.fingerprint[:CATALOGUE_LEVEL]
     )
+    batching = read_serving_file(path)
     if catalogue_only:
         predictor = previous.predictor
     else:
@@ -292,6 +297,7 @@ def _load(
         predictor=predictor,
         search=search,
         search_problem=search_problem,
+        batching=batching,
     )
     if previous is not None and not force and snapshot.search_levels < previous.search_levels:
         missing = "search model" if snapshot.search_levels == 0 else "catalogue"

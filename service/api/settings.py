@@ -76,7 +76,8 @@ class Settings(BaseSettings):
         None,
         description="Where POST /v1/models/{name}/catalogue/snapshots writes catalogue "
         "snapshots, one directory per model (SNAPSHOTS_DIR; unset: the snapshot routes answer "
-        "404). Restores read them from there.",
+        "404). Restores read them from there; the records of snapshots and restores (their "
+        "status routes) are kept there too, in <model>/.jobs.",
     )
     # -- limits and timeouts (docs/operating/limits.md) --------------------------------------------
     header_timeout_s: float = Field(
@@ -107,7 +108,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="Seconds a request's model work may take, waiting for a thread included; "
-        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background.",
+        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background. A catalogue "
+        "snapshot or restore is waited for this long, then answers 202 with its status route.",
     )
     max_concurrent_requests: int | None = Field(
         None,
@@ -178,6 +180,22 @@ class Settings(BaseSettings):
         description="Requests whose model time is estimated below this run on the event loop; "
         "longer ones on worker threads, so that no request blocks the loop for long "
         "(INLINE_BUDGET_MS; 0 sends every request to a thread).",
+    )
+    dynamic_batch_max_instances: int = Field(
+        0,
+        ge=0,
+        description="Dynamic batching (DYNAMIC_BATCH_MAX_INSTANCES): classification requests "
+        "for one model version that wait together are computed as one batch of up to this many "
+        "instances. A request never waits for others: it runs at once when the model is idle, "
+        "and those that arrive while a batch computes gather for the next. 0 or 1: off. A "
+        "model's serving.json may set its own (docs/operating/batching.md).",
+    )
+    dynamic_batch_max_delay_ms: float = Field(
+        0.0,
+        ge=0,
+        description="With dynamic batching: how long a batch that has gathered fewer than "
+        "DYNAMIC_BATCH_MAX_INSTANCES may wait for more once the model is free, counted from "
+        "the arrival of its oldest request (DYNAMIC_BATCH_MAX_DELAY_MS; 0: never waits).",
     )
     admin_token: SecretStr | None = Field(
         None,

@@ -28,12 +28,12 @@ from service.model.artifact import (
 )
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
 from service.model.features import NORMALIZATIONS, expand, raw_similarities
-from service.model.inputs.base import MANIFEST_KEYS, InputKind
+from service.model.inputs.base import MANIFEST_KEYS, InputKind, join_items
 from service.model.inputs.kinds import input_arrays, read_inputs
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
 from service.model.inputs.words import Documents, Vocabulary
-from service.model.kernels.scores import affine_rows
+from service.model.kernels.scores import affine_rows, top_contributions
 from service.model.similarity import SimilaritySpec, format_spec, parse_specs
 from service.model.threads import (
     SCORES_BLAS_MIN_MULTIPLY_ADDS,
@@ -57,6 +57,96 @@ class Answer:
     ranked: list[tuple[str, float]]
     scores: list[float]
     known_words: int | None = None
+    explanation: Explanation | None = None
+
+
+@dataclass(slots=True)
+class Contribution:
+    """What one basis item adds to a class's score: over every measure m,
+    ``(raw similarity - offset) * folded weight`` (see :meth:`Predictor.explain`).
+
+    Parameters
+    ----------
+    basis_index : int
+        Its row in the basis.
+    id : int or None
+        Its id as the artifact keeps it (the row of the training set it was chosen from);
+        None for artifacts written before ids were kept.
+    label : str
+        Its class.
+    contribution : float
+        What it adds to the score, the sum of ``measures``.
+    share : float or None
+        ``contribution / (score - intercept)``: the shares of every basis item sum to 1.
+        None when ``score == intercept``.
+    measures : list of float
+        Its contribution through each measure, in the model's order of measures.
+    """
+
+    basis_index: int
+    id: int | None
+    label: str
+    contribution: float
+    share: float | None
+    measures: list[float]
+
+
+@dataclass(slots=True)
+class Explanation:
+    """Why a class got its score: the basis items that added most to it.
+
+    ``score == intercept + sum(item.contribution for item in items) + rest``, up to rounding.
+
+    Parameters
+    ----------
+    label : str
+        The class explained (the predicted one).
+    score : float
+    intercept : float
+        The class's SVM intercept b_k.
+    items : list of Contribution
+        The k items with the largest contributions, largest first.
+    rest : float
+        The contributions of every other basis item, summed.
+    """
+
+    label: str
+    score: float
+    intercept: float
+    items: list[Contribution]
+    rest: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The explanation as plain data (the service's JSON answers write it so)."""
+        return {
+            "label": self.label,
+            "score": self.score,
+            "intercept": self.intercept,
+            "items": [
+                {
+                    "basis_index": item.basis_index,
+                    "id": item.id,
+                    "label": item.label,
+                    "contribution": item.contribution,
+                    "share": item.share,
+                    "measures": item.measures,
+                }
+                for item in self.items
+            ],
+            "rest": self.rest,
+        }
+
+
+@dataclass(slots=True)
+class ClassifyCall:
+    """One request's part of :meth:`Predictor.classify_many`: what :meth:`Predictor.classify`
+    takes (a caller with a default of its own may hold None in ``top_k`` until it applies
+    it)."""
+
+    instances: Any = None
+    texts: Any = None
+    top_k: int | None = 3
+    explain: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +171,9 @@ class Predictor:
     intercept : ndarray of shape (K,)
     feature_projection : ndarray of shape (M, B, B), optional
         Nystroem normalisations only.
+    basis_ids : ndarray of shape (B,), int, optional
+        Each basis item's id: the row of the training set it was chosen from. Explanations
+        name the items by it; artifacts written before it was kept have none.
     metadata : dict
         Everything else the manifest records (training summary, created time, versions).
 
@@ -101,6 +194,7 @@ class Predictor:
     coef: np.ndarray
     intercept: np.ndarray
     feature_projection: np.ndarray | None = None
+    basis_ids: np.ndarray | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -108,6 +202,8 @@ class Predictor:
         for name in self._float_arrays:
             array = np.ascontiguousarray(getattr(self, name), dtype=np.float64)
             object.__setattr__(self, name, array)
+        if self.basis_ids is not None:
+            object.__setattr__(self, "basis_ids", np.asarray(self.basis_ids, dtype=np.int64))
         try:
             measures = self.inputs.bind(self.specs)
         except SpecError as error:
@@ -127,13 +223,14 @@ class Predictor:
         weights, intercept = self._fold_normalization()
         n_basis = self.n_basis
         basis = self.inputs.basis_items
-        computed, computed_rows, on_inputs = [], [], []
+        computed, computed_rows, on_inputs, positions = [], [], [], []
         for m, measure in enumerate(measures):
             block = weights[m * n_basis : (m + 1) * n_basis]
             input_weights = measure.input_weights(basis, block)
             if input_weights is None:
                 computed.append(measure)
                 computed_rows.append(block)
+                positions.append(m)
             else:
                 on_inputs.append((measure, input_weights))
         return _Scorer(
@@ -141,6 +238,8 @@ class Predictor:
             np.ascontiguousarray(np.concatenate(computed_rows)) if computed else None,
             tuple(on_inputs),
             intercept,
+            tuple(positions),
+            weights,
         )
 
     def _fold_normalization(self) -> tuple[np.ndarray, np.ndarray]:
@@ -180,6 +279,8 @@ class Predictor:
             "coef": (self.coef, (n_classes, n_features)),
             "intercept": (self.intercept, (n_classes,)),
         }
+        if self.basis_ids is not None:
+            expected["basis_ids"] = (self.basis_ids, (n_basis,))
         if self.normalization.startswith("nystroem"):
             expected["feature_projection"] = (
                 np.empty(0) if self.feature_projection is None else self.feature_projection,
@@ -387,7 +488,9 @@ class Predictor:
         order = _best_first(scores, k)
         return order, np.take_along_axis(scores, order, axis=1)
 
-    def classify(self, instances=None, top_k: int = 3, *, texts=None) -> list[Answer]:
+    def classify(
+        self, instances=None, top_k: int = 3, *, texts=None, explain: int = 0
+    ) -> list[Answer]:
         """Validate a client batch and answer it: the label and top-k classes of each instance.
 
         Batch size limits belong to the caller (the service's data plane).
@@ -402,6 +505,9 @@ class Predictor:
             Classes per instance, clipped to the number of classes.
         texts : sequence of str, optional, keyword-only
             Raw documents, for models with a vocabulary.
+        explain : int, default=0, keyword-only
+            With k > 0, each answer's :attr:`Answer.explanation`: the k basis items that added
+            most to the predicted class's score (see :meth:`explain`), k clipped to B.
 
         Returns
         -------
@@ -413,22 +519,78 @@ class Predictor:
         ------
         InvalidInputError
             Neither or both of ``instances`` and ``texts``, an empty batch, a malformed
-            instance, ``top_k`` below 1, or texts for a model without a vocabulary.
+            instance, ``top_k`` below 1, ``explain`` below 0, or texts for a model without a
+            vocabulary.
         """
+        batch, items = self._parsed(instances, texts, explain)
+        if not explain:
+            return self._answers(self._scores(items), batch, top_k)
+        scores, similarities = self._scorer.scored(items, self.inputs.basis_items)
+        return self._answers(scores, batch, top_k, explain, items, similarities)
+
+    def classify_many(self, calls) -> list[list[Answer] | InvalidInputError]:
+        """Answer several requests as one batch: each validated on its own, then every valid
+        one's instances scored together (one matrix product instead of one per request), and
+        each answered as :meth:`classify` answers it.
+
+        Parameters
+        ----------
+        calls : sequence of ClassifyCall
+
+        Returns
+        -------
+        list, one per call
+            Its answers, or the InvalidInputError that refused it (one bad request fails
+            alone).
+        """
+        outcomes: list = [None] * len(calls)
+        valid = []
+        for i, call in enumerate(calls):
+            try:
+                _check_top_k(call.top_k)
+                valid.append((i, call, *self._parsed(call.instances, call.texts, call.explain)))
+            except InvalidInputError as error:
+                outcomes[i] = error
+        if not valid:
+            return outcomes
+        items = join_items([v[3] for v in valid])
+        scores, similarities = self._scorer.scored(items, self.inputs.basis_items)
+        start = 0
+        for i, call, batch, part in valid:
+            rows = slice(start, start + len(part))
+            start = rows.stop
+            outcomes[i] = self._answers(
+                scores[rows],
+                batch,
+                call.top_k,
+                call.explain,
+                part,
+                None if similarities is None else similarities[rows],
+            )
+        return outcomes
+
+    def _parsed(self, instances, texts, explain: int):
+        """A request's batch and its items, prepared: every check of :meth:`classify`."""
         if (instances is None) == (texts is None):
             raise InvalidInputError("send either instances or texts, not both and not neither")
+        if explain < 0:
+            raise InvalidInputError(f"explain must be at least 0, got {explain}")
         inputs = self.inputs
         if texts is None:
-            batch, items = inputs.parse_prepared(instances)
-        else:
-            batch = inputs.parse_texts(texts)
-            items = inputs.prepare(batch)
-        scores = self._scores(items)
+            return inputs.parse_prepared(instances)
+        batch = inputs.parse_texts(texts)
+        return batch, inputs.prepare(batch)
+
+    def _answers(
+        self, scores, batch, top_k: int, explain: int = 0, items=None, similarities=None
+    ) -> list[Answer]:
+        """The answers of one request's ``scores`` (its rows of ``similarities`` and its
+        ``items`` for explanations)."""
         rows = scores.tolist()
         rankings = _rankings(scores, rows, top_k)
-        known = inputs.known_words(batch)
+        known = self.inputs.known_words(batch)
         classes = self.classes
-        return [
+        answers = [
             Answer(
                 label=classes[ranking[0]],
                 ranked=[(classes[c], row[c]) for c in ranking],
@@ -437,14 +599,104 @@ class Predictor:
             )
             for i, (ranking, row) in enumerate(zip(rankings, rows, strict=True))
         ]
+        if explain:
+            best = [ranking[0] for ranking in rankings]
+            raw = self._scorer.all_similarities(
+                items, self.inputs.basis_items, similarities, self._measures
+            )
+            for answer, explanation in zip(
+                answers, self._explanations(raw, best, rows, explain), strict=True
+            ):
+                answer.explanation = explanation
+        return answers
+
+    def explain(self, X, k: int = 5) -> list[Explanation]:
+        r"""The k basis items that added most to each input's predicted class's score.
+
+        The score of class c is linear in the normalised similarities
+        :math:`\varphi = ((\tilde\varphi - o) / s) P` (P: Nystroem's projection, else the
+        identity), so with the weights folded through the normalisation,
+        :math:`W_c = \mathrm{diag}(1/s) P w_c`, basis item j of measure m adds
+        :math:`(\tilde\varphi_{mj} - o_{mj}) W_{mj,c}`, and these add up exactly to
+        :math:`\mathrm{score}_c - b_c` (docs/how-it-works/design.md, "Explanations").
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_samples, input_spec.n_features), or documents
+            As :meth:`features` takes them.
+        k : int
+            Items per explanation, clipped to B.
+
+        Returns
+        -------
+        list of Explanation, one per input
+        """
+        if k < 1:
+            raise InvalidInputError(f"k must be at least 1, got {k}")
+        items = self.inputs.prepare(self.inputs.batch(X))
+        scores, similarities = self._scorer.scored(items, self.inputs.basis_items)
+        raw = self._scorer.all_similarities(
+            items, self.inputs.basis_items, similarities, self._measures
+        )
+        rows = scores.tolist()
+        best = [max(range(len(row)), key=row.__getitem__) for row in rows]
+        return self._explanations(raw, best, rows, k)
+
+    def _explanations(self, raw, best, rows, k: int) -> list[Explanation]:
+        """Explanations of the classes ``best`` (one per row of ``raw``, the raw similarities
+        of every measure) whose scores are in ``rows``."""
+        n_basis, n_measures = self.n_basis, len(self.specs)
+        k = min(k, n_basis)
+        weights, offset = self._scorer.weights, self.feature_offset
+        ids, labels = self._basis_names()
+        n = len(best)
+        indices, values = np.empty((n, k), dtype=np.int64), np.empty((n, k))
+        measures, totals = np.empty((n, k, n_measures)), np.empty(n)
+        columns = np.asarray(best, dtype=np.int64)
+        top_contributions(raw, offset, weights, columns, n_measures, indices, values, measures,
+                          totals)  # fmt: skip
+        explanations = []
+        per_row = zip(
+            best, indices.tolist(), values.tolist(), measures.tolist(), totals.tolist(), strict=True
+        )
+        for i, (c, row_indices, row_values, row_measures, total) in enumerate(per_row):
+            score, intercept = rows[i][c], float(self.intercept[c])
+            explained = score - intercept
+            items = [
+                Contribution(
+                    basis_index=j,
+                    id=None if ids is None else ids[j],
+                    label=labels[j],
+                    contribution=value,
+                    share=value / explained if explained != 0 else None,
+                    measures=per_measure,
+                )
+                for j, value, per_measure in zip(row_indices, row_values, row_measures, strict=True)
+            ]
+            rest = total - sum(row_values)
+            explanations.append(Explanation(self.classes[c], score, intercept, items, rest))
+        return explanations
+
+    def _basis_names(self) -> tuple[list[int] | None, list[str]]:
+        """Each basis item's id (None without ids) and its class's label, as lists (made once:
+        an explanation reads k of them)."""
+        names = self.__dict__.get("_names")
+        if names is None:
+            ids = None if self.basis_ids is None else self.basis_ids.tolist()
+            labels = [self.classes[c] for c in self.basis_labels.tolist()]
+            names = (ids, labels)
+            object.__setattr__(self, "_names", names)
+        return names
 
     def warm_up(self) -> None:
-        """Run the whole prediction path, serial and parallel, so compiled kernels are loaded."""
+        """Run the whole prediction path, serial and parallel, and an explanation, so compiled
+        kernels are loaded."""
         work_per_row = self.n_basis * min(measure.pair_work for measure in self._measures)
         # Two rows at least: a transform runs one image on the calling thread (bof), two or more
         # in parallel when heavy.
         for rows in (1, max(2, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // work_per_row) + 1)):
             self.decision_function(self.inputs.warm_up_batch(rows))
+        self.explain(self.inputs.warm_up_batch(1), 1)
 
     # -- artifact form ---------------------------------------------------------------------
 
@@ -469,6 +721,8 @@ class Predictor:
         }
         if self.feature_projection is not None:
             arrays["feature_projection"] = self.feature_projection
+        if self.basis_ids is not None:
+            arrays["basis_ids"] = np.asarray(self.basis_ids, dtype=np.int64)
         return write_artifact(path, manifest, arrays, overwrite=overwrite)
 
     @classmethod
@@ -499,6 +753,7 @@ class Predictor:
             coef=arrays["coef"],
             intercept=arrays["intercept"],
             feature_projection=arrays.get("feature_projection"),
+            basis_ids=arrays.get("basis_ids"),
             metadata=artifact.metadata,
         )
 
@@ -516,15 +771,27 @@ class _Scorer:
     on_inputs : tuple of (BoundSimilarity, ndarray of shape (d, K))
         Measures linear in the input, with their weights on the items they read.
     intercept : ndarray of shape (K,)
+    computed_positions : tuple of int
+        Where each of ``computed`` stands in the model's order of measures.
+    weights : ndarray of shape (M * B, K)
+        The folded weights of every measure, in the model's order (what explanations read).
     """
 
     computed: tuple
     computed_weights: np.ndarray | None
     on_inputs: tuple
     intercept: np.ndarray
+    computed_positions: tuple = ()
+    weights: np.ndarray | None = None
 
     def __call__(self, items, basis) -> np.ndarray:
+        return self.scored(items, basis)[0]
+
+    def scored(self, items, basis) -> tuple[np.ndarray, np.ndarray | None]:
+        """The scores, shape (n_samples, K), and the raw similarities of :attr:`computed`,
+        shape (n_samples, len(computed) * B) (None when none is computed)."""
         n_samples, n_classes = len(items), self.intercept.shape[0]
+        similarities = None
         if not self.computed:
             scores = np.tile(self.intercept, (n_samples, 1))
         elif (
@@ -535,11 +802,29 @@ class _Scorer:
             scores = np.empty((n_samples, n_classes))
             affine_rows(similarities, self.computed_weights, self.intercept, scores)
         else:
-            scores = raw_similarities(items, basis, self.computed) @ self.computed_weights
+            similarities = raw_similarities(items, basis, self.computed)
+            scores = similarities @ self.computed_weights
             scores += self.intercept
         for measure, input_weights in self.on_inputs:
             scores += measure.items_of(items) @ input_weights
-        return scores
+        return scores, similarities
+
+    def all_similarities(self, items, basis, computed: np.ndarray | None, measures) -> np.ndarray:
+        """The raw similarities of every measure, shape (n_samples, M * B) in the model's order:
+        those of :attr:`computed` taken from ``computed`` (rows of :meth:`scored`'s), the
+        others (folded into weights on the input) computed here."""
+        if len(self.computed) == len(measures):  # every measure computed, in the model's order
+            return computed
+        n_basis = len(basis)
+        out = np.empty((len(items), len(measures) * n_basis))
+        at = dict(zip(self.computed_positions, range(len(self.computed)), strict=True))
+        for m, measure in enumerate(measures):
+            block = out[:, m * n_basis : (m + 1) * n_basis]
+            if m in at:
+                block[...] = computed[:, at[m] * n_basis : (at[m] + 1) * n_basis]
+            else:
+                measure.compute(basis, items, block)
+        return out
 
 
 # Up to this many scores in a batch, classify ranks them in Python: a sort of a few numbers

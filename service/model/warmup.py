@@ -13,7 +13,7 @@ from service.model.inputs.words import CellDocuments, Documents, canonical_count
 from service.model.kernels import bof as bof_kernels
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.inputs import all_finite, normalize_rows
-from service.model.kernels.scores import affine_rows
+from service.model.kernels.scores import affine_rows, top_contributions
 from service.model.kernels.search import (
     ShardSet,
     kernel_query,
@@ -82,8 +82,12 @@ def compile_inputs() -> list[str]:
 
 
 def compile_scores() -> list[str]:
-    """The linear layer of a few inputs, on the scorer's types (float64, C order, writable)."""
+    """The linear layer of a few inputs, on the scorer's types (float64, C order, writable), and
+    an explanation's contributions (rows of raw similarities, a Python int for the measures)."""
     affine_rows(np.zeros((2, 6)), np.zeros((6, 3)), np.zeros(3), np.empty((2, 3)))
+    top_contributions(np.zeros((2, 6)), np.zeros(6), np.zeros((6, 3)),
+                      np.zeros(2, dtype=np.int64), 2, np.empty((2, 2), dtype=np.int64),
+                      np.empty((2, 2)), np.empty((2, 2, 2)), np.empty(2))  # fmt: skip
     return ["scores"]
 
 

@@ -1,15 +1,23 @@
 """The catalogue as a store people operate, through the HTTP API: a snapshot taken while
 upserts and searches run (a real server, real HTTP), restored into a new server and into the
-running one; a damaged snapshot refused naming the file; batches of searches answered as each
-query alone; counts and facets against a brute-force count; the routes' errors and their
+running one; a damaged snapshot refused naming the file; snapshots and restores that outlast
+the request's time as jobs (202, their status, one at a time, failed or interrupted ones
+reported, never a 504), and the command line's progress bars; batches of searches answered as
+each query alone; counts and facets against a brute-force count; the routes' errors and their
 OpenAPI examples. Real server processes for the main paths, an in-process client for errors."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pty
 import shutil
+import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -19,7 +27,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import Settings, create_app
-from tests.api.conftest import serving
+from service.model.search import catalogue_dir, search_dir
+from service.model.search.store import catalogue_lock
+from tests.api.conftest import server_process, serving
 from tests.api.test_catalogue_api import (
     AUTH,
     TOKEN,
@@ -97,7 +107,8 @@ def test_a_snapshot_taken_under_upserts_and_searches_restores_exactly_its_versio
                 assert time.monotonic() < deadline, failures
                 time.sleep(0.02)
             taken = http.post(f"{url}/v1/models/digits/catalogue/snapshots", headers=AUTH)
-            assert taken.status_code == 200, taken.text
+            assert taken.status_code == 201, taken.text
+            assert taken.headers["location"].endswith(f"/snapshots/{taken.json()['name']}")
             # The command line, from another process, while the server writes.
             command = snapshot_command(model, "--snapshot", str(tmp_path / "by-command"))
             assert command.returncode == 0, command.stderr
@@ -164,6 +175,174 @@ def test_a_snapshot_taken_under_upserts_and_searches_restores_exactly_its_versio
     assert command.returncode != 0
     assert str(shard) in command.stderr
     assert "does not match its checksum" in command.stderr
+
+
+SNAPSHOTS = "/v1/models/digits/catalogue/snapshots"
+
+
+def _finished(http: httpx.Client, where: str) -> dict:
+    """The status at ``where`` once its job is no longer in progress."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        status = http.get(where)
+        assert status.status_code == 200, status.text
+        if status.json()["state"] != "in_progress":
+            return status.json()
+        assert time.monotonic() < deadline, status.json()
+        time.sleep(0.05)
+
+
+def _refused_while_running(url: str, path: str, where: str) -> None:
+    """A second job of the kind, on new connections (both worker processes), is refused and
+    names the one running."""
+    for _ in range(4):
+        again = httpx.post(f"{url}{path}", headers=AUTH, timeout=WAIT_S)
+        assert again.status_code == 409, again.text
+        assert again.json()["error"]["type"] == "in_progress"
+        assert where in again.json()["error"]["message"]
+        assert again.headers["location"] == where
+
+
+def test_snapshots_and_restores_past_the_requests_time_go_on_as_jobs_never_504(
+    attributed_model, tmp_path
+):
+    """REQUEST_TIMEOUT_S of 1 s and the catalogue's writer lock held by this process (as an
+    ``index --append`` elsewhere would): a snapshot and a restore answer 202 with their status
+    route, a second one 409 from either worker process, and their status says done once the
+    lock is let go; a snapshot whose process is killed reads interrupted, one that finds a
+    damaged file failed (the file named), and neither leaves a directory under a snapshot's
+    name. Nothing answers 504."""
+    model = tmp_path / "digits"
+    shutil.copytree(attributed_model, model)
+    kept = tmp_path / "snapshots"
+    settings = {"ADMIN_TOKEN": TOKEN, "SNAPSHOTS_DIR": str(kept), "REQUEST_TIMEOUT_S": "1"}
+    statuses: list[int] = []
+    with server_process(model, WORKERS="2", **settings) as server, httpx.Client(
+        base_url=server.url, headers=AUTH, timeout=WAIT_S,
+        event_hooks={"response": [lambda response: statuses.append(response.status_code)]},
+    ) as http:  # fmt: skip
+        version = http.get("/v1/models/digits/catalogue").json()["version"]
+        # 1. A snapshot that cannot finish in time: 202, its status route, and it goes on.
+        with catalogue_lock(search_dir(model)):
+            started = http.post(SNAPSHOTS)
+            assert started.status_code == 202, started.text
+            name = started.json()["name"]
+            where = f"{SNAPSHOTS}/{name}"
+            assert started.headers["location"] == where
+            assert started.json()["state"] == "in_progress"
+            _refused_while_running(server.url, SNAPSHOTS, where)
+            assert http.get(where).json()["state"] == "in_progress"
+            assert http.get(SNAPSHOTS).json()["snapshots"] == []  # hidden until complete
+            assert not (kept / "digits" / name).exists()
+        done = _finished(http, where)
+        assert done["state"] == "done", done
+        assert done["result"]["name"] == name
+        assert done["result"]["catalogue_version"] == version
+        assert done["progress"]["files_done"] == done["result"]["n_files"]
+        assert [s["name"] for s in http.get(SNAPSHOTS).json()["snapshots"]] == [name]
+        # In time: 201 with the snapshot; wait=false: 202 at once, done soon after.
+        quick = http.post(SNAPSHOTS)
+        assert quick.status_code == 201, quick.text
+        assert http.get(quick.headers["location"]).json()["result"] == quick.json()
+        later = http.post(SNAPSHOTS, params={"wait": "false"})
+        assert later.status_code == 202, later.text
+        assert _finished(http, later.headers["location"])["state"] == "done"
+
+        # 2. A restore that cannot finish in time: verified, then waits for the lock.
+        restore = f"{SNAPSHOTS}/{name}/restore"
+        with catalogue_lock(search_dir(model)):
+            restoring = http.post(restore)
+            assert restoring.status_code == 202, restoring.text
+            assert restoring.headers["location"] == restore
+            _refused_while_running(server.url, restore, restore)
+            deadline = time.monotonic() + WAIT_S
+            while (http.get(restore).json()["progress"] or {}).get("stage") != "restoring":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert http.get("/v1/models/digits/catalogue").json()["version"] == version
+        restored = _finished(http, restore)
+        assert restored["state"] == "done", restored
+        assert restored["result"]["catalogue_version"] == version + 1
+        assert restored["result"]["snapshot"]["name"] == name
+        deadline = time.monotonic() + WAIT_S  # the other worker: told by SIGHUP
+        while {httpx.get(f"{server.url}/v1/models/digits/catalogue").json()["version"]
+               for _ in range(6)} != {version + 1}:  # fmt: skip
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+        # 3. A snapshot whose server is killed while it runs: interrupted, nothing kept.
+        with server_process(model, **settings) as doomed, catalogue_lock(search_dir(model)):
+            lost = httpx.post(f"{doomed.url}{SNAPSHOTS}", headers=AUTH, timeout=WAIT_S)
+            assert lost.status_code == 202, lost.text
+            doomed.process.send_signal(signal.SIGKILL)
+            doomed.process.wait(WAIT_S)
+        interrupted = http.get(lost.headers["location"]).json()
+        assert interrupted["state"] == "failed", interrupted
+        assert interrupted["error"]["type"] == "interrupted"
+        assert not (kept / "digits" / lost.json()["name"]).exists()
+        assert lost.json()["name"] not in {
+            s["name"] for s in http.get(SNAPSHOTS).json()["snapshots"]
+        }
+        assert http.post(SNAPSHOTS).status_code == 201  # the lock went with the process
+        assert not [p for p in (kept / "digits").iterdir() if ".tmp-" in p.name]  # cleared
+
+        # 4. A snapshot that finds a file of the catalogue damaged (replaced by a changed copy
+        # while it waited): failed, the file named, no snapshot under its name.
+        shard = sorted(catalogue_dir(model).glob("shards/*/projected.npy"))[0]
+        with catalogue_lock(search_dir(model)):
+            failing = http.post(SNAPSHOTS)
+            assert failing.status_code == 202, failing.text
+            damaged = shard.with_name("damaged.npy")
+            shutil.copyfile(shard, damaged)
+            flip_one_byte(damaged)
+            os.replace(damaged, shard)
+        failed = _finished(http, failing.headers["location"])
+        assert failed["state"] == "failed", failed
+        assert str(shard) in failed["error"]["message"]
+        assert "does not match its checksum" in failed["error"]["message"]
+        assert not (kept / "digits" / failing.json()["name"]).exists()
+        assert not [p for p in (kept / "digits").iterdir() if ".tmp-" in p.name]
+        assert http.get(f"{SNAPSHOTS}/never-taken").status_code == 404
+    assert 504 not in statuses
+    assert statuses.count(202) == 4  # the killed server's is not among them
+
+
+def test_the_command_line_shows_progress_on_a_terminal_only(attributed_model, tmp_path):
+    """``index --snapshot`` and ``--restore`` draw a bar per stage (bytes, files beside) on a
+    terminal, as the other long commands; nothing with --quiet, nor when not a terminal."""
+
+    model = tmp_path / "digits"
+    shutil.copytree(attributed_model, model)
+
+    def on_a_terminal(model: Path, *args: str) -> str:
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        run = subprocess.Popen(
+            [sys.executable, "-m", "training", "index", "--model", str(model), *args],
+            stdout=subprocess.DEVNULL, stderr=follower, cwd=REPO,
+        )  # fmt: skip
+        os.close(follower)
+        written = b""
+        with contextlib.suppress(OSError):  # EIO once the command has ended
+            while chunk := os.read(leader, 4096):
+                written += chunk
+        os.close(leader)
+        assert run.wait(WAIT_S) == 0, written
+        return written.decode(errors="replace")
+
+    shown = on_a_terminal(model, "--snapshot", str(tmp_path / "taken"))
+    assert "copying: 100%" in shown
+    n_files = sum(f.is_file() for f in (tmp_path / "taken" / "catalogue").rglob("*"))
+    assert f"{n_files}/{n_files} files" in shown
+    fresh = tmp_path / "fresh"
+    shutil.copytree(model, fresh, ignore=shutil.ignore_patterns("catalogue"))
+    shown = on_a_terminal(fresh, "--restore", str(tmp_path / "taken"))
+    assert "verifying: 100%" in shown
+    assert "restoring: 100%" in shown
+    assert "%|" not in on_a_terminal(model, "--snapshot", str(tmp_path / "quiet"), "--quiet")
+    piped = snapshot_command(model, "--snapshot", str(tmp_path / "piped"))
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stderr == ""  # not a terminal: no bar
 
 
 def test_batches_counts_and_facets_through_the_server(attributed_model):
@@ -284,6 +463,13 @@ def test_the_openapi_examples_of_the_new_routes_answer(client):
     assert {"$ref": "#/components/schemas/SearchBatchRequest"} in body["schema"]["oneOf"]
     assert schemas["SearchBatchRequest"]["properties"]["searches"]["maxItems"] == 50
     for path in ("/v1/models/{name}/catalogue/snapshots",
+                 "/v1/models/{name}/catalogue/snapshots/{snapshot}",
                  "/v1/models/{name}/catalogue/snapshots/{snapshot}/restore"):  # fmt: skip
         for operation in spec["paths"][path].values():
             assert "403" in operation["responses"]  # admin routes
+            assert "504" not in operation["responses"]  # jobs: 202 when past the time
+    snapshots = spec["paths"]["/v1/models/{name}/catalogue/snapshots"]["post"]
+    restore = spec["paths"]["/v1/models/{name}/catalogue/snapshots/{snapshot}/restore"]
+    assert {"201", "202", "409"} <= set(snapshots["responses"])
+    assert {"200", "202", "409"} <= set(restore["post"]["responses"])
+    assert restore["get"]["operationId"] != restore["post"]["operationId"]

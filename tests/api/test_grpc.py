@@ -118,7 +118,7 @@ def test_model_metadata_and_readiness(served, client, repository, digits_predict
     (tensor,) = metadata.inputs
     assert (tensor.name, tensor.datatype, list(tensor.shape)) == ("input", "FP64", [-1, 8, 8, 1])
     outputs = {output.name: output for output in metadata.outputs}
-    assert list(outputs) == ["label", "scores", "top_k_labels", "top_k_scores"]
+    assert list(outputs) == ["label", "scores", "top_k_labels", "top_k_scores", "explanation"]
     assert list(outputs["scores"].shape) == [-1, 10]
     # A client that knows the addition reads the classes (tritonclient's messages skip it).
     with grpc.insecure_channel(f"127.0.0.1:{served[1]}") as channel:

@@ -187,7 +187,7 @@ def test_large_protocol_lists_are_refused_before_they_are_decoded(
     ("outputs", "says"),
     [
         ([{"name": "label"}, {"name": "label"}], "asked for twice"),
-        ([{"name": "label"}] * 5, "at most 4"),
+        ([{"name": "label"}] * 6, "at most 5"),
     ],
 )
 def test_outputs_are_bounded_and_distinct(server, digits, outputs, says):

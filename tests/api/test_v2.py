@@ -81,7 +81,7 @@ def test_model_metadata_names_the_tensors_and_classes(client, repository, digits
     assert outputs["scores"]["datatype"] == "FP64"
     assert outputs["scores"]["shape"] == [-1, len(digits_predictor.classes)]
     assert outputs["scores"]["parameters"]["classes"] == list(digits_predictor.classes)
-    assert set(outputs) == {"label", "scores", "top_k_labels", "top_k_scores"}
+    assert set(outputs) == {"label", "scores", "top_k_labels", "top_k_scores", "explanation"}
     assert client.get_model_metadata("digits", model_version=version) == metadata
 
     text = client.get_model_metadata("topics")

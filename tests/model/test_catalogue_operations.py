@@ -4,9 +4,12 @@ their restore (a damaged, partial or foreign snapshot refused, naming the file).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +28,12 @@ from service.model.search.snapshots import (
     SNAPSHOT_MANIFEST,
     list_snapshots,
     read_snapshot,
+    remove_unfinished,
     restore_model_catalogue,
     snapshot_in,
     snapshot_model_catalogue,
 )
+from service.model.search.store import Progress
 from tests.catalogues import SOURCES, attributes_of, rebuild_catalogue
 from training.cli.main import main
 
@@ -385,3 +390,104 @@ def test_a_snapshot_that_cannot_be_written_says_why(model, tmp_path):
     with pytest.raises(ArtifactError, match="cannot write the snapshot"):
         snapshot_model_catalogue(model, blocked / "snap")
     assert not list(search_dir(model).glob(".catalogue-snapshot*"))  # the pins are gone
+
+
+class Recorded(Progress):
+    """What a snapshot or a restore reports, stage by stage: (stage, files, bytes) as begun and
+    the files and bytes then told done."""
+
+    def __init__(self) -> None:
+        self.stages: list[list] = []
+
+    def begin(self, stage: str, n_files: int, n_bytes: int) -> None:
+        self.stages.append([stage, n_files, n_bytes, 0, 0])
+
+    def advance(self, n_bytes: int = 0, n_files: int = 0) -> None:
+        self.stages[-1][3] += n_files
+        self.stages[-1][4] += n_bytes
+
+
+def test_snapshots_and_restores_report_every_file_and_byte_of_each_stage(model, tmp_path):
+    taking = Recorded()
+    taken = snapshot_model_catalogue(model, tmp_path / "snap", taking)
+    files, size = len(taken.checksums), sum(taken.sizes.values())
+    assert size == sum(f.stat().st_size for f in (tmp_path / "snap" / "catalogue").rglob("*")
+                       if f.is_file())  # fmt: skip
+    assert taking.stages == [["copying", files, size, files, size]]
+    # Into the catalogue it was taken of (its shards intact: kept), and into a fresh one.
+    restoring = Recorded()
+    restore_model_catalogue(tmp_path / "snap", model, restoring)
+    done = [["verifying", files, size, files, size], ["restoring", files, size, files, size]]
+    assert restoring.stages == done
+    fresh = tmp_path / "fresh"
+    shutil.copytree(model, fresh, ignore=shutil.ignore_patterns("catalogue"))
+    restoring = Recorded()
+    restore_model_catalogue(tmp_path / "snap", fresh, restoring)
+    assert restoring.stages == done
+
+
+@pytest.fixture
+def read_only_model(model, tmp_path):
+    """``model`` as a server in a container sees it: a read-only (bind) mount."""
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(model), str(mounted)], capture_output=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bind.stderr.decode().strip()}")
+    try:
+        remount = subprocess.run(["mount", "-o", "remount,bind,ro", str(mounted)])
+        assert remount.returncode == 0
+        assert not os.access(mounted, os.W_OK)
+        yield mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
+
+
+def test_a_read_only_catalogue_is_snapshotted_under_the_writers_lock(
+    model, read_only_model, tmp_path
+):
+    """No link can be made beside a read-only catalogue (the compose file mounts the models
+    read-only): the version is copied under the writer lock instead, the same files."""
+    from service.model.search.store import catalogue_lock
+
+    taken = snapshot_model_catalogue(read_only_model, tmp_path / "snap")
+    assert taken.checksums == snapshot_model_catalogue(model, tmp_path / "rw").checksums
+    assert read_snapshot(tmp_path / "snap").catalogue_version == load(model).catalogue.version
+    # A writer elsewhere holds the lock: the snapshot waits for it, then copies.
+    started, finished = threading.Event(), threading.Event()
+
+    def snapshot() -> None:
+        started.set()
+        snapshot_model_catalogue(read_only_model, tmp_path / "waited")
+        finished.set()
+
+    with catalogue_lock(search_dir(model)):
+        worker = threading.Thread(target=snapshot)
+        worker.start()
+        assert started.wait(10)
+        assert not finished.wait(1.0)
+    worker.join(30)
+    assert finished.is_set()
+    # A restore must write the catalogue: refused, saying why, never a 500.
+    with pytest.raises(ArtifactError, match="Read-only file system"):
+        restore_model_catalogue(tmp_path / "snap", read_only_model)
+
+
+def test_what_an_interrupted_snapshot_left_is_removed_and_never_listed(model, tmp_path):
+    root = tmp_path / "kept"
+    first = snapshot_model_catalogue(model, root / "a-first")
+    # A writer that died (no lock on its staging directory), and one at work (locked).
+    dead = root / ".b-dead.tmp-0123abcd"
+    shutil.copytree(first.path, dead)
+    alive = root / ".c-alive.tmp-89abcdef"
+    alive.mkdir()
+    holder = os.open(alive, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        assert [s.path for s in list_snapshots(root)[0]] == [first.path]  # neither is listed
+        assert remove_unfinished(root) == [dead]
+        assert alive.is_dir()
+    finally:
+        os.close(holder)
+    assert remove_unfinished(root) == [alive]
+    assert sorted(p.name for p in root.iterdir()) == ["a-first"]

@@ -27,6 +27,7 @@ from training.cli.common import (
     model_dataset,
     status,
 )
+from training.cli.snapshot_progress import ProgressBars
 from training.cluster.connection import add_cluster_argument, connect
 from training.data.readers import DatasetError
 from training.retrieval.catalogue import (
@@ -124,7 +125,9 @@ def run(args: argparse.Namespace) -> int:
     model = UnionOfSubspacesModel.load(search_dir(args.model), args.model)
     out = catalogue_dir(args.model)
     if args.snapshot or args.restore:
-        print(snapshot_command(args.model, args.snapshot, args.restore))
+        with ProgressBars(not args.quiet) as bars:
+            done = snapshot_command(args.model, args.snapshot, args.restore, bars)
+        print(done)
         return 0
     if args.delete or args.compact:
         return _change_index(args, model, out)

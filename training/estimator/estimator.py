@@ -376,10 +376,21 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
         del features
         timings["svm_seconds"] = time.perf_counter() - started
         timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
-        self.set_fitted(inputs, expansion, class_names, coef, intercept, len(codes), timings)
+        self.set_fitted(
+            inputs,
+            expansion,
+            class_names,
+            coef,
+            intercept,
+            len(codes),
+            timings,
+            basis_ids=expansion.basis_indices_,
+        )
         return self
 
-    def set_fitted(self, inputs, expansion, class_names, coef, intercept, n_train, timings):
+    def set_fitted(
+        self, inputs, expansion, class_names, coef, intercept, n_train, timings, basis_ids=None
+    ):
         """Set the learned state from the fitted parts: what every way of fitting ends with
         (in this process, or on a cluster: :mod:`training.estimator.cluster_fit`)."""
         self.timings_ = timings
@@ -397,6 +408,7 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             coef=coef,
             intercept=intercept,
             feature_projection=expansion.projection_,
+            basis_ids=basis_ids,
             metadata={
                 "basis": {
                     "size": int(expansion.basis_.shape[0]),

@@ -10,11 +10,11 @@ its fingerprint (the first 8 hex digits of its digest), never the key.
 
 **What needs a key** (:class:`AccessPolicy`): the repository routes, catalogue updates
 (``POST /v1/models/{name}/catalogue/items`` and ``.../delete``) and the catalogue's snapshots
-(``.../catalogue/snapshots``, listed, taken or restored) an ``admin`` key, always (with no
-admin key configured they answer 403 and say how to enable them); every other route a
-key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, the API docs, and
-``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the admin routes are
-guarded (as they were by ``ADMIN_TOKEN`` alone).
+(``.../catalogue/snapshots``, listed, taken or restored, and their status) an ``admin`` key,
+always (with no admin key configured they answer 403 and say how to enable them); every other
+route a key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, the API
+docs, and ``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the admin
+routes are guarded (as they were by ``ADMIN_TOKEN`` alone).
 
 **Re-reading.** :meth:`KeyStore.reload` reads the file again (on SIGHUP and on each rescan of
 the repository): a key removed is refused from then on, without a restart. A file that cannot
@@ -329,8 +329,9 @@ ADMIN_PREFIX = "/v2/repository/"
 # The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
 # Matches a request's path and the OpenAPI document's template alike.
 CATALOGUE_UPDATE = re.compile(r"/v1/models/[^/]+/catalogue/(?:items|delete)")
-# The catalogue's snapshots, listed, taken or restored: files of the server's disk.
-CATALOGUE_SNAPSHOTS = re.compile(r"/v1/models/[^/]+/catalogue/snapshots(?:/[^/]+/restore)?")
+# The catalogue's snapshots, listed, taken or restored, and their status: files of the server's
+# disk.
+CATALOGUE_SNAPSHOTS = re.compile(r"/v1/models/[^/]+/catalogue/snapshots(?:/[^/]+(?:/restore)?)?")
 METRICS_PATH = "/metrics"
 
 

@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import numpy as np
@@ -385,6 +385,11 @@ class WorkLimiter:
         self._lock = threading.Lock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
+    @property
+    def free(self) -> int:
+        """Slots free now."""
+        return self._free
+
     def admit(self) -> None:
         """Take a slot, or raise :class:`OverloadedError` when none is free."""
         with self._lock:
@@ -396,12 +401,12 @@ class WorkLimiter:
             "(MAX_CONCURRENT_REQUESTS); try again shortly"
         )
 
-    def release(self) -> None:
-        """Give back a slot taken by :meth:`admit` (from any thread)."""
+    def release(self, slots: int = 1) -> None:
+        """Give back ``slots`` slots taken by :meth:`admit` (from any thread)."""
         with self._lock:
-            if self._free >= self.max_concurrent:
+            if self._free + slots > self.max_concurrent:
                 raise ValueError("a slot was given back that was not taken")
-            self._free += 1
+            self._free += slots
 
     def pool(self) -> concurrent.futures.ThreadPoolExecutor:
         """The worker threads for serial work: one per slot, so none waits for a thread."""
@@ -411,28 +416,43 @@ class WorkLimiter:
             )
         return self._pool
 
-    async def run(self, executor: concurrent.futures.Executor, work: Callable[[], T]) -> T:
-        """Run ``work`` on ``executor`` under a slot taken by :meth:`admit`; its answer, or
-        :class:`WorkTimeoutError` after ``timeout_s``. The slot is given back when the work is
-        done, or dropped before it started."""
+    def submit(
+        self, executor: concurrent.futures.Executor, work: Callable[[], T], slots: int = 1
+    ) -> concurrent.futures.Future[T]:
+        """Start ``work`` on ``executor`` under ``slots`` slots taken by :meth:`admit` (one
+        per request it answers), given back when the work is done, or dropped before it
+        started."""
         context = contextvars.copy_context()
         try:
             future = executor.submit(context.run, work)
         except BaseException:
-            self.release()
+            self.release(slots)
             raise
-        future.add_done_callback(lambda _: self.release())
-        deadline = asyncio.timeout(self.timeout_s)
+        future.add_done_callback(lambda _: self.release(slots))
+        return future
+
+    async def wait(self, awaitable: Awaitable[T], timed: bool = True) -> T:
+        """``awaitable``'s answer, or :class:`WorkTimeoutError` after ``timeout_s`` (``timed``;
+        untimed: short work whose effect must be known, done or not, such as taking a lock)."""
+        deadline = asyncio.timeout(self.timeout_s if timed else None)
         try:
-            # On time out the wrapped future is cancelled: work not started yet never starts.
+            # On time out the awaitable is cancelled: work not started yet never starts.
             async with deadline:
-                return await asyncio.wrap_future(future)
+                return await awaitable
         except TimeoutError:
             if not deadline.expired():
                 raise  # the work's own
             raise WorkTimeoutError(
                 f"the request did not finish within {self.timeout_s:g} s (REQUEST_TIMEOUT_S)"
             ) from None
+
+    async def run(
+        self, executor: concurrent.futures.Executor, work: Callable[[], T], timed: bool = True
+    ) -> T:
+        """Run ``work`` on ``executor`` under a slot taken by :meth:`admit`; its answer, or
+        :class:`WorkTimeoutError` after ``timeout_s`` (``timed``, as :meth:`wait`). The slot is
+        given back when the work is done, or dropped before it started."""
+        return await self.wait(asyncio.wrap_future(self.submit(executor, work)), timed)
 
     def close(self) -> None:
         """Stop the worker threads, dropping work not started and not waiting for work under

@@ -51,17 +51,28 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 # Instances per request: powers of two up to the default MAX_BATCH_SIZE (1000).
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# How long a request waits in a model's dynamic batching queue: nothing when the model is idle,
+# up to a few batches' time under load.
+QUEUE_BUCKETS_S = (
+    0.00001, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
 # How long a request's reports wait before they are folded into the metrics (see
 # PrometheusMetrics.fold): short beside any scrape interval.
 FOLD_DELAY_S = 0.05
 # The kinds of reports a request notes.
-_HTTP, _GRPC, _BATCH = "http", "grpc", "batch"
+_HTTP, _GRPC, _BATCH, _DYNAMIC = "http", "grpc", "batch", "dynamic batch"
+# A fold asked of the event loop from another thread, not yet armed there.
+_ARMING = object()
 LOAD_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class Metrics:
     """What the service reports, as calls: this base reports nothing (a data plane or registry
     built without metrics, e.g. in a unit test); :class:`PrometheusMetrics` records them."""
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Reports from threads other than ``loop``'s (gRPC calls) are folded on ``loop``."""
 
     def request_started(self) -> None:
         """A request came in (requests in flight)."""
@@ -77,6 +88,10 @@ class Metrics:
 
     def batch(self, model: str, size: int) -> None:
         """Model ``model`` classified ``size`` instances in one request."""
+
+    def batch_computed(self, model: str, instances: int, requests: int, waits: list[float]) -> None:
+        """Dynamic batching started a batch of ``instances`` instances from ``requests``
+        requests of model ``model``, after each request waited ``waits`` seconds."""
 
     def search_rows(self, model: str, rows: int) -> None:
         """A search of model ``model`` read ``rows`` catalogue rows (one per atom used)."""
@@ -149,6 +164,23 @@ class PrometheusMetrics(Metrics):
             ("model",),
             buckets=BATCH_BUCKETS,
             **common,
+        )
+        # Dynamic batching's batches (service.api.batching), each by model.
+        self.dynamic_batch_size, self.dynamic_batch_requests, self.queue_time = (
+            Histogram(name, text, ("model",), buckets=buckets, **common)
+            for name, text, buckets in (
+                ("dynamic_batch_size", "Instances computed together in one batch.", BATCH_BUCKETS),
+                (
+                    "dynamic_batch_requests",
+                    "Requests computed together in one batch.",
+                    BATCH_BUCKETS,
+                ),
+                (
+                    "dynamic_batch_queue_seconds",
+                    "Time a request waited for its batch to start (0 when the model was idle).",
+                    QUEUE_BUCKETS_S,
+                ),
+            )
         )
         self.rows_read = Counter(
             "search_rows_read",
@@ -228,7 +260,8 @@ class PrometheusMetrics(Metrics):
         # from either end by any thread, so nothing is lost between them.
         self._pending: collections.deque[tuple] = collections.deque()
         self._in_flight = 0
-        self._fold_due: asyncio.TimerHandle | None = None
+        self._fold_due: asyncio.TimerHandle | object | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         # A scrape (on a thread) must not fold while the timer does: it would miss what the
         # other has taken but not yet recorded.
         self._folding = threading.Lock()
@@ -260,17 +293,34 @@ class PrometheusMetrics(Metrics):
         self._pending.append((_BATCH, model, size))
         self._note()
 
+    def batch_computed(self, model: str, instances: int, requests: int, waits: list[float]) -> None:
+        self._pending.append((_DYNAMIC, model, (instances, requests, waits)))
+        self._note()
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
     def _note(self) -> None:
-        """Fold what is noted FOLD_DELAY_S from now, unless a fold is due already; at once
+        """Fold what is noted FOLD_DELAY_S from now, unless a fold is due already: from the
+        event loop's thread, or another thread (a gRPC call's) once a loop is bound; at once
         where no event loop runs (a caller outside the server)."""
         if self._fold_due is not None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.fold()
+            loop = self._loop
+            if loop is None or loop.is_closed():
+                self.fold()
+                return
+            # One hand-over to the loop per fold, not per report.
+            self._fold_due = _ARMING
+            loop.call_soon_threadsafe(self._arm_fold)
             return
         self._fold_due = loop.call_later(FOLD_DELAY_S, self.fold)
+
+    def _arm_fold(self) -> None:
+        self._fold_due = asyncio.get_running_loop().call_later(FOLD_DELAY_S, self.fold)
 
     def fold(self) -> None:
         """Record every report noted so far, and the requests in flight now, in the metrics:
@@ -289,6 +339,14 @@ class PrometheusMetrics(Metrics):
                 if child is None:
                     child = self._batch_children[labels] = self.batch_size.labels(labels)
                 child.observe(value)
+                continue
+            if kind is _DYNAMIC:
+                instances, requests, waits = value
+                self.dynamic_batch_size.labels(labels).observe(instances)
+                self.dynamic_batch_requests.labels(labels).observe(requests)
+                queue_time = self.queue_time.labels(labels)
+                for wait in waits:
+                    queue_time.observe(wait)
                 continue
             children = self._request_children.get((kind, labels))
             if children is None:

@@ -30,10 +30,21 @@ answers a message over its size limit). The calls under way at once are bounded 
 MAX_CONCURRENT_REQUESTS (grpcio's ``maximum_concurrent_rpcs``: RESOURCE_EXHAUSTED beyond it,
 before the message is read).
 
-The server runs on the worker's event loop, started and stopped by the app's lifespan: each
-worker process binds ``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker
-serves gRPC on the one port, the kernel spreading the connections), and SIGTERM drains it
-as it drains HTTP (:func:`drain_on_signals`).
+**Threads, not the event loop.** The calls run on grpcio's thread-pool server
+(:data:`GRPC_THREADS_PER_CPU` threads a CPU), each on one thread from its message to its
+answer; the data plane runs their model work there too
+(:meth:`~service.api.dataplane.DataPlane.classify_blocking`: serial work on the call's own
+thread, parallel kernels on the compute thread, a batched request through its model's queue on
+the event loop). grpcio's asyncio server on uvicorn's loop cost a call about twice the CPU: each
+call is several completion-queue events, each handed from grpcio's polling thread to the loop
+through an eventfd and run as asyncio callbacks and task steps; a trivial handler alone cost
+more there than REST's whole request (docs/measurements/benchmarks-operations.md). What must
+run on the loop (the registry's changes) is sent there and waited for.
+
+The server is started and stopped by the app's lifespan: each worker process binds
+``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker serves gRPC on the one
+port, the kernel spreading the connections), and SIGTERM drains it as it drains HTTP
+(:func:`drain_on_signals`).
 """
 
 from __future__ import annotations
@@ -46,11 +57,11 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from concurrent import futures
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
-from grpc import aio
 
 import service
 from service.api.dataplane import DataPlane
@@ -81,8 +92,7 @@ from service.api.protocol.rest import EXTENSIONS, SERVER_NAME
 from service.api.protocol.schemas import ProtocolInput, ProtocolOutput, ProtocolRequest
 from service.api.protocol.tensors import (
     BINARY_DATA_SIZE,
-    ModelInputs,
-    classes_to_rank,
+    classification,
     decode_request,
     model_metadata,
     output_tensors,
@@ -90,10 +100,18 @@ from service.api.protocol.tensors import (
 from service.api.registry import ModelState
 from service.api.settings import Settings
 from service.model import InvalidInputError, ModelError, ModelNotReadyError, NotFoundError
+from service.model.predictor import ClassifyCall
+from service.model.threads import available_cpus
 
 logger = logging.getLogger("service.api")
 
+T = TypeVar("T")
+
 SERVICE = "inference.GRPCInferenceService"
+# Threads that run the calls, per CPU: few threads kept busy cost a call less than many taking
+# turns (each turn a wake-up and a hand-over of the interpreter), and enough that calls
+# waiting for parallel kernels or a batch leave others running.
+GRPC_THREADS_PER_CPU = 2
 # The HTTP status of a domain error (service.api.errors, the one mapping) as a gRPC code.
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -124,9 +142,8 @@ CONTENTS_FIELDS = {
     "BYTES": "bytes_contents",
 }
 _LENGTH_PREFIX = 4
-# What the call under way in this task holds of the budget, and the error that refused its
-# message (if one did): set when the message arrives. The gRPC library parses a call's message
-# and then runs its handler in the call's own task, with no wait between.
+# What the call under way on this thread holds of the budget, and the error that refused its
+# message (if one did): set from its Arrival while its behaviour runs.
 _ARRIVAL: contextvars.ContextVar[tuple[RequestHold, ModelError | None] | None] = (
     contextvars.ContextVar("besvm_grpc_arrival", default=None)
 )
@@ -167,12 +184,11 @@ def typed_values(request: pb.ModelInferRequest) -> int:
     )
 
 
-class MessageBudget(aio.ServerInterceptor):
+class MessageBudget(grpc.ServerInterceptor):
     """Every call's message counted in the process's :class:`MemoryBudget` as it arrives, before
     it is parsed: :data:`BODY_COPIES` times its size, the first
     :data:`~service.api.machinery.limits.UNCOUNTED_BYTES` free, as an HTTP body is counted. A
-    message
-    that does not fit is not parsed; the call's handler answers the refusal
+    message that does not fit is not parsed; the call's handler answers the refusal
     (:meth:`InferenceServicer._serve`), which also gives the bytes back when the call ends.
 
     Parameters
@@ -185,32 +201,63 @@ class MessageBudget(aio.ServerInterceptor):
         self.budget = budget
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
-    async def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
         counted = self._handlers.get(method)
         if counted is None:
-            handler = await continuation(handler_call_details)
+            handler = continuation(handler_call_details)
             if handler is None or handler.request_streaming or handler.response_streaming:
                 return handler  # the protocol's calls are all unary
             counted = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
-                handler.unary_unary,
+                _arrived(handler.unary_unary),
                 request_deserializer=self._counting(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return counted
 
-    def _counting(self, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-        def counted(raw: bytes) -> Any:
+    def _counting(self, parse: Callable[[bytes], Any]) -> Callable[[bytes], Arrival]:
+        def counted(raw: bytes) -> Arrival:
             hold = RequestHold(self.budget)
             try:
                 hold.add(BODY_COPIES * len(raw), "the message")
             except ModelError as error:
-                _ARRIVAL.set((hold, error))
-                return None
-            _ARRIVAL.set((hold, None))
-            return parse(raw)
+                return Arrival(None, hold, error)
+            try:
+                return Arrival(parse(raw), hold, None)
+            except BaseException:
+                hold.release()
+                raise
 
         return counted
+
+
+class Arrival:
+    """A call's message as it arrived: parsed (None if it was refused), what it holds of the
+    budget, and the error that refused it. gRPC parses a message on its polling thread and runs
+    the call on another, so the two meet here: the call's behaviour
+    (:func:`_arrived`) makes it the call's :data:`_ARRIVAL`. Should the call never run (its
+    client gone), the bytes are given back when the message is dropped."""
+
+    __slots__ = ("error", "hold", "request")
+
+    def __init__(self, request: Any, hold: RequestHold, error: ModelError | None) -> None:
+        self.request, self.hold, self.error = request, hold, error
+
+    def __del__(self) -> None:
+        self.hold.release()
+
+
+def _arrived(behavior: Callable[[Any, Any], Any]) -> Callable[[Arrival, Any], Any]:
+    """``behavior`` of the message that arrived, with its :class:`Arrival` as the call's."""
+
+    def behave(arrival: Arrival, context: Any) -> Any:
+        token = _ARRIVAL.set((arrival.hold, arrival.error))
+        try:
+            return behavior(arrival.request, context)
+        finally:
+            _ARRIVAL.reset(token)
+
+    return behave
 
 
 def infer_request(request: pb.ModelInferRequest) -> tuple[ProtocolRequest, bytes]:
@@ -247,11 +294,18 @@ def infer_request(request: pb.ModelInferRequest) -> tuple[ProtocolRequest, bytes
                     )
         shape = list(tensor.shape)
         inputs.append(ProtocolInput(tensor.name, shape, tensor.datatype, parameters or None, data))
-    top_k = _parameter_value(request.parameters["top_k"]) if "top_k" in request.parameters else None
-    if top_k is not None and (type(top_k) is not int or top_k < 1):
-        raise InvalidInputError("parameters.top_k must be an integer of at least 1")
+    top_k, explain = (_count_parameter(request.parameters, name) for name in ("top_k", "explain"))
     outputs = [ProtocolOutput(o.name, _parameters(o.parameters)) for o in request.outputs]
-    return ProtocolRequest(inputs, outputs or None, top_k, request.id or None), binary
+    protocol = ProtocolRequest(inputs, outputs or None, top_k, request.id or None, explain)
+    return protocol, binary
+
+
+def _count_parameter(parameters, name: str) -> int | None:
+    """The request parameter ``name``, an integer of at least 1, or None when absent."""
+    value = _parameter_value(parameters[name]) if name in parameters else None
+    if value is not None and (type(value) is not int or value < 1):
+        raise InvalidInputError(f"parameters.{name} must be an integer of at least 1")
+    return value
 
 
 def _raw_tensor(datatype: str, data: list) -> bytes:
@@ -285,22 +339,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         plane: DataPlane,
         policy: AccessPolicy,
         metrics: Metrics,
+        loop: asyncio.AbstractEventLoop,
         payloads: PayloadLog | None = None,
     ) -> None:
         self.plane = plane
         self.policy = policy
         self.metrics = metrics
+        self.loop = loop
         self.payloads = payloads
 
-    async def _serve(
+    def _serve(
         self,
         method: str,
         needed: Access,
-        context: aio.ServicerContext,
-        answer: Callable[[], Awaitable[Any]],
+        context: grpc.ServicerContext,
+        answer: Callable[[float | None], Any],
     ) -> Any:
-        """Run ``answer`` as a call of ``method``: request id, key, deadline, errors, metrics
-        and the access line."""
+        """Run ``answer(seconds left of the client's deadline)`` as a call of ``method``:
+        request id, key, deadline, errors, metrics and the access line."""
         started = time.perf_counter()
         metadata = dict(context.invocation_metadata() or ())
         code, message, result = grpc.StatusCode.OK, "", None
@@ -318,11 +374,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 identify(key)
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
-                    # No work for a call already late: work that never yields (a small batch
-                    # run inline) would finish before the timeout below could interrupt it.
+                    # No work for a call already late.
                     raise TimeoutError
-                async with asyncio.timeout(remaining):
-                    result = await answer()
+                result = answer(remaining)
+                if remaining is not None and context.time_remaining() <= 0:
+                    raise TimeoutError  # work on this thread cannot be interrupted
                 version = getattr(result, "model_version", "")
                 if version:
                     trailing.append((VERSION_HEADER, version))
@@ -339,9 +395,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     trailing.append(("retry-after", error.retry_after()))
                 if code is _INTERNAL:
                     logger.error("gRPC %s failed: %s", method, error)
-            except asyncio.CancelledError:
-                code, message = grpc.StatusCode.CANCELLED, "cancelled"
-                raise
             except Exception:
                 logger.exception("unhandled error in gRPC %s", method)
                 code, message = grpc.StatusCode.INTERNAL, "internal error; the server log has it"
@@ -353,45 +406,50 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 log_access(
                     "GRPC", f"/{SERVICE}/{method}", code.name, seconds, context.peer(), request.key
                 )
-            if code is not grpc.StatusCode.OK:
-                await context.abort(code, message, tuple(trailing))
             context.set_trailing_metadata(tuple(trailing))
+            if code is not grpc.StatusCode.OK:
+                context.abort(code, message)
             return result
+
+    def _on_loop(self, coroutine: Awaitable[T]) -> T:
+        """Run ``coroutine`` on the event loop (the registry's changes all happen there) and
+        wait for it."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     # -- health and metadata -------------------------------------------------------------------
 
-    async def ServerLive(self, request, context):
-        async def answer():
+    def ServerLive(self, request, context):
+        def answer(remaining):
             return pb.ServerLiveResponse(live=True)
 
-        return await self._serve("ServerLive", Access.OPEN, context, answer)
+        return self._serve("ServerLive", Access.OPEN, context, answer)
 
-    async def ServerReady(self, request, context):
-        async def answer():
+    def ServerReady(self, request, context):
+        def answer(remaining):
             return pb.ServerReadyResponse(ready=self.plane.readiness()[0])
 
-        return await self._serve("ServerReady", Access.OPEN, context, answer)
+        return self._serve("ServerReady", Access.OPEN, context, answer)
 
-    async def ServerMetadata(self, request, context):
-        async def answer():
+    def ServerMetadata(self, request, context):
+        def answer(remaining):
             return pb.ServerMetadataResponse(
                 name=SERVER_NAME, version=service.__version__, extensions=EXTENSIONS
             )
 
-        return await self._serve("ServerMetadata", self.policy.default, context, answer)
+        return self._serve("ServerMetadata", self.policy.default, context, answer)
 
-    async def ModelReady(self, request, context):
-        async def answer():
+    def ModelReady(self, request, context):
+        def answer(remaining):
             try:
                 self.plane.snapshot(request.name, request.version or None)
             except (ModelNotReadyError, NotFoundError):  # as REST answers tritonclient
                 return pb.ModelReadyResponse(ready=False)
             return pb.ModelReadyResponse(ready=True)
 
-        return await self._serve("ModelReady", self.policy.default, context, answer)
+        return self._serve("ModelReady", self.policy.default, context, answer)
 
-    async def ModelMetadata(self, request, context):
-        async def answer():
+    def ModelMetadata(self, request, context):
+        def answer(remaining):
             snapshot = self.plane.snapshot(request.name, request.version or None)
             meta = model_metadata(snapshot.predictor, snapshot.name, snapshot.version)
             return pb.ModelMetadataResponse(
@@ -402,29 +460,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 outputs=[_tensor_metadata(t) for t in meta["outputs"]],
             )
 
-        return await self._serve("ModelMetadata", self.policy.default, context, answer)
+        return self._serve("ModelMetadata", self.policy.default, context, answer)
 
     # -- inference -----------------------------------------------------------------------------
 
-    async def ModelInfer(self, request, context):
-        async def answer():
+    def ModelInfer(self, request, context):
+        def answer(remaining):
             name, version = request.model_name, request.model_version or None
             plane = self.plane
             predictor = plane.snapshot(name, version).predictor
-
-            def decoded() -> tuple[ProtocolRequest, ModelInputs, tuple[str, ...]]:
-                body, binary = infer_request(request)
-                return body, *decode_request(body, binary, predictor, plane.max_batch_size)
-
             values, arrival = typed_values(request), _ARRIVAL.get()
             if values and arrival is not None:
                 arrival[0].add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
-            # A large message's values are converted off the event loop, as REST's are.
-            body, inputs, names = await plane.convert(request.ByteSize(), decoded)
+            # Decoded on this worker thread, never on the event loop, whatever its size.
+            body, binary = infer_request(request)
+            inputs, names = decode_request(body, binary, predictor, plane.max_batch_size)
             k = plane.default_top_k if body.top_k is None else body.top_k
-            snapshot, answers = await plane.classify(
-                name, inputs.instances, inputs.texts, classes_to_rank(names, k), version=version
-            )
+            call = ClassifyCall(**classification(inputs, names, body, k))
+            snapshot, answers = plane.classify_blocking(self.loop, remaining, name, version, call)
             tensors = output_tensors(answers, snapshot.predictor.classes, names, k)
             response = pb.ModelInferResponse(
                 model_name=snapshot.name, model_version=snapshot.version, id=request.id
@@ -438,11 +491,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         payloads = self.payloads
         if payloads is None or not payloads.sampled():
-            return await self._serve("ModelInfer", self.policy.default, context, answer)
+            return self._serve("ModelInfer", self.policy.default, context, answer)
 
-        async def recorded():
+        def recorded(remaining):
             try:
-                response = await answer()
+                response = answer(remaining)
             except Exception as error:
                 code = _code_of(error) if isinstance(error, ModelError) else None
                 failure = json.dumps({"error": str(error)}).encode()  # as REST's protocol says
@@ -452,13 +505,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             payloads.record(_MODEL_INFER, request, "", response, "", "OK", response.model_version)
             return response
 
-        return await self._serve("ModelInfer", self.policy.default, context, recorded)
+        return self._serve("ModelInfer", self.policy.default, context, recorded)
 
     # -- the repository extension --------------------------------------------------------------
 
-    async def RepositoryIndex(self, request, context):
-        async def answer():
-            entries = await self.plane.registry.sync()
+    def RepositoryIndex(self, request, context):
+        def answer(remaining):
+            entries = self._on_loop(self.plane.registry.sync())
             return pb.RepositoryIndexResponse(
                 models=[
                     pb.RepositoryIndexResponse.ModelIndex(
@@ -472,26 +525,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 ]
             )
 
-        return await self._serve("RepositoryIndex", Access.ADMIN, context, answer)
+        return self._serve("RepositoryIndex", Access.ADMIN, context, answer)
 
-    async def RepositoryModelLoad(self, request, context):
-        async def answer():
-            entry = await self.plane.registry.load(request.model_name)
+    def RepositoryModelLoad(self, request, context):
+        def answer(remaining):
+            entry = self._on_loop(self.plane.registry.load(request.model_name))
             if entry.reason is not None:
                 raise LoadRefusedError(entry.reason)
             return pb.RepositoryModelLoadResponse()
 
-        return await self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
+        return self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
 
-    async def RepositoryModelUnload(self, request, context):
-        async def answer():
-            await self.plane.registry.unload(request.model_name)
+    def RepositoryModelUnload(self, request, context):
+        def answer(remaining):
+            self._on_loop(self.plane.registry.unload(request.model_name))
             return pb.RepositoryModelUnloadResponse()
 
-        return await self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
+        return self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
 
 
-async def start_grpc_server(
+def start_grpc_server(
     settings: Settings,
     plane: DataPlane,
     policy: AccessPolicy,
@@ -499,9 +552,10 @@ async def start_grpc_server(
     budget: MemoryBudget,
     payloads: PayloadLog | None = None,
     servicer: type[InferenceServicer] | None = None,
-) -> aio.Server:
+) -> grpc.Server:
     """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set), its
-    messages counted in ``budget`` (the process's, shared with HTTP)."""
+    messages counted in ``budget`` (the process's, shared with HTTP). Called on the event loop,
+    which the calls reach for what runs there (the registry's changes, dynamic batching)."""
     options = [
         ("grpc.max_receive_message_length", settings.max_request_bytes),
         ("grpc.max_send_message_length", -1),
@@ -511,15 +565,20 @@ async def start_grpc_server(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
-    server = aio.server(
+    bound = concurrency_bound(settings)
+    server = grpc.server(
+        # The calls run on these threads, not on the event loop (see the module docstring).
+        futures.ThreadPoolExecutor(grpc_threads(bound), thread_name_prefix="besvm-grpc"),
         interceptors=[MessageBudget(budget)],
         options=options,
         # Each call's message is held by the gRPC library while it arrives, before it can be
         # counted: the calls under way are bounded as the process's work is.
-        maximum_concurrent_rpcs=concurrency_bound(settings),
+        maximum_concurrent_rpcs=bound,
     )
+    loop = asyncio.get_running_loop()
+    metrics.bind_loop(loop)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        (servicer or InferenceServicer)(plane, policy, metrics, payloads), server
+        (servicer or InferenceServicer)(plane, policy, metrics, loop, payloads), server
     )
     address = f"{settings.host}:{settings.grpc_port}"
     tls = TlsFiles.from_settings(settings)
@@ -527,9 +586,15 @@ async def start_grpc_server(
         server.add_insecure_port(address)
     else:
         server.add_secure_port(address, tls.grpc_credentials())
-    await server.start()
+    server.start()
     logger.info("gRPC (Open Inference Protocol) on %s%s", address, "" if tls is None else ", TLS")
     return server
+
+
+def grpc_threads(bound: int) -> int:
+    """The threads that run gRPC calls: :data:`GRPC_THREADS_PER_CPU` per CPU the process may
+    use, at most ``bound`` (MAX_CONCURRENT_REQUESTS)."""
+    return max(1, min(bound, GRPC_THREADS_PER_CPU * available_cpus()))
 
 
 def drain_on_signals(on_signal: Callable[[], None]) -> None:

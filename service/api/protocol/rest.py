@@ -33,7 +33,7 @@ from service.api.protocol.schemas import (
 )
 from service.api.protocol.tensors import (
     ModelInputs,
-    classes_to_rank,
+    classification,
     decode_request,
     model_metadata,
     output_tensors,
@@ -194,7 +194,7 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     )
     k = plane.default_top_k if body.top_k is None else body.top_k
     snapshot, answers = await plane.classify(
-        name, inputs.instances, inputs.texts, classes_to_rank(outputs, k), version=version
+        name, version=version, **classification(inputs, outputs, body, k)
     )
     payload = {
         "model_name": snapshot.name,
@@ -220,7 +220,9 @@ _INFER_DOC: dict[str, Any] = {
 async def infer(request: Request, name: ModelName) -> Response:
     """Classify a batch: one input tensor (see GET /v2/models/{name}) in; ``label`` (BYTES
     [n]) and ``scores`` (FP64 [n, K]) out, and with ``parameters.top_k`` also ``top_k_labels``
-    and ``top_k_scores`` ([n, k], best first). ``outputs`` picks which; ``id`` is echoed."""
+    and ``top_k_scores`` ([n, k], best first), and with ``parameters.explain`` (k) also
+    ``explanation`` (BYTES [n], each a JSON document: the k basis items that added most to the
+    predicted class's score). ``outputs`` picks which; ``id`` is echoed."""
     return await _infer(request, name, None)
 
 

@@ -26,8 +26,8 @@ T = TypeVar("T")
 
 # Most dimensions of a tensor (numpy's own limit is 64).
 MAX_TENSOR_DIMENSIONS = 32
-# Outputs a model answers: label, scores, top_k_labels and top_k_scores.
-MAX_OUTPUTS = 4
+# Outputs a model answers: label, scores, top_k_labels, top_k_scores and explanation.
+MAX_OUTPUTS = 5
 
 # Item 1,009 of scikit-learn's digits, flattened row-major: a 7.
 _DIGIT_SEVEN_FLAT = [
@@ -63,6 +63,13 @@ class InferParameters(BaseModel):
         description="Adds the outputs top_k_labels and top_k_scores, shape [n, min(top_k, K)]: "
         "each instance's best classes, best first. label and scores are unchanged.",
     )
+    explain: JsonInt | None = Field(
+        None,
+        ge=1,
+        description="Adds the output explanation, BYTES [n]: for each instance a JSON document "
+        "naming the explain basis items that added most to the predicted class's score (as "
+        "/classify's explanation). Without it, a requested explanation names 5.",
+    )
 
 
 class RequestInput(BaseModel):
@@ -88,7 +95,7 @@ class RequestInput(BaseModel):
 class RequestOutput(BaseModel):
     """An output the client asks for."""
 
-    name: str = Field(..., description="label, scores, top_k_labels or top_k_scores.")
+    name: str = Field(..., description="label, scores, top_k_labels, top_k_scores or explanation.")
     parameters: dict[str, Any] | None = Field(
         None, description="Ignored (answers are JSON: binary_data is not honoured)."
     )
@@ -149,6 +156,7 @@ class InferRequest(BaseModel):
             else [ProtocolOutput(o.name, o.parameters) for o in self.outputs],
             top_k=None if self.parameters is None else self.parameters.top_k,
             id=self.id,
+            explain=None if self.parameters is None else self.parameters.explain,
         )
 
 
@@ -182,6 +190,7 @@ class ProtocolRequest:
     outputs: list[ProtocolOutput] | None = None
     top_k: int | None = None
     id: str | None = None
+    explain: int | None = None
 
 
 # Bodies up to this size may be read by plain_request (its check for long numbers copies one).
@@ -203,11 +212,11 @@ def plain_request(raw: bytes) -> ProtocolRequest | None:
     What it takes, pydantic takes with the same values: JSON of at most
     :data:`PLAIN_REQUEST_MAX_BYTES`, with at most :data:`PLAIN_MAX_BRACKETS` opening brackets
     in all and no run of 19 digits (an integer past 64 bits may be one); ``id`` a string;
-    ``parameters.top_k`` an integer >= 1; every tensor's name and datatype strings, its shape
-    integers >= 0 (at most :data:`MAX_TENSOR_DIMENSIONS`), its parameters an object, its data
-    an array; at most :data:`MAX_OUTPUTS` outputs, each with a string name. Fields may be
-    absent or null where the schema allows it; other fields are ignored, as the schema ignores
-    them.
+    ``parameters.top_k`` and ``parameters.explain`` integers >= 1; every tensor's name and
+    datatype strings, its shape integers >= 0 (at most :data:`MAX_TENSOR_DIMENSIONS`), its
+    parameters an object, its data an array; at most :data:`MAX_OUTPUTS` outputs, each with a
+    string name. Fields may be absent or null where the schema allows it; other fields are
+    ignored, as the schema ignores them.
     """
     if (
         len(raw) > PLAIN_REQUEST_MAX_BYTES
@@ -223,14 +232,16 @@ def plain_request(raw: bytes) -> ProtocolRequest | None:
         return None
     get = document.get
     request_id, parameters, inputs, outputs = get("id"), get("parameters"), get("inputs"), None
-    top_k = None
+    top_k = explain = None
     if request_id is not None and type(request_id) is not str:
         return None
     if parameters is not None:
         if type(parameters) is not dict:
             return None
-        top_k = parameters.get("top_k")
+        top_k, explain = parameters.get("top_k"), parameters.get("explain")
         if top_k is not None and (type(top_k) is not int or top_k < 1):
+            return None
+        if explain is not None and (type(explain) is not int or explain < 1):
             return None
     if type(inputs) is not list:
         return None
@@ -244,7 +255,7 @@ def plain_request(raw: bytes) -> ProtocolRequest | None:
         outputs = _every_plain(wanted, _plain_output)
         if outputs is None:
             return None
-    return ProtocolRequest(tensors, outputs, top_k, request_id)
+    return ProtocolRequest(tensors, outputs, top_k, request_id, explain)
 
 
 def _every_plain(items: list, read: Callable[[Any], T | None]) -> list[T] | None:

@@ -18,7 +18,9 @@ A codec only reads the tensor; the model validates what it gets as it does for `
 
 Outputs (the same for every model): ``label`` BYTES ``[n]``, ``scores`` FP64 ``[n, K]`` (the
 classes in the model metadata's order), and ``top_k_labels`` BYTES / ``top_k_scores`` FP64
-``[n, k]``, each instance's ``k = min(top_k, K)`` best classes, best first.
+``[n, k]``, each instance's ``k = min(top_k, K)`` best classes, best first; and
+``explanation`` BYTES ``[n]``, each instance's explanation as a JSON document (``/classify``'s
+``explanation``), when asked for or with ``parameters.explain``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import orjson
 
 from service.api.protocol.schemas import ProtocolInput, ProtocolRequest
 from service.model import BatchTooLargeError, InvalidInputError
@@ -59,9 +62,12 @@ NUMERIC_DATATYPES: dict[str, np.dtype] = {
     }.items()
 }
 _FLOAT64 = NUMERIC_DATATYPES["FP64"]
-OUTPUT_NAMES = ("label", "scores", "top_k_labels", "top_k_scores")
+OUTPUT_NAMES = ("label", "scores", "top_k_labels", "top_k_scores", "explanation")
 DEFAULT_OUTPUTS = ("label", "scores")
 TOP_K_OUTPUTS = ("top_k_labels", "top_k_scores")
+EXPLANATION_OUTPUT = "explanation"
+# Basis items an explanation names when the output is asked for without parameters.explain.
+DEFAULT_EXPLAIN_ITEMS = 5
 BINARY_DATA_SIZE = "binary_data_size"
 # Bytes of the length before each element of a binary BYTES tensor.
 _LENGTH_PREFIX = 4
@@ -275,6 +281,7 @@ def model_metadata(predictor: Predictor, name: str, version: str) -> dict[str, A
             },
             {"name": "top_k_labels", "datatype": "BYTES", "shape": [-1, -1]},
             {"name": "top_k_scores", "datatype": "FP64", "shape": [-1, -1]},
+            {"name": EXPLANATION_OUTPUT, "datatype": "BYTES", "shape": [-1]},
         ],
     }
 
@@ -343,7 +350,8 @@ def _binary_part(tensor: ProtocolInput, binary: bytes) -> bytes | None:
 
 def _outputs_wanted(request: ProtocolRequest) -> tuple[str, ...]:
     if request.outputs is None:
-        return DEFAULT_OUTPUTS + TOP_K_OUTPUTS if request.top_k is not None else DEFAULT_OUTPUTS
+        names = DEFAULT_OUTPUTS + TOP_K_OUTPUTS if request.top_k is not None else DEFAULT_OUTPUTS
+        return (*names, EXPLANATION_OUTPUT) if request.explain is not None else names
     names = []
     for output in request.outputs:
         if output.name not in OUTPUT_NAMES:
@@ -359,6 +367,26 @@ def _outputs_wanted(request: ProtocolRequest) -> tuple[str, ...]:
             )
         names.append(output.name)
     return tuple(names)
+
+
+def items_to_explain(names: Sequence[str], explain: int | None) -> int:
+    """Basis items each explanation names for the outputs ``names`` (0: no explanation)."""
+    if EXPLANATION_OUTPUT not in names:
+        return 0
+    return DEFAULT_EXPLAIN_ITEMS if explain is None else explain
+
+
+def classification(
+    inputs: ModelInputs, names: Sequence[str], request: ProtocolRequest, top_k: int
+) -> dict[str, Any]:
+    """The data plane's classify arguments for a decoded request and the outputs ``names`` it
+    wants: its instances or texts, the classes to rank, the basis items to explain."""
+    return {
+        "instances": inputs.instances,
+        "texts": inputs.texts,
+        "top_k": classes_to_rank(names, top_k),
+        "explain": items_to_explain(names, request.explain),
+    }
 
 
 def classes_to_rank(names: Sequence[str], top_k: int) -> int:
@@ -393,6 +421,9 @@ def output_tensors(
             tensors[name] = ("FP64", [n, n_classes], [s for a in answers for s in a.scores])
         elif name == "top_k_labels":
             tensors[name] = ("BYTES", [n, k], [c for a in answers for c, _ in a.ranked[:k]])
+        elif name == EXPLANATION_OUTPUT:
+            documents = [orjson.dumps(a.explanation.as_dict()).decode() for a in answers]
+            tensors[name] = ("BYTES", [n], documents)
         else:
             tensors[name] = ("FP64", [n, k], [s for a in answers for _, s in a.ranked[:k]])
     return [

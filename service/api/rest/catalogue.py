@@ -3,23 +3,26 @@ while the service answers.
 
 Updates need an admin key (``ADMIN_TOKEN``, or an admin key of ``API_KEYS_FILE``), checked
 before the route runs (:mod:`service.api.machinery.auth`); reading needs what ``/search`` needs.
-Each update
-is a new catalogue
-version, on disk before the answer (a process killed at any point loses no acknowledged update)
-and served by this process from then on; searches in flight finish on the version they started
-with. Other worker processes serve it at once (the supervisor passes them a SIGHUP), and in any
-case at their next rescan (RELOAD_INTERVAL_S).
+Each update is a new catalogue version, on disk before the answer (a process killed at any point
+loses no acknowledged update) and served by this process from then on; searches in flight finish
+on the version they started with. Other worker processes serve it at once (the supervisor passes
+them a SIGHUP), and in any case at their next rescan (RELOAD_INTERVAL_S).
+
+Snapshots and restores are jobs (:mod:`service.api.jobs`): the route waits for one up to
+REQUEST_TIMEOUT_S and answers what it did, or 202 with its status route while it goes on.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 
 from service.api.dataplane import DataPlane
 from service.api.errors import documented_errors
+from service.api.jobs import RESTORE, SNAPSHOT, Claim, JobKind
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
@@ -33,11 +36,14 @@ from service.api.rest.schemas import (
     FacetRequest,
     FacetResponse,
     RestoreResponse,
+    RestoreStatus,
     SearchFilter,
     SnapshotList,
     SnapshotResponse,
+    SnapshotStatus,
 )
 from service.model.search import Filter, UpdateResult
+from service.model.search.snapshots import Snapshot
 
 router = APIRouter(prefix="/v1/models/{name}/catalogue", tags=["catalogue"])
 
@@ -49,13 +55,25 @@ _UPDATE_ERRORS = documented_errors(
 _READ_ERRORS = documented_errors(
     400, 404, 408, 413, 415, 422, 503, 504, meanings={404: _NO_CATALOGUE}
 )
-_RESTORE_REFUSED = (
-    "A damaged or partial snapshot, or one of another search model (snapshot_refused: the "
-    "message names the file); nothing was written."
-)
 _NO_SNAPSHOT = (
     "No model of that name, no catalogue or snapshot, or no SNAPSHOTS_DIR (the message says which)."
 )
+_IN_PROGRESS = "in_progress: one runs already (one at a time per catalogue); Location: its status."
+_SNAPSHOT_ERRORS = {
+    404: _NO_SNAPSHOT,
+    409: f"{_IN_PROGRESS[:-1]}; or a file of the catalogue damaged on disk (snapshot_refused).",
+    503: "SNAPSHOTS_DIR cannot be written (the message says why), or the model is not loaded.",
+}
+_STATUS_ERRORS = {
+    404: "No such model, SNAPSHOTS_DIR, or snapshot taken or being taken.",
+    409: "The snapshot's document is damaged (snapshot_refused, naming the file).",
+}
+_RESTORE_ERRORS = {
+    404: _NO_SNAPSHOT,
+    409: f"{_IN_PROGRESS[:-1]}; or a damaged or partial snapshot, or one of another search "
+    "model (snapshot_refused: the message names the file); nothing was written.",
+}
+_NO_RESTORE = "No such model or SNAPSHOTS_DIR, or no restore of that snapshot known."
 
 
 def _plane(request: Request) -> DataPlane:
@@ -192,20 +210,69 @@ async def facet_items(request: Request, name: ModelName) -> Response:
 
 # -- snapshots (admin) -------------------------------------------------------------------------
 
+_WAIT = Query(
+    True,
+    description="Wait for it up to REQUEST_TIMEOUT_S (true, the default), or answer 202 at once "
+    "(false); either way it goes on until it is done, and its status route says so.",
+)
+SnapshotName = Annotated[
+    str, Path(description="The snapshot's name (POST .../snapshots answers it, GET lists it).")
+]
+
+
+def _accepted(status: type, done: str) -> dict[int | str, dict[str, Any]]:
+    return {
+        202: {
+            "model": status,
+            "description": f"Not {done} within REQUEST_TIMEOUT_S (or wait=false): it goes on. "
+            "Location is its status route (GET), which says when it is done or why it failed.",
+        }
+    }
+
+
+def _job_answer(
+    served: ModelSnapshot, claim: Claim, result: dict[str, Any] | None, done_status: int
+) -> Response:
+    """``result`` with ``done_status``, or the job's status with 202 while it is under way;
+    ``Location``: its status route."""
+    if result is None:
+        response = json_answer(claim.current(), served)
+        response.status_code = 202
+    else:
+        response = json_answer(result, served)
+        response.status_code = done_status
+    response.headers["location"] = claim.location
+    return response
+
+
+def _snapshot_payload(served: ModelSnapshot, taken: Snapshot) -> dict[str, Any]:
+    return {"model": served.name, "model_version": served.version, **taken.describe()}
+
+
+def _restore_payload(
+    served: ModelSnapshot, result: UpdateResult, verified: Snapshot
+) -> dict[str, Any]:
+    return {**_update_payload(served, result), "snapshot": verified.describe()}
+
 
 @router.post(
     "/snapshots",
+    status_code=201,
     response_model=SnapshotResponse,
-    responses=documented_errors(401, 403, 404, 503, 504, meanings={404: _NO_SNAPSHOT}),
+    responses={
+        **_accepted(SnapshotStatus, "complete"),
+        **documented_errors(401, 403, 404, 409, 503, meanings=_SNAPSHOT_ERRORS),
+    },
 )
-async def take_snapshot(request: Request, name: ModelName) -> Response:
-    """Write a snapshot of the catalogue's newest version to SNAPSHOTS_DIR/<model>/<name>: a
+async def take_snapshot(request: Request, name: ModelName, wait: bool = _WAIT) -> Response:
+    """Take a snapshot of the catalogue's newest version into SNAPSHOTS_DIR/<model>/<name>: a
     consistent copy (the version's files pinned under the writer lock, then copied while
-    searches and updates go on) with the sha256 of every file. Past REQUEST_TIMEOUT_S it
-    answers 504 and the snapshot is finished in the background (it is listed once complete)."""
-    snapshot, taken = await _plane(request).take_snapshot(name)
-    payload = {"model": snapshot.name, "model_version": snapshot.version, **taken.describe()}
-    return json_answer(payload, snapshot)
+    searches and updates go on) with the sha256 of every file. One at a time per catalogue.
+    201 with the snapshot once it is complete within REQUEST_TIMEOUT_S; else 202, and it goes
+    on: Location is its status route. Until it is complete it is written under a hidden
+    staging name, never listed."""
+    served, claim, taken = await _plane(request).take_snapshot(name, wait, _snapshot_payload)
+    return _job_answer(served, claim, taken, 201)
 
 
 @router.get(
@@ -230,14 +297,61 @@ async def list_snapshots(request: Request, name: ModelName) -> Response:
 @router.post(
     "/snapshots/{snapshot}/restore",
     response_model=RestoreResponse,
-    responses=documented_errors(
-        401, 403, 404, 409, 503, 504, meanings={404: _NO_SNAPSHOT, 409: _RESTORE_REFUSED}
-    ),
+    responses={
+        **_accepted(RestoreStatus, "restored"),
+        **documented_errors(401, 403, 404, 409, 503, meanings=_RESTORE_ERRORS),
+    },
 )
-async def restore_snapshot(request: Request, name: ModelName, snapshot: str) -> Response:
-    """Verify every file of a snapshot (a damaged or partial one is refused, the file named),
-    then make its version the catalogue's newest: a new version (the snapshot's shards that
-    are there intact are kept), on disk and served by this process before the answer."""
-    served, verified, result = await _plane(request).restore_snapshot(name, snapshot)
-    payload = {**_update_payload(served, result), "snapshot": verified.describe()}
-    return json_answer(payload, served)
+async def restore_snapshot(
+    request: Request,
+    name: ModelName,
+    snapshot: SnapshotName,
+    wait: bool = _WAIT,
+) -> Response:
+    """Verify every file of a snapshot (a damaged or partial one is refused, the file named,
+    nothing written), then make its version the catalogue's newest: a new version (the
+    snapshot's shards that are there intact are kept), on disk and served by this process.
+    One at a time per catalogue. 200 once it is served within REQUEST_TIMEOUT_S; else 202, and
+    it goes on: Location is its status route."""
+    served, claim, restored = await _plane(request).restore_snapshot(
+        name, snapshot, wait, _restore_payload
+    )
+    return _job_answer(served, claim, restored, 200)
+
+
+def _status_route(
+    kind: JobKind, payload: Callable[..., dict[str, Any]], route_name: str, doc: str
+) -> Callable[..., Awaitable[Response]]:
+    """The status route of ``kind``'s jobs: its record (see :meth:`DataPlane.job_status`),
+    done ones answering ``payload`` of what they did."""
+
+    async def status(request: Request, name: ModelName, snapshot: SnapshotName) -> Response:
+        served, record = await _plane(request).job_status(name, kind, snapshot, payload)
+        return json_answer(record, served)
+
+    status.__name__, status.__doc__ = route_name, doc
+    return status
+
+
+router.get(
+    "/snapshots/{snapshot}",
+    response_model=SnapshotStatus,
+    responses=documented_errors(401, 403, 404, 409, 503, meanings=_STATUS_ERRORS),
+)(
+    _status_route(
+        SNAPSHOT, _snapshot_payload, "snapshot_status",
+        """A snapshot's status: in progress (how far), done (the snapshot, as the 201 answers
+        it), or failed (the error it answered, or would have).""",
+    )
+)  # fmt: skip
+router.get(
+    "/snapshots/{snapshot}/restore",
+    response_model=RestoreStatus,
+    responses=documented_errors(401, 403, 404, 503, meanings={404: _NO_RESTORE}),
+)(
+    _status_route(
+        RESTORE, _restore_payload, "restore_status",
+        """The status of the last restore of a snapshot: in progress (how far), done (its
+        answer), or failed (the error it answered, or would have).""",
+    )
+)  # fmt: skip

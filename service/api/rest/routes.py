@@ -119,13 +119,17 @@ def _classify_payload(snapshot: ModelSnapshot, answers: list[Answer]) -> dict[st
         }
         if answer.known_words is not None:
             prediction["known_words"] = answer.known_words
+        if answer.explanation is not None:
+            prediction["explanation"] = answer.explanation.as_dict()
         predictions.append(prediction)
     return {"model": snapshot.name, "model_version": snapshot.version, "predictions": predictions}
 
 
 async def _classify(request: Request, name: str | None) -> Response:
     body = await read_body(request, ClassifyRequest)
-    snapshot, answers = await _plane(request).classify(name, body.instances, body.texts, body.top_k)
+    snapshot, answers = await _plane(request).classify(
+        name, body.instances, body.texts, body.top_k, explain=body.explain or 0
+    )
     return json_answer(_classify_payload(snapshot, answers), snapshot)
 
 
@@ -350,9 +354,11 @@ def _describe(status: dict[str, Any], snapshot: ModelSnapshot | None) -> dict[st
 async def list_models(request: Request) -> Response:
     """Every model of the repository with its state (loading, ready, failed with the reason,
     unloaded) and version; for ready models their metadata: classes, input shape,
-    similarities, basis size, created."""
-    models = _plane(request).models()
-    return json_answer({"models": [_describe(status, snapshot) for status, snapshot in models]})
+    similarities, basis size, created. Then the aliases: the model each names, its canary and
+    shadow (docs/operating/traffic.md)."""
+    plane = _plane(request)
+    models = [_describe(status, snapshot) for status, snapshot in plane.models()]
+    return json_answer({"models": models, "aliases": plane.aliases()})
 
 
 @router.get(

@@ -67,11 +67,57 @@ class ClassifyRequest(BaseModel):
         json_schema_extra={"minimum": 1},
         description="Classes to return per instance, best first (default: 3).",
     )
+    explain: int | None = Field(
+        None,
+        json_schema_extra={"minimum": 0, "maximum": 100},
+        description="With k >= 1, each prediction also says why: the k basis items that added "
+        "most to the predicted class's score, with their ids, labels, contributions and shares "
+        "(k clipped to the basis size; at most 100). Default: none.",
+    )
 
 
 class ClassScore(BaseModel):
     label: str = Field(..., description="Class label.")
     score: float = Field(..., description="One-vs-rest SVM score w_k . phi(x) + b_k.")
+
+
+class BasisContribution(BaseModel):
+    """What one basis item added to the explained class's score."""
+
+    basis_index: int = Field(..., description="Its row in the model's basis.")
+    id: int | None = Field(
+        None,
+        description="Its id as the artifact keeps it: the row of the training set it was "
+        "chosen from (null for models trained before ids were kept).",
+    )
+    label: str = Field(..., description="Its class.")
+    contribution: float = Field(
+        ...,
+        description="What it added to the score: over the measures, (its similarity to the "
+        "instance - the normalisation's offset) x the class's weight folded through the "
+        "normalisation. Every basis item's contributions add up to score - intercept.",
+    )
+    share: float | None = Field(
+        None,
+        description="contribution / (score - intercept): every basis item's shares add up to "
+        "1 (null when score = intercept).",
+    )
+    measures: list[float] = Field(
+        ..., description="Its contribution through each measure, in the model's order."
+    )
+
+
+class Explanation(BaseModel):
+    """Why the predicted class got its score: score = intercept + the items' contributions +
+    rest."""
+
+    label: str = Field(..., description="The class explained: the predicted one.")
+    score: float
+    intercept: float = Field(..., description="The class's SVM intercept b_k.")
+    items: list[BasisContribution] = Field(
+        ..., description="The basis items that added most, largest contribution first."
+    )
+    rest: float = Field(..., description="The contributions of every other basis item, summed.")
 
 
 class Prediction(BaseModel):
@@ -81,6 +127,9 @@ class Prediction(BaseModel):
         None,
         description="counts(W) models only: the document's word total over the vocabulary; "
         "0 means no known word, and the answer is the model's answer to an empty document.",
+    )
+    explanation: Explanation | None = Field(
+        None, description="With explain in the request: why the predicted class won."
     )
 
 
@@ -202,6 +251,12 @@ class VocabularyInfo(BaseModel):
 class ModelList(BaseModel):
     models: list[ModelInfo | ModelStatus] = Field(
         ..., description="Every model of the repository, by name; details for ready ones."
+    )
+    aliases: list[AliasInfo] = Field(
+        default_factory=list,
+        description="The names that are aliases (docs/operating/traffic.md), by name: the model "
+        "each answers from, its canary and shadow with their shares, and the version each "
+        "serves; as GET /v2/repository/aliases lists them, without an admin key.",
     )
 
 
@@ -758,3 +813,43 @@ class SnapshotResponse(SnapshotInfo):
 
 class RestoreResponse(CatalogueUpdateResponse):
     snapshot: SnapshotInfo = Field(..., description="The snapshot restored, every file verified.")
+
+
+class JobProgress(BaseModel):
+    stage: str = Field(
+        ...,
+        description="copying (a snapshot); verifying, then restoring (a restore): each stage "
+        "counts its own files and bytes.",
+    )
+    files_done: int
+    n_files: int
+    bytes_done: int
+    n_bytes: int
+
+
+class JobStatus(BaseModel):
+    """A snapshot or a restore: started by a request, finished whatever the request's time."""
+
+    model: str
+    kind: str = Field(..., description="snapshot or restore.")
+    name: str = Field(..., description="The snapshot's name (a restore's: the one restored).")
+    state: str = Field(
+        ...,
+        description="in_progress; done (result: what the route answers when it finishes in "
+        "time); failed (error: what it would have answered; type interrupted when the process "
+        "running it ended first).",
+    )
+    started: str | None = Field(None, description="UTC, ISO 8601.")
+    finished: str | None = Field(None, description="UTC, ISO 8601.")
+    progress: JobProgress | None = Field(
+        None, description="While in progress: the stage and how far it is (updated every second)."
+    )
+    error: ErrorBody | None = None
+
+
+class SnapshotStatus(JobStatus):
+    result: SnapshotResponse | None = Field(None, description="Done: the snapshot taken.")
+
+
+class RestoreStatus(JobStatus):
+    result: RestoreResponse | None = Field(None, description="Done: the restore's answer.")

@@ -53,12 +53,13 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
+import scipy.sparse as sp
 
 from service.model.errors import InvalidInputError
 from service.model.inputs.spaces import Spaces
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
-from service.model.inputs.words import Documents, Vocabulary
+from service.model.inputs.words import CellDocuments, Documents, Vocabulary
 from service.model.similarity import BoundSimilarity, SimilaritySpec
 
 # The manifest keys the input kinds write and read (a model's metadata never holds them).
@@ -294,3 +295,38 @@ class InputKind(ABC):
 
     def _input_entry(self) -> dict[str, Any]:
         return {"input": {"kind": self.spec.kind, "shape": list(self.spec.shape)}}
+
+
+def join_items(parts: Sequence[Any]) -> Any:
+    """Prepared batches (of one model, from :meth:`InputKind.prepare`) as one batch, their
+    items in order: what dynamic batching computes together.
+
+    Parameters
+    ----------
+    parts : sequence of ndarray, Spaces, Documents or CellDocuments, all of one kind
+
+    Returns
+    -------
+    The items of every part, of the parts' kind (the first part itself when there is one).
+    """
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    if isinstance(first, np.ndarray):
+        return np.concatenate(parts)
+    if isinstance(first, Spaces):
+        spaces = zip(*(p.arrays for p in parts), strict=True)
+        return Spaces(tuple(join_items(space) for space in spaces))
+    if isinstance(first, CellDocuments):
+        unreadable = None
+        if any(p.unreadable is not None for p in parts):
+            unreadable = np.concatenate(
+                [np.zeros(len(p), bool) if p.unreadable is None else p.unreadable for p in parts]
+            )
+        documents = join_items([p.documents for p in parts])
+        return CellDocuments(documents, first.cell_weights, unreadable)
+    if isinstance(first, Documents):
+        counts = sp.vstack([p.counts for p in parts], format="csr")
+        counts.sort_indices()  # each part's rows are sorted already: this only sets the flag
+        return Documents(counts, first.idf)
+    raise TypeError(f"cannot join items of type {type(first).__name__}")

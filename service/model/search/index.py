@@ -40,7 +40,14 @@ from service.model.search.snapshots import (
     restore_model_catalogue,
     snapshot_model_catalogue,
 )
-from service.model.search.store import CatalogueUpdate, UpdateResult, check_ids, rows_filler
+from service.model.search.store import (
+    NO_PROGRESS,
+    CatalogueUpdate,
+    Progress,
+    UpdateResult,
+    check_ids,
+    rows_filler,
+)
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
 # at most A terms, no score can overflow to infinity (which JSON cannot carry).
@@ -631,16 +638,18 @@ class SearchIndex:
         with self._update() as update:
             return update.delete(ids)
 
-    def snapshot(self, out: str | os.PathLike) -> Snapshot:
+    def snapshot(self, out: str | os.PathLike, progress: Progress = NO_PROGRESS) -> Snapshot:
         """Write a snapshot of the newest catalogue version on disk to ``out`` (see
         :func:`service.model.search.snapshots.take_snapshot`)."""
-        return snapshot_model_catalogue(self._model_dir(), out)
+        return snapshot_model_catalogue(self._model_dir(), out, progress)
 
-    def restore(self, snapshot: str | os.PathLike) -> UpdateResult:
+    def restore(
+        self, snapshot: str | os.PathLike, progress: Progress = NO_PROGRESS
+    ) -> UpdateResult:
         """Verify the snapshot at ``snapshot`` and make its version the catalogue's newest (see
         :func:`service.model.search.snapshots.restore_snapshot`); on disk when this returns,
         served by this index's successor."""
-        _, result = restore_model_catalogue(snapshot, self._model_dir())
+        _, result = restore_model_catalogue(snapshot, self._model_dir(), progress)
         return result
 
     def warm_up(self) -> None:

@@ -15,8 +15,12 @@ files are hard-linked into a directory beside the catalogue (they are never rewr
 only unlinked once two newer versions exist), which takes milliseconds; the lock is let go and
 the files are copied from the links at leisure, each hashed as it is read and checked against
 its manifest, into a staging directory beside the snapshot, renamed into place once complete
-(:func:`service.model.artifact.locked_staging`). Whatever serves the catalogue, this process's
-memory maps or a cluster's actors, a snapshot is the same files: it reads the disk only.
+(:func:`service.model.artifact.locked_staging`). Where the search model's directory cannot be
+written (a server's read-only mount of the models), no link can be made beside the catalogue:
+the version is then copied while the writer lock is held, so a writer elsewhere (a trainer with
+the same files mounted for writing) waits for the copy. Whatever serves the catalogue, this
+process's memory maps or a cluster's actors, a snapshot is the same files: it reads the disk
+only.
 
 A restore (:func:`restore_snapshot`) first verifies the whole snapshot: the document's own
 checksum, every file it lists (present, of its size and sha256), and that it lists every file
@@ -49,6 +53,7 @@ from service.model.artifact import (
     manifest_digest,
     open_regular,
     read_manifest,
+    remove_stale_staging,
 )
 from service.model.errors import (
     ArtifactError,
@@ -59,6 +64,8 @@ from service.model.errors import (
 )
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.store import (
+    NO_PROGRESS,
+    Progress,
     UpdateResult,
     catalogue_lock,
     copy_checked,
@@ -138,7 +145,12 @@ def _document_digest(document: dict[str, Any]) -> str:
 def _pinned(path: Path, search_path: Path) -> Iterator[tuple[Path, dict[str, str | None]]]:
     """The files of the newest catalogue version at ``path`` (relative paths), linked (or, on a
     file system without hard links, copied) under the writer lock into a directory of their
-    own, which is removed after the block; yields it and the files."""
+    own, which is removed after the block; yields it and the files. Where ``search_path``
+    cannot be written, yields ``path`` itself with the writer lock held through the block."""
+    if not os.access(search_path, os.W_OK):
+        with catalogue_lock(search_path, reader=True):
+            yield path, version_files(path)
+        return
     with locked_staging(search_path / PIN_NAME) as pin:
         try:
             with catalogue_lock(search_path):
@@ -156,7 +168,10 @@ def _pinned(path: Path, search_path: Path) -> Iterator[tuple[Path, dict[str, str
 
 
 def take_snapshot(
-    path: str | os.PathLike, search_path: str | os.PathLike, out: str | os.PathLike
+    path: str | os.PathLike,
+    search_path: str | os.PathLike,
+    out: str | os.PathLike,
+    progress: Progress = NO_PROGRESS,
 ) -> Snapshot:
     """Write a snapshot of the newest version of the catalogue at ``path`` to ``out`` (which
     must not exist): see the module docstring.
@@ -169,6 +184,8 @@ def take_snapshot(
         Its search model's directory (the writer lock is there).
     out : path-like
         The snapshot's directory.
+    progress : Progress, optional
+        Told of the files and bytes copied (stage ``copying``).
 
     Returns
     -------
@@ -185,17 +202,18 @@ def take_snapshot(
     if out.exists():
         raise ArtifactError(f"{out} already exists: a snapshot is written to a new directory")
     try:
-        return _take(path, search_path, out)
+        return _take(path, search_path, out, progress)
     except OSError as error:  # a full disk, a directory not writable: said, never a 500
         raise ArtifactError(f"cannot write the snapshot {out}: {error}") from None
 
 
-def _take(path: Path, search_path: Path, out: Path) -> Snapshot:
+def _take(path: Path, search_path: Path, out: Path, progress: Progress) -> Snapshot:
     out.parent.mkdir(parents=True, exist_ok=True)
     with _pinned(path, search_path) as (pin, files), locked_staging(out) as staging:
+        progress.begin("copying", len(files), sum(os.stat(pin / rel).st_size for rel in files))
         # Checked against the manifests as they are copied: a version damaged on disk is
         # refused (naming the file), never copied as if sound.
-        copied = copy_files(pin, staging / VERSION_DIR, files, named=path)
+        copied = copy_files(pin, staging / VERSION_DIR, files, named=path, progress=progress)
         manifest = read_manifest(staging / VERSION_DIR)
         document = {
             "format": SNAPSHOT_FORMAT,
@@ -224,11 +242,11 @@ def _refused(path: Path, why: str) -> SnapshotRefusedError:
     return SnapshotRefusedError(f"snapshot {path} refused: {why}")
 
 
-def read_snapshot(path: str | os.PathLike) -> Snapshot:
+def read_snapshot(path: str | os.PathLike, progress: Progress = NO_PROGRESS) -> Snapshot:
     """The snapshot at ``path`` once every file it holds is verified: its document (its own
     checksum), each file it lists (present, a regular file of its size and sha256, inside the
     snapshot), and every file the version's manifests name listed with the checksum they
-    record.
+    record. The files and bytes read are told to ``progress`` (stage ``verifying``).
 
     Raises
     ------
@@ -240,8 +258,10 @@ def read_snapshot(path: str | os.PathLike) -> Snapshot:
     path = Path(path)
     snapshot = _described(path, _document(path))
     version = snapshot.version_path
+    progress.begin("verifying", len(snapshot.sizes), sum(snapshot.sizes.values()))
     for rel, sha256 in snapshot.checksums.items():
-        _verify_file(path, version / rel, snapshot.sizes[rel], sha256)
+        _verify_file(path, version / rel, snapshot.sizes[rel], sha256, progress)
+        progress.advance(n_files=1)
     try:
         listed = version_files(version)
     except ArtifactError as error:
@@ -302,7 +322,7 @@ def _described(path: Path, document: dict[str, Any]) -> Snapshot:
         raise _refused(path, f"{SNAPSHOT_MANIFEST} is malformed ({error!r})") from None
 
 
-def _verify_file(snapshot: Path, file: Path, size: int, sha256: str) -> None:
+def _verify_file(snapshot: Path, file: Path, size: int, sha256: str, progress: Progress) -> None:
     """The file is there, a regular file of ``size`` bytes hashing to ``sha256``."""
     try:
         held = os.lstat(file).st_size
@@ -311,7 +331,7 @@ def _verify_file(snapshot: Path, file: Path, size: int, sha256: str) -> None:
     if held < size:
         raise _refused(snapshot, f"partial: {file} holds {held:,} of its {size:,} bytes")
     try:
-        matches = file_sha256(file, size) == sha256
+        matches = file_sha256(file, size, progress) == sha256
     except ArtifactIntegrityError as error:
         raise _refused(snapshot, f"damaged: {error}") from None
     except OSError as error:
@@ -352,6 +372,25 @@ def snapshot_in(directory: str | os.PathLike, name: str) -> Path:
     return path
 
 
+# A snapshot being written, or left half-written by a writer that died: hidden, never listed.
+_STAGED = re.compile(r"\.(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.(?:tmp|old)-[0-9a-f]{8}")
+
+
+def remove_unfinished(directory: str | os.PathLike) -> list[Path]:
+    """Remove what snapshot writers that died left in ``directory``: their staging
+    directories, which no live writer holds locked (see
+    :func:`service.model.artifact.remove_stale_staging`). Returns those removed."""
+    directory = Path(directory)
+    removed: list[Path] = []
+    try:
+        names = {m["name"] for e in os.scandir(directory) if (m := _STAGED.fullmatch(e.name))}
+    except OSError:
+        return removed
+    for name in sorted(names):
+        removed += remove_stale_staging(directory / name)
+    return removed
+
+
 def list_snapshots(directory: str | os.PathLike) -> tuple[list[Snapshot], list[str]]:
     """The snapshots kept in ``directory``, oldest first, by their documents (see
     :func:`described_snapshot`), and the directories there that hold none readable, each
@@ -372,11 +411,14 @@ def list_snapshots(directory: str | os.PathLike) -> tuple[list[Snapshot], list[s
 
 
 def restore_snapshot(
-    snapshot: str | os.PathLike, path: str | os.PathLike, search_path: str | os.PathLike
+    snapshot: str | os.PathLike,
+    path: str | os.PathLike,
+    search_path: str | os.PathLike,
+    progress: Progress = NO_PROGRESS,
 ) -> tuple[Snapshot, UpdateResult]:
     """Verify the snapshot at ``snapshot`` (see :func:`read_snapshot`), then make its version
     the newest of the catalogue at ``path`` (see
-    :func:`service.model.search.store.restore_version`).
+    :func:`service.model.search.store.restore_version`), telling ``progress`` of both stages.
 
     Raises
     ------
@@ -384,29 +426,33 @@ def restore_snapshot(
         No snapshot, a damaged or partial one (the file named), or one of a catalogue built for
         another search model. Nothing is written then.
     """
-    verified = read_snapshot(snapshot)
+    verified = read_snapshot(snapshot, progress)
     if verified.search_manifest_sha256 != manifest_digest(search_path):
         raise SnapshotRefusedError(
             f"snapshot {verified.path} is of a catalogue built for another search model than "
             f"{search_path}: restore it into the model it was taken from (or a copy of it)"
         )
     try:
-        result = restore_version(path, search_path, verified.version_path, verified.checksums)
+        result = restore_version(
+            path, search_path, verified.version_path, verified.checksums, progress
+        )
     except OSError as error:  # a full disk, a directory not writable: said, never a 500
         raise ArtifactError(f"cannot restore {verified.path} into {path}: {error}") from None
     return verified, result
 
 
-def snapshot_model_catalogue(model_dir: str | os.PathLike, out: str | os.PathLike) -> Snapshot:
+def snapshot_model_catalogue(
+    model_dir: str | os.PathLike, out: str | os.PathLike, progress: Progress = NO_PROGRESS
+) -> Snapshot:
     """:func:`take_snapshot` of a model's catalogue."""
-    return take_snapshot(catalogue_dir(model_dir), search_dir(model_dir), out)
+    return take_snapshot(catalogue_dir(model_dir), search_dir(model_dir), out, progress)
 
 
 def restore_model_catalogue(
-    snapshot: str | os.PathLike, model_dir: str | os.PathLike
+    snapshot: str | os.PathLike, model_dir: str | os.PathLike, progress: Progress = NO_PROGRESS
 ) -> tuple[Snapshot, UpdateResult]:
     """:func:`restore_snapshot` into a model's catalogue."""
-    return restore_snapshot(snapshot, catalogue_dir(model_dir), search_dir(model_dir))
+    return restore_snapshot(snapshot, catalogue_dir(model_dir), search_dir(model_dir), progress)
 
 
 SNAPSHOT_HELP = (
@@ -424,17 +470,18 @@ def snapshot_command(
     model_dir: str | os.PathLike,
     snapshot: str | os.PathLike | None,
     restore: str | os.PathLike | None,
+    progress: Progress = NO_PROGRESS,
 ) -> str:
     """``python -m training index --snapshot OUT`` or ``--restore SNAPSHOT``: what it did, in a
-    line."""
+    line (the files and bytes told to ``progress`` as it goes)."""
     if snapshot is not None:
-        taken = snapshot_model_catalogue(model_dir, snapshot)
+        taken = snapshot_model_catalogue(model_dir, snapshot, progress)
         return (
             f"snapshot         {taken.path}: catalogue version {taken.catalogue_version}, "
             f"{taken.n_items:,} items in {taken.n_shards} shards, {len(taken.checksums)} files "
             f"({sum(taken.sizes.values()):,} bytes) with their sha256"
         )
-    verified, result = restore_model_catalogue(restore, model_dir)
+    verified, result = restore_model_catalogue(restore, model_dir, progress)
     return (
         f"catalogue        {catalogue_dir(model_dir)}: version {result.version}, "
         f"{result.n_items:,} items in {result.n_shards} shards (restored from {verified.path}, "

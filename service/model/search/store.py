@@ -157,9 +157,25 @@ def check_ids(ids: Sequence[Any], what: str = "ids") -> np.ndarray:
 
 
 @contextlib.contextmanager
-def catalogue_lock(search_path: str | os.PathLike) -> Iterator[None]:
-    """Hold the catalogue's writer lock (exclusive, across processes) inside the block."""
-    with open(Path(search_path) / LOCK_NAME, "a+b") as handle:
+def catalogue_lock(search_path: str | os.PathLike, reader: bool = False) -> Iterator[None]:
+    """Hold the catalogue's writer lock (exclusive, across processes) inside the block.
+
+    ``reader``: for one that only reads, on a file system it may not write (a server's
+    read-only mount of the models): the lock file is opened for reading (a lock needs no more),
+    and where there is none (no writer ever took the lock there) the block runs without it.
+    """
+    lock = Path(search_path) / LOCK_NAME
+    try:
+        handle = open(lock, "a+b")  # noqa: SIM115
+    except OSError:
+        if not reader:
+            raise
+        try:
+            handle = open(lock, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            yield
+            return
+    with handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -571,21 +587,45 @@ COPY_BLOCK = 1 << 20
 MAX_COPIED_BYTES = 1 << 40
 
 
-def file_sha256(path: Path, max_bytes: int = MAX_COPIED_BYTES) -> str:
+class Progress:
+    """What long work on a version's files (a snapshot, its verification, a restore) reports as
+    it goes: each stage as it begins, with its files and bytes, then the bytes and files done.
+    This one reports nothing; a progress bar or a job's record overrides both methods. Called
+    from the thread that does the work."""
+
+    def begin(self, stage: str, n_files: int, n_bytes: int) -> None:
+        """A stage begins: ``stage`` (a word: copying, verifying, restoring) will read
+        ``n_files`` files of ``n_bytes`` bytes in all."""
+
+    def advance(self, n_bytes: int = 0, n_files: int = 0) -> None:
+        """``n_bytes`` more bytes read, ``n_files`` more files done."""
+
+
+NO_PROGRESS = Progress()
+
+
+def file_sha256(
+    path: Path, max_bytes: int = MAX_COPIED_BYTES, progress: Progress = NO_PROGRESS
+) -> str:
     """sha256 of a regular file's content, of at most ``max_bytes`` (see
-    :func:`service.model.artifact.open_regular`)."""
+    :func:`service.model.artifact.open_regular`); the bytes read are told to ``progress``."""
     digest = hashlib.sha256()
     with open_regular(path, max_bytes) as handle:
         while block := handle.read(COPY_BLOCK):
             digest.update(block)
+            progress.advance(len(block))
     return digest.hexdigest()
 
 
 def copy_checked(
-    source: Path, target: Path, expected: str | None = None, named: Path | None = None
+    source: Path,
+    target: Path,
+    expected: str | None = None,
+    named: Path | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> tuple[str, int]:
     """Copy one regular file to ``target`` (which must not exist), synced to disk; return the
-    sha256 and size of what was copied.
+    sha256 and size of what was copied (the bytes read are told to ``progress``).
 
     Raises
     ------
@@ -599,6 +639,7 @@ def copy_checked(
             digest.update(block)
             writer.write(block)
             size += len(block)
+            progress.advance(len(block))
         writer.flush()
         os.fsync(writer.fileno())
     if expected is not None and digest.hexdigest() != expected:
@@ -663,9 +704,11 @@ def restore_version(
     search_path: str | os.PathLike,
     source: Path,
     checksums: Mapping[str, str],
+    progress: Progress = NO_PROGRESS,
 ) -> UpdateResult:
     """Make the catalogue version in ``source`` (a whole version's files, each to hash to its
-    entry of ``checksums``) the catalogue at ``path``, under the writer lock.
+    entry of ``checksums``) the catalogue at ``path``, under the writer lock; its files, copied
+    or found intact, are told to ``progress`` (stage ``restoring``).
 
     Over a sharded catalogue it is a new version (the next number): the shards it names that
     are there and intact are kept, the others copied into ``shards/``, then the version's
@@ -692,13 +735,15 @@ def restore_version(
     """
     path = Path(path)
     wanted = read_manifest(source)
+    sizes = {rel: os.stat(source / rel).st_size for rel in checksums}
+    progress.begin("restoring", len(sizes), sum(sizes.values()))
     with catalogue_lock(search_path):
         current = _readable_manifest(path)
         sharded = wanted.get("layout") == SHARDED_LAYOUT
         if current is None or current.get("layout") != SHARDED_LAYOUT or not sharded:
             path.parent.mkdir(parents=True, exist_ok=True)
             with locked_staging(path) as staging:
-                copy_files(source, staging, checksums)
+                copy_files(source, staging, checksums, progress=progress)
                 install_directory(staging, path)
             return UpdateResult(
                 version=int(wanted.get("version", 0)), n_items=int(wanted.get("n_items", 0)),
@@ -715,9 +760,11 @@ def restore_version(
                 rel[len(prefix) :]: sha for rel, sha in checksums.items() if rel.startswith(prefix)
             }
             target = path / SHARDS_DIR / name
-            if not all(_holds(target / file, sha) for file, sha in files.items()):
+            if all(_holds(target / file, sha) for file, sha in files.items()):
+                progress.advance(sum(sizes[prefix + file] for file in files), len(files))
+            else:
                 with locked_staging(target) as staging:
-                    copy_files(source / SHARDS_DIR / name, staging, files)
+                    copy_files(source / SHARDS_DIR / name, staging, files, progress=progress)
                     install_directory(staging, target)
             shards.append((name, digest, n_items))
         fsync_directory(path / SHARDS_DIR)
@@ -733,6 +780,9 @@ def restore_version(
                 negatives=artifact.arrays["negatives"].astype(np.int64),
             )  # fmt: skip
         _remove_unreferenced(path, [current, manifest])
+    # The version's own files (manifest, tombstones, negatives), written rather than copied.
+    written = [rel for rel in sizes if not rel.startswith(f"{SHARDS_DIR}/")]
+    progress.advance(sum(sizes[rel] for rel in written), len(written))
     return UpdateResult(
         version=manifest["version"], n_items=manifest["n_items"], n_shards=len(shards)
     )
@@ -751,18 +801,21 @@ def copy_files(
     target: Path,
     checksums: Mapping[str, str | None],
     named: Path | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> dict[str, tuple[str, int]]:
     """Copy the files of ``checksums`` (paths relative to ``source``) into ``target``, each
     checked against its sha256 (where not None) as it is read (see :func:`copy_checked`; a
     mismatch names the file under ``named``, default ``source``), then sync the directories;
-    return each file's sha256 and size."""
+    return each file's sha256 and size (the bytes and files told to ``progress``)."""
     copied = {}
     directories = {target}
     for rel, sha256 in checksums.items():
         destination = target / rel
         destination.parent.mkdir(parents=True, exist_ok=True)
         directories.add(destination.parent)
-        copied[rel] = copy_checked(source / rel, destination, sha256, (named or source) / rel)
+        named_as = (named or source) / rel
+        copied[rel] = copy_checked(source / rel, destination, sha256, named_as, progress)
+        progress.advance(n_files=1)
     for directory in sorted(directories, key=lambda d: len(d.parts), reverse=True):
         fsync_directory(directory)
     return copied
