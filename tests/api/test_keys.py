@@ -94,6 +94,30 @@ def test_the_admin_scope_guards_the_repository_routes(keyed_server):
         assert [model["name"] for model in listed.json()] == ["digits"]
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-API-Key", "not-a-key"), ("X-API-Key", ADMIN)],
+        [("X-API-Key", ADMIN), ("X-API-Key", ADMIN)],
+        [("X-API-Key", "not-a-key"), ("Authorization", f"Bearer {ADMIN}")],
+        [("Authorization", "Bearer not-a-key"), ("Authorization", f"Bearer {ADMIN}")],
+    ],
+    ids=["bad-then-admin", "admin-twice", "key-and-bearer", "two-bearers"],
+)
+def test_two_key_headers_are_refused(keyed_server, headers):
+    """Issue 36, defect 10: of two X-API-Key headers the last won (a bad key, then an admin
+    key: 200)."""
+    server, _ = keyed_server
+    answer = httpx.post(
+        f"{server.url}/v2/repository/index", headers=httpx.Headers(headers), timeout=30
+    )
+    assert answer.status_code == 401, answer.text
+    assert "send one key, in one header" in answer.json()["error"]["message"]
+    assert ADMIN not in answer.text
+    classify = httpx.post(f"{server.url}/classify", json=DIGIT, headers=httpx.Headers(headers))
+    assert classify.status_code == 401
+
+
 def test_probes_and_metrics_stay_open(keyed_server):
     server, _ = keyed_server
     for path in ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/metrics"):

@@ -27,7 +27,7 @@ import hashlib
 import hmac
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,9 @@ from service.api.settings import Settings
 logger = logging.getLogger("service.api")
 
 BEARER_PREFIX = "bearer "
+# The headers (gRPC: metadata keys) a key may come in, lower case as HTTP/2 and ASGI give them.
 API_KEY_HEADER = "x-api-key"
+AUTHORIZATION_HEADER = "authorization"
 DIGEST_PREFIX = "sha256:"
 FINGERPRINT_DIGITS = 8
 # What a 401 answers in WWW-Authenticate (RFC 6750): a bearer token, our API key.
@@ -198,15 +200,48 @@ def _count_by_scope(keys: Iterable[Key]) -> str:
     return ", ".join(f"{scopes.count(name)} {name}" for name in ("read", "admin"))
 
 
-def presented_key(authorization: str | None, api_key: str | None) -> str | None:
-    """The key a request sends: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
-    if authorization is not None and authorization[:7].lower() == BEARER_PREFIX:
-        token = authorization[7:].strip()
-        if token:
-            return token
-    if api_key is not None and api_key.strip():
-        return api_key.strip()
+def presented_key(authorizations: Sequence[str], api_keys: Sequence[str]) -> str | None:
+    """The key a request sends: ``Authorization: Bearer <key>``, else ``X-API-Key``, given the
+    values of every header of each name it sent.
+
+    Raises
+    ------
+    MissingKeyError
+        More than one of those headers: which one holds the key would be a guess (a bad key
+        followed by a good one must not pass), so none does.
+    """
+    if len(authorizations) + len(api_keys) > 1:
+        raise MissingKeyError(
+            f"the request sends {len(authorizations)} Authorization and {len(api_keys)} "
+            f"X-API-Key headers: send one key, in one header ({HOW_TO_SEND})"
+        )
+    if authorizations:
+        authorization = authorizations[0]
+        if authorization[:7].lower() == BEARER_PREFIX:
+            token = authorization[7:].strip()
+            if token:
+                return token
+    if api_keys and api_keys[0].strip():
+        return api_keys[0].strip()
     return None
+
+
+def key_headers(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[str], list[str]]:
+    """The values of every Authorization and X-API-Key header among ``pairs`` of (name,
+    value): ASGI's byte pairs or gRPC's metadata."""
+    found: tuple[list[str], list[str]] = ([], [])
+    for name, value in pairs:
+        which = _KEY_HEADERS.get(name)
+        if which is not None:
+            found[which].append(value.decode("latin-1") if isinstance(value, bytes) else value)
+    return found
+
+
+_KEY_HEADERS = {
+    name: which
+    for which, header in enumerate((AUTHORIZATION_HEADER, API_KEY_HEADER))
+    for name in (header, header.encode())
+}
 
 
 # Routes every client and orchestrator may call without a key.
@@ -302,14 +337,9 @@ class KeyCheckMiddleware:
         path = scope["path"]
         needed = self.policy.for_route(scope["method"], path)
         if needed is not Access.OPEN:
-            authorization = api_key = None
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value.decode("latin-1")
-                elif name == b"x-api-key":
-                    api_key = value.decode("latin-1")
             try:
-                identify(self.policy.check(needed, presented_key(authorization, api_key)))
+                presented = presented_key(*key_headers(scope["headers"]))
+                identify(self.policy.check(needed, presented))
             except MissingKeyError as error:
                 response = error_response(401, "unauthorized", str(error), path=path)
                 response.headers["www-authenticate"] = CHALLENGE

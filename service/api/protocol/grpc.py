@@ -61,8 +61,9 @@ from service.api.machinery.auth import (
     ForbiddenError,
     MissingKeyError,
     identify,
+    key_headers,
+    presented_key,
 )
-from service.api.machinery.auth import presented_key as key_of
 from service.api.machinery.limits import (
     BODY_COPIES,
     DECODED_BYTES_PER_VALUE,
@@ -71,7 +72,7 @@ from service.api.machinery.limits import (
     concurrency_bound,
 )
 from service.api.machinery.metrics import Metrics
-from service.api.machinery.observability import log_access, request_scope
+from service.api.machinery.observability import REQUEST_ID_HEADER, log_access, request_scope
 from service.api.machinery.responses import VERSION_HEADER
 from service.api.machinery.tls import TlsFiles
 from service.api.protocol import inference_pb2 as pb
@@ -283,19 +284,18 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Run ``answer`` as a call of ``method``: request id, key, deadline, errors, metrics
         and the access line."""
         started = time.perf_counter()
-        metadata = dict(context.invocation_metadata() or ())
+        pairs = context.invocation_metadata() or ()
+        metadata = dict(pairs)
         code, message, result = grpc.StatusCode.OK, "", None
         arrival = _ARRIVAL.get()
-        with request_scope(metadata.get("x-request-id")) as request:
+        with request_scope(metadata.get(REQUEST_ID_HEADER)) as request:
             # Answered in the trailing metadata, which travels with the status: a separate
             # send of initial metadata costs every call a write.
-            trailing = [("x-request-id", request.request_id)]
+            trailing = [(REQUEST_ID_HEADER, request.request_id)]
             try:
                 if arrival is not None and arrival[1] is not None:
                     raise arrival[1]
-                key = self.policy.check(
-                    needed, key_of(metadata.get("authorization"), metadata.get("x-api-key"))
-                )
+                key = self.policy.check(needed, presented_key(*key_headers(pairs)))
                 identify(key)
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
