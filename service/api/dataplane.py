@@ -35,7 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from service.api.machinery.limits import WorkLimiter, concurrency_bound
+from service.api.errors import WorkTimeoutError
+from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
@@ -45,6 +46,8 @@ from service.model.errors import ArtifactChangedError, brief
 from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer
 from service.model.search import Catalogue, SearchIndex, SearchQuery, SearchResult, UpdateResult
+from service.model.search.filters import AttributeLimits
+from service.model.search.store import CommitGate
 
 T = TypeVar("T")
 
@@ -95,6 +98,12 @@ class DataPlane:
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
         self.inline_body_bytes = settings.inline_body_bytes
         self.max_json_values = settings.max_json_values
+        self.attribute_limits = AttributeLimits(
+            settings.max_item_attributes,
+            settings.max_catalogue_attributes,
+            "MAX_ITEM_ATTRIBUTES",
+            "MAX_CATALOGUE_ATTRIBUTES",
+        )
         # Seconds per unit of work by kind, per snapshot: a new version learns its own.
         self._costs: weakref.WeakKeyDictionary[ModelSnapshot, dict[str, float]] = (
             weakref.WeakKeyDictionary()
@@ -253,7 +262,12 @@ class DataPlane:
         return snapshot, catalogue.version, await self.work.run(self.work.pool(), find)
 
     async def update_catalogue(
-        self, name: str, size: int, change: Callable[[SearchIndex], UpdateResult]
+        self,
+        name: str,
+        size: int,
+        change: Callable[[SearchIndex, CommitGate], UpdateResult],
+        hold: RequestHold | None = None,
+        work_bytes: Callable[[SearchIndex], int] | None = None,
     ) -> tuple[ModelSnapshot, UpdateResult]:
         """Run ``change`` (an upsert or a deletion of ``size`` items) on model ``name``'s search
         index, on a worker thread, then serve the version it wrote before answering.
@@ -261,7 +275,21 @@ class DataPlane:
         The change is on disk when it returns (see :mod:`service.model.search.store`); the
         version served here is then at least the one written. Other worker processes are told
         at once (SIGHUP through the supervisor, which rescans every worker), and in any case
-        see it at their next rescan (RELOAD_INTERVAL_S).
+        see it at their next rescan (RELOAD_INTERVAL_S). At REQUEST_TIMEOUT_S a change not yet
+        committing is abandoned (its gate: it never commits, the answer is 504); one
+        committing is waited for (its answer is the change's).
+
+        Parameters
+        ----------
+        name : str
+        size : int
+        change : callable
+            ``change(index, gate)``, the gate to pass to the index's update.
+        hold : RequestHold, optional
+            The request's bytes of the memory budget: ``work_bytes(index)`` more are taken
+            before the change runs (503 when they do not fit now, 413 when they never could).
+        work_bytes : callable, optional
+            What the change will hold of memory (it may refuse the change first).
 
         Raises
         ------
@@ -269,12 +297,25 @@ class DataPlane:
             More than MAX_BATCH_SIZE items.
         ModelNotReadyError
             The version written could not be loaded (the reason says why; it is on disk).
+        WorkTimeoutError
+            Abandoned at REQUEST_TIMEOUT_S: nothing was applied.
         """
         self._check_batch(size, "ids")
         snapshot = self.snapshot(name)
         index = snapshot.require_search()
+        if hold is not None and work_bytes is not None:
+            hold.add(work_bytes(index), "the update's work")
+        gate = CommitGate()
         self.work.admit()
-        result = await self.work.run(self.work.pool(), lambda: change(index))
+        try:
+            result = await self.work.run(
+                self.work.pool(), lambda: change(index, gate), stop=gate.abandon
+            )
+        except WorkTimeoutError as error:
+            raise WorkTimeoutError(
+                f"{error}: the update was not applied, and never will be (nothing of it was "
+                "written); send it again"
+            ) from None
         entry = await self.registry.load(snapshot.name, force=False)
         served = entry.snapshot
         catalogue = None if served is None or served.search is None else served.search.catalogue

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.model.search.filters import DEFAULT_CATALOGUE_ATTRIBUTES, DEFAULT_ITEM_ATTRIBUTES
+
 DEFAULT_MODEL_DIR = Path("models/digits")
 
 
@@ -58,6 +60,19 @@ class Settings(BaseSettings):
         ge=0,
         description="Largest offset one /search may ask for (offset + top_k items are ranked); "
         "more get 422: page further with next_cursor (MAX_SEARCH_OFFSET).",
+    )
+    max_item_attributes: int = Field(
+        DEFAULT_ITEM_ATTRIBUTES,
+        ge=1,
+        description="Most attribute keys one catalogue item may have; an upsert with more gets "
+        "422 (MAX_ITEM_ATTRIBUTES).",
+    )
+    max_catalogue_attributes: int = Field(
+        DEFAULT_CATALOGUE_ATTRIBUTES,
+        ge=1,
+        description="Most distinct attribute keys a catalogue may hold; an upsert adding keys "
+        "beyond gets 422, keys it has stay welcome (MAX_CATALOGUE_ATTRIBUTES). Compaction "
+        "(index --compact) drops keys no item has any more.",
     )
     search_cluster: str | None = Field(
         None,

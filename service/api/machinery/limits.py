@@ -411,10 +411,19 @@ class WorkLimiter:
             )
         return self._pool
 
-    async def run(self, executor: concurrent.futures.Executor, work: Callable[[], T]) -> T:
+    async def run(
+        self,
+        executor: concurrent.futures.Executor,
+        work: Callable[[], T],
+        stop: Callable[[], bool] | None = None,
+    ) -> T:
         """Run ``work`` on ``executor`` under a slot taken by :meth:`admit`; its answer, or
         :class:`WorkTimeoutError` after ``timeout_s``. The slot is given back when the work is
-        done, or dropped before it started."""
+        done, or dropped before it started.
+
+        ``stop``, when given, is asked at the time limit whether the work stops (True:
+        WorkTimeoutError) or is past its point of no return (False: its answer is waited for,
+        however long it takes: a change that is committing)."""
         context = contextvars.copy_context()
         try:
             future = executor.submit(context.run, work)
@@ -430,6 +439,8 @@ class WorkLimiter:
         except TimeoutError:
             if not deadline.expired():
                 raise  # the work's own
+            if stop is not None and not stop():
+                return await asyncio.wrap_future(future)
             raise WorkTimeoutError(
                 f"the request did not finish within {self.timeout_s:g} s (REQUEST_TIMEOUT_S)"
             ) from None
