@@ -485,9 +485,7 @@ class CatalogueUpdate:
         if records is not None and len(records) != len(ids):
             raise InvalidInputError(f"{len(records)} attributes for {len(ids)} ids")
         schema = {} if self.current is None else self.current.attributes
-        kinds, columns = columns_from_records(
-            records or [None] * len(ids), schema, limits=limits
-        )
+        kinds, columns = columns_from_records(records or [None] * len(ids), schema, limits=limits)
         items = ShardItems(ids, fill, columns, labels)
         if self.current is None:
             n_items = _build_locked(
