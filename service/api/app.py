@@ -24,7 +24,7 @@ from service.api.machinery.limits import MemoryBudget, install_limits
 from service.api.machinery.metrics import Metrics, PrometheusMetrics
 from service.api.protocol import rest as protocol_rest
 from service.api.protocol.grpc import drain_on_signals, start_grpc_server
-from service.api.registry import ModelRegistry, Repository
+from service.api.registry import ModelRegistry, Repository, off_loop
 from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.search.remote import CatalogueSource, SearchCluster
@@ -214,10 +214,12 @@ class Rescans:
     """Rescans of the repository on SIGHUP and, if ``interval_s`` > 0, every ``interval_s``
     seconds: one at a time, requests arriving during a rescan coalesced into the next one.
 
-    ``each`` are called before every rescan (the API keys are re-read), ``on_hangup`` on each
-    SIGHUP (the TLS files are re-read). An async context manager: the SIGHUP handler (where the
-    process's main thread runs the loop) and the background task live as long as the
-    ``async with``.
+    ``each`` are called before every rescan (the API keys are re-read), ``on_hangup`` before
+    the rescan a SIGHUP asks for (the TLS files are re-read): each on a thread of its own,
+    waited for at most LOAD_TIMEOUT_S (:func:`~service.api.registry.off_loop`), so that a file
+    that cannot be read at once never holds the event loop, the signals it handles, or the
+    requests. An async context manager: the SIGHUP handler (where the process's main thread
+    runs the loop) and the background task live as long as the ``async with``.
     """
 
     def __init__(
@@ -234,15 +236,31 @@ class Rescans:
         self._wanted = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._hangup = False
+        self._hung_up_since = False  # a SIGHUP since the last rescan: on_hangup is due
 
     def request(self, why: str) -> None:
         logger.info("rescan of the %s requested (%s)", self.registry.repository.describe(), why)
         self._wanted.set()
 
     def _hung_up(self) -> None:
-        for reload in self.on_hangup:
-            reload()
+        self._hung_up_since = True
         self.request("SIGHUP")
+
+    async def _reread(self, reloads: list[Callable[[], None]]) -> None:
+        """Run each of ``reloads`` off the loop; one that takes longer than LOAD_TIMEOUT_S is
+        left to finish on its own (what it reads stays as it was until it does)."""
+        for reload in reloads:
+            try:
+                await off_loop(reload, timeout_s=self.registry.load_timeout_s)
+            except TimeoutError:
+                logger.error(
+                    "re-reading (%s) took longer than %g s (LOAD_TIMEOUT_S): what was read "
+                    "before stays",
+                    getattr(reload, "__qualname__", reload),
+                    self.registry.load_timeout_s,
+                )
+            except Exception:  # a reload's bug must not end the rescans
+                logger.exception("re-reading (%s) failed", getattr(reload, "__qualname__", reload))
 
     async def __aenter__(self) -> Rescans:
         loop = asyncio.get_running_loop()
@@ -269,8 +287,9 @@ class Rescans:
             except TimeoutError:
                 pass
             self._wanted.clear()
-            for reload in self.each:
-                reload()
+            due = self.on_hangup if self._hung_up_since else []
+            self._hung_up_since = False
+            await self._reread([*due, *self.each])
             try:
                 await self.registry.sync()
             except Exception:  # a failed rescan must not end the rescans

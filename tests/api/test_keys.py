@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from service.api.machinery.auth import KeyFileError, KeyScope, parse_key_file
+from service.api.machinery.auth import MAX_KEY_FILE_BYTES, KeyFileError, KeyScope, parse_key_file
 from tests.api.conftest import REPO, server_process
 
 READER = "reader-3f9c2a77e1d04b6b"
@@ -174,6 +176,91 @@ def test_a_revoked_key_is_refused_after_sighup(digits_model_dir, tmp_path):
         log = server.stop()
     assert "API keys not re-read" in log
     assert "line 1" in log
+
+
+def _rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+def _answers_quickly(server) -> None:
+    """/healthz answers at once, five times in a row, and the key read before still reads."""
+    for _ in range(5):
+        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+    answer = httpx.post(f"{server.url}/classify", json=DIGIT, headers=_bearer(READER), timeout=5)
+    assert answer.status_code == 200
+
+
+def _logged(server, text: str) -> None:
+    deadline = time.monotonic() + 20
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"the log never said {text!r}: {server.log()[-2000:]}"
+        time.sleep(0.1)
+
+
+def test_a_fifo_or_dev_zero_as_the_keys_file_never_hangs_the_server(digits_model_dir, tmp_path):
+    """Issue 36, defect 1: a FIFO in place of the keys file, then SIGHUP: /healthz stopped
+    answering, the main thread waited in fifo_open, SIGTERM was ignored; /dev/zero took 3 GB of
+    memory in 4 s. Now each is refused with a logged reason, and the keys read before stay."""
+    path = _key_file(tmp_path, f"{READER} read")
+    with server_process(digits_model_dir, API_KEYS_FILE=str(path), RELOAD_INTERVAL_S="2") as server:
+        pid = server.process.pid
+        _answers_quickly(server)
+        path.unlink()
+        os.mkfifo(path)
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(3)  # a SIGHUP and a rescan or two
+        _answers_quickly(server)
+        _logged(server, "is a FIFO, not a regular file")
+
+        before = _rss(pid)
+        path.unlink()
+        path.symlink_to("/dev/zero")
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(4)
+        _answers_quickly(server)
+        assert _rss(pid) - before < 50 * 1024, "the server read /dev/zero"
+        _logged(server, "is a character device, not a regular file")
+
+        path.unlink()
+        with open(path, "wb") as huge:  # sparse: no disk, and too large all the same
+            huge.truncate(4 << 30)
+        server.process.send_signal(signal.SIGHUP)
+        _logged(server, f"more than the {MAX_KEY_FILE_BYTES:,} it may")
+        _answers_quickly(server)
+
+        # A good file again: read at the next rescan, the old key gone.
+        path.unlink()
+        path.write_text("new-key-0123456789 read\n")
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{server.url}/v1/models", headers=_bearer(READER)).status_code != 401:
+            assert time.monotonic() < deadline, "the good file was not read"
+            time.sleep(0.1)
+        assert httpx.get(
+            f"{server.url}/v1/models", headers=_bearer("new-key-0123456789")
+        ).is_success
+        # And a FIFO in place stops nothing: SIGTERM ends the server at once.
+        path.unlink()
+        os.mkfifo(path)
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        server.process.terminate()
+        assert server.process.wait(timeout=30) == 0
+
+
+def test_a_fifo_as_the_keys_file_stops_the_start_at_once(tmp_path, digits_model_dir):
+    path = tmp_path / "keys.txt"
+    os.mkfifo(path)
+    run = subprocess.run(
+        [sys.executable, "-m", "service.api"],
+        cwd=REPO,
+        env={"MODEL_DIR": str(digits_model_dir), "API_KEYS_FILE": str(path), "PATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "is a FIFO, not a regular file" in run.stderr
 
 
 def test_the_rescan_rereads_the_keys(digits_model_dir, tmp_path):

@@ -16,8 +16,11 @@ key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, t
 guarded (as they were by ``ADMIN_TOKEN`` alone).
 
 **Re-reading.** :meth:`KeyStore.reload` reads the file again (on SIGHUP and on each rescan of
-the repository): a key removed is refused from then on, without a restart. A file that cannot
-be read or parsed is refused with a logged error, and the keys read before stay in force.
+the repository, off the event loop): a key removed is refused from then on, without a restart.
+The file is checked as a model's files are (:func:`service.model.artifact.open_regular`): a
+regular file of at most :data:`MAX_KEY_FILE_BYTES`, opened without blocking. A file that cannot
+be read, is not such a file, or cannot be parsed is refused with a logged error, and the keys
+read before stay in force.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.api.errors import error_response
 from service.api.machinery.observability import current_request
 from service.api.settings import Settings
+from service.model.artifact import open_regular
+from service.model.errors import ArtifactError
 
 logger = logging.getLogger("service.api")
 
@@ -45,6 +50,8 @@ BEARER_PREFIX = "bearer "
 API_KEY_HEADER = "x-api-key"
 AUTHORIZATION_HEADER = "authorization"
 DIGEST_PREFIX = "sha256:"
+# The largest key file read: some 13,000 keys given by digest.
+MAX_KEY_FILE_BYTES = 1 << 20
 FINGERPRINT_DIGITS = 8
 # What a 401 answers in WWW-Authenticate (RFC 6750): a bearer token, our API key.
 CHALLENGE = 'Bearer realm="besvm"'
@@ -156,8 +163,11 @@ class KeyStore:
         keys = []
         if self.path is not None:
             try:
-                text = self.path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
+                # Checked as a model's files are: a regular file (never a FIFO, which would
+                # wait for a writer, nor /dev/zero, which never ends) of a bounded size.
+                with open_regular(self.path, MAX_KEY_FILE_BYTES) as handle:
+                    text = handle.read(MAX_KEY_FILE_BYTES + 1).decode("utf-8")
+            except (OSError, UnicodeDecodeError, ArtifactError) as error:
                 raise KeyFileError(f"API_KEYS_FILE {self.path}: {error}") from None
             keys = parse_key_file(text, f"API_KEYS_FILE {self.path}")
         if self._token_key is not None:

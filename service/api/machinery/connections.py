@@ -45,10 +45,12 @@ import asyncio
 import dataclasses
 import http
 import json
+import ssl
 import sys
 import time
 import weakref
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import h11
 import uvicorn
@@ -59,6 +61,9 @@ try:
 except ImportError:  # httptools is optional for uvicorn; h11 always comes with it
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # Seconds past the body deadline that the app has to begin its answer (a 408) before the
 # connection is closed under it.
@@ -136,14 +141,88 @@ class _Deadlines:
         self._start_limits()
 
     def connection_made(self, transport) -> None:
+        tls = getattr(self.config, "tls_context", None)
+        if tls is not None:
+            self._start_tls(transport, tls)
+            return
         super().connection_made(transport)  # type: ignore[misc]
         self._idle_since = time.monotonic()
         if self._admit():
             self._arm_header_deadline()
 
     def connection_lost(self, exc) -> None:
+        if self._handshake is not None:  # closed before its handshake began
+            self._forget()
+            return
         self._stop_limits()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    # -- TLS -------------------------------------------------------------------------------------
+
+    def _start_tls(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """A TLS connection is one from its first byte: counted toward MAX_CONNECTIONS, under
+        HEADER_TIMEOUT_S from then (its handshake included), closed for another at the cap as
+        an idle one is. asyncio's own TLS (``create_server(ssl=...)``) handed it over only once
+        the handshake was done, and held unfinished handshakes for 60 s, uncounted."""
+        self.connections.add(self)
+        self.transport = transport
+        self._idle_since = time.monotonic()
+        if not self._admit():
+            return
+        self._arm_header_deadline()
+        handoff = _Handoff()
+        handshake = self.loop.start_tls(
+            transport,
+            handoff,
+            context,
+            server_side=True,
+            ssl_handshake_timeout=self.limits.header_timeout_s,
+        )
+        # The TLS protocol must take the connection's bytes from the first: uvloop starts
+        # reading as soon as this method returns (a pause asked for here is not kept), and a
+        # task would only begin the handshake later. So its first step runs now, up to its
+        # wait for the handshake: the TLS protocol is then in place.
+        try:
+            waiting = handshake.send(None)
+        except BaseException:
+            self._forget()
+            transport.close()
+            return
+        self._handshake = self.loop.create_task(
+            self._handshake_then_serve(transport, handshake, waiting, handoff)
+        )
+
+    async def _handshake_then_serve(
+        self,
+        transport: asyncio.Transport,
+        handshake: Coroutine[Any, Any, asyncio.Transport | None],
+        waiting: Any,
+        handoff: _Handoff,
+    ) -> None:
+        try:
+            secure = await _resumed(handshake, waiting)
+        except BaseException as error:  # a failed, late or aborted handshake: nothing to serve
+            self._forget()
+            transport.close()
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        self._handshake = None
+        if secure is None or secure.is_closing() or handoff.lost is not None:
+            self._forget()
+            return
+        # uvicorn's protocol starts here, on the TLS transport (the header deadline stays the
+        # one armed when the connection was made), with what arrived with the handshake.
+        super().connection_made(secure)  # type: ignore[misc]
+        secure.set_protocol(self)  # type: ignore[arg-type]
+        for data in handoff.received:
+            self.data_received(data)  # type: ignore[attr-defined]
+
+    def _forget(self) -> None:
+        """Drop a connection that never got to serve (its handshake failed or never began)."""
+        self._handshake = None
+        self._stop_limits()
+        self.connections.discard(self)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
@@ -162,6 +241,8 @@ class _Deadlines:
         self._idle_since = 0.0
         # An error answer that waits for the answers to the requests before it.
         self._refusal: bytes | None = None
+        # A TLS connection's handshake, while it runs (see _start_tls).
+        self._handshake: asyncio.Task | None = None
 
     # -- the connection cap ----------------------------------------------------------------------
 
@@ -199,6 +280,9 @@ class _Deadlines:
         return True
 
     def _refuse_connection(self) -> None:
+        if getattr(self.config, "tls_context", None) is not None:
+            self.transport.close()  # no handshake yet: an HTTP answer would be noise to it
+            return
         self.transport.write(
             raw_error(
                 503,
@@ -462,6 +546,42 @@ class LimitedH11Protocol(_Deadlines, H11Protocol):
             self._arm_header_deadline()
 
 
+async def _resumed(coroutine: Coroutine[Any, T, R], waiting: Any) -> R:
+    """Finish a ``coroutine`` whose first step has run and yielded ``waiting`` (the future it
+    awaits), as its task would: each future it yields is waited for, then it goes on."""
+    try:
+        while True:
+            if waiting is None:  # a bare yield: a turn of the loop
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait((waiting,))
+            waiting = coroutine.send(None)  # type: ignore[arg-type]
+    except StopIteration as done:
+        return done.value
+    except asyncio.CancelledError:
+        coroutine.close()  # its own cleanup (start_tls closes the transport)
+        raise
+
+
+class _Handoff(asyncio.Protocol):
+    """What a TLS connection's bytes go to from the end of its handshake until the limited
+    protocol takes over: asyncio delivers the data that came with the handshake's last message
+    at once, before the coroutine that awaited the handshake runs again."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.lost: tuple[BaseException | None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.received.append(bytes(data))
+
+    def eof_received(self) -> bool:
+        return True  # the limited protocol, once it takes over, sees the close
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = (exc,)
+
+
 class HeadWithBody:
     """The transport one request's answer is written to: its head (status line and headers) is
     held back until its body's first bytes, and both go out in one write.
@@ -518,6 +638,18 @@ _HEAD_DUE, _HEAD_HELD, _HEAD_WRITTEN = "head due", "head held", "head written"
 _INTERIM = b"HTTP/1.1 1"
 
 
+class LimitedConfig(uvicorn.Config):
+    """uvicorn's configuration, whose TLS context (``ssl``) the limited protocols apply
+    themselves (``tls_context``, see :meth:`_Deadlines._start_tls`): the listening sockets are
+    plain TCP, so that a connection is under the limits from its first byte."""
+
+    tls_context: ssl.SSLContext | None = None
+
+    def load(self) -> None:
+        super().load()
+        self.tls_context, self.ssl = self.ssl, None
+
+
 def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration, serving with the limited protocols (httptools when installed,
     as uvicorn's "auto" would, else h11), whose ``limits`` it carries into worker processes."""
@@ -526,6 +658,6 @@ def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicor
         options["http"] = f"{__name__}:{name}"
     # h11 keeps its own limit on the bytes of an incomplete head.
     options.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
-    config = uvicorn.Config(app, **options)
+    config = LimitedConfig(app, **options)
     config.connection_limits = dataclasses.asdict(limits)  # read by the protocols
     return config
