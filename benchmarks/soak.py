@@ -18,7 +18,10 @@ Hostile kinds (each a defect of issue 22):
 - ``non-readers``: an answer of 15 MB (an echoed request id) that the client never reads;
 - ``aborts``: a body cut short (Content-Length 100, 12 bytes, close) or a broken chunked body;
 - ``idle``: ``MAX_CONNECTIONS / clients`` idle connections each, reopened when closed;
-- ``malformed``: pipelined requests then a malformed one; a path with a trailing slash.
+- ``malformed``: pipelined requests then a malformed one; a path with a trailing slash;
+- ``partial-heads`` (issue 36): ``MAX_CONNECTIONS / clients`` connections each, 26 bytes of a
+  request line and nothing more, renewed every :data:`PARTIAL_RENEW_S` (inside
+  ``HEADER_TIMEOUT_S``).
 
 The figures (:class:`SoakResult`): the normal client's latencies and errors, every hostile
 answer's status by kind, /readyz's answers, and the peak memory of each server process.
@@ -55,8 +58,12 @@ KINDS = (
     "aborts",
     "idle",
     "malformed",
+    "partial-heads",
 )
 PROBE_INTERVAL_S = 0.25
+# How often a partial-heads client sends its request line anew (HEADER_TIMEOUT_S is 10).
+PARTIAL_RENEW_S = 8.0
+PARTIAL_HEAD = b"GET /healthz HTTP/1.1\r\nHo"
 # Seconds the hostile clients get past the end to record the answers under way.
 STOP_GRACE_S = 2.0
 RSS_INTERVAL_S = 0.1
@@ -362,6 +369,31 @@ class _Hostile:
 
         await asyncio.gather(*(hold() for _ in range(connections)))
 
+    async def partial_heads(self, connections: int) -> None:
+        async def hold() -> None:
+            while self.running():
+                try:
+                    reader, writer = await self.connect()
+                    writer.write(PARTIAL_HEAD)
+                    await writer.drain()
+                    self.statuses["partial-heads"]["sent"] += 1
+                except OSError as error:
+                    self.statuses["partial-heads"][type(error).__name__] += 1
+                    await asyncio.sleep(0.1)
+                    continue
+                renew = min(PARTIAL_RENEW_S, max(self.deadline - time.monotonic(), 0.01))
+                try:
+                    answer = await asyncio.wait_for(reader.read(65536), renew)
+                    status = answer.split(b" ", 2)[1].decode() if answer else "closed"
+                    self.statuses["partial-heads"][status] += 1
+                except TimeoutError:
+                    pass
+                except OSError as error:
+                    self.statuses["partial-heads"][type(error).__name__] += 1
+                writer.close()
+
+        await asyncio.gather(*(hold() for _ in range(connections)))
+
 
 async def _hostile_main(host: str, port: int, seconds: float, clients: int) -> dict:
     hostile = _Hostile(host, port, time.monotonic() + seconds)
@@ -371,6 +403,7 @@ async def _hostile_main(host: str, port: int, seconds: float, clients: int) -> d
         tasks.append(hostile.abort())
         tasks += [hostile.slow_body() for _ in range(2)]
         tasks += [hostile.non_reader(), hostile.idle(1000 // clients)]
+        tasks.append(hostile.partial_heads(1000 // clients))
     running = [asyncio.ensure_future(task) for task in tasks]
     # Answers still awaited at the end are not waited for (a slow body is never finished).
     _, late = await asyncio.wait(running, timeout=seconds + STOP_GRACE_S)

@@ -115,10 +115,11 @@ def test_deadlines_and_cap(protocol):
         assert answers.startswith(b"HTTP/1.1 200 ")
         assert b"HTTP/1.1 408 " in answers
 
-        # Connections busy with a request each (none idle): one more is refused.
+        # Connections busy with a request each (its body under way, none idle): one more is
+        # refused.
         held = [socket.create_connection(address) for _ in range(LIMITS.max_connections)]
         for sock in held:
-            sock.sendall(b"GET / HTTP/1.1\r\n")
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nab")
         over = socket.create_connection(address)
         head, _, body = read_until_closed(over).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 ")
@@ -169,7 +170,7 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room(protocol):
         # The oldest idle connection went, the others stay.
         assert read_until_closed(answered, 5) == b""
         assert all(_still_open(sock) for sock in silent)
-        # A connection with a request under way is never closed for another.
+        # An idle connection goes before one whose request has begun.
         for sock in silent:
             sock.sendall(b"GET / HT")
         another = socket.create_connection(address)
@@ -178,6 +179,41 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room(protocol):
         assert read_until_closed(newcomer, 5) == b""  # idle since its answer: the oldest idle
         assert all(_still_open(sock) for sock in silent)
         for sock in [*silent, another]:
+            sock.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_at_the_cap_the_oldest_unfinished_head_makes_room(protocol):
+    """Issue 36, defect 7: connections with unfinished request lines held every place (1,100
+    sockets of 26 bytes each: a normal client got 503), where silent ones were closed."""
+    with running(protocol, PATIENT, keep_alive_s=30) as address:
+        partial = []
+        for _ in range(PATIENT.max_connections):
+            sock = socket.create_connection(address)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+            partial.append(sock)
+            time.sleep(0.05)  # each older than the next
+        for j in range(3):  # each newcomer takes the place of the oldest unfinished head
+            newcomer = socket.create_connection(address)
+            newcomer.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert _status(newcomer) == 200
+            head, _, body = read_until_closed(partial[j], 5).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 ")
+            assert "MAX_CONNECTIONS" in json.loads(body)["error"]["message"]
+            assert all(_still_open(sock) for sock in partial[j + 1 :])
+            newcomer.close()
+            time.sleep(0.2)  # the server sees the close; then the cap is full again
+            partial.append(socket.create_connection(address))
+            partial[-1].sendall(b"GET /healthz HTTP/1.1\r\nHo")
+            time.sleep(0.05)
+        # A request whose body is under way is never closed for another.
+        for sock in partial[3:]:
+            sock.sendall(b"st: t\r\nContent-Length: 10\r\n\r\nab")
+        time.sleep(0.2)
+        over = socket.create_connection(address)
+        assert read_until_closed(over, 5).startswith(b"HTTP/1.1 503 ")
+        assert all(_still_open(sock) for sock in partial[3:])
+        for sock in partial:
             sock.close()
 
 

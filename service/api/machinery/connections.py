@@ -23,8 +23,9 @@ a protocol object) forever. These protocols add:
   answered 431 and the connection closes, counted as the bytes arrive (before the parser joins
   them);
 - a **connection cap** (``MAX_CONNECTIONS``): at the cap, the connection idle the longest (no
-  request under way, nothing unsent) is closed to admit a new one, as nginx does; when none is
-  idle, the new one is answered 503 at once and closed, before it costs more.
+  request under way, nothing unsent), else the one whose request's headers have been unfinished
+  the longest, is closed to admit a new one, as nginx does; when there is neither, the new one
+  is answered 503 at once and closed, before it costs more.
 
 A request the parser refuses (malformed HTTP) gets the service's JSON error, after the answers
 to the requests before it on the connection (pipelining), then the connection closes.
@@ -259,25 +260,56 @@ class _Deadlines:
             and not self.transport.get_write_buffer_size()
         )
 
+    def _head_unfinished(self) -> bool:
+        """A request's head (request line and headers) begun and not complete, and nothing
+        else under way on this connection (``_header_due``: the head's deadline, so the
+        earliest is the oldest)."""
+        cycle = self.cycle
+        return (
+            self._partial_request
+            and self._header_due is not None
+            and (cycle is None or cycle.response_complete)
+            and not getattr(self, "pipeline", None)
+            and not self.transport.is_closing()
+        )
+
     def _admit(self) -> bool:
         """Whether this new connection stays open (it is in ``connections`` already): at the
-        cap, the connection idle the longest is closed for it, if there is one."""
+        cap, the connection idle the longest is closed for it, else the one whose request's
+        head has been unfinished the longest (no more entitled to its place than a silent
+        one: nginx does the same), if there is one."""
         if len(self.connections) > self.limits.max_connections:
-            idle = [
+            others = [
                 connection
                 for connection in self.connections
-                if connection is not self
-                and isinstance(connection, _Deadlines)
-                and connection._idle()
+                if connection is not self and isinstance(connection, _Deadlines)
             ]
+            idle = [connection for connection in others if connection._idle()]
+            unfinished = [connection for connection in others if connection._head_unfinished()]
             if idle:
                 min(idle, key=lambda connection: connection._idle_since).transport.close()
+            elif unfinished:
+                min(unfinished, key=lambda connection: connection._header_due)._make_room()
             else:
                 self._refuse_connection()
                 return False
         if self.server_state not in _SWEEPS:
             _sweep(self.loop, self.server_state, self.limits.sweep_interval_s)
         return True
+
+    def _make_room(self) -> None:
+        """Close this connection, whose request's head is unfinished, for a new one."""
+        self._disarm_header_deadline()
+        self.transport.write(
+            raw_error(
+                408,
+                "request_timeout",
+                "the request's headers were not complete when the server, at its limit of "
+                f"{self.limits.max_connections} connections (MAX_CONNECTIONS), needed the "
+                "connection for another",
+            )
+        )
+        self.transport.close()
 
     def _refuse_connection(self) -> None:
         if getattr(self.config, "tls_context", None) is not None:
