@@ -247,6 +247,14 @@ class Settings(BaseSettings):
         "(GRPC_PORT; unset: off; MLServer's is 8081). Every worker serves it.",
     )
 
+    grpc_max_streams: int = Field(
+        100,
+        ge=1,
+        description="Streams (calls) one gRPC connection may have open at once, HTTP/2's "
+        "SETTINGS_MAX_CONCURRENT_STREAMS; a client opens more as others end "
+        "(GRPC_MAX_STREAMS).",
+    )
+
     @field_validator(
         "model_repository",
         "model_dir",

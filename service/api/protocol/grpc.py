@@ -18,17 +18,19 @@ metrics (``besvm_grpc_requests_total``, ``besvm_grpc_request_duration_seconds``)
 line (method ``GRPC``). Messages over ``MAX_REQUEST_BYTES`` are refused by gRPC itself
 (RESOURCE_EXHAUSTED).
 
-Every message takes its bytes from the process's one
-:class:`~service.api.machinery.limits.MemoryBudget`
-(``MAX_BUFFERED_BYTES``), the budget HTTP bodies take theirs from (:class:`MessageBudget`):
-counted twice (the bytes received and the message parsed from them) as soon as it has arrived
-and before it is parsed, typed contents' values as they are decoded, and given back when the
-call ends, however it ends. A message that finds no room is never parsed: UNAVAILABLE (HTTP's
-503), as Triton answers a full queue and as gRPC's retry policies expect of a condition that
-passes; one larger than the whole budget on its own RESOURCE_EXHAUSTED (HTTP's 413, as gRPC
-answers a message over its size limit). The calls under way at once are bounded by
-MAX_CONCURRENT_REQUESTS (grpcio's ``maximum_concurrent_rpcs``: RESOURCE_EXHAUSTED beyond it,
-before the message is read).
+Before a call's handler runs (:class:`CallGate`), on its headers alone: the key is checked
+(refused calls never have their message read), and a slot of MAX_CONCURRENT_REQUESTS is taken
+(UNAVAILABLE when none is free; health calls, ServerLive, ServerReady and ModelReady, take
+none). Then its message must arrive within BODY_TIMEOUT_S of the call's start
+(DEADLINE_EXCEEDED after), and takes its bytes from the process's one
+:class:`~service.api.machinery.limits.MemoryBudget` (``MAX_BUFFERED_BYTES``), the budget HTTP
+bodies take theirs from: counted twice (the bytes received and the message parsed from them) as
+soon as it has arrived and before it is parsed, typed contents' values as they are decoded, and
+given back when the call ends, however it ends. A message that finds no room is never parsed:
+UNAVAILABLE (HTTP's 503), as Triton answers a full queue and as gRPC's retry policies expect of
+a condition that passes; one larger than the whole budget on its own RESOURCE_EXHAUSTED (HTTP's
+413, as gRPC answers a message over its size limit). One connection has at most
+GRPC_MAX_STREAMS streams open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS).
 
 The server runs on the worker's event loop, started and stopped by the app's lifespan: each
 worker process binds ``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker
@@ -46,6 +48,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -54,11 +57,12 @@ from grpc import aio
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.errors import LoadRefusedError, status_of
+from service.api.errors import BodyTimeoutError, LoadRefusedError, OverloadedError, status_of
 from service.api.machinery.auth import (
     Access,
     AccessPolicy,
     ForbiddenError,
+    Key,
     MissingKeyError,
     identify,
     key_headers,
@@ -100,6 +104,7 @@ _CODES = {
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
@@ -123,12 +128,29 @@ CONTENTS_FIELDS = {
     "BYTES": "bytes_contents",
 }
 _LENGTH_PREFIX = 4
-# What the call under way in this task holds of the budget, and the error that refused its
-# message (if one did): set when the message arrives. The gRPC library parses a call's message
-# and then runs its handler in the call's own task, with no wait between.
-_ARRIVAL: contextvars.ContextVar[tuple[RequestHold, ModelError | None] | None] = (
-    contextvars.ContextVar("besvm_grpc_arrival", default=None)
+# What the call under way in this task holds (see :class:`CallGate`): set by the gate before its
+# message is read, in the call's own task, where the gRPC library also parses the message and
+# runs the handler.
+_CALL: contextvars.ContextVar[CallState | None] = contextvars.ContextVar(
+    "besvm_grpc_call", default=None
 )
+# Calls answered however busy the server is: they take no slot of MAX_CONCURRENT_REQUESTS (an
+# orchestrator's probe must never be turned away by the load it probes).
+HEALTH_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+# Calls every client may make, and those of the repository extension (an admin key).
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
+ADMIN_METHODS = frozenset({"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"})
+
+
+@dataclass(eq=False)
+class CallState:
+    """One call's standing, from its start to its end: its bytes of the memory budget, the key
+    that allowed it, or the error that refused it (the handler answers it)."""
+
+    hold: RequestHold
+    error: Exception | None = None
+    key: Key | None = None
+    checked: bool = False
 
 
 def _parameter_value(parameter) -> Any:
@@ -156,47 +178,125 @@ def typed_values(request: pb.ModelInferRequest) -> int:
     )
 
 
-class MessageBudget(aio.ServerInterceptor):
-    """Every call's message counted in the process's :class:`MemoryBudget` as it arrives, before
-    it is parsed: :data:`BODY_COPIES` times its size, the first
-    :data:`~service.api.machinery.limits.UNCOUNTED_BYTES` free, as an HTTP body is counted. A
-    message
-    that does not fit is not parsed; the call's handler answers the refusal
-    (:meth:`InferenceServicer._serve`), which also gives the bytes back when the call ends.
+class CallGate(aio.ServerInterceptor):
+    """What happens to a call before its handler runs, on its headers alone and then its
+    message: the key is checked, a slot is taken (health calls take none), the message is
+    waited for at most ``message_timeout_s`` and counted in the process's
+    :class:`MemoryBudget` as it arrives, before it is parsed.
+
+    grpcio's own limit (``maximum_concurrent_rpcs``) took a slot as a call's headers arrived,
+    before anything could look at them, and held it while the message trickled in: 128 calls
+    sending a byte every few seconds, with no key, turned every call away, health included.
+    Here each unary method is served as a stream of one message, so that the handler runs
+    before the message is read; a call refused (no valid key, no slot) never has its message
+    read, and a slot is held only by a call with a key (when keys are required) and only until
+    BODY_TIMEOUT_S if its message does not come. The refusal, like any error, is answered by
+    the servicer (:meth:`InferenceServicer._serve`: status, metrics, access line).
 
     Parameters
     ----------
     budget : MemoryBudget
         The one the HTTP server counts its bodies in.
+    servicer : InferenceServicer
+        Says what each method needs (:meth:`InferenceServicer.access`).
+    max_calls : int
+        Calls under way at once, health calls aside (MAX_CONCURRENT_REQUESTS).
+    message_timeout_s : float
+        Seconds from a call's start for its message to arrive (BODY_TIMEOUT_S).
     """
 
-    def __init__(self, budget: MemoryBudget) -> None:
+    def __init__(
+        self,
+        budget: MemoryBudget,
+        servicer: InferenceServicer,
+        max_calls: int,
+        message_timeout_s: float,
+    ) -> None:
         self.budget = budget
+        self.servicer = servicer
+        self.max_calls = max_calls
+        self.message_timeout_s = message_timeout_s
+        self.calls = 0
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
-        counted = self._handlers.get(method)
-        if counted is None:
+        gated = self._handlers.get(method)
+        if gated is None:
             handler = await continuation(handler_call_details)
             if handler is None or handler.request_streaming or handler.response_streaming:
                 return handler  # the protocol's calls are all unary
-            counted = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
-                handler.unary_unary,
+            gated = self._handlers[method] = grpc.stream_unary_rpc_method_handler(
+                self._gated(method.rsplit("/", 1)[-1], handler.unary_unary),
                 request_deserializer=self._counting(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
-        return counted
+        return gated
+
+    def _gated(self, name: str, behavior: Callable[[Any, Any], Awaitable[Any]]):
+        slotted = name not in HEALTH_METHODS
+        servicer = self.servicer
+
+        async def handle(requests, context: aio.ServicerContext) -> Any:
+            state = CallState(RequestHold(self.budget))
+            token = _CALL.set(state)
+            slot = False
+            request = None
+            try:
+                try:
+                    state.key = servicer.policy.check(
+                        servicer.access(name),
+                        presented_key(*key_headers(context.invocation_metadata() or ())),
+                    )
+                    state.checked = True
+                    if slotted:
+                        self._take_slot()
+                        slot = True
+                    request = await self._message(requests)
+                except (MissingKeyError, ForbiddenError, ModelError) as error:
+                    state.error = error
+                return await behavior(request, context)
+            finally:
+                if slot:
+                    self.calls -= 1
+                state.hold.release()
+                _CALL.reset(token)
+
+        return handle
+
+    def _take_slot(self) -> None:
+        if self.calls >= self.max_calls:
+            raise OverloadedError(
+                f"the server is at its limit of {self.max_calls} concurrent gRPC calls "
+                "(MAX_CONCURRENT_REQUESTS); try again shortly"
+            )
+        self.calls += 1
+
+    async def _message(self, requests) -> Any:
+        try:
+            async with asyncio.timeout(self.message_timeout_s):
+                return await anext(requests)
+        except TimeoutError:
+            raise BodyTimeoutError(
+                f"the call's message did not arrive within {self.message_timeout_s:g} s of its "
+                "start (BODY_TIMEOUT_S)"
+            ) from None
+        except StopAsyncIteration:
+            raise InvalidInputError("the call ended without its message") from None
 
     def _counting(self, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+        """The message counted in the call's hold (:data:`BODY_COPIES` times, the first
+        :data:`~service.api.machinery.limits.UNCOUNTED_BYTES` free, as an HTTP body), before
+        it is parsed; one that does not fit is not parsed (its handler answers the refusal)."""
+
         def counted(raw: bytes) -> Any:
-            hold = RequestHold(self.budget)
-            try:
-                hold.add(BODY_COPIES * len(raw), "the message")
-            except ModelError as error:
-                _ARRIVAL.set((hold, error))
-                return None
-            _ARRIVAL.set((hold, None))
+            state = _CALL.get()
+            if state is not None:
+                try:
+                    state.hold.add(BODY_COPIES * len(raw), "the message")
+                except ModelError as error:
+                    state.error = error
+                    return None
             return parse(raw)
 
         return counted
@@ -274,28 +374,41 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.policy = policy
         self.metrics = metrics
 
+    def access(self, method: str) -> Access:
+        """What a call of ``method`` needs: nothing for liveness and readiness, an admin key for
+        the repository extension, else what the REST routes need (a key once API_KEYS_FILE is
+        set)."""
+        if method in OPEN_METHODS:
+            return Access.OPEN
+        if method in ADMIN_METHODS:
+            return Access.ADMIN
+        return self.policy.default
+
     async def _serve(
         self,
         method: str,
-        needed: Access,
         context: aio.ServicerContext,
         answer: Callable[[], Awaitable[Any]],
     ) -> Any:
-        """Run ``answer`` as a call of ``method``: request id, key, deadline, errors, metrics
-        and the access line."""
+        """Run ``answer`` as a call of ``method``: request id, key (checked by the
+        :class:`CallGate`, or here without one), deadline, errors, metrics and the access
+        line."""
         started = time.perf_counter()
         pairs = context.invocation_metadata() or ()
         metadata = dict(pairs)
         code, message, result = grpc.StatusCode.OK, "", None
-        arrival = _ARRIVAL.get()
+        state = _CALL.get()
         with request_scope(metadata.get(REQUEST_ID_HEADER)) as request:
             # Answered in the trailing metadata, which travels with the status: a separate
             # send of initial metadata costs every call a write.
             trailing = [(REQUEST_ID_HEADER, request.request_id)]
             try:
-                if arrival is not None and arrival[1] is not None:
-                    raise arrival[1]
-                key = self.policy.check(needed, presented_key(*key_headers(pairs)))
+                if state is not None and state.error is not None:
+                    raise state.error
+                if state is not None and state.checked:
+                    key = state.key
+                else:
+                    key = self.policy.check(self.access(method), presented_key(*key_headers(pairs)))
                 identify(key)
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
@@ -326,8 +439,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 logger.exception("unhandled error in gRPC %s", method)
                 code, message = grpc.StatusCode.INTERNAL, "internal error; the server log has it"
             finally:
-                if arrival is not None:
-                    arrival[0].release()
                 seconds = time.perf_counter() - started
                 self.metrics.grpc_finished(method, request.model, code.name, seconds)
                 log_access(
@@ -344,13 +455,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def answer():
             return pb.ServerLiveResponse(live=True)
 
-        return await self._serve("ServerLive", Access.OPEN, context, answer)
+        return await self._serve("ServerLive", context, answer)
 
     async def ServerReady(self, request, context):
         async def answer():
             return pb.ServerReadyResponse(ready=self.plane.readiness()[0])
 
-        return await self._serve("ServerReady", Access.OPEN, context, answer)
+        return await self._serve("ServerReady", context, answer)
 
     async def ServerMetadata(self, request, context):
         async def answer():
@@ -358,7 +469,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 name=SERVER_NAME, version=service.__version__, extensions=EXTENSIONS
             )
 
-        return await self._serve("ServerMetadata", self.policy.default, context, answer)
+        return await self._serve("ServerMetadata", context, answer)
 
     async def ModelReady(self, request, context):
         async def answer():
@@ -368,7 +479,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return pb.ModelReadyResponse(ready=False)
             return pb.ModelReadyResponse(ready=True)
 
-        return await self._serve("ModelReady", self.policy.default, context, answer)
+        return await self._serve("ModelReady", context, answer)
 
     async def ModelMetadata(self, request, context):
         async def answer():
@@ -382,7 +493,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 outputs=[_tensor_metadata(t) for t in meta["outputs"]],
             )
 
-        return await self._serve("ModelMetadata", self.policy.default, context, answer)
+        return await self._serve("ModelMetadata", context, answer)
 
     # -- inference -----------------------------------------------------------------------------
 
@@ -396,9 +507,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 body, binary = infer_request(request)
                 return body, *decode_request(body, binary, predictor, plane.max_batch_size)
 
-            values, arrival = typed_values(request), _ARRIVAL.get()
-            if values and arrival is not None:
-                arrival[0].add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
+            values, state = typed_values(request), _CALL.get()
+            if values and state is not None:
+                state.hold.add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
             # A large message's values are converted off the event loop, as REST's are.
             body, inputs, names = await plane.convert(request.ByteSize(), decoded)
             k = plane.default_top_k if body.top_k is None else body.top_k
@@ -416,7 +527,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response.raw_output_contents.append(_raw_tensor(tensor["datatype"], tensor["data"]))
             return response
 
-        return await self._serve("ModelInfer", self.policy.default, context, answer)
+        return await self._serve("ModelInfer", context, answer)
 
     # -- the repository extension --------------------------------------------------------------
 
@@ -436,7 +547,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 ]
             )
 
-        return await self._serve("RepositoryIndex", Access.ADMIN, context, answer)
+        return await self._serve("RepositoryIndex", context, answer)
 
     async def RepositoryModelLoad(self, request, context):
         async def answer():
@@ -445,14 +556,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 raise LoadRefusedError(entry.reason)
             return pb.RepositoryModelLoadResponse()
 
-        return await self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
+        return await self._serve("RepositoryModelLoad", context, answer)
 
     async def RepositoryModelUnload(self, request, context):
         async def answer():
             await self.plane.registry.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
-        return await self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
+        return await self._serve("RepositoryModelUnload", context, answer)
 
 
 async def start_grpc_server(
@@ -466,6 +577,9 @@ async def start_grpc_server(
     messages counted in ``budget`` (the process's, shared with HTTP)."""
     options = [
         ("grpc.max_receive_message_length", settings.max_request_bytes),
+        # Streams one connection may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS):
+        # a client opens more only as others end.
+        ("grpc.max_concurrent_streams", settings.grpc_max_streams),
         ("grpc.max_send_message_length", -1),
         # Workers share the port (the kernel spreads the connections); a lone server must not
         # share it unknowingly with another process.
@@ -473,16 +587,13 @@ async def start_grpc_server(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
-    server = aio.server(
-        interceptors=[MessageBudget(budget)],
-        options=options,
-        # Each call's message is held by the gRPC library while it arrives, before it can be
-        # counted: the calls under way are bounded as the process's work is.
-        maximum_concurrent_rpcs=concurrency_bound(settings),
-    )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(plane, policy, metrics), server
-    )
+    servicer = InferenceServicer(plane, policy, metrics)
+    # Each call's message is held by the gRPC library while it arrives, before it can be
+    # counted: the calls under way are bounded as the process's work is, by the gate (grpcio's
+    # own bound, maximum_concurrent_rpcs, took its slots before any key was seen).
+    gate = CallGate(budget, servicer, concurrency_bound(settings), settings.body_timeout_s)
+    server = aio.server(interceptors=[gate], options=options)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = f"{settings.host}:{settings.grpc_port}"
     tls = TlsFiles.from_settings(settings)
     if tls is None:
