@@ -23,7 +23,7 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
-from service.api.machinery.auth import KeyFileError, KeyStore
+from service.api.machinery.auth import PROBE_PATHS, KeyFileError, KeyStore
 from service.api.machinery.connections import ConnectionLimits, limited_config
 from service.api.machinery.metrics import forget_worker, multiprocess_directory
 from service.api.machinery.observability import logging_config
@@ -122,6 +122,7 @@ def main() -> None:
             settings.max_connections,
             max_header_bytes=settings.max_header_bytes,
             send_timeout_s=settings.send_timeout_s,
+            eager_paths=tuple(sorted(PROBE_PATHS)),
         ),
         **({} if tls is None else tls.uvicorn_options()),
     )

@@ -6,7 +6,9 @@ answer's head written with its body (httptools)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -64,12 +66,14 @@ async def reading_app(scope, receive, send) -> None:
 
 
 @contextlib.contextmanager
-def running(protocol, limits: ConnectionLimits = LIMITS, keep_alive_s: float = 1.0):
+def running(
+    protocol, limits: ConnectionLimits = LIMITS, keep_alive_s: float = 1.0, app=reading_app
+):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = limited_config(
-        reading_app,
+        app,
         limits,
         http=protocol,
         host="127.0.0.1",
@@ -387,3 +391,57 @@ def test_a_head_request_is_answered_and_a_request_pipelined_after_it_too():
             answers += sock.recv(4096)
         assert answers.count(b"HTTP/1.1 200 OK\r\n") == 2
         assert answers.index(b"\r\n\r\n") < answers.index(b"HTTP/1.1 200 OK\r\n", 1)
+
+
+# Seconds the event loop is held at each turn by hogging_app's /hog, and its turns.
+HOG_TURN_S = 1.0
+HOG_TURNS = 6
+
+
+async def hogging_app(scope, receive, send) -> None:
+    """GET /hog holds the event loop HOG_TURN_S at each of its next HOG_TURNS turns (the work
+    of other requests, as heavy load makes each turn long); GET /healthz answers "ok" without
+    reading a body, as the service's probes do; anything else as :func:`reading_app`."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/healthz":
+        headers = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    if scope["path"] == "/hog":
+        loop = asyncio.get_running_loop()
+
+        def hog(turns: int) -> None:
+            time.sleep(HOG_TURN_S)
+            if turns > 1:
+                loop.call_soon(hog, turns - 1)
+
+        loop.call_soon(hog, HOG_TURNS)
+    await reading_app(scope, receive, send)
+
+
+@pytest.mark.skipif(LimitedHttpToolsProtocol is None, reason="no httptools")
+def test_a_probe_is_answered_in_the_turn_of_the_event_loop_that_reads_it():
+    """Issue 36, defect 6: under heavy load /healthz took up to 3.3 s. A probe ran as a task,
+    a turn of the event loop after its bytes were read, behind everything else ready; each turn
+    of a loaded server is long. Here each turn takes HOG_TURN_S: a probe answered as a task
+    takes at least that long, one answered as it is read less (the rest of the turn under way)."""
+    limits = dataclasses.replace(PATIENT, eager_paths=("/healthz",))
+    with running(LimitedHttpToolsProtocol, limits, 30, hogging_app) as address:
+        probe = socket.create_connection(address)  # made before the loop is held
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(probe) == 200
+        hog = socket.create_connection(address)
+        hog.sendall(b"GET /hog HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(hog) == 200
+        latencies = []
+        for _ in range(3):
+            time.sleep(HOG_TURN_S / 2)  # into the middle of a turn
+            started = time.monotonic()
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert _status(probe) == 200
+            latencies.append(time.monotonic() - started)
+        probe.close()
+        hog.close()
+    assert sorted(latencies)[1] < 0.9 * HOG_TURN_S, latencies

@@ -43,6 +43,7 @@ carries the limits into worker processes.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import http
 import json
@@ -82,6 +83,9 @@ class ConnectionLimits:
     max_connections: int
     max_header_bytes: int = 32 * 1024
     send_timeout_s: float = 60.0
+    # GET requests of these paths (the health probes) are answered as soon as their head is
+    # read, in the same turn of the event loop (see LimitedHttpToolsProtocol._start_asgi_task).
+    eager_paths: tuple[str, ...] = ()
 
     @property
     def sweep_interval_s(self) -> float:
@@ -520,11 +524,13 @@ if HttpToolsProtocol is not None:
             self._arm_body_deadline()
             super().on_headers_complete()
             cycle = self.cycle
-            # A new request's; not a HEAD's, whose answer uvicorn ends without a body write.
+            # A new request's; not a HEAD's, whose answer uvicorn ends without a body write; not
+            # one answered (or begun) at once (a probe, see _start_asgi_task).
             if (
                 cycle is not None
                 and cycle.transport is self.transport
                 and cycle.scope["method"] != "HEAD"
+                and not cycle.response_started
             ):
                 cycle.transport = HeadWithBody(self.transport)
 
@@ -539,6 +545,26 @@ if HttpToolsProtocol is not None:
             self._start_head()
             self._disarm_body_deadline()
             super().on_message_complete()
+
+        def _start_asgi_task(self, cycle, app) -> None:
+            """A probe (GET of one of ``eager_paths``) is run at once, while its bytes are read,
+            up to its answer or its first wait: as a task it would wait for a turn of the
+            event loop behind everything else ready, and under heavy load each turn is long (an
+            orchestrator kills a pod whose liveness probe takes over a second). The rest, if it
+            waits, runs as a task in the same context."""
+            scope = cycle.scope
+            if scope["method"] != "GET" or scope["path"] not in self.limits.eager_paths:
+                super()._start_asgi_task(cycle, app)
+                return
+            context = contextvars.copy_context()
+            run = cycle.run_asgi(app)
+            try:
+                waiting = context.run(run.send, None)
+            except StopIteration:
+                return  # answered in full
+            task = self.loop.create_task(_resumed(run, waiting), context=context)
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
 else:  # pragma: no cover
     LimitedHttpToolsProtocol = None  # type: ignore[assignment,misc]

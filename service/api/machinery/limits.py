@@ -39,7 +39,7 @@ from service.api.errors import (
 from service.api.machinery.connections import BODY_DEADLINE_KEY
 from service.api.machinery.headers import first_header
 from service.api.settings import Settings
-from service.model.threads import available_cpus
+from service.model.threads import available_cpus, lower_priority
 
 T = TypeVar("T")
 
@@ -407,7 +407,7 @@ class WorkLimiter:
         """The worker threads for serial work: one per slot, so none waits for a thread."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.max_concurrent, thread_name_prefix="besvm-worker"
+                self.max_concurrent, thread_name_prefix="besvm-worker", initializer=lower_priority
             )
         return self._pool
 
