@@ -131,7 +131,7 @@ def main() -> None:
     if settings.workers == 1:
         # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
         # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
-        with multiprocess_directory(1):  # only checks one the user set
+        with multiprocess_directory(1, settings.prometheus_multiproc_dir):  # only checks one given
             server = uvicorn.Server(limited_config(create_app(settings), **options))
             signal.signal(signal.SIGTERM, lambda signum, frame: None)
             server.run()
@@ -139,7 +139,7 @@ def main() -> None:
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
-    with multiprocess_directory(settings.workers) as metrics_dir:
+    with multiprocess_directory(settings.workers, settings.prometheus_multiproc_dir) as metrics_dir:
         config = limited_config(
             "service.api.app:create_app", factory=True, workers=settings.workers, **options
         )

@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     # One set of metrics per app (and per process: in multi-process mode they are its files).
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(settings.prometheus_multiproc_dir)
     keys = KeyStore(settings)
     policy = AccessPolicy(keys, settings)
     # The request bytes the process holds at once: one budget for HTTP bodies and gRPC messages.

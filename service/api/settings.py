@@ -206,6 +206,12 @@ class Settings(BaseSettings):
         description="Log one line per request (ACCESS_LOG), health probes and scrapes at "
         "debug level.",
     )
+    prometheus_multiproc_dir: Path | None = Field(
+        None,
+        description="prometheus-client's multi-process directory, where every worker writes "
+        "its metrics and /metrics reads them all (PROMETHEUS_MULTIPROC_DIR: the library reads "
+        "the same variable). Unset: none for one worker, a private one per run for several.",
+    )
     log_format: Literal["json", "text"] = Field(
         "json",
         description="Log lines as JSON objects, one a line, or as text (LOG_FORMAT); both "
@@ -266,6 +272,7 @@ class Settings(BaseSettings):
         "tls_key_file",
         "tls_client_ca_file",
         "grpc_port",
+        "prometheus_multiproc_dir",
         mode="before",
     )
     @classmethod
