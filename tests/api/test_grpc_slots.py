@@ -1,7 +1,7 @@
 """gRPC against clients that hold its calls open (issue 36, defect 2): raw HTTP/2 streams that
 send their headers and a message prefix declaring 1 MiB, then a byte now and then, beside
 grpcio's client making ordinary calls. A real server process; the attacker's frames are written
-by hand (:mod:`tests.api.http2`)."""
+by hand (:mod:`benchmarks.http2`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from benchmarks.http2 import SETTINGS_MAX_CONCURRENT_STREAMS, RawHttp2Connection
 from benchmarks.serving import free_port
 from tests.api.conftest import server_process
-from tests.api.http2 import SETTINGS_MAX_CONCURRENT_STREAMS, RawHttp2Connection
 
 pytestmark = pytest.mark.slow
 

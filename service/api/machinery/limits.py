@@ -344,13 +344,18 @@ class BodyDeadlineMiddleware:
 
 
 def memory_bound(settings: Settings, loaded: int, work: int) -> int:
-    """The most resident memory one server process takes, in bytes (the README's bound):
-    ``loaded`` (the process with its models loaded and warmed up) + MAX_BUFFERED_BYTES +
-    MAX_CONNECTIONS x :data:`CONNECTION_BYTES` + ``work`` (the models' own working memory for
-    the requests at work: one batch in parallel kernels, and serial ones, which are small by
-    construction; for the digits model under 32 MiB)."""
+    """The most resident memory one server process takes, in bytes (docs/operating/limits.md,
+    "Memory"): ``loaded`` (the process with its models loaded and warmed up) +
+    MAX_BUFFERED_BYTES + MAX_CONNECTIONS x :data:`CONNECTION_BYTES` + with GRPC_PORT, the
+    messages gRPC holds while they arrive, before they can be counted (a slot of
+    MAX_CONCURRENT_REQUESTS each, MAX_REQUEST_BYTES at most) + ``work`` (the models' own
+    working memory for the requests at work: one batch in parallel kernels, and serial ones,
+    which are small by construction; for the digits model under 32 MiB)."""
     connections = settings.max_connections * CONNECTION_BYTES
-    return loaded + settings.max_buffered_bytes + connections + work
+    arriving = 0
+    if settings.grpc_port is not None:
+        arriving = concurrency_bound(settings) * settings.max_request_bytes
+    return loaded + settings.max_buffered_bytes + connections + arriving + work
 
 
 def concurrency_bound(settings: Settings) -> int:

@@ -1,6 +1,7 @@
-"""A raw HTTP/2 client for hostile gRPC tests: frames written by hand, as an attacker would, so
-that a call can send its headers and part of its message and then trickle (no HTTP/2 library is
-in the lock files, and grpcio's client always sends a message whole).
+"""A raw HTTP/2 client for hostile gRPC clients (tests/api/test_grpc_slots.py, the soak): frames
+written by hand, as an attacker would, so that a call can send its headers and part of its
+message and then trickle (no HTTP/2 library is in the lock files, and grpcio's client always
+sends a message whole).
 
 Headers are encoded as HPACK literals without indexing (RFC 7541, 6.2.2), the simplest form every
 decoder takes. Frames from the server are read on a thread: its SETTINGS are acknowledged and
