@@ -192,6 +192,12 @@ class Settings(BaseSettings):
         description="Bearer token of the repository routes (ADMIN_TOKEN): POST "
         "/v2/repository/index, .../models/{name}/load and .../unload. Unset: they answer 403.",
     )
+    traffic_file: Path | None = Field(
+        None,
+        description="The traffic policies: aliases, canaries and shadows over the repository's "
+        "models (TRAFFIC_FILE; default traffic.json in MODEL_REPOSITORY). Re-read at every "
+        "rescan; the admin routes /v2/repository/aliases/... write it (docs/operating/traffic.md).",
+    )
     reload_interval_s: float = Field(
         0.0,
         ge=0,
@@ -211,6 +217,32 @@ class Settings(BaseSettings):
         description="prometheus-client's multi-process directory, where every worker writes "
         "its metrics and /metrics reads them all (PROMETHEUS_MULTIPROC_DIR: the library reads "
         "the same variable). Unset: none for one worker, a private one per run for several.",
+    )
+    payload_log_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of inference requests (classify, search, /v2 infer, gRPC ModelInfer) "
+        "written with their answers as CloudEvents JSON lines (PAYLOAD_LOG_RATE; 0: none, 1: "
+        "all) (docs/operating/observability.md).",
+    )
+    payload_log: str = Field(
+        "stdout",
+        min_length=1,
+        description="Where payload records go: 'stdout', or a file appended to, '{pid}' in its "
+        "name replaced by the process's id (PAYLOAD_LOG).",
+    )
+    payload_log_max_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="A request or answer body larger than this is recorded without its data "
+        "(PAYLOAD_LOG_MAX_BYTES).",
+    )
+    payload_log_queue: int = Field(
+        1000,
+        ge=1,
+        description="Payload records waiting to be written at most; beyond, records are dropped "
+        "and counted (besvm_payload_records_dropped_total), never waited for (PAYLOAD_LOG_QUEUE).",
     )
     log_format: Literal["json", "text"] = Field(
         "json",
@@ -273,6 +305,7 @@ class Settings(BaseSettings):
         "tls_client_ca_file",
         "grpc_port",
         "prometheus_multiproc_dir",
+        "traffic_file",
         mode="before",
     )
     @classmethod

@@ -8,7 +8,8 @@ and idle connections, which may still be open at the end: their memory and /read
 they test); the normal clients get only answers (REST 200s, its 99th percentile under 0.5 s;
 gRPC OKs); no hostile client gets a 5xx other than the 503 of a limit; /readyz answers 200
 throughout; and every server process stays under the memory bound
-(:func:`service.api.machinery.limits.memory_bound`, gRPC's term included), from its memory once
+of docs/operating/limits.md (:func:`service.api.machinery.limits.memory_bound`, gRPC's term
+included), from its memory once
 its models are loaded. And the issue's heavy valid load, with the probes timed beside it.
 """
 

@@ -57,7 +57,13 @@ from grpc import aio
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.errors import BodyTimeoutError, LoadRefusedError, OverloadedError, status_of
+from service.api.errors import (
+    BodyTimeoutError,
+    LoadRefusedError,
+    OverloadedError,
+    RateLimitedError,
+    status_of,
+)
 from service.api.machinery.auth import (
     Access,
     AccessPolicy,
@@ -77,6 +83,7 @@ from service.api.machinery.limits import (
 )
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import REQUEST_ID_HEADER, log_access, request_scope
+from service.api.machinery.payloads import PayloadLog
 from service.api.machinery.responses import VERSION_HEADER
 from service.api.machinery.tls import TlsFiles
 from service.api.protocol import inference_pb2 as pb
@@ -107,6 +114,7 @@ _CODES = {
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -151,6 +159,16 @@ class CallState:
     error: Exception | None = None
     key: Key | None = None
     checked: bool = False
+
+
+_INTERNAL = grpc.StatusCode.INTERNAL
+_MODEL_INFER = f"/{SERVICE}/ModelInfer"
+_JSON = "application/json"
+
+
+def _code_of(error: ModelError) -> grpc.StatusCode:
+    """The gRPC status code of a domain error (its HTTP status's, see :data:`_CODES`)."""
+    return _CODES.get(status_of(error)[0], _INTERNAL)
 
 
 def _parameter_value(parameter) -> Any:
@@ -369,14 +387,22 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     metrics : Metrics
     """
 
-    def __init__(self, plane: DataPlane, policy: AccessPolicy, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        policy: AccessPolicy,
+        metrics: Metrics,
+        payloads: PayloadLog | None = None,
+    ) -> None:
         self.plane = plane
         self.policy = policy
         self.metrics = metrics
+        self.payloads = payloads
 
     def access(self, method: str) -> Access:
-        """What a call of ``method`` needs: nothing for liveness and readiness, an admin key for
-        the repository extension, else what the REST routes need (a key once API_KEYS_FILE is
+        """What a call of ``method`` needs (the gate checks it on the call's headers; each method
+        gives :meth:`_serve` the same): nothing for liveness and readiness, an admin key for the
+        repository extension, else what the REST routes need (a key once API_KEYS_FILE is
         set)."""
         if method in OPEN_METHODS:
             return Access.OPEN
@@ -387,12 +413,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _serve(
         self,
         method: str,
+        needed: Access,
         context: aio.ServicerContext,
         answer: Callable[[], Awaitable[Any]],
     ) -> Any:
         """Run ``answer`` as a call of ``method``: request id, key (checked by the
-        :class:`CallGate`, or here without one), deadline, errors, metrics and the access
-        line."""
+        :class:`CallGate` on the call's headers, as :meth:`access` says; here, ``needed``,
+        without one), deadline, errors, metrics and the access line."""
         started = time.perf_counter()
         pairs = context.invocation_metadata() or ()
         metadata = dict(pairs)
@@ -408,7 +435,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 if state is not None and state.checked:
                     key = state.key
                 else:
-                    key = self.policy.check(self.access(method), presented_key(*key_headers(pairs)))
+                    key = self.policy.check(needed, presented_key(*key_headers(pairs)))
                 identify(key)
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
@@ -428,9 +455,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             except ForbiddenError as error:
                 code, message = grpc.StatusCode.PERMISSION_DENIED, str(error)
             except ModelError as error:
-                status, _ = status_of(error)
-                code, message = _CODES.get(status, grpc.StatusCode.INTERNAL), str(error)
-                if status == 500:
+                code, message = _code_of(error), str(error)
+                if isinstance(error, RateLimitedError):
+                    trailing.append(("retry-after", error.retry_after()))
+                if code is _INTERNAL:
                     logger.error("gRPC %s failed: %s", method, error)
             except asyncio.CancelledError:
                 code, message = grpc.StatusCode.CANCELLED, "cancelled"
@@ -455,13 +483,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         async def answer():
             return pb.ServerLiveResponse(live=True)
 
-        return await self._serve("ServerLive", context, answer)
+        return await self._serve("ServerLive", Access.OPEN, context, answer)
 
     async def ServerReady(self, request, context):
         async def answer():
             return pb.ServerReadyResponse(ready=self.plane.readiness()[0])
 
-        return await self._serve("ServerReady", context, answer)
+        return await self._serve("ServerReady", Access.OPEN, context, answer)
 
     async def ServerMetadata(self, request, context):
         async def answer():
@@ -469,7 +497,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 name=SERVER_NAME, version=service.__version__, extensions=EXTENSIONS
             )
 
-        return await self._serve("ServerMetadata", context, answer)
+        return await self._serve("ServerMetadata", self.policy.default, context, answer)
 
     async def ModelReady(self, request, context):
         async def answer():
@@ -479,7 +507,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 return pb.ModelReadyResponse(ready=False)
             return pb.ModelReadyResponse(ready=True)
 
-        return await self._serve("ModelReady", context, answer)
+        return await self._serve("ModelReady", self.policy.default, context, answer)
 
     async def ModelMetadata(self, request, context):
         async def answer():
@@ -493,7 +521,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 outputs=[_tensor_metadata(t) for t in meta["outputs"]],
             )
 
-        return await self._serve("ModelMetadata", context, answer)
+        return await self._serve("ModelMetadata", self.policy.default, context, answer)
 
     # -- inference -----------------------------------------------------------------------------
 
@@ -527,7 +555,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response.raw_output_contents.append(_raw_tensor(tensor["datatype"], tensor["data"]))
             return response
 
-        return await self._serve("ModelInfer", context, answer)
+        payloads = self.payloads
+        if payloads is None or not payloads.sampled():
+            return await self._serve("ModelInfer", self.policy.default, context, answer)
+
+        async def recorded():
+            try:
+                response = await answer()
+            except Exception as error:
+                code = _code_of(error) if isinstance(error, ModelError) else None
+                failure = json.dumps({"error": str(error)}).encode()  # as REST's protocol says
+                status = (code or _INTERNAL).name
+                payloads.record(_MODEL_INFER, request, "", failure, _JSON, status, None)
+                raise
+            payloads.record(_MODEL_INFER, request, "", response, "", "OK", response.model_version)
+            return response
+
+        return await self._serve("ModelInfer", self.policy.default, context, recorded)
 
     # -- the repository extension --------------------------------------------------------------
 
@@ -547,7 +591,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 ]
             )
 
-        return await self._serve("RepositoryIndex", context, answer)
+        return await self._serve("RepositoryIndex", Access.ADMIN, context, answer)
 
     async def RepositoryModelLoad(self, request, context):
         async def answer():
@@ -556,14 +600,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 raise LoadRefusedError(entry.reason)
             return pb.RepositoryModelLoadResponse()
 
-        return await self._serve("RepositoryModelLoad", context, answer)
+        return await self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
 
     async def RepositoryModelUnload(self, request, context):
         async def answer():
             await self.plane.registry.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
-        return await self._serve("RepositoryModelUnload", context, answer)
+        return await self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
 
 
 async def start_grpc_server(
@@ -572,6 +616,8 @@ async def start_grpc_server(
     policy: AccessPolicy,
     metrics: Metrics,
     budget: MemoryBudget,
+    payloads: PayloadLog | None = None,
+    servicer: type[InferenceServicer] | None = None,
 ) -> aio.Server:
     """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set), its
     messages counted in ``budget`` (the process's, shared with HTTP)."""
@@ -587,13 +633,13 @@ async def start_grpc_server(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
-    servicer = InferenceServicer(plane, policy, metrics)
+    served = (servicer or InferenceServicer)(plane, policy, metrics, payloads)
     # Each call's message is held by the gRPC library while it arrives, before it can be
     # counted: the calls under way are bounded as the process's work is, by the gate (grpcio's
     # own bound, maximum_concurrent_rpcs, took its slots before any key was seen).
-    gate = CallGate(budget, servicer, concurrency_bound(settings), settings.body_timeout_s)
+    gate = CallGate(budget, served, concurrency_bound(settings), settings.body_timeout_s)
     server = aio.server(interceptors=[gate], options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(served, server)
     address = f"{settings.host}:{settings.grpc_port}"
     tls = TlsFiles.from_settings(settings)
     if tls is None:
