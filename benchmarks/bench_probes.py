@@ -146,11 +146,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=Path("models/digits"))
     parser.add_argument("--port", type=int, help="a server already running (else one is started)")
-    parser.add_argument("--clients", type=int, default=150)
-    parser.add_argument("--instances", type=int, default=1000)
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--probe-interval", type=float, default=0.05)
-    parser.add_argument("--workers", type=int, default=1)
+    for option, kind, default in (
+        ("--clients", int, 150),
+        ("--instances", int, 1000),
+        ("--seconds", float, 30.0),
+        ("--probe-interval", float, 0.05),
+        ("--workers", int, 1),
+    ):
+        parser.add_argument(option, type=kind, default=default)
     parser.add_argument(
         "--baseline",
         type=Path,

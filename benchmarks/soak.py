@@ -406,50 +406,41 @@ class _Hostile:
             writer.transport.abort()
 
     async def idle(self, connections: int) -> None:
-        async def hold() -> None:
-            while self.running():
-                try:
-                    reader, writer = await self.connect()
-                except OSError as error:
-                    self.statuses["idle"][type(error).__name__] += 1
-                    await asyncio.sleep(0.1)
-                    continue
-                remaining = self.deadline - time.monotonic()
-                try:
-                    closed = await asyncio.wait_for(reader.read(65536), max(remaining, 0.01))
-                    self.statuses["idle"]["closed by the server" if not closed else "answered"] += 1
-                except TimeoutError:
-                    pass
-                except OSError as error:
-                    self.statuses["idle"][type(error).__name__] += 1
-                writer.close()
-
-        await asyncio.gather(*(hold() for _ in range(connections)))
+        await self.hold("idle", connections)
 
     async def partial_heads(self, connections: int) -> None:
-        async def hold() -> None:
+        await self.hold("partial-heads", connections, PARTIAL_HEAD, PARTIAL_RENEW_S)
+
+    async def hold(
+        self, kind: str, connections: int, sent: bytes = b"", renew_s: float | None = None
+    ) -> None:
+        """``connections`` connections that send ``sent`` (nothing: idle) and then wait, each
+        reopened when the server closes it, or every ``renew_s`` seconds."""
+
+        async def one() -> None:
             while self.running():
                 try:
                     reader, writer = await self.connect()
-                    writer.write(PARTIAL_HEAD)
-                    await writer.drain()
-                    self.statuses["partial-heads"]["sent"] += 1
+                    if sent:
+                        writer.write(sent)
+                        await writer.drain()
+                        self.statuses[kind]["sent"] += 1
                 except OSError as error:
-                    self.statuses["partial-heads"][type(error).__name__] += 1
+                    self.statuses[kind][type(error).__name__] += 1
                     await asyncio.sleep(0.1)
                     continue
-                renew = min(PARTIAL_RENEW_S, max(self.deadline - time.monotonic(), 0.01))
+                wait = max(self.deadline - time.monotonic(), 0.01)
                 try:
-                    answer = await asyncio.wait_for(reader.read(65536), renew)
-                    status = answer.split(b" ", 2)[1].decode() if answer else "closed"
-                    self.statuses["partial-heads"][status] += 1
+                    answer = await asyncio.wait_for(reader.read(65536), min(wait, renew_s or wait))
+                    status = answer.split(b" ", 2)[1].decode() if answer[:5] == b"HTTP/" else None
+                    self.statuses[kind][status or "closed by the server"] += 1
                 except TimeoutError:
                     pass
                 except OSError as error:
-                    self.statuses["partial-heads"][type(error).__name__] += 1
+                    self.statuses[kind][type(error).__name__] += 1
                 writer.close()
 
-        await asyncio.gather(*(hold() for _ in range(connections)))
+        await asyncio.gather(*(one() for _ in range(connections)))
 
     def grpc_trickle(self) -> None:
         """TRICKLE_STREAMS calls on one connection, each a byte a second (on a thread: the
@@ -496,15 +487,11 @@ class _Hostile:
             await asyncio.sleep(1.0)
 
 
-async def _hostile_main(
-    host: str,
-    port: int,
-    seconds: float,
-    clients: int,
-    grpc_port: int | None = None,
-    admin_token: str | None = None,
-) -> dict:
-    hostile = _Hostile(host, port, time.monotonic() + seconds, grpc_port, admin_token)
+async def _hostile_main(host: str, port: int, seconds: float, clients: int, **options) -> dict:
+    """Every hostile client for ``seconds``; ``options``: :class:`_Hostile`'s ``grpc_port`` and
+    ``admin_token``."""
+    hostile = _Hostile(host, port, time.monotonic() + seconds, **options)
+    grpc_port, admin_token = hostile.grpc_port, hostile.admin_token
     tasks = []
     for _ in range(clients):
         tasks += [hostile.repeat(k) for k in ("exclude", "lists", "headers", "malformed")]
@@ -537,10 +524,9 @@ def main() -> None:
     parser.add_argument("--hostile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hostile:
+        options = {"grpc_port": args.grpc_port, "admin_token": args.admin_token}
         result = asyncio.run(
-            _hostile_main(
-                args.host, args.port, args.seconds, args.clients, args.grpc_port, args.admin_token
-            )
+            _hostile_main(args.host, args.port, args.seconds, args.clients, **options)
         )
         print(json.dumps(result))
         return

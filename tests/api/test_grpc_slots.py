@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from benchmarks.http2 import SETTINGS_MAX_CONCURRENT_STREAMS, RawHttp2Connection
 from benchmarks.serving import free_port
-from tests.api.conftest import server_process
+from tests.api.conftest import key_file, server_process
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +29,8 @@ WAIT_S = 30
 
 @pytest.fixture(scope="module")
 def served(digits_model_dir, tmp_path_factory):
-    keys = tmp_path_factory.mktemp("grpc-slots") / "keys.txt"
-    keys.write_text(f"{READER} read\n")
     port = free_port()
+    keys = key_file(tmp_path_factory.mktemp("grpc-slots"), f"{READER} read")
     with server_process(
         digits_model_dir,
         GRPC_PORT=str(port),

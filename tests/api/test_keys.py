@@ -8,8 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import httpx
 import pytest
 
 from service.api.machinery.auth import MAX_KEY_FILE_BYTES, KeyFileError, KeyScope, parse_key_file
-from tests.api.conftest import REPO, server_process
+from tests.api.conftest import key_file, refused_start, server_process
 
 READER = "reader-3f9c2a77e1d04b6b"
 ADMIN = "admin-5b1e0c9d2f7a4e88"
@@ -30,9 +28,7 @@ def _digest(key: str) -> str:
 
 
 def _key_file(tmp_path, *lines: str):
-    path = tmp_path / "keys.txt"
-    path.write_text("\n".join(["# keys of the test", *lines, ""]))
-    return path
+    return key_file(tmp_path, *lines)
 
 
 @pytest.fixture(scope="module")
@@ -248,19 +244,15 @@ def test_a_fifo_or_dev_zero_as_the_keys_file_never_hangs_the_server(digits_model
         assert server.process.wait(timeout=30) == 0
 
 
-def test_a_fifo_as_the_keys_file_stops_the_start_at_once(tmp_path, digits_model_dir):
-    path = tmp_path / "keys.txt"
+@pytest.mark.parametrize("setting", ["API_KEYS_FILE", "TLS_CERT_FILE"])
+def test_a_fifo_as_the_keys_or_certificate_file_stops_the_start_at_once(
+    setting, tmp_path, digits_model_dir
+):
+    """Issue 36, defect 1: the server waited for a writer of the FIFO, for ever."""
+    path = tmp_path / "fifo"
     os.mkfifo(path)
-    run = subprocess.run(
-        [sys.executable, "-m", "service.api"],
-        cwd=REPO,
-        env={"MODEL_DIR": str(digits_model_dir), "API_KEYS_FILE": str(path), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode != 0
-    assert "is a FIFO, not a regular file" in run.stderr
+    run = refused_start(digits_model_dir, **{setting: str(path)})
+    assert f"{path} is a FIFO, not a regular file" in run.stderr
 
 
 def test_the_rescan_rereads_the_keys(digits_model_dir, tmp_path):
@@ -297,15 +289,7 @@ def test_without_a_key_file_reads_stay_open(digits_model_dir):
 
 def test_a_bad_key_file_stops_the_start_without_echoing_the_key(tmp_path, digits_model_dir):
     path = _key_file(tmp_path, "secret-value-42 reader")
-    run = subprocess.run(
-        [sys.executable, "-m", "service.api"],
-        cwd=REPO,
-        env={"MODEL_DIR": str(digits_model_dir), "API_KEYS_FILE": str(path), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode != 0
+    run = refused_start(digits_model_dir, API_KEYS_FILE=str(path))
     assert "line 2: unknown scope 'reader'" in run.stderr
     assert "secret-value-42" not in run.stderr
 

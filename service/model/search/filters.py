@@ -134,15 +134,9 @@ Column = StringColumn | NumberColumn
 
 @dataclass(frozen=True)
 class AttributeLimits:
-    """How many distinct attribute keys one item, and one catalogue, may have.
-
-    Parameters
-    ----------
-    per_item : int
-    per_catalogue : int
-    item_setting, catalogue_setting : str
-        What the limits are called where they are set, for messages (the service's settings).
-    """
+    """How many distinct attribute keys one item (``per_item``), and one catalogue
+    (``per_catalogue``), may have; ``item_setting`` and ``catalogue_setting`` are what the
+    limits are called where they are set, for messages (the service's settings)."""
 
     per_item: int = DEFAULT_ITEM_ATTRIBUTES
     per_catalogue: int = DEFAULT_CATALOGUE_ATTRIBUTES
