@@ -62,11 +62,13 @@ ENV NUMBA_THREADING_LAYER=workqueue \
     OPENBLAS_NUM_THREADS=1 \
     MKL_NUM_THREADS=1
 
+# /models and /snapshots (catalogue snapshots, SNAPSHOTS_DIR in docker-compose.yml) are owned by
+# the service's user: a named volume mounted there starts as the image's directory, writable.
 RUN groupadd --gid 10001 besvm \
     && useradd --uid 10001 --gid besvm --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin besvm \
-    && mkdir -p /models /var/cache/besvm/numba /var/cache/besvm/numba-seed \
-    && chown besvm:besvm /models /var/cache/besvm/numba /var/cache/besvm/numba-seed
+    && mkdir -p /models /snapshots /var/cache/besvm/numba /var/cache/besvm/numba-seed \
+    && chown besvm:besvm /models /snapshots /var/cache/besvm/numba /var/cache/besvm/numba-seed
 COPY --from=build /opt/besvm /opt/besvm
 COPY docker/entrypoint.sh /usr/local/bin/besvm-entrypoint
 

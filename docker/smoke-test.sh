@@ -21,6 +21,8 @@ STARTED_AT=$(date +%s)
 RUN_ID=${SMOKE_RUN_ID:-$$}
 PROJECT=besvm-smoke-$RUN_ID
 export IMAGE=besvm-smoke:$RUN_ID CLUSTER_IMAGE=besvm-smoke-cluster:$RUN_ID
+# the admin key of the API (the snapshot route needs one)
+export ADMIN_TOKEN=smoke-admin-$RUN_ID
 export BASE_IMAGE=${SMOKE_BASE_IMAGE:-besvm-base:bookworm}
 PYTHON=${PYTHON:-.venv/bin/python}
 HEALTH_TIMEOUT_S=${SMOKE_HEALTH_TIMEOUT_S:-600}
@@ -141,6 +143,12 @@ log "api healthy at $(elapsed)"
 
 # 4. From outside the container: the answers, checked against the data set.
 "$PYTHON" docker/smoke_check.py "http://127.0.0.1:$PORT" "127.0.0.1:$GRPC_HOST_PORT"
+
+# A catalogue snapshot through the API into the `snapshots` volume (SNAPSHOTS_DIR): the API
+# writes it there while it reads the models volume read-only.
+snapshot=$(SMOKE_ADMIN_TOKEN=$ADMIN_TOKEN "$PYTHON" docker/smoke_check.py --snapshot "http://127.0.0.1:$PORT" | tail -n 1)
+docker exec "$api" test -s "/snapshots/digits/$snapshot/snapshot.json"
+log "a catalogue snapshot taken through the API: /snapshots/digits/$snapshot in the snapshots volume"
 
 # Nothing compiled on start (the kernels came from the image's cache), the root file system is
 # read-only, and the health probes left no access-log lines.

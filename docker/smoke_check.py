@@ -1,6 +1,7 @@
 """The docker smoke test's requests, sent from outside the container:
 ``python smoke_check.py URL [GRPC_ADDRESS]``, or ``python smoke_check.py --cluster-model NAME URL``
-for the model the compose profile `cluster` trained.
+for the model the compose profile `cluster` trained, or ``python smoke_check.py --snapshot URL``
+(the admin key in SMOKE_ADMIN_TOKEN) for a catalogue snapshot, whose name it prints last.
 
 Checks the answers against scikit-learn's digits (the data set the trainer fitted: items 1000 on
 are the held-out catalogue, ``test-<i>`` being item ``1000 + i``), not against the server's own
@@ -29,10 +30,16 @@ FIRST_HELD_OUT = 1000
 KNOWN_ITEM = 1009
 
 
-def request(base: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+def request(
+    base: str,
+    path: str,
+    body: dict | None = None,
+    headers: dict | None = None,
+    method: str | None = None,
+) -> tuple[int, bytes]:
     data = None if body is None else json.dumps(body).encode()
-    headers = {} if body is None else {"content-type": "application/json"}
-    req = urllib.request.Request(base + path, data=data, headers=headers)
+    headers = {**({} if body is None else {"content-type": "application/json"}), **(headers or {})}
+    req = urllib.request.Request(base + path, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as response:
             return response.status, response.read()
@@ -142,8 +149,32 @@ def check_cluster_model(base: str, name: str, wait_s: float = 120.0) -> None:
     print(f"/v1/models/{name}/classify: 200, {right}/10 held-out digits right")
 
 
+def check_snapshot(base: str, token: str, wait_s: float = 120.0) -> None:
+    """A snapshot of the digits catalogue through the API into its SNAPSHOTS_DIR (the compose
+    file's `snapshots` volume), followed to its end if it answers 202; prints its name."""
+    auth = {"authorization": f"Bearer {token}"}
+    path = "/v1/models/digits/catalogue/snapshots"
+    status, payload = request(base, path, headers=auth, method="POST")
+    check(status in (201, 202), f"POST {path}: {status} {payload[:500]!r}")
+    name = json.loads(payload)["name"]
+    deadline = time.monotonic() + wait_s
+    while True:
+        status, payload = request(base, f"{path}/{name}", headers=auth)
+        check(status == 200, f"GET {path}/{name}: {status} {payload[:500]!r}")
+        record = json.loads(payload)
+        if record["state"] != "in_progress" or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    check(record["state"] == "done", f"snapshot {name}: {record}")
+    print(f"{path}: {record['result']['n_files']} files of catalogue version "
+          f"{record['result']['catalogue_version']}")  # fmt: skip
+    print(name)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "--cluster-model":
         check_cluster_model(sys.argv[3].rstrip("/"), sys.argv[2])
+    elif sys.argv[1] == "--snapshot":
+        check_snapshot(sys.argv[2].rstrip("/"), os.environ["SMOKE_ADMIN_TOKEN"])
     else:
         main(sys.argv[1].rstrip("/"), *sys.argv[2:3])

@@ -31,6 +31,7 @@ from service.model.search import (
     UnionOfSubspacesModel,
     read_catalogue,
 )
+from service.model.search.snapshots import RESTORE_HELP, SNAPSHOT_HELP, snapshot_command
 from service.model.similarity import SIMILARITY_KINDS
 from training.cluster import SCHEDULER_ENV, ClusterError, add_cluster_argument, connect
 from training.datasets import (
@@ -74,6 +75,7 @@ from training.search import (
 )
 from training.selection import SEARCHED_PARAMETERS
 from training.shards import SHARD_FORMATS, is_sharded, open_shards, write_shards
+from training.snapshot_progress import ProgressBars
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
 # set, older option names kept for scripts, and the one default of the command line's own (it
@@ -450,6 +452,8 @@ def _add_index_parser(commands) -> None:
         help="merge runs of small shards into shards of up to --shard-items and drop removed "
         "items (the ranking is unchanged)",
     )
+    which.add_argument("--snapshot", type=Path, metavar="OUT", help=SNAPSHOT_HELP)
+    which.add_argument("--restore", type=Path, metavar="SNAPSHOT", help=RESTORE_HELP)
     add_cluster_argument(parser)
     _add_output_flags(parser, "catalogue")
     parser.set_defaults(handler=_run_index)
@@ -875,6 +879,11 @@ def _run_index(args: argparse.Namespace) -> int:
     predictor = Predictor.load(args.model)
     model = UnionOfSubspacesModel.load(search_dir(args.model), args.model)
     out = catalogue_dir(args.model)
+    if args.snapshot or args.restore:
+        with ProgressBars(not args.quiet) as bars:
+            done = snapshot_command(args.model, args.snapshot, args.restore, bars)
+        print(done)
+        return 0
     if args.delete or args.compact:
         return _change_index(args, model, out)
     if not args.append and _already_there(

@@ -27,6 +27,7 @@ from service.api.machinery.auth import PROBE_PATHS, KeyFileError, KeyStore
 from service.api.machinery.connections import ConnectionLimits, limited_config
 from service.api.machinery.metrics import forget_worker, multiprocess_directory
 from service.api.machinery.observability import logging_config
+from service.api.machinery.payloads import PayloadLogError, check_destination
 from service.api.machinery.tls import TlsFileError, TlsFiles
 from service.api.settings import Settings
 from service.model.threads import worker_environment
@@ -101,7 +102,8 @@ def main() -> None:
         KeyStore(settings)
         if tls is not None:
             tls.ssl_context()
-    except (KeyFileError, TlsFileError, OSError, ssl.SSLError) as error:
+        check_destination(settings)
+    except (KeyFileError, TlsFileError, PayloadLogError, OSError, ssl.SSLError) as error:
         raise SystemExit(f"cannot start: {error}") from None
     options = dict(
         host=settings.host,

@@ -26,6 +26,7 @@ concurrent work.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import signal
@@ -33,9 +34,11 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from service.api.errors import WorkTimeoutError
+from service.api.jobs import DONE, RESTORE, SNAPSHOT, Claim, JobKind, JobRecords, Jobs
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
@@ -43,11 +46,27 @@ from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
-from service.model.errors import ArtifactChangedError, brief
+from service.model.errors import ArtifactChangedError, ArtifactError, brief, located
 from service.model.inputs.words import Vocabulary
 from service.model.predictor import Answer
-from service.model.search import Catalogue, SearchIndex, SearchQuery, SearchResult, UpdateResult
+from service.model.search import (
+    Catalogue,
+    Filter,
+    SearchIndex,
+    SearchQuery,
+    SearchResult,
+    UpdateResult,
+)
+from service.model.search.catalogue import Facet
 from service.model.search.filters import AttributeLimits
+from service.model.search.snapshots import (
+    Snapshot,
+    described_snapshot,
+    list_snapshots,
+    new_snapshot_name,
+    remove_unfinished,
+    snapshot_in,
+)
 from service.model.search.store import CommitGate
 from service.model.threads import lower_priority
 
@@ -63,6 +82,9 @@ COST_OUTLIER_FACTOR = 4.0
 DECODE_THREADS = 2
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
+# Values a facet answers by default, and at most.
+DEFAULT_FACET_VALUES = 10
+MAX_FACET_VALUES = 1000
 
 # A request's work by part, each counted in its own units ("instances", "text_chars",
 # "search", "ids", "atom"); an empty mapping, or None: no estimate, never inline.
@@ -98,6 +120,9 @@ class DataPlane:
         self.default_search_top_k = settings.default_search_top_k
         self.max_search_top_k = settings.max_search_top_k
         self.max_search_offset = settings.max_search_offset
+        # What one search may rank, and a batch of them in all.
+        self.most_ranked = settings.max_search_top_k + settings.max_search_offset
+        self.snapshots_dir = settings.snapshots_dir
         # Worker processes beside this one (uvicorn's supervisor passes SIGHUP on to them).
         self.has_siblings = settings.workers > 1
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
@@ -119,6 +144,8 @@ class DataPlane:
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
         # Aliases' shadows: compared off the request path, on a thread of their own.
         self.shadows = ShadowRunner(self.metrics)
+        # Snapshots and restores, which outlive the request that starts them if they must.
+        self.jobs = Jobs(settings.request_timeout_s)
 
     def close(self) -> None:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
@@ -167,6 +194,11 @@ class DataPlane:
     def models(self) -> list[tuple[dict[str, Any], ModelSnapshot | None]]:
         """Every model's status (name, state, version, reason) and its snapshot, by name."""
         return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
+
+    def aliases(self) -> list[dict[str, Any]]:
+        """Every alias served: its model, canary and shadow, each with the version it serves
+        (see :func:`service.api.traffic.describe_policy`)."""
+        return self.registry.describe_aliases()["aliases"]
 
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
         """One ready model's status and snapshot (an alias's: its model's)."""
@@ -219,19 +251,8 @@ class DataPlane:
         """Answer a search with model ``name`` (None: the default model)."""
         snapshot = self.snapshot(name)
         index = snapshot.require_search()
-        self._check_top_k(query.top_k)
-        if query.strongest_atoms > MAX_STRONGEST_ATOMS:
-            raise InvalidInputError(
-                f"strongest_atoms must be at most {MAX_STRONGEST_ATOMS}, "
-                f"got {query.strongest_atoms}"
-            )
-        if query.offset > self.max_search_offset:
-            raise InvalidInputError(
-                f"offset must be at most {self.max_search_offset} (MAX_SEARCH_OFFSET), got "
-                f"{query.offset}: page further with next_cursor"
-            )
-        examples = len(query.positives or ()) + len(query.negatives or ())
-        self._check_batch(examples, "positives and negatives")
+        self._check_query(query)
+        self._check_batch(_examples(query), "positives and negatives")
         # Learning a code fits small SVMs, and shards held elsewhere are waited for: never on
         # the loop, and no cost estimate to keep.
         parts = None
@@ -243,6 +264,55 @@ class DataPlane:
         # The ranking reads one catalogue row per atom of the code, each strongest atom one more.
         self.metrics.search_rows(snapshot.name, result.code.n_nonzero + len(result.strongest_atoms))
         return snapshot, result
+
+    async def search_many(
+        self, name: str | None, queries: Sequence[SearchQuery], hold: RequestHold | None = None
+    ) -> tuple[ModelSnapshot, list[SearchResult]]:
+        """Answer a batch of searches with model ``name`` (None: the default model), each
+        exactly as alone (see :meth:`SearchIndex.run_many`). The batch counts toward the limits
+        as one request: at most MAX_BATCH_SIZE searches, and positives and negatives; offset +
+        top_k of every query together at most what one query may rank (MAX_SEARCH_TOP_K +
+        MAX_SEARCH_OFFSET); what it holds while ranking against the memory budget (``hold``);
+        one slot of concurrent work and one REQUEST_TIMEOUT_S. A query that breaks a rule of its
+        own fails the batch, named (``searches[3]: ...``).
+
+        Raises
+        ------
+        BatchTooLargeError
+            Too many searches, examples or items ranked in all (413).
+        InvalidInputError
+            No search, or one that is not valid (422).
+        """
+        snapshot = self.snapshot(name)
+        index = snapshot.require_search()
+        if not queries:
+            raise InvalidInputError("searches is empty: give at least one query")
+        self._check_batch(len(queries), "searches")
+        for i, query in enumerate(queries):
+            with located(f"searches[{i}]"):
+                self._check_query(query)
+        self._check_batch(sum(map(_examples, queries)), "positives and negatives in all")
+        ranked, most = sum(q.offset + q.top_k for q in queries), self.most_ranked
+        if ranked > most:
+            raise BatchTooLargeError(
+                f"the searches rank {ranked} items in all (offset + top_k of each); a batch "
+                f"ranks at most {most}, what one search may (MAX_SEARCH_TOP_K + MAX_SEARCH_OFFSET)"
+            )
+        if hold is not None:
+            hold.add(index.batch_bytes(queries), f"ranking {len(queries)} searches")
+        parts = None
+        if not index.answers_elsewhere and all(q.positives is None for q in queries):
+            parts = {
+                "batch_search": len(queries),
+                "search": sum(q.strongest_atoms for q in queries),
+                "ids": sum(len(q.exclude) for q in queries),
+            }
+        results = await self._run(
+            snapshot, parts, index.batch_runs_serially(queries), lambda: index.run_many(queries)
+        )
+        rows = sum(r.code.n_nonzero + len(r.strongest_atoms) for r in results)
+        self.metrics.search_rows(snapshot.name, rows)
+        return snapshot, results
 
     async def atom(
         self, name: str, atom: int, top_k: int | None
@@ -337,17 +407,204 @@ class DataPlane:
                 f"{error}: the update was not applied, and never will be (nothing of it was "
                 "written); send it again"
             ) from None
-        entry = await self.registry.load(snapshot.name, force=False)
+        return await self._serve_written(snapshot.name, result), result
+
+    async def _serve_written(self, name: str, result: UpdateResult) -> ModelSnapshot:
+        """Serve the catalogue version that an update of model ``name`` wrote (``result``), and
+        tell the other worker processes; the snapshot that serves it.
+
+        Raises
+        ------
+        ModelNotReadyError
+            The version written could not be loaded (the reason says why; it is on disk).
+        """
+        entry = await self.registry.load(name, force=False)
         served = entry.snapshot
         catalogue = None if served is None or served.search is None else served.search.catalogue
-        if catalogue is None or catalogue.version < result.version:
+        if served is None or catalogue is None or catalogue.version < result.version:
             raise ModelNotReadyError(
-                f"model {snapshot.name!r}: catalogue version {result.version} was written but "
-                f"is not served: {entry.reason}"
+                f"model {name!r}: catalogue version {result.version} was written but is not "
+                f"served: {entry.reason}"
             )
         if self.has_siblings:
             os.kill(os.getppid(), signal.SIGHUP)
-        return served, result
+        return served
+
+    async def count(self, name: str, query_filter: Filter | None) -> tuple[ModelSnapshot, int, int]:
+        """The catalogue version of model ``name`` and its live items that ``query_filter``
+        allows (None: all), exact (on a worker thread: the shards may be held elsewhere)."""
+        snapshot, catalogue = self.catalogue(name)
+        self.work.admit()
+        count = await self.work.run(self.work.pool(), lambda: catalogue.count(query_filter))
+        return snapshot, catalogue.version, count
+
+    async def facet(
+        self, name: str, key: str, query_filter: Filter | None, limit: int | None
+    ) -> tuple[ModelSnapshot, int, Facet]:
+        """The catalogue version of model ``name`` and the counts of its live items that
+        ``query_filter`` allows per value of attribute ``key``: the ``limit`` values (default
+        :data:`DEFAULT_FACET_VALUES`, at most :data:`MAX_FACET_VALUES`) with the most."""
+        snapshot, catalogue = self.catalogue(name)
+        limit = DEFAULT_FACET_VALUES if limit is None else limit
+        if limit > MAX_FACET_VALUES:
+            raise InvalidInputError(f"limit must be at most {MAX_FACET_VALUES}, got {limit}")
+        self.work.admit()
+        facet = await self.work.run(
+            self.work.pool(), lambda: catalogue.facet(key, query_filter, limit)
+        )
+        return snapshot, catalogue.version, facet
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def snapshots_of(self, name: str) -> Path:
+        """Where model ``name``'s catalogue snapshots are kept; NotFoundError without
+        SNAPSHOTS_DIR."""
+        if self.snapshots_dir is None:
+            raise NotFoundError(
+                "this server keeps no catalogue snapshots: set SNAPSHOTS_DIR to a directory it "
+                "may write (or take one with python -m training index --snapshot OUT)"
+            )
+        return self.snapshots_dir / name
+
+    async def _claim(self, records: JobRecords, kind: JobKind, name: str) -> Claim:
+        """``kind``'s lock on the catalogue for job ``name`` (JobInProgressError: one runs),
+        taken on a worker thread (files); a snapshot's first removes what snapshots
+        interrupted before it left half-written (hidden staging directories)."""
+
+        def claim() -> Claim:
+            try:
+                claimed = records.claim(kind, name)
+            except OSError as error:  # SNAPSHOTS_DIR not writable: said, never a 500
+                raise ArtifactError(f"cannot write {records.directory}: {error}") from None
+            if kind is SNAPSHOT:
+                remove_unfinished(records.directory)
+            return claimed
+
+        self.work.admit()
+        # Untimed: a claim is taken or not, never left held by a request that stopped waiting.
+        return await self.work.run(self.work.pool(), claim, timed=False)
+
+    async def take_snapshot(
+        self, name: str, wait: bool, answer: Callable[[ModelSnapshot, Snapshot], dict[str, Any]]
+    ) -> tuple[ModelSnapshot, Claim, dict[str, Any] | None]:
+        """Start a snapshot of model ``name``'s newest catalogue version under SNAPSHOTS_DIR, a
+        job (see :mod:`service.api.jobs`) on a thread of its own while searches and updates go
+        on, and wait for it up to REQUEST_TIMEOUT_S if ``wait``: the model's snapshot that
+        serves, the job's claim (its name, record and status route) and ``answer`` of the
+        snapshot taken, None while it is under way.
+
+        Raises
+        ------
+        JobInProgressError
+            A snapshot of the catalogue is being taken.
+        ModelError
+            The snapshot failed within the wait (the error it would answer).
+        """
+        served = self.snapshot(name)
+        index = served.require_search()
+        index.require_catalogue()
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+        claim = await self._claim(records, SNAPSHOT, new_snapshot_name())
+        out = records.directory / claim.name
+
+        async def finish(taken: Snapshot) -> dict[str, Any]:
+            return answer(served, taken)
+
+        task = self.jobs.start(claim, lambda progress: index.snapshot(out, progress), finish)
+        return served, claim, await self.jobs.outcome(task, wait)
+
+    async def restore_snapshot(
+        self,
+        name: str,
+        snapshot_name: str,
+        wait: bool,
+        answer: Callable[[ModelSnapshot, UpdateResult, Snapshot], dict[str, Any]],
+    ) -> tuple[ModelSnapshot, Claim, dict[str, Any] | None]:
+        """Start the restore of model ``name``'s snapshot ``snapshot_name``, a job as
+        :meth:`take_snapshot`: every file verified, then its version made the catalogue's
+        newest and served by this process (the others told) before the job is done; the
+        model's snapshot that serves, the job's claim and ``answer`` of the restore, None while
+        it is under way.
+
+        Raises
+        ------
+        JobInProgressError
+            A restore of the catalogue is running.
+        ModelError
+            No such snapshot; or the restore failed within the wait (a damaged snapshot:
+            SnapshotRefusedError, nothing written).
+        """
+        served = self.snapshot(name)
+        index = served.require_search()
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+        path = snapshot_in(records.directory, snapshot_name)
+        claim = await self._claim(records, RESTORE, snapshot_name)
+
+        def restore(progress: Claim) -> tuple[UpdateResult, Snapshot]:
+            return index.restore(path, progress), described_snapshot(path)
+
+        async def finish(restored: tuple[UpdateResult, Snapshot]) -> dict[str, Any]:
+            result, verified = restored
+            return answer(await self._serve_written(served.name, result), result, verified)
+
+        task = self.jobs.start(claim, restore, finish)
+        return served, claim, await self.jobs.outcome(task, wait)
+
+    async def job_status(
+        self,
+        name: str,
+        kind: JobKind,
+        snapshot_name: str,
+        answer: Callable[[ModelSnapshot, Snapshot], dict[str, Any]],
+    ) -> tuple[ModelSnapshot, dict[str, Any]]:
+        """The record of model ``name``'s snapshot or restore ``snapshot_name`` (see
+        :mod:`service.api.jobs`): in progress, done with its result, or failed with its error.
+        A snapshot's directory, complete, is its record's last word: done (``answer`` of it,
+        where no record says so), whoever took it.
+
+        Raises
+        ------
+        NotFoundError
+            No such job known (nor, for a snapshot, such a snapshot).
+        """
+        served = self.snapshot(name)
+        records = JobRecords(self.snapshots_of(served.name), served.name)
+
+        def read() -> dict[str, Any]:
+            record = records.status(kind, snapshot_name)
+            if kind is SNAPSHOT and (record is None or record["state"] != DONE):
+                with contextlib.suppress(NotFoundError):
+                    taken = described_snapshot(snapshot_in(records.directory, snapshot_name))
+                    record = records.done(kind, snapshot_name, answer(served, taken), record)
+            if record is None:
+                raise NotFoundError(
+                    f"model {served.name!r}: no {kind.name} {brief(snapshot_name)} known"
+                )
+            return record
+
+        self.work.admit()
+        return served, await self.work.run(self.work.pool(), read, timed=False)
+
+    async def list_snapshots(self, name: str) -> tuple[list[Snapshot], list[str]]:
+        """Model ``name``'s catalogue snapshots, oldest first, and the directories there that
+        hold none readable (see :func:`service.model.search.snapshots.list_snapshots`)."""
+        where = self.snapshots_of(self.snapshot(name).name)
+        self.work.admit()
+        return await self.work.run(self.work.pool(), lambda: list_snapshots(where))
+
+    def _check_query(self, query: SearchQuery) -> None:
+        """What this server allows one search: top_k, strongest_atoms and offset."""
+        self._check_top_k(query.top_k)
+        if query.strongest_atoms > MAX_STRONGEST_ATOMS:
+            raise InvalidInputError(
+                f"strongest_atoms must be at most {MAX_STRONGEST_ATOMS}, "
+                f"got {query.strongest_atoms}"
+            )
+        if query.offset > self.max_search_offset:
+            raise InvalidInputError(
+                f"offset must be at most {self.max_search_offset} (MAX_SEARCH_OFFSET), got "
+                f"{query.offset}: page further with next_cursor"
+            )
 
     def _check_batch(self, size: int, what: str) -> None:
         if size > self.max_batch_size:
@@ -485,6 +742,11 @@ class DataPlane:
         if parts:
             self.observe(snapshot, parts, seconds)
         return result
+
+
+def _examples(query: SearchQuery) -> int:
+    """Positives and negatives of a search (instances or ids)."""
+    return len(query.positives or ()) + len(query.negatives or ())
 
 
 def _not_serving(snapshot: ModelSnapshot, version: str) -> NotFoundError:

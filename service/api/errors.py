@@ -31,6 +31,7 @@ from service.model.errors import (
     ModelNotReadyError,
     NotFoundError,
     ShardsUnavailableError,
+    SnapshotRefusedError,
     SpecError,
     VersionConflictError,
 )
@@ -58,6 +59,15 @@ class RateLimitedError(ModelError):
     def retry_after(self) -> str:
         """The ``Retry-After`` value: whole seconds, at least 1."""
         return str(max(1, math.ceil(self.retry_after_s)))
+
+
+class JobInProgressError(ModelError):
+    """A snapshot or a restore of the catalogue is under way, and one runs at a time;
+    ``location``: its status route (None while it is not known)."""
+
+    def __init__(self, message: str, location: str | None) -> None:
+        super().__init__(message)
+        self.location = location
 
 
 class OverloadedError(ModelError):
@@ -98,6 +108,8 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (TrafficPolicyError, 409, "policy_refused"),
     (RateLimitedError, 429, "rate_limited"),
     (VersionConflictError, 409, "version_conflict"),
+    (SnapshotRefusedError, 409, "snapshot_refused"),
+    (JobInProgressError, 409, "in_progress"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (RequestTooLargeError, 413, "request_too_large"),
     (InvalidInputError, 422, "invalid_input"),
@@ -170,6 +182,8 @@ async def _domain_error(request: Request, error: ModelError) -> JSONResponse:
     response = error_response(status, type_, str(error), path=request.url.path)
     if isinstance(error, RateLimitedError):
         response.headers["retry-after"] = error.retry_after()
+    if isinstance(error, JobInProgressError) and error.location is not None:
+        response.headers["location"] = error.location
     return response
 
 

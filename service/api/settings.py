@@ -44,8 +44,9 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(
         1000,
         ge=1,
-        description="Most instances in one /classify request, and positives plus negatives in "
-        "one /search; more get 413.",
+        description="Most instances in one /classify request, positives plus negatives in one "
+        "/search, and searches in one batch of searches (their positives and negatives in all "
+        "too); more get 413.",
     )
     max_request_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest request body; larger bodies get 413."
@@ -86,6 +87,13 @@ class Settings(BaseSettings):
         description="With SEARCH_CLUSTER: seconds a shard has to answer a search; later, the "
         "search answers 503, or partial if the request allows it (SEARCH_SHARD_TIMEOUT_S).",
     )
+    snapshots_dir: Path | None = Field(
+        None,
+        description="Where POST /v1/models/{name}/catalogue/snapshots writes catalogue "
+        "snapshots, one directory per model (SNAPSHOTS_DIR; unset: the snapshot routes answer "
+        "404). Restores read them from there; the records of snapshots and restores (their "
+        "status routes) are kept there too, in <model>/.jobs.",
+    )
     # -- limits and timeouts (docs/operating/limits.md) --------------------------------------------
     header_timeout_s: float = Field(
         10.0,
@@ -115,7 +123,8 @@ class Settings(BaseSettings):
         30.0,
         gt=0,
         description="Seconds a request's model work may take, waiting for a thread included; "
-        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background.",
+        "later, 504 (REQUEST_TIMEOUT_S). The work itself finishes in the background. A catalogue "
+        "snapshot or restore is waited for this long, then answers 202 with its status route.",
     )
     max_concurrent_requests: int | None = Field(
         None,

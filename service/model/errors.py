@@ -4,9 +4,22 @@ Every error the library raises on purpose derives from :class:`ModelError`. The 
 each class to a status code in one place (``service.api.errors``); nothing else needs to know.
 """
 
+import contextlib
+from collections.abc import Iterator
+
 
 class ModelError(Exception):
     """Base class of every deliberate error of the model library."""
+
+
+@contextlib.contextmanager
+def located(where: str) -> Iterator[None]:
+    """Errors of the library raised inside the block say where they come from: the same class,
+    its message prefixed with ``where`` (``searches[3]: top_k must be at least 1``)."""
+    try:
+        yield
+    except ModelError as error:
+        raise type(error)(f"{where}: {error}") from None
 
 
 class InvalidInputError(ModelError, ValueError):
@@ -28,6 +41,11 @@ class ArtifactIntegrityError(ArtifactError):
 class ArtifactChangedError(ArtifactIntegrityError):
     """A file of a served artifact was changed in place on disk (artifacts are replaced by
     rename, never rewritten in place)."""
+
+
+class SnapshotRefusedError(ArtifactIntegrityError):
+    """A catalogue snapshot that cannot be restored: damaged, partial, of a newer schema, or of
+    a catalogue built for another search model. Nothing was written."""
 
 
 class ArtifactVersionError(ArtifactError):

@@ -14,7 +14,12 @@ from service.model.kernels import bof as bof_kernels
 from service.model.kernels.hog import hog_cells, hog_cells_serial
 from service.model.kernels.inputs import all_finite, normalize_rows
 from service.model.kernels.scores import affine_rows
-from service.model.kernels.search import search_top_k
+from service.model.kernels.search import (
+    ShardSet,
+    kernel_query,
+    search_shards_many,
+    search_top_k,
+)
 from service.model.search.codes import sparse_svm_code
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SEARCH_PARALLEL_MIN_ENTRIES
@@ -83,13 +88,20 @@ def compile_scores() -> list[str]:
 
 
 def compile_search() -> list[str]:
-    """The /search kernel, serial (a small catalogue) and parallel (one row long enough)."""
+    """The /search kernel, serial (a small catalogue) and parallel (one row long enough), for
+    one query and a batch (one query filtered and with exclusions, one not)."""
     atom, weight = np.zeros(1, dtype=np.int64), np.ones(1)
     excluded = np.zeros(1, dtype=np.int64)
     for n_items in (8, SEARCH_PARALLEL_MIN_ENTRIES):
         catalogue = np.zeros((2, n_items), dtype=np.float32)
         search_top_k(catalogue, atom, weight, 0.0, 3)
         search_top_k(catalogue, atom, weight, 0.0, 3, excluded)
+        shards = ShardSet([catalogue])
+        batch = [
+            kernel_query(shards, atom, weight, 3),
+            kernel_query(shards, atom, weight, 3, excluded, shards.empty_bitmap() + 1),
+        ]
+        search_shards_many(shards, batch)
     return ["search"]
 
 

@@ -5,6 +5,7 @@ in-process client for the error paths."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -198,6 +199,48 @@ def test_catalogue_routes_describe_items_and_updates(client, digits):
 # -- through a real server ---------------------------------------------------------------------
 
 
+def search_until(
+    url: str, query: dict, stop: threading.Event, answers: list, failures: list[str]
+) -> None:
+    """POST ``query`` to /search until ``stop`` is set: each answer's (catalogue version, ids)
+    appended to ``answers``, any other status to ``failures``."""
+    with httpx.Client(timeout=WAIT_S) as http:
+        while not stop.is_set():
+            response = http.post(f"{url}/search", json=query)
+            if response.status_code != 200:
+                failures.append(f"{response.status_code} {response.text[:200]}")
+                continue
+            body = response.json()
+            answers.append((body["catalogue_version"], [h["id"] for h in body["results"]]))
+
+
+@contextlib.contextmanager
+def running(threads: list[threading.Thread], stop: threading.Event):
+    """The threads started for the block, then told to stop (``stop``) and joined."""
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+
+
+def update_round(url: str, http, digits, r: int, current: set, live: dict) -> None:
+    """Round ``r`` of updates: ten new items and test-r replaced, then test-(100 + r) and one of
+    the new ones deleted; ``current`` follows the live ids, ``live`` records them by version."""
+    ids = [f"new-{r}-{j}" for j in range(10)] + [f"test-{r}"]
+    done = upsert(url, ids, images(digits, 11, 11 * (r % 80)), http=http)
+    current |= set(ids)
+    live[done["catalogue_version"]] = set(current)
+    gone = [f"test-{100 + r}", f"new-{r}-0"]
+    response = http.post(f"{url}/v1/models/digits/catalogue/delete", json={"ids": gone},
+                         headers=AUTH)  # fmt: skip
+    current -= set(gone)
+    live[response.json()["catalogue_version"]] = set(current)
+
+
 def test_upserts_and_deletes_under_concurrent_searches_never_mix_versions(
     attributed_model, digits, tmp_path
 ):
@@ -210,38 +253,16 @@ def test_upserts_and_deletes_under_concurrent_searches_never_mix_versions(
     # A code query of every item: each answer must be exactly the live items of its version.
     query = {"code": {"indices": [3], "values": [1.0]}, "top_k": 1000}
 
-    def search(url: str) -> None:
-        with httpx.Client(timeout=WAIT_S) as http:
-            while not stop.is_set():
-                response = http.post(f"{url}/search", json=query)
-                if response.status_code != 200:
-                    failures.append(f"{response.status_code} {response.text[:200]}")
-                    continue
-                body = response.json()
-                answers.append((body["catalogue_version"], [h["id"] for h in body["results"]]))
-
     with serving(model, ADMIN_TOKEN=TOKEN) as url:
-        searchers = [threading.Thread(target=search, args=(url,)) for _ in range(3)]
-        for thread in searchers:
-            thread.start()
-        try:
-            with httpx.Client(timeout=WAIT_S) as http:
-                current = set(live[1])
-                for r in range(8):
-                    ids = [f"new-{r}-{j}" for j in range(10)] + [f"test-{r}"]  # test-r replaced
-                    done = upsert(url, ids, images(digits, 11, 11 * r), http=http)
-                    current |= set(ids)
-                    live[done["catalogue_version"]] = set(current)
-                    gone = [f"test-{100 + r}", f"new-{r}-0"]
-                    response = http.post(f"{url}/v1/models/digits/catalogue/delete",
-                                         json={"ids": gone}, headers=AUTH)  # fmt: skip
-                    current -= set(gone)
-                    live[response.json()["catalogue_version"]] = set(current)
-                    time.sleep(0.05)
-        finally:
-            stop.set()
-            for thread in searchers:
-                thread.join()
+        searchers = [
+            threading.Thread(target=search_until, args=(url, query, stop, answers, failures))
+            for _ in range(3)
+        ]
+        with running(searchers, stop), httpx.Client(timeout=WAIT_S) as http:
+            current = set(live[1])
+            for r in range(8):
+                update_round(url, http, digits, r, current, live)
+                time.sleep(0.05)
     assert not failures
     assert sorted(live) == list(range(1, 18))
     seen = {version for version, _ in answers}

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -22,6 +25,8 @@ from benchmarks.serving import free_port
 from tests.api.conftest import server_process
 
 pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
 
 REQUEST, RESPONSE = "org.besvm.inference.request", "org.besvm.inference.response"
 
@@ -170,3 +175,53 @@ def test_the_share_sampled_and_a_destination_that_cannot_keep_up(digits_model_di
     finally:
         stopped.set()
         holder.join(timeout=30)
+
+
+def _unwritable(tmp_path):
+    """A file the server may not write (skipped as root, whom permissions do not stop)."""
+    if os.geteuid() == 0:
+        pytest.skip("root writes a file whatever its permissions")
+    path = tmp_path / "read-only.jsonl"
+    path.touch(mode=0o444)
+    return path
+
+
+def _fifo_without_reader(tmp_path):
+    path = tmp_path / "nobody-reads"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("destination", "reason"),
+    [
+        (lambda tmp_path: tmp_path / "no-such-directory" / "payloads.jsonl",
+         "No such file or directory"),
+        (lambda tmp_path: tmp_path / "no-such-directory" / "payloads-{pid}.jsonl",
+         "No such file or directory"),
+        (lambda tmp_path: tmp_path, "Is a directory"),
+        (_unwritable, "Permission denied"),
+        (_fifo_without_reader, "a FIFO that no process reads"),
+    ],
+    ids=["missing-directory", "missing-directory-per-pid", "a-directory", "no-permission",
+         "fifo-without-reader"],
+)  # fmt: skip
+def test_a_destination_that_cannot_be_opened_stops_the_start_in_one_line(
+    digits_model_dir, tmp_path, destination, reason
+):
+    """As a bad API_KEYS_FILE or TLS file: a line naming the setting and the path, exit status
+    non-zero, no traceback; never a start that hangs on a FIFO nobody reads."""
+    path = str(destination(tmp_path))
+    run = subprocess.run(
+        [sys.executable, "-m", "service.api"],
+        cwd=REPO,
+        env={"MODEL_DIR": str(digits_model_dir), "PAYLOAD_LOG_RATE": "0.5", "PAYLOAD_LOG": path,
+             "PATH": ""},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "Traceback" not in run.stderr, run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("cannot start: PAYLOAD_LOG "), line
+    assert path.split("{pid}")[0] in line, line
+    assert reason in line, line

@@ -1,7 +1,8 @@
 """Catalogues searched on a Dask cluster (SEARCH_CLUSTER): a 2-worker LocalCluster of ours
 (processes, not distributed.utils_test) holds the shards in actors; a real server fans each
-search out to them. Its answers equal the in-process server's; a shard that misses its deadline
-makes a search answer 503, or a partial answer when allowed; a lost worker's shards come back."""
+search out to them. Its answers equal the in-process server's, batches, counts and facets
+included; a shard that misses its deadline makes a search answer 503, or a partial answer when
+allowed; a lost worker's shards come back."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from service.model.search.snapshots import read_snapshot, snapshot_model_catalogue
 from tests.api.conftest import serving
 from tests.api.test_catalogue_api import AUTH, TOKEN, copy_with_catalogue, images
 from tests.catalogues import attributes_of
@@ -150,3 +152,70 @@ def test_a_lost_worker_s_shards_are_held_again(cluster, model):
             time.sleep(0.2)
         assert response.json()["results"] == expected
         assert set(statuses) <= {200, 503}
+
+
+def test_batches_counts_facets_and_snapshots_on_the_cluster_equal_the_in_process_ones(
+    cluster, model, digits, tmp_path
+):
+    """Over a 2-worker cluster: a batch answers each query as the in-process server does alone;
+    count and facet equal a brute-force count of the live items (after an upsert and a
+    deletion: tombstones on the workers); a snapshot is the same files as one taken here."""
+    records = {f"test-{j}": record for j, record in enumerate(attributes_of(797, seed=5))}
+    scans = {"must": [{"key": "source", "match": {"value": "scan"}}]}
+    recent = {"must": [{"key": "year", "range": {"gte": 2015}}], "must_not": [scans]}
+    with (
+        serving(model, RELOAD_INTERVAL_S="0.2") as local,
+        serving(model, SEARCH_CLUSTER=cluster.scheduler_address, ADMIN_TOKEN=TOKEN,
+                SNAPSHOTS_DIR=str(tmp_path / "kept")) as remote,
+        httpx.Client(timeout=WAIT_S) as http,
+    ):  # fmt: skip
+        done = http.post(f"{remote}/v1/models/digits/catalogue/items", headers=AUTH, json={
+            "ids": ["test-5", "new-1"], "instances": images(digits, 2),
+            "attributes": [{"source": "scan", "year": 2024}, {"year": 2016}],
+        }).json()  # fmt: skip
+        records.update({"test-5": {"source": "scan", "year": 2024}, "new-1": {"year": 2016}})
+        gone = http.post(f"{remote}/v1/models/digits/catalogue/delete", headers=AUTH,
+                         json={"ids": ["test-2", "test-650"]}).json()  # fmt: skip
+        del records["test-2"], records["test-650"]
+        assert gone["catalogue_version"] == done["catalogue_version"] + 1 == 3
+        deadline = time.monotonic() + WAIT_S
+        while http.get(f"{local}/v1/models/digits/catalogue").json()["version"] != 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+        alone = [http.post(f"{local}/search", json=query).json() for query in QUERIES]
+        batch = http.post(f"{remote}/search", json={"searches": QUERIES})
+        assert batch.status_code == 200, batch.text
+        batch = batch.json()["searches"]
+        for query, answered, expected in zip(QUERIES, batch, alone, strict=True):
+            assert answered["results"] == expected["results"], query
+            assert answered["next_cursor"] == expected["next_cursor"]
+
+        for query_filter, holds in [
+            (None, lambda r: True),
+            (scans, lambda r: r.get("source") == "scan"),
+            (recent, lambda r: r["year"] >= 2015 and r.get("source") != "scan"),
+        ]:
+            body = {} if query_filter is None else {"filter": query_filter}
+            expected = sum(holds(r) for r in records.values())
+            for url in (local, remote):
+                count = http.post(f"{url}/v1/models/digits/catalogue/count", json=body).json()
+                assert count["count"] == expected, (url, query_filter)
+            for key in ("source", "year"):
+                tally: dict = {}
+                for record in records.values():
+                    if holds(record) and record.get(key) is not None:
+                        value = record[key] if key == "source" else float(record[key])
+                        tally[value] = tally.get(value, 0) + 1
+                ranked = sorted(tally.items(), key=lambda item: (-item[1], item[0]))[:5]
+                for url in (local, remote):
+                    facet = http.post(f"{url}/v1/models/digits/catalogue/facet",
+                                      json={"key": key, "limit": 5, **body}).json()  # fmt: skip
+                    assert [(h["value"], h["count"]) for h in facet["hits"]] == ranked, url
+                    assert facet["n_values"] == len(tally)
+
+        taken = http.post(f"{remote}/v1/models/digits/catalogue/snapshots", headers=AUTH).json()
+        assert taken["catalogue_version"] == 3
+    here = snapshot_model_catalogue(model, tmp_path / "here")
+    there = read_snapshot(tmp_path / "kept" / "digits" / taken["name"])
+    assert there.checksums == here.checksums  # the same files, byte for byte

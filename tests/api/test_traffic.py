@@ -430,3 +430,49 @@ def test_a_change_by_one_worker_reaches_every_worker(small_repository):
         _wait_for(
             lambda: server.log().count("now: model 'digits-2'") == 2, "both workers' log lines"
         )
+
+
+def test_the_models_listing_names_the_aliases_and_their_policy(small_repository):
+    """GET /v1/models (no admin key) says which names are aliases and where their traffic goes:
+    the model, the canary and the shadow with their shares and versions; the models' entries
+    are those of before, and the listing follows a change made by the admin route."""
+    _write_traffic(
+        small_repository,
+        {
+            "digits": {"model": "digits-1", "canary": {"model": "digits-2", "percent": 10}},
+            "candidate": {"model": "digits-2", "shadow": {"model": "digits-1", "percent": 25}},
+        },
+    )
+    digests = {n: manifest_digest(small_repository / f"digits-{n}") for n in (1, 2)}
+    with server_process(MODEL_REPOSITORY=str(small_repository), ADMIN_TOKEN=TOKEN) as server:
+        listing = httpx.get(f"{server.url}/v1/models")
+        assert listing.status_code == 200, listing.text
+        body = listing.json()
+        assert set(body) == {"models", "aliases"}
+        # The models, each as before: the entry GET /v1/models/{name} gives a ready one.
+        assert [m["name"] for m in body["models"]] == ["broken", "digits-1", "digits-2"]
+        broken, *ready = body["models"]
+        assert broken["state"] == "failed"
+        for entry in ready:
+            assert entry == httpx.get(f"{server.url}/v1/models/{entry['name']}").json()
+        aliases = {a["name"]: a for a in body["aliases"]}
+        assert list(aliases) == ["candidate", "digits"]
+        assert aliases["digits"]["model"] == "digits-1"
+        assert aliases["digits"]["version"] == digests[1]
+        assert aliases["digits"]["canary"] == {
+            "model": "digits-2", "percent": 10, "version": digests[2]
+        }  # fmt: skip
+        assert aliases["digits"]["shadow"] is None
+        assert aliases["candidate"]["shadow"] == {
+            "model": "digits-1", "percent": 25, "version": digests[1]
+        }  # fmt: skip
+        # What the admin listing says, alias by alias.
+        admin = httpx.get(f"{server.url}/v2/repository/aliases", headers=ADMIN).json()
+        assert body["aliases"] == admin["aliases"]
+
+        promoted = httpx.post(f"{server.url}/v2/repository/aliases/digits/promote", headers=ADMIN)
+        assert promoted.status_code == 200, promoted.text
+        after = {a["name"]: a for a in httpx.get(f"{server.url}/v1/models").json()["aliases"]}
+        assert after["digits"]["model"] == "digits-2"
+        assert after["digits"]["canary"] is None
+        assert after["digits"]["previous"] == "digits-1"

@@ -37,3 +37,24 @@ def test_our_images_are_built_never_pulled():
     assert {"trainer", "api", "dask-scheduler", "dask-worker", "cluster-trainer"} <= set(ours)
     pulled = {name for name, service in ours.items() if service.get("pull_policy") != "never"}
     assert not pulled, f"these services may pull our image from a registry: {sorted(pulled)}"
+
+
+def test_the_api_keeps_its_snapshots_on_a_volume_it_may_write():
+    """SNAPSHOTS_DIR of the api is a named volume mounted writable (the models stay read-only),
+    which the trainer mounts too (to restore), and the image makes the mount point the service
+    user's, so that a new volume starts writable by the server."""
+    compose = yaml.safe_load((markdown.ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    where = services["api"]["environment"]["SNAPSHOTS_DIR"]
+    for name in ("api", "trainer"):
+        mounts = {mount.split(":")[1]: mount.split(":") for mount in services[name]["volumes"]}
+        assert where in mounts, name
+        volume, _, *mode = mounts[where]
+        assert volume in compose["volumes"]
+        assert "ro" not in mode, name
+    assert mounts["/models"] == ["models", "/models"]  # the trainer's, writable
+    api_models = [m for m in services["api"]["volumes"] if m.startswith("models:")]
+    assert api_models == ["models:/models:ro"]
+    dockerfile = (markdown.ROOT / "Dockerfile").read_text()
+    owned = next(line for line in dockerfile.splitlines() if "chown besvm:besvm" in line)
+    assert where in owned.split()

@@ -53,7 +53,9 @@ with event.install_recorder("numba:compile") as recorder:
     from service.model.inputs.words import CellDocuments, Documents, canonical_counts, smooth_idf
     from service.model.inputs.spec import InputSpec
     from service.model.search import SearchIndex, SearchQuery
-    from service.model.kernels.search import search_top_k
+    from service.model.kernels.search import (
+        ShardSet, kernel_query, search_shards_many, search_top_k
+    )
     from service.model.similarity import SIMILARITY_KINDS, parse_spec
     from service.model.threads import (
         DOCUMENT_PAIR_MULTIPLY_ADDS,
@@ -88,6 +90,8 @@ with event.install_recorder("numba:compile") as recorder:
                 instance = rng.uniform(0, 16, size=predictor.input_spec.shape).tolist()
             index.run(SearchQuery(positives=[first, instance], top_k=5))
             index.atom_items(3, 5)
+            index.run_many([SearchQuery(class_label=predictor.classes[0], top_k=5),
+                            SearchQuery(code=([1, 2], [1.0, -0.5]), top_k=5, exclude=[first])])
 
     # Every measure through SimilaritySpec.compute, on items made as the predictor makes them
     # (C-contiguous float64 arrays; fresh canonical Documents per batch): alone (a C-contiguous
@@ -135,6 +139,10 @@ with event.install_recorder("numba:compile") as recorder:
     projected = np.load(path, mmap_mode="r")
     search_top_k(projected, np.array([1]), np.array([2.0]), 0.5, 3)
     search_top_k(projected, np.array([1]), np.array([2.0]), 0.5, 3, np.array([0, 5]))
+    shards = ShardSet([projected])
+    alive = shards.empty_bitmap() + 1
+    search_shards_many(shards, [kernel_query(shards, [1], [2.0], 3),
+                                kernel_query(shards, [0, 1], [1.0, 1.0], 3, [0, 5], alive)])
 
 compiled = sorted(
     {f"{e.data['dispatcher'].py_func.__qualname__}{e.data['args']}" for _, e in recorder.buffer}
@@ -199,6 +207,8 @@ def serving_drivers() -> list[str]:
     names += [_name(scores_kernels.affine_rows)]
     names += [_name(search_kernels.search_shards_serial)]
     names += [_name(search_kernels.search_shards_parallel)]
+    names += [_name(search_kernels.search_shards_many_serial)]
+    names += [_name(search_kernels.search_shards_many_parallel)]
     names += [_name(l1svm_kernels.l1_svm_path)]
     names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]
     names += [_name(bof_kernels.bof_words), _name(bof_kernels.bof_words_serial)]

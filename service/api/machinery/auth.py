@@ -8,12 +8,13 @@ digests only; a presented key's digest is compared with every one held, in const
 the time taken tells nothing of which digest, if any, it matched. Logs and answers name a key by
 its fingerprint (the first 8 hex digits of its digest), never the key.
 
-**What needs a key** (:class:`AccessPolicy`): the repository routes and catalogue updates
-(``POST /v1/models/{name}/catalogue/items`` and ``.../delete``) an ``admin`` key, always (with no
-admin key configured they answer 403 and say how to enable them); every other route a
-key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, the API docs, and
-``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the admin routes are
-guarded (as they were by ``ADMIN_TOKEN`` alone).
+**What needs a key** (:class:`AccessPolicy`): the repository routes, catalogue updates
+(``POST /v1/models/{name}/catalogue/items`` and ``.../delete``) and the catalogue's snapshots
+(``.../catalogue/snapshots``, listed, taken or restored, and their status) an ``admin`` key,
+always (with no admin key configured they answer 403 and say how to enable them); every other
+route a key of any scope once ``API_KEYS_FILE`` is set, except liveness and readiness, the API
+docs, and ``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE`` only the admin
+routes are guarded (as they were by ``ADMIN_TOKEN`` alone).
 
 **Re-reading.** :meth:`KeyStore.reload` reads the file again (on SIGHUP and on each rescan of
 the repository, off the event loop): a key removed is refused from then on, without a restart.
@@ -376,6 +377,9 @@ ADMIN_PREFIX = "/v2/repository/"
 # The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
 # Matches a request's path and the OpenAPI document's template alike.
 CATALOGUE_UPDATE = re.compile(r"/v1/models/[^/]+/catalogue/(?:items|delete)")
+# The catalogue's snapshots, listed, taken or restored, and their status: files of the server's
+# disk.
+CATALOGUE_SNAPSHOTS = re.compile(r"/v1/models/[^/]+/catalogue/snapshots(?:/[^/]+(?:/restore)?)?")
 METRICS_PATH = "/metrics"
 
 
@@ -403,6 +407,8 @@ class AccessPolicy:
         if path.startswith(ADMIN_PREFIX):
             return Access.ADMIN
         if method == "POST" and CATALOGUE_UPDATE.fullmatch(path):
+            return Access.ADMIN
+        if CATALOGUE_SNAPSHOTS.fullmatch(path):
             return Access.ADMIN
         if path in PROBE_PATHS or path in DOCS_PATHS:
             return Access.OPEN

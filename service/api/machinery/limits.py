@@ -420,11 +420,13 @@ class WorkLimiter:
         self,
         executor: concurrent.futures.Executor,
         work: Callable[[], T],
+        timed: bool = True,
         stop: Callable[[], bool] | None = None,
     ) -> T:
         """Run ``work`` on ``executor`` under a slot taken by :meth:`admit`; its answer, or
-        :class:`WorkTimeoutError` after ``timeout_s``. The slot is given back when the work is
-        done, or dropped before it started.
+        :class:`WorkTimeoutError` after ``timeout_s`` (``timed``; untimed: short work whose
+        effect must be known, done or not, such as taking a lock). The slot is given back when
+        the work is done, or dropped before it started.
 
         ``stop``, when given, is asked at the time limit whether the work stops (True:
         WorkTimeoutError) or is past its point of no return (False: its answer is waited for,
@@ -436,7 +438,7 @@ class WorkLimiter:
             self.release()
             raise
         future.add_done_callback(lambda _: self.release())
-        deadline = asyncio.timeout(self.timeout_s)
+        deadline = asyncio.timeout(self.timeout_s if timed else None)
         try:
             # On time out the wrapped future is cancelled: work not started yet never starts.
             async with deadline:

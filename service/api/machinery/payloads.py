@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import base64
 import datetime
+import errno
+import fcntl
 import os
 import random
 import socket
@@ -44,6 +46,53 @@ STANDARD_OUTPUT = "stdout"
 _JSON = "application/json"
 
 
+class PayloadLogError(ValueError):
+    """PAYLOAD_LOG names a file that cannot be opened for appending."""
+
+
+def open_destination(destination: str) -> IO[str]:
+    """The file ``destination`` (``{pid}`` replaced by this process's id), opened for appending
+    (created if missing).
+
+    It is opened without blocking: a FIFO that no process reads is refused at once instead of
+    holding the server's start (the writer thread then writes to it blocking, off the request
+    path).
+
+    Raises
+    ------
+    PayloadLogError
+        It cannot be opened: a directory that does not exist, a file without permission, a
+        directory in its place, a FIFO without a reader. The message names PAYLOAD_LOG and the
+        path.
+    """
+    path = destination.replace("{pid}", str(os.getpid()))
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.errno == errno.ENXIO:
+            reason += " (a FIFO that no process reads)"
+        raise PayloadLogError(
+            f"PAYLOAD_LOG {path}: cannot be opened for appending: {reason}"
+        ) from None
+    fcntl.fcntl(descriptor, fcntl.F_SETFL, fcntl.fcntl(descriptor, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return open(descriptor, "a", encoding="utf-8")
+
+
+def check_destination(settings: Settings) -> None:
+    """Whether the payload log of ``settings`` can be opened, checked once as the server starts
+    (each worker process opens its own later): PayloadLogError if not. A ``{pid}`` file this
+    check creates is removed again (the worker that writes it has another id)."""
+    if settings.payload_log_rate <= 0 or settings.payload_log == STANDARD_OUTPUT:
+        return
+    path = settings.payload_log.replace("{pid}", str(os.getpid()))
+    existed = os.path.lexists(path)
+    open_destination(settings.payload_log).close()
+    if not existed and "{pid}" in settings.payload_log:
+        os.unlink(path)
+
+
 class PayloadLog:
     """The sampled requests and answers of one process (see the module docstring).
 
@@ -65,8 +114,7 @@ class PayloadLog:
         if destination == STANDARD_OUTPUT:
             stream: IO[str] = sys.stdout
         else:
-            path = destination.replace("{pid}", str(os.getpid()))
-            stream = self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115
+            stream = self._file = open_destination(destination)
         self.writer = BackgroundStreamHandler(stream, max_pending=settings.payload_log_queue)
         self.source = f"/besvm/{socket.gethostname()}/{os.getpid()}"
         # The current span's traceparent, when tracing is on (CloudEvents' distributed tracing

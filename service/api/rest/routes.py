@@ -14,8 +14,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from service.api.dataplane import MAX_STRONGEST_ATOMS, DataPlane
+from service.api.dataplane import MAX_FACET_VALUES, MAX_STRONGEST_ATOMS, DataPlane
 from service.api.errors import documented_errors, is_protocol_route
+from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
@@ -27,12 +28,16 @@ from service.api.rest.schemas import (
     ModelInfo,
     ModelList,
     RepositoryIndexRequest,
+    SearchBatchRequest,
+    SearchBatchResponse,
+    SearchBody,
     SearchRequest,
     SearchResponse,
     VocabularyInfo,
 )
 from service.api.settings import Settings
 from service.model import ModelNotReadyError
+from service.model.errors import located
 from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
@@ -52,12 +57,12 @@ def _plane(request: Request) -> DataPlane:
 
 
 def _documented(
-    body: type[BaseModel], answer: type[BaseModel], tag: str, errors: dict
+    body: type[BaseModel] | tuple[type[BaseModel], ...], answer: Any, tag: str, errors: dict
 ) -> dict[str, Any]:
     """Route options documenting a body read by :func:`read_body` (the app factory adds the
-    schemas of :data:`BODY_SCHEMAS` to the components) and its answer."""
-    reference = {"$ref": f"#/components/schemas/{body.__name__}"}
-    request_body = {"required": True, "content": {"application/json": {"schema": reference}}}
+    schemas of :data:`BODY_SCHEMAS` to the components; a tuple of them is one of them) and its
+    answer (a schema, or a union of schemas)."""
+    request_body = {"required": True, "content": {"application/json": {"schema": _one_of(body)}}}
     return {
         "tags": [tag],
         "responses": {200: {"model": answer}, **errors},
@@ -66,9 +71,17 @@ def _documented(
     }
 
 
+def _one_of(schemas: type[BaseModel] | tuple[type[BaseModel], ...]) -> dict[str, Any]:
+    """A reference to a schema of the components, or ``oneOf`` references to several."""
+    if isinstance(schemas, type):
+        return {"$ref": f"#/components/schemas/{schemas.__name__}"}
+    return {"oneOf": [_one_of(schema) for schema in schemas]}
+
+
 BODY_SCHEMAS: tuple[type[BaseModel], ...] = (
     ClassifyRequest,
     SearchRequest,
+    SearchBatchRequest,
     RepositoryIndexRequest,
     AliasRequest,
 )
@@ -172,10 +185,8 @@ def _search_payload(
     }
 
 
-async def _search(request: Request, name: str | None) -> Response:
-    body = await read_body(request, SearchRequest)
-    plane = _plane(request)
-    query = SearchQuery(
+def _query(plane: DataPlane, body: SearchRequest) -> SearchQuery:
+    return SearchQuery(
         class_label=None if body.class_ is None else str(body.class_),
         code=None if body.code is None else (body.code.indices, body.code.values),
         bias=body.bias,
@@ -191,18 +202,49 @@ async def _search(request: Request, name: str | None) -> Response:
         cursor=body.cursor,
         allow_partial=body.allow_partial,
     )
-    snapshot, result = await plane.search(name, query)
+
+
+async def _search(request: Request, name: str | None) -> Response:
+    body = await read_body(request, SearchBody)
+    plane = _plane(request)
+    if isinstance(body, SearchBatchRequest):
+        return await _search_batch(request, plane, name, body)
+    snapshot, result = await plane.search(name, _query(plane, body))
     return json_answer(_search_payload(snapshot, result, bool(body.strongest_atoms)), snapshot)
 
 
-_SEARCH_DOC = _documented(SearchRequest, SearchResponse, "search", _SEARCH_ERRORS)
+async def _search_batch(
+    request: Request, plane: DataPlane, name: str | None, body: SearchBatchRequest
+) -> Response:
+    queries = []
+    for i, search in enumerate(body.searches):
+        with located(f"searches[{i}]"):
+            queries.append(_query(plane, search))
+    snapshot, results = await plane.search_many(name, queries, request.scope.get(HOLD_KEY))
+    answers = [
+        _search_payload(snapshot, result, bool(search.strongest_atoms))
+        for search, result in zip(body.searches, results, strict=True)
+    ]
+    payload = {"model": snapshot.name, "model_version": snapshot.version, "searches": answers}
+    return json_answer(payload, snapshot)
+
+
+_SEARCH_DOC = _documented(
+    (SearchRequest, SearchBatchRequest), SearchResponse | SearchBatchResponse, "search",
+    _SEARCH_ERRORS,
+)  # fmt: skip
 
 
 @router.post("/search", **_SEARCH_DOC)
 async def search(request: Request) -> Response:
     """Rank the default model's catalogue for a class, a sparse code, or examples, reading only
     the rows of X' = D^T X where the code is non-zero. Answers the top-k ids, best first, and
-    the code."""
+    the code.
+
+    A batch, ``{"searches": [query, ...]}``, is answered ``{"searches": [answer, ...]}`` in
+    order, each answer what its query gets alone; queries by code are ranked together in one
+    pass over the rows they read. One query that is not valid refuses the batch, its error
+    naming it (``searches[3]: ...``)."""
     return await _search(request, None)
 
 
@@ -308,9 +350,11 @@ def _describe(status: dict[str, Any], snapshot: ModelSnapshot | None) -> dict[st
 async def list_models(request: Request) -> Response:
     """Every model of the repository with its state (loading, ready, failed with the reason,
     unloaded) and version; for ready models their metadata: classes, input shape,
-    similarities, basis size, created."""
-    models = _plane(request).models()
-    return json_answer({"models": [_describe(status, snapshot) for status, snapshot in models]})
+    similarities, basis size, created. Then the aliases: the model each names, its canary and
+    shadow (docs/operating/traffic.md)."""
+    plane = _plane(request)
+    models = [_describe(status, snapshot) for status, snapshot in plane.models()]
+    return json_answer({"models": models, "aliases": plane.aliases()})
 
 
 @router.get(
@@ -370,6 +414,8 @@ def state_limits(document: dict[str, Any], settings: Settings) -> None:
         ("CatalogueItemsRequest", "ids"): {"minItems": 1, "maxItems": batch},
         ("CatalogueItemsRequest", "instances"): {"minItems": 1, "maxItems": batch},
         ("CatalogueDeleteRequest", "ids"): {"minItems": 1, "maxItems": batch},
+        ("SearchBatchRequest", "searches"): {"minItems": 1, "maxItems": batch},
+        ("FacetRequest", "limit"): {"maximum": MAX_FACET_VALUES},
     }
     for (schema, field), bound in bounds.items():
         properties = schemas.get(schema, {}).get("properties", {})
@@ -378,8 +424,10 @@ def state_limits(document: dict[str, Any], settings: Settings) -> None:
     too_large = (
         f"The body is larger than {settings.max_request_bytes:,} bytes (MAX_REQUEST_BYTES), "
         f"holds more than {settings.max_json_values:,} JSON values (MAX_JSON_VALUES), or the "
-        f"batch (instances, texts, or positives and negatives together) holds more than "
-        f"{batch:,} (MAX_BATCH_SIZE)."
+        f"batch (instances, texts, searches, or positives and negatives together) holds more "
+        f"than {batch:,} (MAX_BATCH_SIZE), or a batch of searches ranks more than "
+        f"{settings.max_search_top_k + settings.max_search_offset:,} items in all "
+        "(MAX_SEARCH_TOP_K + MAX_SEARCH_OFFSET)."
     )
     (answer_422,) = documented_errors(422).values()
     error_body = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from service.model.inputs.dense import MAX_INPUT_DISTANCE
 from service.model.inputs.words import MAX_WORDS
@@ -202,6 +202,12 @@ class VocabularyInfo(BaseModel):
 class ModelList(BaseModel):
     models: list[ModelInfo | ModelStatus] = Field(
         ..., description="Every model of the repository, by name; details for ready ones."
+    )
+    aliases: list[AliasInfo] = Field(
+        default_factory=list,
+        description="The names that are aliases (docs/operating/traffic.md), by name: the model "
+        "each answers from, its canary and shadow with their shares, and the version each "
+        "serves; as GET /v2/repository/aliases lists them, without an admin key.",
     )
 
 
@@ -607,3 +613,194 @@ class CatalogueItem(BaseModel):
     catalogue_version: int
     id: str
     attributes: dict[str, str | float] = Field(..., description="The item's attributes.")
+
+
+# -- batches, counts and facets ----------------------------------------------------------------
+
+
+def strict_body(*examples: dict[str, Any]) -> ConfigDict:
+    """The configuration of a request body: no field beyond its own, strict types, and the
+    ``examples`` the OpenAPI document shows."""
+    return ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": list(examples)})
+
+
+class SearchBatchRequest(BaseModel):
+    """Several searches of one model's catalogue in one request, answered in order: each
+    exactly what it answers alone, from one catalogue version. Queries by code (class, code or
+    learned) are ranked together in one pass over the catalogue's rows. One query that is not
+    valid refuses the whole batch (the error names it: ``searches[3]: ...``)."""
+
+    model_config = strict_body(
+        {
+            "searches": [
+                {"class": "7", "top_k": 5},
+                {"code": {"indices": [3, 17], "values": [0.8, -0.2]}, "top_k": 3},
+                {
+                    "class": "1",
+                    "top_k": 5,
+                    "filter": {"must": [{"key": "source", "match": {"value": "scan"}}]},
+                },
+            ]
+        }
+    )
+
+    searches: list[SearchRequest] = Field(
+        ...,
+        description="The queries (at least one, at most MAX_BATCH_SIZE), each with the fields "
+        "of one search. The batch counts toward the limits as one request: positives and "
+        "negatives together at most MAX_BATCH_SIZE, offset + top_k of all queries together at "
+        "most MAX_SEARCH_TOP_K + MAX_SEARCH_OFFSET.",
+    )
+
+
+class SearchBatchResponse(BaseModel):
+    model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
+    searches: list[SearchResponse] = Field(
+        ..., description="Each query's answer, in the order of the request's searches."
+    )
+
+
+class SearchBody:
+    """A /search body: one query (:class:`SearchRequest`) or a batch
+    (:class:`SearchBatchRequest`), told apart by the batch's ``searches`` field (which one query
+    never has), read as :func:`service.api.machinery.responses.read_body` reads a schema."""
+
+    @staticmethod
+    def model_validate_json(raw: bytes) -> SearchRequest | SearchBatchRequest:
+        if b'"searches"' not in raw:  # one query: the hot path, one validation as before
+            return SearchRequest.model_validate_json(raw)
+        try:
+            return SearchBatchRequest.model_validate_json(raw)
+        except ValidationError as batch_error:
+            try:  # "searches" was only a value inside one query (an id, say)
+                return SearchRequest.model_validate_json(raw)
+            except ValidationError:
+                raise batch_error from None
+
+
+class CountRequest(BaseModel):
+    """Count the live items a filter allows."""
+
+    model_config = strict_body(
+        {"filter": {"must": [{"key": "source", "match": {"value": "scan"}}]}}, {}
+    )
+
+    filter: SearchFilter | None = Field(
+        None, description="Count only items whose attributes pass it (default: every item)."
+    )
+
+
+class CountResponse(BaseModel):
+    model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
+    catalogue_version: int = Field(..., description="The catalogue version counted.")
+    count: int = Field(..., description="Live items the filter allows, exact.")
+
+
+class FacetRequest(BaseModel):
+    """Count the live items per value of one attribute (Qdrant's facet)."""
+
+    model_config = strict_body(
+        {"key": "source"},
+        {"key": "year", "limit": 3, "filter": {"must": [{"key": "year", "range": {"gte": 2020}}]}},
+    )
+
+    key: str = Field(..., description="The attribute (GET /v1/models/{name}/catalogue lists them).")
+    filter: SearchFilter | None = Field(
+        None, description="Count only items whose attributes pass it (default: every item)."
+    )
+    limit: int | None = Field(
+        None,
+        json_schema_extra={"minimum": 1},
+        description="Values to return, those with the most items first (default 10).",
+    )
+
+
+class FacetHit(BaseModel):
+    value: str | float = Field(..., description="A value of the attribute.")
+    count: int = Field(..., description="Live items the filter allows that have it.")
+
+
+class FacetResponse(BaseModel):
+    model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
+    catalogue_version: int = Field(..., description="The catalogue version counted.")
+    key: str
+    hits: list[FacetHit] = Field(
+        ..., description="The values with the most items, most first (ties by value), exact."
+    )
+    n_values: int = Field(
+        ..., description="Distinct values among the items counted (more than hits: cut at limit)."
+    )
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+class SnapshotInfo(BaseModel):
+    name: str = Field(..., description="Its name under SNAPSHOTS_DIR/<model>/.")
+    catalogue_version: int = Field(..., description="The catalogue version it holds.")
+    n_items: int = Field(..., description="Live items of that version.")
+    n_shards: int
+    n_files: int = Field(..., description="Files, each listed with its sha256.")
+    n_bytes: int
+    created: str = Field(..., description="When it was taken (UTC, ISO 8601).")
+
+
+class SnapshotList(BaseModel):
+    model: str
+    snapshots: list[SnapshotInfo] = Field(..., description="Oldest first.")
+    unreadable: list[str] = Field(
+        default_factory=list,
+        description="Directories there that hold no readable snapshot document, each with why.",
+    )
+
+
+class SnapshotResponse(SnapshotInfo):
+    model: str
+    model_version: str = Field(..., description=VERSION_DESCRIPTION)
+
+
+class RestoreResponse(CatalogueUpdateResponse):
+    snapshot: SnapshotInfo = Field(..., description="The snapshot restored, every file verified.")
+
+
+class JobProgress(BaseModel):
+    stage: str = Field(
+        ...,
+        description="copying (a snapshot); verifying, then restoring (a restore): each stage "
+        "counts its own files and bytes.",
+    )
+    files_done: int
+    n_files: int
+    bytes_done: int
+    n_bytes: int
+
+
+class JobStatus(BaseModel):
+    """A snapshot or a restore: started by a request, finished whatever the request's time."""
+
+    model: str
+    kind: str = Field(..., description="snapshot or restore.")
+    name: str = Field(..., description="The snapshot's name (a restore's: the one restored).")
+    state: str = Field(
+        ...,
+        description="in_progress; done (result: what the route answers when it finishes in "
+        "time); failed (error: what it would have answered; type interrupted when the process "
+        "running it ended first).",
+    )
+    started: str | None = Field(None, description="UTC, ISO 8601.")
+    finished: str | None = Field(None, description="UTC, ISO 8601.")
+    progress: JobProgress | None = Field(
+        None, description="While in progress: the stage and how far it is (updated every second)."
+    )
+    error: ErrorBody | None = None
+
+
+class SnapshotStatus(JobStatus):
+    result: SnapshotResponse | None = Field(None, description="Done: the snapshot taken.")
+
+
+class RestoreStatus(JobStatus):
+    result: RestoreResponse | None = Field(None, description="Done: the restore's answer.")

@@ -51,6 +51,14 @@ read at all, a chunk with few has only those scored (:func:`accumulate_picked`, 
 as :func:`accumulate_chunk`), the others in full with the disallowed items skipped when fed. A page
 after a cursor ``(after_sum, after_position)`` keeps only items ranked after it.
 
+**Batches.** :func:`search_shards_many` ranks several queries in one pass: the segments and
+chunks are the same, and each chunk is scanned for every query in turn (:func:`scan_chunk`, the
+single driver's own step, with each query's heap, bitmap, exclusions and cursor), so that rows
+the queries share are read from memory once per chunk and from cache by the others. Each item
+is summed by each query exactly as alone, so every answer is the single query's, bit for bit;
+a batch is bound by the arithmetic (nnz multiply-adds per item and query) where a single query
+is bound by the memory (see docs/measurements/benchmarks.md).
+
 Serial or parallel is chosen by the catalogue entries read, ``max(nnz, 1) * N``, against
 :data:`service.model.threads.SEARCH_PARALLEL_MIN_ENTRIES`, in :func:`search_top_k` only. Parallel
 calls are serialised with the similarity drivers' lock,
@@ -63,6 +71,9 @@ serial driver took 2.8 / 13 / 20 ms; with ``workqueue`` the parallel driver took
 8.9 ms loaded and 2.9 / 4.0 / 6.3 ms idle. Scores are assumed finite: a NaN in the catalogue or
 the weights gives an unspecified ranking.
 """
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -504,18 +515,19 @@ def feed_sparse(
 
 
 @numba.njit(cache=True, nogil=True)
-def scan_segment(
-    projected, atoms, weights, offset, lo, hi, excluded, allowed, base, after_sum, after_pos,
-    buf, heap_scores, heap_positions, size, capacity,
+def scan_chunk(
+    projected, atoms, weights, offset, clo, chi, excluded, e, allowed, base, after_sum, after_pos,
+    picked, buf, heap_scores, heap_positions, size, capacity,
 ):  # fmt: skip
-    r"""Offer the items ``lo <= j < hi`` of one shard to the heap; return its new size.
+    r"""Offer the items ``clo <= j < chi`` of one shard (one chunk, at most ``buf.shape[0]``
+    items) to the heap; return its new size and the first index of ``excluded`` at or after
+    ``offset + chi``.
 
     .. math:: H \leftarrow \operatorname{top}_{\text{capacity}}(H \cup
-              \{(s_j - b, \text{offset} + j) : lo \le j < hi,\ \text{offset} + j \notin E,\
+              \{(s_j - b, \text{offset} + j) : clo \le j < chi,\ \text{offset} + j \notin E,\
               \operatorname{bit}_j,\ (\cdot) \prec \text{after}\})
 
-    Chunks of ``buf.shape[0]`` items from ``lo`` (a multiple of the chunk size): a chunk no
-    item of which the bitmap allows is skipped unread; one with at most
+    A chunk no item of which the bitmap allows is skipped unread; one with at most
     :data:`SPARSE_CHUNK_FRACTION` of its items allowed is scored item by item
     (:func:`feed_sparse`); the others by :func:`accumulate_chunk` and :func:`feed_ascending`,
     around the excluded positions.
@@ -526,52 +538,89 @@ def scan_segment(
     atoms, weights : ndarray of shape (nnz,)
     offset : int
         The shard's first global position.
-    lo, hi : int
+    clo, chi : int
     excluded : ndarray, int64, sorted unique global positions
+    e : int
+        The first index of ``excluded`` at or after ``offset + clo``.
     allowed : ndarray of uint64
         Empty: no filter.
     base : int
     after_sum : float
     after_pos : int
+    picked : ndarray of shape (chunk,), int64
+        Scratch (used with a bitmap only).
     buf : ndarray of shape (chunk,), float64
     heap_scores, heap_positions : ndarray of shape (capacity,)
     size, capacity : int
 
     Returns
     -------
+    size : int
+    e : int
+    """
+    if allowed.shape[0] > 0:
+        n_allowed = count_allowed(allowed, base, clo, chi)
+        if n_allowed == 0:
+            while e < excluded.shape[0] and excluded[e] < offset + chi:
+                e += 1
+            return size, e
+        if n_allowed <= SPARSE_CHUNK_FRACTION * (chi - clo):
+            size = feed_sparse(
+                projected, atoms, weights, offset, clo, chi, excluded, e, allowed, base,
+                after_sum, after_pos, picked, buf, heap_scores, heap_positions, size, capacity,
+            )  # fmt: skip
+            while e < excluded.shape[0] and excluded[e] < offset + chi:
+                e += 1
+            return size, e
+    accumulate_chunk(projected, atoms, weights, clo, chi, buf)
+    segment = clo
+    while e < excluded.shape[0] and excluded[e] < offset + chi:
+        size = feed_ascending(
+            buf, clo, offset, segment, excluded[e] - offset, allowed, base, after_sum,
+            after_pos, heap_scores, heap_positions, size, capacity,
+        )  # fmt: skip
+        segment = excluded[e] - offset + 1
+        e += 1
+    size = feed_ascending(
+        buf, clo, offset, segment, chi, allowed, base, after_sum, after_pos, heap_scores,
+        heap_positions, size, capacity,
+    )  # fmt: skip
+    return size, e
+
+
+@numba.njit(cache=True, nogil=True)
+def scan_segment(
+    projected, atoms, weights, offset, lo, hi, excluded, allowed, base, after_sum, after_pos,
+    buf, heap_scores, heap_positions, size, capacity,
+):  # fmt: skip
+    r"""Offer the items ``lo <= j < hi`` of one shard to the heap; return its new size.
+
+    .. math:: H \leftarrow \operatorname{top}_{\text{capacity}}(H \cup
+              \{(s_j - b, \text{offset} + j) : lo \le j < hi,\ \text{offset} + j \notin E,\
+              \operatorname{bit}_j,\ (\cdot) \prec \text{after}\})
+
+    Chunks of ``buf.shape[0]`` items from ``lo`` (a multiple of the chunk size), each by
+    :func:`scan_chunk`.
+
+    Parameters
+    ----------
+    lo, hi : int
+        The segment.
+    projected, atoms, weights, offset, excluded, allowed, base, after_sum, after_pos, buf,
+    heap_scores, heap_positions, size, capacity
+        As :func:`scan_chunk`.
+
+    Returns
+    -------
     int
     """
     chunk = buf.shape[0]
-    masked = allowed.shape[0] > 0
-    picked = np.empty(chunk if masked else 0, dtype=np.int64)
+    picked = np.empty(chunk if allowed.shape[0] > 0 else 0, dtype=np.int64)
     e = np.searchsorted(excluded, offset + lo)
     for clo in range(lo, hi, chunk):
-        chi = min(clo + chunk, hi)
-        if masked:
-            n_allowed = count_allowed(allowed, base, clo, chi)
-            if n_allowed == 0:
-                continue
-            if n_allowed <= SPARSE_CHUNK_FRACTION * (chi - clo):
-                size = feed_sparse(
-                    projected, atoms, weights, offset, clo, chi, excluded, e, allowed, base,
-                    after_sum, after_pos, picked, buf, heap_scores, heap_positions, size,
-                    capacity,
-                )  # fmt: skip
-                while e < excluded.shape[0] and excluded[e] < offset + chi:
-                    e += 1
-                continue
-        accumulate_chunk(projected, atoms, weights, clo, chi, buf)
-        segment = clo
-        while e < excluded.shape[0] and excluded[e] < offset + chi:
-            size = feed_ascending(
-                buf, clo, offset, segment, excluded[e] - offset, allowed, base, after_sum,
-                after_pos, heap_scores, heap_positions, size, capacity,
-            )  # fmt: skip
-            segment = excluded[e] - offset + 1
-            e += 1
-        size = feed_ascending(
-            buf, clo, offset, segment, chi, allowed, base, after_sum, after_pos, heap_scores,
-            heap_positions, size, capacity,
+        size, e = scan_chunk(
+            projected, atoms, weights, offset, clo, min(clo + chunk, hi), excluded, e, allowed,
+            base, after_sum, after_pos, picked, buf, heap_scores, heap_positions, size, capacity,
         )  # fmt: skip
     return size
 
@@ -585,6 +634,18 @@ def float32_at(typingctx, address):
 
     def codegen(context, builder, _signature, args):
         return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.float32)))
+
+    return signature, codegen
+
+
+@intrinsic
+def uint64_at(typingctx, address):
+    """The uint64 pointer at an address (an int64): how the batch kernels reach each query's
+    bitmap from one int64 array of addresses (see :func:`float32_at`), without copying them."""
+    signature = types.CPointer(types.uint64)(types.int64)
+
+    def codegen(context, builder, _signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(types.uint64)))
 
     return signature, codegen
 
@@ -735,6 +796,161 @@ def search_shards_parallel(
     return size
 
 
+@numba.njit(cache=True, nogil=True)
+def scan_group_many(
+    addresses, sizes, n_atoms, offsets, segments, first, last, code_starts, atoms, weights,
+    excluded_starts, excluded, bitmap_of, bitmaps, allowed_words, allowed_bases, after_sums,
+    after_positions, heap_starts, buf, picked, heap_scores, heap_positions, heap_sizes,
+):  # fmt: skip
+    r"""The bounded top-k of every query of a batch over segments ``first <= g < last``: each
+    chunk is scanned for every query in turn (:func:`scan_chunk`), so that the rows the queries
+    share are read from memory once per chunk and from cache by the others; sizes into
+    ``heap_sizes``.
+
+    .. math:: H_q = \operatorname{top}_{m_q} \bigcup_{g} \text{items}_q(g), \quad q = 1..Q
+
+    Parameters
+    ----------
+    addresses, sizes, n_atoms, offsets, segments, first, last, allowed_bases
+        As :func:`scan_group`.
+    code_starts : ndarray of shape (Q + 1,), int64
+        Query q's atoms and weights are ``atoms[code_starts[q]:code_starts[q + 1]]``.
+    atoms : ndarray of shape (sum nnz,), int64
+    weights : ndarray of shape (sum nnz,), float64
+    excluded_starts : ndarray of shape (Q + 1,), int64
+    excluded : ndarray, int64
+        Each query's sorted unique excluded global positions, one after the other.
+    bitmap_of : ndarray of shape (Q,), int64
+        Which of ``bitmaps`` query q's filter is, -1 for none.
+    bitmaps : ndarray of shape (B,), int64
+        The address of each bitmap (B distinct bitmaps of ``allowed_words`` uint64 words, kept
+        alive by the caller).
+    allowed_words : int
+    after_sums : ndarray of shape (Q,), float64
+    after_positions : ndarray of shape (Q,), int64
+    heap_starts : ndarray of shape (Q + 1,), int64
+        Query q's heap is ``heap_*[heap_starts[q]:heap_starts[q + 1]]`` (its capacity m_q).
+    buf : ndarray of shape (chunk,), float64
+    picked : ndarray of shape (chunk,), int64
+    heap_scores, heap_positions : ndarray of shape (sum m,)
+    heap_sizes : ndarray of shape (Q,), int64
+        Sizes so far; updated.
+    """
+    n_queries = code_starts.shape[0] - 1
+    chunk = buf.shape[0]
+    no_filter = np.empty(0, dtype=np.uint64)
+    next_excluded = np.empty(n_queries, dtype=np.int64)
+    for g in range(first, last):
+        s = segments[g, 0]
+        lo, hi = segments[g, 1], segments[g, 2]
+        projected = numba.carray(float32_at(addresses[s]), (n_atoms, sizes[s]))
+        for q in range(n_queries):
+            next_excluded[q] = excluded_starts[q] + np.searchsorted(
+                excluded[excluded_starts[q] : excluded_starts[q + 1]], offsets[s] + lo
+            )
+        for clo in range(lo, hi, chunk):
+            chi = min(clo + chunk, hi)
+            for q in range(n_queries):
+                h0, h1 = heap_starts[q], heap_starts[q + 1]
+                if h1 == h0:
+                    continue
+                e0 = excluded_starts[q]
+                allowed = no_filter
+                if bitmap_of[q] >= 0:
+                    allowed = numba.carray(uint64_at(bitmaps[bitmap_of[q]]), (allowed_words,))
+                size, e = scan_chunk(
+                    projected, atoms[code_starts[q] : code_starts[q + 1]],
+                    weights[code_starts[q] : code_starts[q + 1]], offsets[s], clo, chi,
+                    excluded[e0 : excluded_starts[q + 1]], next_excluded[q] - e0, allowed,
+                    allowed_bases[s], after_sums[q], after_positions[q], picked, buf,
+                    heap_scores[h0:h1], heap_positions[h0:h1], heap_sizes[q], h1 - h0,
+                )  # fmt: skip
+                heap_sizes[q] = size
+                next_excluded[q] = e0 + e
+
+
+@numba.njit(cache=True, nogil=True)
+def search_shards_many_serial(
+    addresses, sizes, n_atoms, offsets, segments, code_starts, atoms, weights, excluded_starts,
+    excluded, bitmap_of, bitmaps, allowed_words, allowed_bases, after_sums, after_positions,
+    heap_starts, chunk, out_positions, out_sums, out_sizes,
+):  # fmt: skip
+    r"""The best ``m_q`` items of every query of a batch, best first, on the calling thread, in
+    one pass over the segments (see :func:`scan_group_many`): query q's in
+    ``out_*[heap_starts[q]:heap_starts[q] + out_sizes[q]]``.
+
+    .. math:: \text{out}_q = \operatorname{top}_{m_q} \{(\textstyle\sum_r w_{qr} X'_{a_{qr} j},
+              j) : j \notin E_q,\ \operatorname{bit}_{qj},\ (\cdot) \prec \text{after}_q\}
+
+    Parameters
+    ----------
+    addresses, sizes, n_atoms, offsets, segments, code_starts, atoms, weights, excluded_starts,
+    excluded, bitmap_of, bitmaps, allowed_words, allowed_bases, after_sums, after_positions,
+    heap_starts
+        As :func:`scan_group_many`.
+    chunk : int
+    out_positions : ndarray of shape (sum m,), int64
+    out_sums : ndarray of shape (sum m,), float64
+    out_sizes : ndarray of shape (Q,), int64
+    """
+    buf = np.empty(chunk, dtype=np.float64)
+    picked = np.empty(chunk, dtype=np.int64)
+    out_sizes[:] = 0
+    scan_group_many(
+        addresses, sizes, n_atoms, offsets, segments, 0, segments.shape[0], code_starts, atoms,
+        weights, excluded_starts, excluded, bitmap_of, bitmaps, allowed_words, allowed_bases,
+        after_sums, after_positions, heap_starts, buf, picked, out_sums, out_positions, out_sizes,
+    )  # fmt: skip
+    for q in range(code_starts.shape[0] - 1):
+        h0, h1 = heap_starts[q], heap_starts[q + 1]
+        sort_heap(out_sums[h0:h1], out_positions[h0:h1], out_sizes[q])
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def search_shards_many_parallel(
+    addresses, sizes, n_atoms, offsets, segments, group_starts, code_starts, atoms, weights,
+    excluded_starts, excluded, bitmap_of, bitmaps, allowed_words, allowed_bases, after_sums,
+    after_positions, heap_starts, chunk, out_positions, out_sums, out_sizes,
+):  # fmt: skip
+    r"""As :func:`search_shards_many_serial`, each group of segments on a thread of its own with
+    its own heaps (one per query); each query's heaps are merged.
+
+    .. math:: \text{out}_q = \operatorname{top}_{m_q} \bigcup_g H_{gq}
+
+    Parameters
+    ----------
+    group_starts : ndarray of shape (G + 1,), int64
+    addresses, sizes, n_atoms, offsets, segments, code_starts, atoms, weights, excluded_starts,
+    excluded, bitmap_of, bitmaps, allowed_words, allowed_bases, after_sums, after_positions,
+    heap_starts, chunk, out_positions, out_sums, out_sizes
+        As :func:`search_shards_many_serial`.
+    """
+    n_queries = code_starts.shape[0] - 1
+    total = heap_starts[n_queries]
+    n_groups = group_starts.shape[0] - 1
+    group_sums = np.empty((n_groups, total), dtype=np.float64)
+    group_positions = np.empty((n_groups, total), dtype=np.int64)
+    group_sizes = np.zeros((n_groups, n_queries), dtype=np.int64)
+    for g in numba.prange(n_groups):
+        buf = np.empty(chunk, dtype=np.float64)
+        picked = np.empty(chunk, dtype=np.int64)
+        scan_group_many(
+            addresses, sizes, n_atoms, offsets, segments, group_starts[g], group_starts[g + 1],
+            code_starts, atoms, weights, excluded_starts, excluded, bitmap_of, bitmaps,
+            allowed_words, allowed_bases, after_sums, after_positions, heap_starts, buf, picked,
+            group_sums[g], group_positions[g], group_sizes[g],
+        )  # fmt: skip
+    for q in range(n_queries):
+        h0, h1 = heap_starts[q], heap_starts[q + 1]
+        size = 0
+        for g in range(n_groups):
+            for i in range(h0, h0 + group_sizes[g, q]):
+                size = heap_offer(out_sums[h0:h1], out_positions[h0:h1], size, h1 - h0,
+                                  group_sums[g, i], group_positions[g, i])  # fmt: skip
+        sort_heap(out_sums[h0:h1], out_positions[h0:h1], size)
+        out_sizes[q] = size
+
+
 def search_runs_serially(n_nonzero: int, n_items: int) -> bool:
     """Whether a search of a code with ``n_nonzero`` atoms over ``n_items`` items runs on the
     calling thread (else in a parallel region, under
@@ -832,33 +1048,37 @@ class ShardSet:
         return search_shards(self, atoms, weights, k, excluded, allowed, after)
 
 
-def search_shards(shards: ShardSet, atoms, weights, k, excluded=None, allowed=None, after=None):
-    """-> (positions int64 shape (m,), sums float64 shape (m,)): the best items, best first, by
-    the unbiased score ``sum_r weights[r] * X'[atoms[r], j]``; ties by lower global position.
+@dataclass(frozen=True)
+class KernelQuery:
+    """One query of :func:`search_shards_many`, checked (see :func:`kernel_query`).
 
     Parameters
     ----------
-    shards : ShardSet
-    atoms : array-like of shape (nnz,), int
-        Distinct atoms, each in ``0..A-1`` (the range is checked here: the kernels do not check
-        bounds). nnz may be 0.
-    weights : array-like of shape (nnz,), float
-    k : int
-        How many items at most (>= 1).
-    excluded : array-like of int, optional
-        Sorted unique global positions never to return.
-    allowed : ndarray of uint64, optional
-        A bitmap of ``shards.bitmap_words`` words (see :meth:`ShardSet.empty_bitmap`): only its
-        items are returned. None: every item.
-    after : (float, int), optional
-        A cursor: only items ranked after the item of this unbiased score and global position.
+    atoms : ndarray of shape (nnz,), int64
+    weights : ndarray of shape (nnz,), float64
+    excluded : ndarray of shape (n_excluded,), int64
+    allowed : ndarray of uint64
+        Empty: no filter.
+    after_sum : float
+    after_position : int
+    m : int
+        Items it ranks at most (``k``, less the excluded where fewer are left; may be 0).
+    """
 
-    Returns
-    -------
-    positions : ndarray of shape (m,), int64
-        ``m <= k``: fewer when the filter, the exclusions or the cursor leave fewer.
-    sums : ndarray of shape (m,), float64
-        Non-increasing; add the code's bias for scores.
+    atoms: np.ndarray
+    weights: np.ndarray
+    excluded: np.ndarray
+    allowed: np.ndarray
+    after_sum: float
+    after_position: int
+    m: int
+
+
+def kernel_query(
+    shards: ShardSet, atoms, weights, k, excluded=None, allowed=None, after=None
+) -> KernelQuery:
+    """A query of :func:`search_shards` checked against ``shards`` (the kernels check no
+    bounds): see :func:`search_shards` for the parameters.
 
     Raises
     ------
@@ -892,27 +1112,152 @@ def search_shards(shards: ShardSet, atoms, weights, k, excluded=None, allowed=No
     elif allowed.dtype != np.uint64 or allowed.shape != (shards.bitmap_words,):
         raise ValueError(f"allowed must be a bitmap of {shards.bitmap_words} uint64 words")
     after_sum, after_pos = (np.inf, -1) if after is None else (float(after[0]), int(after[1]))
-    m = min(int(k), shards.n_items - excluded.shape[0])
-    positions = np.empty(max(m, 0), dtype=np.int64)
-    sums = np.empty(max(m, 0), dtype=np.float64)
-    if m <= 0:
+    m = max(min(int(k), shards.n_items - excluded.shape[0]), 0)
+    return KernelQuery(atoms, weights, excluded, allowed, after_sum, after_pos, m)
+
+
+def search_shards(shards: ShardSet, atoms, weights, k, excluded=None, allowed=None, after=None):
+    """-> (positions int64 shape (m,), sums float64 shape (m,)): the best items, best first, by
+    the unbiased score ``sum_r weights[r] * X'[atoms[r], j]``; ties by lower global position.
+
+    Parameters
+    ----------
+    shards : ShardSet
+    atoms : array-like of shape (nnz,), int
+        Distinct atoms, each in ``0..A-1`` (the range is checked here: the kernels do not check
+        bounds). nnz may be 0.
+    weights : array-like of shape (nnz,), float
+    k : int
+        How many items at most (>= 1).
+    excluded : array-like of int, optional
+        Sorted unique global positions never to return.
+    allowed : ndarray of uint64, optional
+        A bitmap of ``shards.bitmap_words`` words (see :meth:`ShardSet.empty_bitmap`): only its
+        items are returned. None: every item.
+    after : (float, int), optional
+        A cursor: only items ranked after the item of this unbiased score and global position.
+
+    Returns
+    -------
+    positions : ndarray of shape (m,), int64
+        ``m <= k``: fewer when the filter, the exclusions or the cursor leave fewer.
+    sums : ndarray of shape (m,), float64
+        Non-increasing; add the code's bias for scores.
+
+    Raises
+    ------
+    ValueError
+        k < 1, or arrays of the wrong shape, type or range.
+    """
+    return search_one(shards, kernel_query(shards, atoms, weights, k, excluded, allowed, after))
+
+
+def search_one(shards: ShardSet, query: KernelQuery) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`search_shards` of a query already checked (see :func:`kernel_query`)."""
+    positions = np.empty(query.m, dtype=np.int64)
+    sums = np.empty(query.m, dtype=np.float64)
+    if query.m == 0:
         return positions, sums
-    if search_runs_serially(atoms.shape[0], shards.n_items):
+    arguments = (
+        query.atoms, query.weights, query.excluded, query.allowed, shards.bitmap_bases,
+        query.after_sum, query.after_position, CHUNK_ITEMS, positions, sums,
+    )  # fmt: skip
+    if search_runs_serially(query.atoms.shape[0], shards.n_items):
         segments, _ = shards.plan(1, CHUNK_ITEMS)
         size = search_shards_serial(
-            shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments, atoms,
-            weights, excluded, allowed, shards.bitmap_bases, after_sum, after_pos, CHUNK_ITEMS,
-            positions, sums,
-        )  # fmt: skip
+            shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments, *arguments
+        )
     else:
         segments, starts = shards.plan(GROUPS_PER_THREAD * numba.get_num_threads(), CHUNK_ITEMS)
         with threads.PARALLEL_REGION:
             size = search_shards_parallel(
                 shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments, starts,
-                atoms, weights, excluded, allowed, shards.bitmap_bases, after_sum, after_pos,
-                CHUNK_ITEMS, positions, sums,
+                *arguments,
             )  # fmt: skip
     return positions[:size], sums[:size]
+
+
+def batch_runs_serially(queries: Sequence[KernelQuery], n_items: int) -> bool:
+    """Whether :func:`search_shards_many` of ``queries`` runs on the calling thread: the entries
+    read by all of them together, as for one query (:func:`search_runs_serially`)."""
+    entries = sum(max(query.atoms.shape[0], 1) for query in queries)
+    return search_runs_serially(entries, n_items)
+
+
+def search_many_bytes(n_bitmaps: int, n_items: int, n_ranked: int) -> int:
+    """Bytes a batch holds while it ranks (:func:`search_shards_many`): ``n_bitmaps`` bitmaps
+    of ``n_items`` items, and heaps of ``n_ranked`` items in all in every group of the parallel
+    driver and in the merged answer (16 bytes an item: a score and a position)."""
+    groups = GROUPS_PER_THREAD * numba.get_num_threads() + 1
+    return n_bitmaps * 8 * ((n_items + 63) // 64) + 16 * n_ranked * groups
+
+
+def _starts(lengths: Sequence[int]) -> np.ndarray:
+    """Where each of consecutive parts of ``lengths`` starts, and the end; shape (n + 1,)."""
+    return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+
+
+def search_shards_many(
+    shards: ShardSet, queries: Sequence[KernelQuery]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """-> [(positions, sums), ...]: each query's answer, exactly what :func:`search_shards`
+    answers it alone, from one pass over the shards (see :func:`scan_group_many`).
+
+    Parameters
+    ----------
+    shards : ShardSet
+    queries : sequence of KernelQuery
+        Made by :func:`kernel_query` for ``shards``.
+
+    Returns
+    -------
+    list of (ndarray of shape (m_q,), int64; ndarray of shape (m_q,), float64)
+    """
+    if len(queries) <= 1:
+        return [search_one(shards, query) for query in queries]
+    code_starts = _starts([q.atoms.shape[0] for q in queries])
+    excluded_starts = _starts([q.excluded.shape[0] for q in queries])
+    heap_starts = _starts([q.m for q in queries])
+    atoms = np.concatenate([q.atoms for q in queries])
+    weights = np.concatenate([q.weights for q in queries])
+    excluded = np.concatenate([q.excluded for q in queries])
+    # Each distinct bitmap once, by address (a version's live items are shared by its queries).
+    bitmaps: dict[int, int] = {}
+    bitmap_of = np.full(len(queries), -1, dtype=np.int64)
+    for i, query in enumerate(queries):
+        if query.allowed.shape[0]:
+            address = query.allowed.ctypes.data
+            bitmap_of[i] = bitmaps.setdefault(address, len(bitmaps))
+    addresses = np.array(list(bitmaps), dtype=np.int64)
+    after_sums = np.array([q.after_sum for q in queries], dtype=np.float64)
+    after_positions = np.array([q.after_position for q in queries], dtype=np.int64)
+    positions = np.empty(int(heap_starts[-1]), dtype=np.int64)
+    sums = np.empty(int(heap_starts[-1]), dtype=np.float64)
+    sizes = np.zeros(len(queries), dtype=np.int64)
+    arguments = (
+        code_starts, atoms, weights, excluded_starts, excluded, bitmap_of, addresses,
+        shards.bitmap_words, shards.bitmap_bases, after_sums, after_positions, heap_starts,
+        CHUNK_ITEMS, positions, sums, sizes,
+    )  # fmt: skip
+    if heap_starts[-1] > 0:
+        if batch_runs_serially(queries, shards.n_items):
+            segments, _ = shards.plan(1, CHUNK_ITEMS)
+            search_shards_many_serial(
+                shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments,
+                *arguments,
+            )  # fmt: skip
+        else:
+            n_groups = GROUPS_PER_THREAD * numba.get_num_threads()
+            segments, starts = shards.plan(n_groups, CHUNK_ITEMS)
+            with threads.PARALLEL_REGION:
+                search_shards_many_parallel(
+                    shards.addresses, shards.sizes, shards.n_atoms, shards.offsets, segments,
+                    starts, *arguments,
+                )  # fmt: skip
+    return [
+        (positions[h0 : h0 + size].copy(), sums[h0 : h0 + size].copy())
+        for h0, size in zip(heap_starts[:-1].tolist(), sizes.tolist(), strict=True)
+    ]
 
 
 def search_top_k(

@@ -38,12 +38,15 @@ store
     Writing versions: :func:`build_catalogue` (a whole build), :class:`CatalogueUpdate`
     (upserts, deletions, compaction), under one writer lock, acknowledged once on disk.
 filters
-    Item attributes and :class:`Filter` (Qdrant's shape), applied in the kernel as bitmaps.
+    Item attributes and :class:`Filter` (Qdrant's shape), applied in the kernel as bitmaps;
+    the counts and facets they allow.
 pages
     :class:`~service.model.search.pages.Cursor`: pages of a ranking within a version.
+snapshots
+    Snapshots of a catalogue version (checksummed copies) and their restore.
 index
-    :class:`SearchQuery`, :class:`SearchResult`, :class:`SearchIndex` (answers queries,
-    writes updates).
+    :class:`SearchQuery`, :class:`SearchResult`, :class:`SearchIndex` (answers queries, one
+    or a batch, writes updates, takes and restores snapshots).
 """
 
 from service.model.search.catalogue import (

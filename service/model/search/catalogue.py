@@ -45,9 +45,20 @@ from service.model.errors import (
     InvalidInputError,
     brief,
 )
-from service.model.kernels.search import ShardSet, search_shards
+from service.model.kernels.search import (
+    ShardSet,
+    kernel_query,
+    search_shards,
+    search_shards_many,
+)
 from service.model.search.codes import SparseCode
-from service.model.search.filters import ATTRIBUTE_KINDS, Filter, pack_bits
+from service.model.search.filters import (
+    ATTRIBUTE_KINDS,
+    Filter,
+    count_bits,
+    merge_tallies,
+    pack_bits,
+)
 from service.model.search.layout import check_parent
 from service.model.search.shards import Shard, lookup_ids, narrow_strings, read_shard
 
@@ -61,6 +72,8 @@ __all__ = [
     "DEFAULT_NEGATIVES",
     "Catalogue",
     "CatalogueQueries",
+    "Facet",
+    "RankRequest",
     "Ranking",
     "narrow_strings",
     "read_catalogue",
@@ -87,6 +100,50 @@ class Ranking:
     sums: np.ndarray
     ids: list[str]
     missing_shards: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class RankRequest:
+    """One ranking of a batch (:meth:`Catalogue.top_many`): the arguments of
+    :meth:`Catalogue.top` for one query.
+
+    Parameters
+    ----------
+    code : SparseCode
+    k : int
+        At least 1.
+    excluded : ndarray, int64, optional
+        Sorted unique global positions never returned.
+    query_filter : Filter, optional
+    after : (float, int), optional
+    """
+
+    code: SparseCode
+    k: int
+    excluded: np.ndarray | None = None
+    query_filter: Filter | None = None
+    after: tuple[float, int] | None = None
+
+
+@dataclass(frozen=True)
+class Facet:
+    """Counts of live items per value of one attribute.
+
+    Parameters
+    ----------
+    key : str
+    values : list of str or float
+        The values with the most items, most first (ties by value).
+    counts : list of int
+        Items of each.
+    n_values : int
+        Distinct values among the items counted (``len(values)`` when all are listed).
+    """
+
+    key: str
+    values: list[Any]
+    counts: list[int]
+    n_values: int
 
 
 class CatalogueQueries:
@@ -116,6 +173,31 @@ class CatalogueQueries:
         """InvalidInputError unless every condition names one of the attributes, with an
         operand of its kind."""
         query_filter.check(self.attributes)
+
+    def check_key(self, key: str, where: str = "key") -> None:
+        """InvalidInputError unless ``key`` is one of the catalogue's attributes."""
+        if key not in self.attributes:
+            known = ", ".join(repr(k) for k in sorted(self.attributes)) or "none"
+            raise InvalidInputError(
+                f"{where}: unknown attribute {brief(key)}; the catalogue's attributes are: {known}"
+            )
+
+    def facet(self, key: str, query_filter: Filter | None = None, limit: int = 10) -> Facet:
+        """The ``limit`` values of attribute ``key`` held by the most live items that
+        ``query_filter`` allows (None: every live item), with their counts, exact.
+
+        Raises
+        ------
+        InvalidInputError
+            An unknown key, a filter that does not fit the attributes, ``limit`` below 1.
+        """
+        self.check_key(key)
+        if query_filter is not None:
+            self.check_filter(query_filter)
+        if limit < 1:
+            raise InvalidInputError(f"limit must be at least 1, got {limit!r}")
+        values, counts, n_values = merge_tallies(self.tallies(key, query_filter), limit)
+        return Facet(key, values, counts, n_values)
 
     def describe(self) -> dict[str, Any]:
         """Version, sizes, shards and attributes, for clients."""
@@ -319,9 +401,7 @@ class Catalogue(CatalogueQueries):
         bits = self._shard_set.empty_bitmap()
         for s, shard in enumerate(self.shards):
             base = self._shard_set.bitmap_bases[s]
-            words = query_filter.bits(shard.condition_bits, shard.n_words)
-            words &= shard.every_item
-            bits[base : base + shard.n_words] = words
+            bits[base : base + shard.n_words] = shard.allowed(query_filter, None)
         if self._alive is not None:
             bits &= self._alive
         return bits
@@ -364,6 +444,64 @@ class Catalogue(CatalogueQueries):
             self.allowed_bits(query_filter), after,
         )  # fmt: skip
         return Ranking(positions, sums, self.ids_at(positions))
+
+    def top_many(
+        self, requests: Sequence[RankRequest], allow_partial: bool = False
+    ) -> list[Ranking]:
+        """:meth:`top` of each request, in order, each exactly what it answers alone, from one
+        pass over the shards (see :func:`service.model.kernels.search.search_shards_many`):
+        queries whose codes share atoms read those rows once.
+
+        Parameters
+        ----------
+        requests : sequence of RankRequest
+        allow_partial : bool
+            For catalogues whose shards are held elsewhere; every shard answers here.
+
+        Returns
+        -------
+        list of Ranking
+        """
+        for shard in self.shards:
+            shard.readable()
+        bits: dict[str, np.ndarray | None] = {}  # a filter's bitmap once per batch
+        queries = []
+        for request in requests:
+            flt = request.query_filter
+            text = "" if flt is None else flt.canonical()
+            if text not in bits:
+                bits[text] = self.allowed_bits(flt)
+            queries.append(kernel_query(
+                self._shard_set, request.code.atoms, request.code.weights, request.k,
+                request.excluded, bits[text], request.after,
+            ))  # fmt: skip
+        answers = search_shards_many(self._shard_set, queries)
+        return [Ranking(positions, sums, self.ids_at(positions)) for positions, sums in answers]
+
+    # -- counts --------------------------------------------------------------------------------
+
+    def count(self, query_filter: Filter | None = None) -> int:
+        """Live items that ``query_filter`` allows (None: every live item), exact.
+
+        Raises
+        ------
+        InvalidInputError
+            A filter that does not fit the attributes.
+        """
+        if query_filter is None:
+            return self.n_items
+        self.check_filter(query_filter)
+        return count_bits(self.allowed_bits(query_filter))
+
+    def tallies(self, key: str, query_filter: Filter | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each shard's values of attribute ``key`` among the live items ``query_filter``
+        allows, and their counts (see :meth:`Shard.tally`)."""
+        bits = self.allowed_bits(query_filter)
+        bases = self._shard_set.bitmap_bases
+        return [
+            shard.tally(key, None if bits is None else bits[base : base + shard.n_words])
+            for shard, base in zip(self.shards, bases.tolist(), strict=True)
+        ]
 
 
 def sample_positions(n: int, m: int, rng: np.random.Generator) -> np.ndarray:

@@ -92,6 +92,14 @@ class StringColumn:
         code = int(self.codes[j])
         return None if code < 0 else str(self.values[code])
 
+    def tally(self, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The values the items of ``mask`` (None: every item) have, and how many have each;
+        the values sorted."""
+        codes = self.codes if mask is None else self.codes[mask]
+        counts = np.bincount(codes[codes >= 0], minlength=len(self.values))
+        held = counts > 0
+        return self.values[held], counts[held].astype(np.int64)
+
     def arrays(self, name: str) -> dict[str, np.ndarray]:
         return {f"{name}_codes": self.codes, f"{name}_values": self.values}
 
@@ -124,6 +132,12 @@ class NumberColumn:
     def value_at(self, j: int) -> float | None:
         value = float(self.values[j])
         return None if math.isnan(value) else value
+
+    def tally(self, mask: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`StringColumn.tally`."""
+        values = self.values if mask is None else self.values[mask]
+        values, counts = np.unique(values[~np.isnan(values)], return_counts=True)
+        return values, counts.astype(np.int64)
 
     def arrays(self, name: str) -> dict[str, np.ndarray]:
         return {name: self.values}
@@ -308,6 +322,40 @@ def pack_bits(mask: np.ndarray) -> np.ndarray:
     """One bit per item, item j at bit ``j % 64`` of word ``j // 64``: the kernels' layout."""
     packed = np.packbits(mask, bitorder="little")
     return np.pad(packed, (0, -packed.size % 8)).view(np.uint64)
+
+
+def unpack_bits(words: np.ndarray, n: int) -> np.ndarray:
+    """The mask of ``n`` items whose bits :func:`pack_bits` packed into ``words``."""
+    return np.unpackbits(words.view(np.uint8), count=n, bitorder="little").view(bool)
+
+
+def count_bits(words: np.ndarray) -> int:
+    """The set bits of a bitmap."""
+    return int(np.bitwise_count(words).sum())
+
+
+def merge_tallies(
+    parts: Sequence[tuple[np.ndarray, np.ndarray]], limit: int
+) -> tuple[list[Any], list[int], int]:
+    """Counts per value summed over parts (each values and counts, see
+    :meth:`StringColumn.tally`): the ``limit`` values with the most items, most first (ties by
+    value), their counts, and the number of distinct values in all.
+
+    Parameters
+    ----------
+    parts : sequence of (ndarray of shape (n_i,), ndarray of shape (n_i,) int64)
+        Values of one kind (strings or numbers).
+    limit : int
+        At least 1.
+    """
+    parts = [(values, counts) for values, counts in parts if len(values)]
+    if not parts:
+        return [], [], 0
+    values, at = np.unique(np.concatenate([v for v, _ in parts]), return_inverse=True)
+    counts = np.bincount(at, weights=np.concatenate([c for _, c in parts]), minlength=len(values))
+    counts = counts.astype(np.int64)
+    order = np.lexsort((np.arange(len(values)), -counts))[:limit]
+    return values[order].tolist(), counts[order].tolist(), len(values)
 
 
 def all_bits(n: int) -> np.ndarray:

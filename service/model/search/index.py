@@ -24,19 +24,27 @@ from service.model.errors import (
     InvalidInputError,
     NotFoundError,
     brief,
+    located,
 )
-from service.model.kernels.search import search_runs_serially
+from service.model.kernels.search import search_many_bytes, search_runs_serially
 from service.model.predictor import Predictor
-from service.model.search.catalogue import Catalogue
+from service.model.search.catalogue import Catalogue, Ranking, RankRequest
 from service.model.search.codes import SparseCode, sparse_svm_code
 from service.model.search.filters import AttributeLimits, Filter
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
 from service.model.search.pages import Cursor, query_digest
 from service.model.search.remote import CatalogueSource
+from service.model.search.snapshots import (
+    Snapshot,
+    restore_model_catalogue,
+    snapshot_model_catalogue,
+)
 from service.model.search.store import (
+    NO_PROGRESS,
     CatalogueUpdate,
     CommitGate,
+    Progress,
     UpdateResult,
     check_ids,
     rows_filler,
@@ -189,6 +197,46 @@ class SearchResult:
     missing_shards: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, eq=False)
+class PreparedQuery:
+    """A query ready to be ranked (see :meth:`SearchIndex.prepare`): all it needs of the model
+    and the catalogue is settled, its ranking is not made yet (alone or in a batch).
+
+    Parameters
+    ----------
+    query : SearchQuery
+    catalogue : Catalogue
+        The version it is checked against and ranked in.
+    kind : {"class", "code", "positives"}
+    code : SparseCode
+        Pruned to the query's sparsity.
+    excluded : ndarray, int64
+        Sorted unique global positions it never returns.
+    digest : str
+        Its ranking's identity (see :func:`service.model.search.pages.query_digest`).
+    after : (float, int) or None
+        Its cursor's last item.
+    n_positives, n_negatives : int
+    """
+
+    query: SearchQuery
+    catalogue: Catalogue
+    kind: str
+    code: SparseCode
+    excluded: np.ndarray
+    digest: str
+    after: tuple[float, int] | None
+    n_positives: int
+    n_negatives: int
+
+    def rank_request(self) -> RankRequest:
+        """What its ranking asks of the catalogue: the best offset + top_k items."""
+        return RankRequest(
+            self.code, self.query.offset + self.query.top_k, self.excluded, self.query.filter,
+            self.after,
+        )  # fmt: skip
+
+
 class SearchIndex:
     """A search model with its catalogue, answering :class:`SearchQuery`.
 
@@ -275,6 +323,30 @@ class SearchIndex:
             return True  # no parallel region here: the shards are searched elsewhere
         return search_runs_serially(self.model.n_atoms, self.catalogue.n_positions)
 
+    def batch_runs_serially(self, queries: Sequence[SearchQuery]) -> bool:
+        """Whether :meth:`run_many` of ``queries`` stays on the calling thread (see
+        :meth:`runs_serially`): every query would, and all of them together read fewer entries
+        than a parallel region is worth."""
+        if not all(self.runs_serially(query) for query in queries):
+            return False
+        if self.answers_elsewhere:
+            return True
+        assert self.catalogue is not None  # runs_serially is False without one
+        return search_runs_serially(self.model.n_atoms * len(queries), self.catalogue.n_positions)
+
+    def batch_bytes(self, queries: Sequence[SearchQuery]) -> int:
+        """Bytes :meth:`run_many` holds for ``queries`` while it ranks them (see
+        :func:`service.model.kernels.search.search_many_bytes`): the bitmap of each distinct
+        filter over the catalogue (built on the workers, for shards held elsewhere) and each
+        query's heaps."""
+        catalogue = self.require_catalogue()
+        filters = {query.filter.canonical() for query in queries if query.filter is not None}
+        return search_many_bytes(
+            0 if self.answers_elsewhere else len(filters),
+            catalogue.n_positions,
+            sum(query.offset + query.top_k for query in queries),
+        )
+
     def run(self, query: SearchQuery) -> SearchResult:
         """Answer one query (its own rules were checked when it was made).
 
@@ -293,6 +365,50 @@ class SearchIndex:
             or instances not in the model's input shape.
         NotFoundError
             No catalogue.
+        """
+        prepared = self.prepare(query)
+        request = prepared.rank_request()
+        ranking = prepared.catalogue.top(
+            request.code, request.k, request.excluded, request.query_filter, request.after,
+            query.allow_partial,
+        )  # fmt: skip
+        return self.finish(prepared, ranking)
+
+    def run_many(self, queries: Sequence[SearchQuery]) -> list[SearchResult]:
+        """Answer a batch of queries, each exactly as :meth:`run` answers it alone, from one
+        catalogue version and one pass over its shards (see :meth:`Catalogue.top_many`).
+
+        Every query is checked before any is ranked: the first that fails fails the batch, its
+        error naming it (``searches[3]: ...``), and nothing is ranked.
+
+        Parameters
+        ----------
+        queries : sequence of SearchQuery
+
+        Returns
+        -------
+        list of SearchResult
+            In the order of ``queries``.
+        """
+        prepared = []
+        for i, query in enumerate(queries):
+            with located(f"searches[{i}]"):
+                prepared.append(self.prepare(query))
+        catalogue = self.require_catalogue()
+        # Shards held elsewhere answer the batch at once: it is partial only if every query
+        # allows it.
+        allow_partial = all(query.allow_partial for query in queries)
+        rankings = catalogue.top_many([p.rank_request() for p in prepared], allow_partial)
+        return [self.finish(p, r) for p, r in zip(prepared, rankings, strict=True)]
+
+    def prepare(self, query: SearchQuery) -> PreparedQuery:
+        """Everything of ``query`` that needs the model and the catalogue but not a ranking: its
+        code (learned from examples if need be), the positions it excludes, its cursor checked.
+
+        Raises
+        ------
+        InvalidInputError, NotFoundError, VersionConflictError
+            See :meth:`run`; a cursor of another catalogue version.
         """
         catalogue = self.require_catalogue()
         if query.filter is not None:
@@ -317,25 +433,30 @@ class SearchIndex:
         if query.cursor is not None:
             query.cursor.check(catalogue.digest, catalogue.version, catalogue.n_positions, digest)
             after = (query.cursor.after_sum, query.cursor.after_position)
-        ranking = catalogue.top(
-            code, query.offset + query.top_k, excluded_positions, query.filter, after,
-            query.allow_partial,
+        return PreparedQuery(
+            query, catalogue, kind, code, excluded_positions, digest, after, n_positives,
+            n_negatives,
         )  # fmt: skip
+
+    def finish(self, prepared: PreparedQuery, ranking: Ranking) -> SearchResult:
+        """The answer to a prepared query from its ranking: its page, scores and next cursor,
+        and the strongest atoms it asked for."""
+        query, catalogue, code = prepared.query, prepared.catalogue, prepared.code
         page = slice(query.offset, None)
         positions, sums = ranking.positions[page], ranking.sums[page]
         next_cursor = None
         if len(positions) == query.top_k:
             last = Cursor(catalogue.digest, catalogue.version, float(sums[-1]),
-                          int(positions[-1]), digest)  # fmt: skip
+                          int(positions[-1]), prepared.digest)  # fmt: skip
             next_cursor = last.encode()
         scores = (code.bias + sums).tolist()
         return SearchResult(
-            kind=kind,
+            kind=prepared.kind,
             code=code,
             items=list(zip(ranking.ids[page], scores, strict=True)),
             strongest_atoms=self.strongest_atoms(code, query.strongest_atoms),
-            n_positives=n_positives,
-            n_negatives=n_negatives,
+            n_positives=prepared.n_positives,
+            n_negatives=prepared.n_negatives,
             catalogue_version=catalogue.version,
             next_cursor=next_cursor,
             missing_shards=ranking.missing_shards,
@@ -474,11 +595,15 @@ class SearchIndex:
             raise InvalidInputError(f"{what}[{int(bad[0])}] has non-finite features")
         return rows
 
-    def _update(self, gate: CommitGate | None) -> CatalogueUpdate:
+    def _model_dir(self) -> Path:
         if self.model_dir is None:
             raise NotFoundError("this search index was not loaded from a model directory")
+        return self.model_dir
+
+    def _update(self, gate: CommitGate | None = None) -> CatalogueUpdate:
+        model_dir = self._model_dir()
         return CatalogueUpdate(
-            catalogue_dir(self.model_dir), search_dir(self.model_dir), self.model.n_atoms,
+            catalogue_dir(model_dir), search_dir(model_dir), self.model.n_atoms,
             reuse=self.catalogue, gate=gate,
         )  # fmt: skip
 
@@ -564,11 +689,25 @@ class SearchIndex:
         with self._update(gate) as update:
             return update.delete(ids)
 
+    def snapshot(self, out: str | os.PathLike, progress: Progress = NO_PROGRESS) -> Snapshot:
+        """Write a snapshot of the newest catalogue version on disk to ``out`` (see
+        :func:`service.model.search.snapshots.take_snapshot`)."""
+        return snapshot_model_catalogue(self._model_dir(), out, progress)
+
+    def restore(
+        self, snapshot: str | os.PathLike, progress: Progress = NO_PROGRESS
+    ) -> UpdateResult:
+        """Verify the snapshot at ``snapshot`` and make its version the catalogue's newest (see
+        :func:`service.model.search.snapshots.restore_snapshot`); on disk when this returns,
+        served by this index's successor."""
+        _, result = restore_model_catalogue(snapshot, self._model_dir(), progress)
+        return result
+
     def warm_up(self) -> None:
         """Make the first query of every kind as fast as the next: compile and page in the
-        scoring path (serial and parallel) with the first class, and learn one code from the
-        first live items as positives (the path solver's first call otherwise loads its
-        compiled code)."""
+        scoring path (serial and parallel, one query and a batch) with the first class, and
+        learn one code from the first live items as positives (the path solver's first call
+        otherwise loads its compiled code)."""
         catalogue = self.catalogue
         if catalogue is None:
             return
@@ -576,6 +715,7 @@ class SearchIndex:
         catalogue.top(code, 10)
         if code.n_nonzero:
             catalogue.top(code.pruned(1), 10)
+        catalogue.top_many([RankRequest(code, 10), RankRequest(code.pruned(1), 10)])
         positions = catalogue.negatives[:WARM_UP_POSITIVES]
         positives = catalogue.rows(positions)
         negatives = catalogue.negative_rows(positions)

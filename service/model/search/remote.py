@@ -47,7 +47,12 @@ from service.model.errors import (
     ArtifactError,
     ShardsUnavailableError,
 )
-from service.model.kernels.search import ShardSet, search_shards
+from service.model.kernels.search import (
+    ShardSet,
+    kernel_query,
+    search_shards,
+    search_shards_many,
+)
 from service.model.search.catalogue import (
     CATALOGUE_TYPE,
     SHARDED_LAYOUT,
@@ -55,10 +60,11 @@ from service.model.search.catalogue import (
     Catalogue,
     CatalogueQueries,
     Ranking,
+    RankRequest,
     read_catalogue,
 )
 from service.model.search.codes import SparseCode
-from service.model.search.filters import Filter, pack_bits
+from service.model.search.filters import Filter, count_bits, pack_bits
 from service.model.search.layout import check_parent
 from service.model.search.shards import lookup_ids, read_shard
 
@@ -152,29 +158,57 @@ class ShardActor:
                 raise VersionNotPreparedError(version)
             return self.versions[version]
 
+    def _allowed(self, version: str, filter_json: Any, known: dict[str, Any]) -> Any:
+        """The bitmap of the live items of ``version`` that a filter (its JSON, None for none)
+        allows, None for every item; each filter's bitmap once per call (``known``)."""
+        text = json.dumps(filter_json, sort_keys=True)
+        if text not in known:
+            query_filter = None if filter_json is None else Filter.parse(filter_json)
+            known[text] = self.shard.allowed(query_filter, self._live(version))
+        return known[text]
+
     async def search(self, request: bytes) -> bytes:
-        """This shard's best ``k`` live items for a request packed by :meth:`RemoteCatalogue.top`
-        (:func:`pack_message`: the version, k, the filter and cursor in the header; atoms,
-        weights and excluded positions as arrays): a message of their ids (header) and global
-        positions and unbiased sums (arrays)."""
-        header, (atoms, weights, excluded) = unpack_message(request)
-        live = self._live(header["version"])
-        allowed = live
-        if header["filter"] is not None:
-            query_filter = Filter.parse(header["filter"])
-            allowed = query_filter.bits(self.shard.condition_bits, self.shard.n_words)
-            allowed &= self.shard.every_item
-            if live is not None:
-                allowed &= live
-        after = header["after"]
+        """This shard's best ``k`` live items for each query of a request packed by
+        :meth:`RemoteCatalogue.top_many` (:func:`pack_message`: the version and each query's
+        k, filter and cursor in the header; each query's code length, the atoms, the weights,
+        each query's number of excluded positions and the excluded positions as arrays): a
+        message of their ids (header), and each query's count, the global positions and the
+        unbiased sums (arrays), in one pass over the shard."""
+        header, (code_lengths, atoms, weights, excluded_lengths, excluded) = unpack_message(request)
         end = self.first + self.shard.n_items
-        excluded = excluded[(excluded >= self.first) & (excluded < end)]
-        positions, sums = search_shards(
-            self.shard_set, atoms, weights, header["k"], excluded, allowed,
-            None if after is None else (float(after[0]), int(after[1])),
-        )  # fmt: skip
-        ids = self.shard.ids[positions - self.first].tolist()
-        return pack_message({"ids": ids}, [positions.astype(np.int64), sums.astype(np.float64)])
+        code_cuts, excluded_cuts = np.cumsum(code_lengths)[:-1], np.cumsum(excluded_lengths)[:-1]
+        known: dict[str, Any] = {}
+        queries = []
+        for spec, query_atoms, query_weights, query_excluded in zip(
+            header["queries"], np.split(atoms, code_cuts), np.split(weights, code_cuts),
+            np.split(excluded, excluded_cuts), strict=True,
+        ):  # fmt: skip
+            after = spec["after"]
+            inside = query_excluded[(query_excluded >= self.first) & (query_excluded < end)]
+            queries.append(kernel_query(
+                self.shard_set, query_atoms, query_weights, spec["k"], inside,
+                self._allowed(header["version"], spec["filter"], known),
+                None if after is None else (float(after[0]), int(after[1])),
+            ))  # fmt: skip
+        answers = search_shards_many(self.shard_set, queries)
+        ids = [self.shard.ids[positions - self.first].tolist() for positions, _ in answers]
+        return pack_message({"ids": ids}, [
+            np.array([len(positions) for positions, _ in answers], dtype=np.int64),
+            np.concatenate([positions for positions, _ in answers]).astype(np.int64),
+            np.concatenate([sums for _, sums in answers]).astype(np.float64),
+        ])  # fmt: skip
+
+    def count(self, version: str, filter_json: Any) -> int:
+        """The live items of ``version`` here that a filter (its JSON) allows."""
+        bits = self._allowed(version, filter_json, {})
+        return self.shard.n_items if bits is None else count_bits(bits)
+
+    def tally(self, version: str, key: str, filter_json: Any) -> bytes:
+        """The values of attribute ``key`` among the live items here that a filter (its JSON,
+        None for none) allows, and their counts: a message of two arrays (see
+        :meth:`Shard.tally`)."""
+        values, counts = self.shard.tally(key, self._allowed(version, filter_json, {}))
+        return pack_message({}, [values, counts])
 
     def lookup(self, version: str, ids: list[str]) -> np.ndarray:
         """Global positions of the live items of ``ids`` here, -1 for the others."""
@@ -547,29 +581,92 @@ class RemoteCatalogue(CatalogueQueries):
     ) -> Ranking:
         """The best ``k`` live items: each shard's best ``k``, merged by unbiased score then
         global position (the in-process order, so the same ranking)."""
-        excluded = np.zeros(0, dtype=np.int64) if excluded is None else excluded
+        (ranking,) = self.top_many(
+            [RankRequest(code, k, excluded, query_filter, after)], allow_partial
+        )
+        return ranking
+
+    def top_many(
+        self, requests: Sequence[RankRequest], allow_partial: bool = False
+    ) -> list[Ranking]:
+        """:meth:`top` of each request, in order, from one call to each shard's actor, which
+        answers them all in one pass over its shard."""
+        none = np.zeros(0, dtype=np.int64)
+        excluded = [none if r.excluded is None else np.asarray(r.excluded, np.int64)
+                    for r in requests]  # fmt: skip
         request = pack_message(
             {
                 "version": self.digest,
-                "k": int(k),
-                "filter": None if query_filter is None else json.loads(query_filter.canonical()),
-                "after": None if after is None else [float(after[0]), int(after[1])],
+                "queries": [
+                    {
+                        "k": int(r.k),
+                        "filter": None if r.query_filter is None else _filter_json(r.query_filter),
+                        "after": None if r.after is None else [float(r.after[0]), int(r.after[1])],
+                    }
+                    for r in requests
+                ],
             },
-            [np.asarray(code.atoms, np.int64), np.asarray(code.weights, np.float64),
-             np.asarray(excluded, np.int64)],
-        )  # fmt: skip
+            [
+                np.array([r.code.atoms.size for r in requests], dtype=np.int64),
+                np.concatenate([np.asarray(r.code.atoms, np.int64) for r in requests]),
+                np.concatenate([np.asarray(r.code.weights, np.float64) for r in requests]),
+                np.array([e.size for e in excluded], dtype=np.int64),
+                np.concatenate(excluded),
+            ],
+        )
         answers, missing = self._each(
             [(shard, (request,)) for shard in self.shards], "search", allow_partial
         )
-        answers = [None if a is None else unpack_message(a) for a in answers]
-        parts = [answer for answer in answers if answer is not None]
-        if not parts:
-            return Ranking(np.zeros(0, np.int64), np.zeros(0), [], tuple(missing))
-        positions = np.concatenate([arrays[0] for _, arrays in parts])
-        sums = np.concatenate([arrays[1] for _, arrays in parts])
-        ids = [i for header, _ in parts for i in header["ids"]]
-        order = np.lexsort((positions, -sums))[:k]
-        return Ranking(positions[order], sums[order], [ids[i] for i in order], tuple(missing))
+        # Each shard's answer cut into its queries' parts: parts[q] lists (ids, positions, sums).
+        parts: list[list[tuple[list[str], np.ndarray, np.ndarray]]] = [[] for _ in requests]
+        for answer in answers:
+            if answer is None:
+                continue
+            header, (sizes, positions, sums) = unpack_message(answer)
+            cuts = np.cumsum(sizes)[:-1]
+            for q, (ids, p, v) in enumerate(zip(
+                header["ids"], np.split(positions, cuts), np.split(sums, cuts), strict=True
+            )):  # fmt: skip
+                parts[q].append((ids, p, v))
+        return [_merged(query_parts, r.k, tuple(missing))
+                for query_parts, r in zip(parts, requests, strict=True)]  # fmt: skip
+
+    def count(self, query_filter: Filter | None = None) -> int:
+        """Live items that ``query_filter`` allows (None: every live item), exact: the sum of
+        every shard's count (a shard that does not answer in time fails it)."""
+        if query_filter is None:
+            return self.n_items
+        self.check_filter(query_filter)
+        text = _filter_json(query_filter)
+        answers, _ = self._each([(s, (self.digest, text)) for s in self.shards], "count")
+        return int(sum(answers))
+
+    def tallies(self, key: str, query_filter: Filter | None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each shard's values of attribute ``key`` among the live items ``query_filter``
+        allows, and their counts, from its actor."""
+        text = None if query_filter is None else _filter_json(query_filter)
+        calls = [(shard, (self.digest, key, text)) for shard in self.shards]
+        answers, _ = self._each(calls, "tally")
+        return [tuple(unpack_message(answer)[1]) for answer in answers]
+
+
+def _filter_json(query_filter: Filter) -> Any:
+    """A filter as the actors read it back (:meth:`Filter.parse`)."""
+    return json.loads(query_filter.canonical())
+
+
+def _merged(
+    parts: Sequence[tuple[list[str], np.ndarray, np.ndarray]], k: int, missing: tuple[str, ...]
+) -> Ranking:
+    """One query's ranking from its shards' parts (ids, positions, sums): merged by unbiased
+    score, then global position (the in-process order), the best ``k``."""
+    if not parts:
+        return Ranking(np.zeros(0, np.int64), np.zeros(0), [], missing)
+    positions = np.concatenate([p for _, p, _ in parts])
+    sums = np.concatenate([v for _, _, v in parts])
+    ids = [i for part_ids, _, _ in parts for i in part_ids]
+    order = np.lexsort((positions, -sums))[:k]
+    return Ranking(positions[order], sums[order], [ids[i] for i in order], missing)
 
 
 def _local(tombstones: np.ndarray, shard: ShardRef) -> np.ndarray:

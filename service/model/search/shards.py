@@ -36,9 +36,11 @@ from service.model.search.filters import (
     Column,
     Condition,
     ConditionCache,
+    Filter,
     all_bits,
     column_from_arrays,
     pack_bits,
+    unpack_bits,
 )
 
 SHARD_TYPE = "catalogue-shard"
@@ -202,6 +204,25 @@ class Shard:
             condition.cache_key,
             lambda: pack_bits(condition.holds(self.columns.get(condition.key), self.n_items)),
         )
+
+    def allowed(self, query_filter: Filter | None, live: np.ndarray | None) -> np.ndarray | None:
+        """The bitmap of this shard's items that ``query_filter`` allows among those of
+        ``live`` (None: every item), or None when both are None (every item)."""
+        if query_filter is None:
+            return live
+        words = query_filter.bits(self.condition_bits, self.n_words)
+        words &= self.every_item
+        if live is not None:
+            words &= live
+        return words
+
+    def tally(self, key: str, words: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The values of attribute ``key`` among the items of the bitmap ``words`` (None: every
+        item), and how many items have each (see :meth:`StringColumn.tally`)."""
+        column = self.columns.get(key)
+        if column is None:
+            return np.zeros(0), np.zeros(0, dtype=np.int64)
+        return column.tally(None if words is None else unpack_bits(words, self.n_items))
 
     def attributes_at(self, j: int) -> dict[str, Any]:
         """The attributes item ``j`` has."""

@@ -285,6 +285,74 @@ def test_pages_after_a_cursor_cover_the_ranking(mode):
         np.testing.assert_array_equal(np.concatenate(pages), full[0])
 
 
+@pytest.mark.parametrize("chunk", [64, 100])
+def test_a_batch_ranks_every_query_exactly_as_alone(mode, chunk, monkeypatch):
+    """Codes sharing atoms and not, filters shared and not, exclusions, cursors, a k past the
+    items left, no atoms at all: one pass answers each query bit for bit as it answers alone,
+    and a reference by numpy."""
+    monkeypatch.setattr(search_kernels, "CHUNK_ITEMS", chunk)
+    rng = np.random.default_rng(15)
+    projected = rng.integers(-3, 4, size=(10, 2500)).astype(np.float32)  # ties everywhere
+    shards = ShardSet(split(projected, [700, 1, 1100]))
+    masks = [rng.random(2500) < 0.4, rng.random(2500) < 0.01, np.zeros(2500, bool)]
+    bitmaps = [bitmap_of(shards, mask) for mask in masks]
+    shared = bitmaps[0]
+    specs = [
+        ([1, 4, 7], [1.0, -0.5, 2.0], 30, None, None, None),
+        ([4, 7, 1], [0.25, 1.0, -1.0], 2500, None, shared, None),
+        ([9, 0, 4, 7, 2], rng.standard_normal(5), 17, np.arange(0, 2500, 7), shared, None),
+        ([], [], 12, np.array([0, 1, 2]), None, None),
+        ([3], [1.0], 40, None, bitmaps[1], None),
+        ([5, 6], [1.0, 1.0], 10, None, bitmaps[2], None),  # nothing allowed
+        ([2, 8], [-1.0, 0.5], 25, None, None, (1.0, 1200)),  # after a cursor
+        ([1, 4], [1.0, 1.0], 5000, np.arange(2500), None, None),  # everything excluded
+    ]
+    queries, alone = [], []
+    for atoms, weights, k, excluded, allowed, after in specs:
+        queries.append(search_kernels.kernel_query(
+            shards, atoms, weights, k, excluded, allowed, after
+        ))  # fmt: skip
+        alone.append(search_shards(shards, atoms, weights, k, excluded, allowed, after))
+    batch = search_kernels.search_shards_many(shards, queries)
+    assert len(batch) == len(specs)
+    for (positions, sums), (expected, expected_sums), spec in zip(batch, alone, specs, strict=True):
+        np.testing.assert_array_equal(positions, expected)
+        np.testing.assert_array_equal(sums, expected_sums)  # the same sums, bit for bit
+        atoms, weights, k, excluded, allowed, after = spec
+        scores = np.asarray(weights) @ projected[np.asarray(atoms, dtype=np.int64)].astype(
+            np.float64
+        )
+        keep = np.ones(2500, bool) if allowed is None else masks[
+            next(i for i, b in enumerate(bitmaps) if b is allowed)]  # fmt: skip
+        keep = keep.copy()
+        if excluded is not None:
+            keep[excluded] = False
+        if after is not None:
+            keep &= (scores < after[0]) | ((scores == after[0]) & (np.arange(2500) > after[1]))
+        candidates = np.flatnonzero(keep)
+        order = candidates[np.argsort(-scores[candidates], kind="stable")][:k]
+        np.testing.assert_array_equal(positions, order)
+    assert search_kernels.search_shards_many(shards, []) == []
+
+
+def test_a_batch_sums_floats_as_each_query_alone(mode):
+    """Real-valued rows, codes of 1 to 11 atoms (every pass of the chunk kernel: 4, 2, 1 rows):
+    the batch's scores are the single queries' bit for bit, whatever the rounding."""
+    rng = np.random.default_rng(16)
+    projected = rng.standard_normal((32, 3000)).astype(np.float32)
+    shards = ShardSet(split(projected, [1000, 1000]))
+    scales = 10.0 ** rng.integers(-3, 3, size=11)
+    codes = [(rng.choice(32, n, replace=False), rng.standard_normal(n) * scales[n - 1])
+             for n in range(1, 12)]  # fmt: skip
+    batch = search_kernels.search_shards_many(
+        shards, [search_kernels.kernel_query(shards, a, w, 50) for a, w in codes]
+    )
+    for (positions, sums), (atoms, weights) in zip(batch, codes, strict=True):
+        expected, expected_sums = search_shards(shards, atoms, weights, 50)
+        np.testing.assert_array_equal(positions, expected)
+        np.testing.assert_array_equal(sums, expected_sums)
+
+
 def test_a_shard_set_may_start_past_zero():
     rng = np.random.default_rng(14)
     projected = rng.standard_normal((3, 200)).astype(np.float32)
