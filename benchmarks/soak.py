@@ -18,7 +18,18 @@ Hostile kinds (each a defect of issue 22):
 - ``non-readers``: an answer of 15 MB (an echoed request id) that the client never reads;
 - ``aborts``: a body cut short (Content-Length 100, 12 bytes, close) or a broken chunked body;
 - ``idle``: ``MAX_CONNECTIONS / clients`` idle connections each, reopened when closed;
-- ``malformed``: pipelined requests then a malformed one; a path with a trailing slash.
+- ``malformed``: pipelined requests then a malformed one; a path with a trailing slash;
+- ``partial-heads`` (issue 36): :data:`PARTIAL_HEADS` ``/ clients`` connections each, 26 bytes
+  of a request line and nothing more, renewed every :data:`PARTIAL_RENEW_S` (inside
+  ``HEADER_TIMEOUT_S``);
+- ``grpc-trickle`` (issue 36, with a gRPC port): :data:`TRICKLE_STREAMS` ModelInfer calls each,
+  raw HTTP/2 streams declaring a 1 MiB message and sending a byte every second;
+- ``upserts`` (issue 36, with an admin token): catalogue upserts of :data:`UPSERT_ITEMS` items
+  with attributes (:data:`UPSERT_KEYS` keys each, from a pool of :data:`KEY_POOL`), one a second,
+  so that the memory bound is checked with updates under way.
+
+With a gRPC port, a normal gRPC client beside the normal REST one sends one digit at a time
+(ModelInfer).
 
 The figures (:class:`SoakResult`): the normal client's latencies and errors, every hostile
 answer's status by kind, /readyz's answers, and the peak memory of each server process.
@@ -44,7 +55,8 @@ from sklearn.datasets import load_digits
 if __package__ in (None, ""):  # run as a script: the repository's root on the path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.loadgen import LoadResult, http_request, run_load
+from benchmarks.http2 import RawHttp2Connection
+from benchmarks.loadgen import GrpcCall, LoadResult, http_request, run_load
 
 KINDS = (
     "exclude",
@@ -55,8 +67,21 @@ KINDS = (
     "aborts",
     "idle",
     "malformed",
+    "partial-heads",
+    "grpc-trickle",
+    "upserts",
 )
 PROBE_INTERVAL_S = 0.25
+# How often a partial-heads client sends its request line anew (HEADER_TIMEOUT_S is 10).
+PARTIAL_RENEW_S = 8.0
+PARTIAL_HEAD = b"GET /healthz HTTP/1.1\r\nHo"
+# Connections holding a partial request line, over all clients: beside the idle ones (as many as
+# MAX_CONNECTIONS) a few hundred keep the cap full; issue 36's 1,100 of them alone are
+# tests/api/test_hostile_clients.py's.
+PARTIAL_HEADS = 400
+TRICKLE_STREAMS = 8
+UPSERT_ITEMS, UPSERT_KEYS, KEY_POOL = 20, 8, 64
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Seconds the hostile clients get past the end to record the answers under way.
 STOP_GRACE_S = 2.0
 RSS_INTERVAL_S = 0.1
@@ -73,16 +98,21 @@ class SoakResult:
     hostile: dict[str, Counter]
     readiness: Counter
     peak_rss: dict[int, int] = field(default_factory=dict)
+    grpc: LoadResult | None = None
 
     def summary(self) -> dict:
-        normal = self.normal
+        clients = {"normal": self.normal, "grpc": self.grpc}
         return {
-            "normal": {
-                "requests": len(normal.latencies_ns),
-                "p50_ms": round(normal.percentile_ms(50), 3),
-                "p99_ms": round(normal.percentile_ms(99), 3),
-                "max_ms": round(normal.percentile_ms(100), 3),
-                "errors": dict(normal.errors),
+            **{
+                name: {
+                    "requests": len(result.latencies_ns),
+                    "p50_ms": round(result.percentile_ms(50), 3),
+                    "p99_ms": round(result.percentile_ms(99), 3),
+                    "max_ms": round(result.percentile_ms(100), 3),
+                    "errors": dict(result.errors),
+                }
+                for name, result in clients.items()
+                if result is not None
             },
             "hostile": {kind: dict(counts) for kind, counts in self.hostile.items()},
             "readyz": dict(self.readiness),
@@ -101,9 +131,16 @@ def rss_bytes(pid: int) -> int:
 
 
 def soak(
-    host: str, port: int, pids: list[int], seconds: float = 15.0, clients: int = 4
+    host: str,
+    port: int,
+    pids: list[int],
+    seconds: float = 15.0,
+    clients: int = 4,
+    grpc_port: int | None = None,
+    admin_token: str | None = None,
 ) -> SoakResult:
-    """Run the soak against the server at ``host:port`` whose processes are ``pids``."""
+    """Run the soak against the server at ``host:port`` whose processes are ``pids``; with
+    ``grpc_port``, gRPC's clients too, with ``admin_token``, catalogue upserts."""
     stop = threading.Event()
     peak = dict.fromkeys(pids, 0)
     readiness: Counter = Counter()
@@ -120,11 +157,23 @@ def soak(
             stop.wait(PROBE_INTERVAL_S)
 
     threads = [threading.Thread(target=f, daemon=True) for f in (sample_memory, probe_readiness)]
+    extra = [] if grpc_port is None else ["--grpc-port", str(grpc_port)]
+    extra += [] if admin_token is None else ["--admin-token", admin_token]
     hostile = subprocess.Popen(
         [sys.executable, __file__, "--hostile", "--host", host, "--port", str(port),
-         "--seconds", str(seconds), "--clients", str(clients)],
+         "--seconds", str(seconds), "--clients", str(clients), *extra],
         stdout=subprocess.PIPE,
     )  # fmt: skip
+    grpc_load: dict[str, LoadResult] = {}
+    if grpc_port is not None:
+
+        def grpc_client() -> None:
+            grpc_load["result"] = run_load(
+                host, grpc_port, _infer_message(), 1, seconds - 1.0, 0.0,
+                grpc=GrpcCall(MODEL_INFER),
+            )  # fmt: skip
+
+        threads.append(threading.Thread(target=grpc_client, name="grpc", daemon=True))
     try:
         for thread in threads:
             thread.start()
@@ -140,9 +189,20 @@ def soak(
             hostile.kill()
             hostile.wait()
         for thread in threads:
-            thread.join(5)
+            thread.join(5 if thread.name != "grpc" else seconds + 60)
     counts = {kind: Counter(statuses) for kind, statuses in json.loads(output).items()}
-    return SoakResult(normal, counts, readiness, peak)
+    return SoakResult(normal, counts, readiness, peak, grpc_load.get("result"))
+
+
+def _infer_message() -> bytes:
+    """One digit as a serialized ModelInferRequest (FP64, raw contents), as tritonclient sends
+    it."""
+    from service.api.protocol import inference_pb2
+
+    request = inference_pb2.ModelInferRequest(model_name="digits")
+    request.inputs.add(name="input", datatype="FP64", shape=[1, 8, 8])
+    request.raw_input_contents.append(np.asarray(DIGIT, dtype="<f8").tobytes())
+    return request.SerializeToString()
 
 
 def _status_of(host: str, port: int, request: bytes) -> str:
@@ -246,8 +306,16 @@ async def _statuses(reader: asyncio.StreamReader, at_most: int) -> list[str]:
 
 
 class _Hostile:
-    def __init__(self, host: str, port: int, deadline: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        deadline: float,
+        grpc_port: int | None = None,
+        admin_token: str | None = None,
+    ) -> None:
         self.host, self.port, self.deadline = host, port, deadline
+        self.grpc_port, self.admin_token = grpc_port, admin_token
         self.requests = _requests()
         self.statuses: dict[str, Counter] = {kind: Counter() for kind in KINDS}
 
@@ -342,35 +410,103 @@ class _Hostile:
             writer.transport.abort()
 
     async def idle(self, connections: int) -> None:
-        async def hold() -> None:
+        await self.hold("idle", connections)
+
+    async def partial_heads(self, connections: int) -> None:
+        await self.hold("partial-heads", connections, PARTIAL_HEAD, PARTIAL_RENEW_S)
+
+    async def hold(
+        self, kind: str, connections: int, sent: bytes = b"", renew_s: float | None = None
+    ) -> None:
+        """``connections`` connections that send ``sent`` (nothing: idle) and then wait, each
+        reopened when the server closes it, or every ``renew_s`` seconds."""
+
+        async def one() -> None:
             while self.running():
                 try:
                     reader, writer = await self.connect()
+                    if sent:
+                        writer.write(sent)
+                        await writer.drain()
+                        self.statuses[kind]["sent"] += 1
                 except OSError as error:
-                    self.statuses["idle"][type(error).__name__] += 1
+                    self.statuses[kind][type(error).__name__] += 1
                     await asyncio.sleep(0.1)
                     continue
-                remaining = self.deadline - time.monotonic()
+                wait = max(self.deadline - time.monotonic(), 0.01)
                 try:
-                    closed = await asyncio.wait_for(reader.read(65536), max(remaining, 0.01))
-                    self.statuses["idle"]["closed by the server" if not closed else "answered"] += 1
+                    answer = await asyncio.wait_for(reader.read(65536), min(wait, renew_s or wait))
+                    status = answer.split(b" ", 2)[1].decode() if answer[:5] == b"HTTP/" else None
+                    self.statuses[kind][status or "closed by the server"] += 1
                 except TimeoutError:
                     pass
                 except OSError as error:
-                    self.statuses["idle"][type(error).__name__] += 1
+                    self.statuses[kind][type(error).__name__] += 1
                 writer.close()
 
-        await asyncio.gather(*(hold() for _ in range(connections)))
+        await asyncio.gather(*(one() for _ in range(connections)))
+
+    def grpc_trickle(self) -> None:
+        """TRICKLE_STREAMS calls on one connection, each a byte a second (on a thread: the
+        raw HTTP/2 client is blocking), reopened when the server ends them."""
+        while self.running():
+            try:
+                connection = RawHttp2Connection(self.host, self.grpc_port)
+            except OSError as error:
+                self.statuses["grpc-trickle"][type(error).__name__] += 1
+                time.sleep(0.5)
+                continue
+            streams = [
+                connection.start_call(MODEL_INFER, [], 1 << 20, b"\0")
+                for _ in range(TRICKLE_STREAMS)
+            ]
+            self.statuses["grpc-trickle"]["sent"] += len(streams)
+            while self.running() and not connection.closed.is_set():
+                if all(stream in connection.ended for stream in streams):
+                    break
+                time.sleep(1.0)
+                for stream in streams:
+                    connection.trickle(stream)
+            self.statuses["grpc-trickle"]["ended by the server"] += len(connection.ended)
+            connection.close()
+
+    async def upserts(self, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        n = 0
+        while self.running():
+            ids = [f"soak-{seed}-{n}-{j}" for j in range(UPSERT_ITEMS)]
+            keys = [rng.choice(KEY_POOL, UPSERT_KEYS, replace=False) for _ in ids]
+            body = {
+                "ids": ids,
+                "instances": [DIGIT] * UPSERT_ITEMS,
+                "attributes": [{f"key-{k}": float(k) for k in chosen} for chosen in keys],
+            }
+            request = raw_post(
+                "/v1/models/digits/catalogue/items",
+                json.dumps(body).encode(),
+                f"Authorization: Bearer {self.admin_token}\r\n".encode(),
+            )
+            await self.exchange("upserts", request)
+            n += 1
+            await asyncio.sleep(1.0)
 
 
-async def _hostile_main(host: str, port: int, seconds: float, clients: int) -> dict:
-    hostile = _Hostile(host, port, time.monotonic() + seconds)
+async def _hostile_main(host: str, port: int, seconds: float, clients: int, **options) -> dict:
+    """Every hostile client for ``seconds``; ``options``: :class:`_Hostile`'s ``grpc_port`` and
+    ``admin_token``."""
+    hostile = _Hostile(host, port, time.monotonic() + seconds, **options)
+    grpc_port, admin_token = hostile.grpc_port, hostile.admin_token
     tasks = []
     for _ in range(clients):
         tasks += [hostile.repeat(k) for k in ("exclude", "lists", "headers", "malformed")]
         tasks.append(hostile.abort())
         tasks += [hostile.slow_body() for _ in range(2)]
         tasks += [hostile.non_reader(), hostile.idle(1000 // clients)]
+        tasks.append(hostile.partial_heads(PARTIAL_HEADS // clients))
+        if grpc_port is not None:
+            tasks.append(asyncio.to_thread(hostile.grpc_trickle))
+        if admin_token is not None:
+            tasks.append(hostile.upserts(len(tasks)))
     running = [asyncio.ensure_future(task) for task in tasks]
     # Answers still awaited at the end are not waited for (a slow body is never finished).
     _, late = await asyncio.wait(running, timeout=seconds + STOP_GRACE_S)
@@ -387,14 +523,21 @@ def main() -> None:
     parser.add_argument("--pids", default="", help="server processes to sample, comma-separated")
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--clients", type=int, default=4, help="hostile clients of each kind")
+    parser.add_argument("--grpc-port", type=int, help="the server's GRPC_PORT: gRPC clients too")
+    parser.add_argument("--admin-token", help="the server's ADMIN_TOKEN: catalogue upserts too")
     parser.add_argument("--hostile", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hostile:
-        result = asyncio.run(_hostile_main(args.host, args.port, args.seconds, args.clients))
+        options = {"grpc_port": args.grpc_port, "admin_token": args.admin_token}
+        result = asyncio.run(
+            _hostile_main(args.host, args.port, args.seconds, args.clients, **options)
+        )
         print(json.dumps(result))
         return
     pids = [int(pid) for pid in args.pids.split(",") if pid]
-    result = soak(args.host, args.port, pids, args.seconds, args.clients)
+    result = soak(
+        args.host, args.port, pids, args.seconds, args.clients, args.grpc_port, args.admin_token
+    )
     print(json.dumps(result.summary(), indent=2))
 
 

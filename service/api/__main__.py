@@ -23,12 +23,12 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
-from service.api.machinery.auth import KeyFileError, KeyStore
+from service.api.machinery.auth import PROBE_PATHS, KeyFileError, KeyStore
 from service.api.machinery.connections import ConnectionLimits, limited_config
 from service.api.machinery.metrics import forget_worker, multiprocess_directory
 from service.api.machinery.observability import logging_config
 from service.api.machinery.payloads import PayloadLogError, check_destination
-from service.api.machinery.tls import TlsFiles
+from service.api.machinery.tls import TlsFileError, TlsFiles
 from service.api.settings import Settings
 from service.model.threads import worker_environment
 
@@ -103,7 +103,7 @@ def main() -> None:
         if tls is not None:
             tls.ssl_context()
         check_destination(settings)
-    except (KeyFileError, PayloadLogError, OSError, ssl.SSLError) as error:
+    except (KeyFileError, TlsFileError, PayloadLogError, OSError, ssl.SSLError) as error:
         raise SystemExit(f"cannot start: {error}") from None
     options = dict(
         host=settings.host,
@@ -124,6 +124,7 @@ def main() -> None:
             settings.max_connections,
             max_header_bytes=settings.max_header_bytes,
             send_timeout_s=settings.send_timeout_s,
+            eager_paths=tuple(sorted(PROBE_PATHS)),
         ),
         **({} if tls is None else tls.uvicorn_options()),
     )
@@ -132,7 +133,7 @@ def main() -> None:
     if settings.workers == 1:
         # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
         # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
-        with multiprocess_directory(1):  # only checks one the user set
+        with multiprocess_directory(1, settings.prometheus_multiproc_dir):  # only checks one given
             server = uvicorn.Server(limited_config(create_app(settings), **options))
             signal.signal(signal.SIGTERM, lambda signum, frame: None)
             server.run()
@@ -140,7 +141,7 @@ def main() -> None:
     # Worker processes import the factory by name and read the same environment, which sizes
     # their thread pools so that together they do not oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
-    with multiprocess_directory(settings.workers) as metrics_dir:
+    with multiprocess_directory(settings.workers, settings.prometheus_multiproc_dir) as metrics_dir:
         config = limited_config(
             "service.api.app:create_app", factory=True, workers=settings.workers, **options
         )

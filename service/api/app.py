@@ -7,12 +7,11 @@ import contextlib
 import gc
 import logging
 import signal
-import threading
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-import grpc
 from fastapi import FastAPI
+from grpc import aio as grpc_aio
 from pydantic import BaseModel
 
 import service
@@ -32,7 +31,7 @@ from service.api.machinery.tracing import (
 )
 from service.api.protocol import rest as protocol_rest
 from service.api.protocol.grpc import InferenceServicer, drain_on_signals, start_grpc_server
-from service.api.registry import ModelRegistry, Repository
+from service.api.registry import ModelRegistry, Repository, off_loop
 from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.search.remote import CatalogueSource, SearchCluster
@@ -87,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """
     settings = settings or Settings()
     # One set of metrics per app (and per process: in multi-process mode they are its files).
-    metrics = PrometheusMetrics()
+    metrics = PrometheusMetrics(settings.prometheus_multiproc_dir)
     keys = KeyStore(settings)
     policy = AccessPolicy(keys, settings)
     # The request bytes the process holds at once: one budget for HTTP bodies and gRPC messages.
@@ -124,7 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             grpc_service = None
             try:
                 if settings.grpc_port is not None:
-                    grpc_service = GrpcService.start(
+                    grpc_service = await GrpcService.start(
                         settings, plane, policy, metrics, budget, payloads, traced_servicer(tracing)
                     )
                 rescans = Rescans(
@@ -239,10 +238,12 @@ class Rescans:
     """Rescans of the repository on SIGHUP and, if ``interval_s`` > 0, every ``interval_s``
     seconds: one at a time, requests arriving during a rescan coalesced into the next one.
 
-    ``each`` are called before every rescan (the API keys are re-read), ``on_hangup`` on each
-    SIGHUP (the TLS files are re-read). An async context manager: the SIGHUP handler (where the
-    process's main thread runs the loop) and the background task live as long as the
-    ``async with``.
+    ``each`` are called before every rescan (the API keys are re-read), ``on_hangup`` before
+    the rescan a SIGHUP asks for (the TLS files are re-read): each on a thread of its own,
+    waited for at most LOAD_TIMEOUT_S (:func:`~service.api.registry.off_loop`), so that a file
+    that cannot be read at once never holds the event loop, the signals it handles, or the
+    requests. An async context manager: the SIGHUP handler (where the process's main thread
+    runs the loop) and the background task live as long as the ``async with``.
     """
 
     def __init__(
@@ -259,15 +260,31 @@ class Rescans:
         self._wanted = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._hangup = False
+        self._hung_up_since = False  # a SIGHUP since the last rescan: on_hangup is due
 
     def request(self, why: str) -> None:
         logger.info("rescan of the %s requested (%s)", self.registry.repository.describe(), why)
         self._wanted.set()
 
     def _hung_up(self) -> None:
-        for reload in self.on_hangup:
-            reload()
+        self._hung_up_since = True
         self.request("SIGHUP")
+
+    async def _reread(self, reloads: list[Callable[[], None]]) -> None:
+        """Run each of ``reloads`` off the loop; one that takes longer than LOAD_TIMEOUT_S is
+        left to finish on its own (what it reads stays as it was until it does)."""
+        for reload in reloads:
+            try:
+                await off_loop(reload, timeout_s=self.registry.load_timeout_s)
+            except TimeoutError:
+                logger.error(
+                    "re-reading (%s) took longer than %g s (LOAD_TIMEOUT_S): what was read "
+                    "before stays",
+                    getattr(reload, "__qualname__", reload),
+                    self.registry.load_timeout_s,
+                )
+            except Exception:  # a reload's bug must not end the rescans
+                logger.exception("re-reading (%s) failed", getattr(reload, "__qualname__", reload))
 
     async def __aenter__(self) -> Rescans:
         loop = asyncio.get_running_loop()
@@ -294,8 +311,9 @@ class Rescans:
             except TimeoutError:
                 pass
             self._wanted.clear()
-            for reload in self.each:
-                reload()
+            due = self.on_hangup if self._hung_up_since else []
+            self._hung_up_since = False
+            await self._reread([*due, *self.each])
             try:
                 await self.registry.sync()
             except Exception:  # a failed rescan must not end the rescans
@@ -306,13 +324,13 @@ class GrpcService:
     """The gRPC server of one app: started by the lifespan, drained on SIGTERM (with HTTP),
     stopped at the end of the lifespan."""
 
-    def __init__(self, server: grpc.Server, grace_s: float) -> None:
+    def __init__(self, server: grpc_aio.Server, grace_s: float) -> None:
         self.server = server
         self.grace_s = grace_s
-        self._stopped: threading.Event | None = None
+        self._stopping: asyncio.Task | None = None
 
     @classmethod
-    def start(
+    async def start(
         cls,
         settings: Settings,
         plane: DataPlane,
@@ -322,18 +340,19 @@ class GrpcService:
         payloads: PayloadLog | None = None,
         servicer: type[InferenceServicer] = InferenceServicer,
     ) -> GrpcService:
-        server = start_grpc_server(settings, plane, policy, metrics, budget, payloads, servicer)
+        server = await start_grpc_server(
+            settings, plane, policy, metrics, budget, payloads, servicer
+        )
         service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service
 
     def drain(self) -> None:
         """Refuse new calls, and let those under way finish within SHUTDOWN_TIMEOUT_S."""
-        if self._stopped is None:
+        if self._stopping is None:
             logger.info("gRPC: draining")
-            self._stopped = self.server.stop(self.grace_s)
+            self._stopping = asyncio.get_running_loop().create_task(self.server.stop(self.grace_s))
 
     async def stop(self) -> None:
         self.drain()
-        # Calls under way may wait for the event loop (a batch, the registry): never block it.
-        await asyncio.to_thread(self._stopped.wait)
+        await self._stopping

@@ -25,14 +25,11 @@ concurrent work.
 
 With dynamic batching (:mod:`service.api.batching`), a classification joins its model
 version's queue and is computed with the requests waiting beside it; each batch is placed as
-above. gRPC calls, which run on threads of their own, come in through
-:meth:`DataPlane.classify_blocking`, with the same limits.
+above, whichever route it came by (REST, the protocol over REST, gRPC).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import enum
 import os
@@ -67,6 +64,7 @@ from service.model.search import (
     UpdateResult,
 )
 from service.model.search.catalogue import Facet
+from service.model.search.filters import AttributeLimits
 from service.model.search.snapshots import (
     Snapshot,
     described_snapshot,
@@ -75,6 +73,8 @@ from service.model.search.snapshots import (
     remove_unfinished,
     snapshot_in,
 )
+from service.model.search.store import CommitGate
+from service.model.threads import lower_priority
 
 T = TypeVar("T")
 
@@ -83,6 +83,9 @@ COST_SMOOTHING = 0.2
 # A measurement counts at most this many times the estimate: one request preempted on a busy
 # host (milliseconds, for microseconds of work) must not send the next ones off the loop.
 COST_OUTLIER_FACTOR = 4.0
+# Threads that decode large bodies (see DataPlane.convert): two, so that a large body does not
+# hold up every other one behind it.
+DECODE_THREADS = 2
 # Most atoms one search reports with their items (each costs a pass over the catalogue).
 MAX_STRONGEST_ATOMS = 100
 # Most basis items one explanation names.
@@ -133,11 +136,18 @@ class DataPlane:
         self.inline_budget_s = settings.inline_budget_ms / 1000.0
         self.inline_body_bytes = settings.inline_body_bytes
         self.max_json_values = settings.max_json_values
+        self.attribute_limits = AttributeLimits(
+            settings.max_item_attributes,
+            settings.max_catalogue_attributes,
+            "MAX_ITEM_ATTRIBUTES",
+            "MAX_CATALOGUE_ATTRIBUTES",
+        )
         # Seconds per unit of work by kind, per snapshot: a new version learns its own.
         self._costs: weakref.WeakKeyDictionary[ModelSnapshot, dict[str, float]] = (
             weakref.WeakKeyDictionary()
         )
         self._compute: ThreadPoolExecutor | None = None
+        self._decoder: ThreadPoolExecutor | None = None
         # Concurrent work and its time limit: overload answers at once instead of queueing.
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
         # Dynamic batching, unless a model's serving.json says otherwise; a batcher per version.
@@ -156,9 +166,10 @@ class DataPlane:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
         way is not waited for: its requests were answered (or timed out), and waiting here would
         hold the shutdown past SHUTDOWN_TIMEOUT_S."""
-        if self._compute is not None:
-            self._compute.shutdown(wait=False, cancel_futures=True)
-            self._compute = None
+        for pool in (self._compute, self._decoder):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._compute = self._decoder = None
         self.work.close()
         self.shadows.close()
 
@@ -243,66 +254,6 @@ class DataPlane:
             )
         self._answered(snapshot, shadow, request, answers)
         return snapshot, answers
-
-    def classify_blocking(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        timeout_s: float | None,
-        name: str | None,
-        version: str | None,
-        call: ClassifyCall,
-    ) -> tuple[ModelSnapshot, list[Answer]]:
-        """:meth:`classify` of ``call`` (its ``top_k`` None: DEFAULT_TOP_K), called from a
-        worker thread (a gRPC call's) instead of the event loop ``loop``, with the same limits:
-        the work slot, REQUEST_TIMEOUT_S (or ``timeout_s``, the caller's deadline, if sooner:
-        then TimeoutError), the placement and the batching.
-
-        Serial work runs on the calling thread, which is a worker thread already (no hand-over
-        costs it anything); parallel kernels run on the compute thread; a batched request
-        joins its model's queue on the event loop.
-        """
-        snapshot, shadow, request = self._classification(name, version, call)
-        limit = self.work.timeout_s if timeout_s is None else min(timeout_s, self.work.timeout_s)
-        batcher = self.batcher(snapshot)
-        try:
-            if batcher is not None and request.size <= batcher.policy.max_instances:
-                coroutine = batcher.classify(request.call, request.instances, request.text_chars)
-                future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-                answers = self._result(future, limit, timeout_s)
-            else:
-                work = request.work(snapshot.predictor)
-                self.work.admit()
-                if request.serially:
-                    try:
-                        answers, seconds = _timed(work)
-                    finally:
-                        self.work.release()
-                else:
-                    executor = self.executor(Placement.COMPUTE_THREAD)
-                    future = self.work.submit(executor, lambda: _timed(work))
-                    answers, seconds = self._result(future, limit, timeout_s)
-                self.observe(snapshot, request.parts, seconds)
-        except ArtifactChangedError:
-            loop.call_soon_threadsafe(self.registry.recheck, snapshot.name)
-            raise
-        self._answered(snapshot, shadow, request, answers)
-        return snapshot, answers
-
-    def _result(
-        self, future: concurrent.futures.Future[T], limit: float, timeout_s: float | None
-    ) -> T:
-        """``future``'s result within ``limit`` seconds: past it the future is cancelled (work
-        not started never starts), and TimeoutError when the caller's ``timeout_s`` was the
-        limit, else WorkTimeoutError (REQUEST_TIMEOUT_S)."""
-        try:
-            return future.result(limit)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            if timeout_s is not None and timeout_s < self.work.timeout_s:
-                raise TimeoutError from None
-            raise WorkTimeoutError(
-                f"the request did not finish within {self.work.timeout_s:g} s (REQUEST_TIMEOUT_S)"
-            ) from None
 
     def _classification(
         self, name: str | None, version: str | None, call: ClassifyCall
@@ -451,7 +402,12 @@ class DataPlane:
         return snapshot, catalogue.version, await self.work.run(self.work.pool(), find)
 
     async def update_catalogue(
-        self, name: str, size: int, change: Callable[[SearchIndex], UpdateResult]
+        self,
+        name: str,
+        size: int,
+        change: Callable[[SearchIndex, CommitGate], UpdateResult],
+        hold: RequestHold | None = None,
+        work_bytes: Callable[[SearchIndex], int] | None = None,
     ) -> tuple[ModelSnapshot, UpdateResult]:
         """Run ``change`` (an upsert or a deletion of ``size`` items) on model ``name``'s search
         index, on a worker thread, then serve the version it wrote before answering.
@@ -459,7 +415,21 @@ class DataPlane:
         The change is on disk when it returns (see :mod:`service.model.search.store`); the
         version served here is then at least the one written. Other worker processes are told
         at once (SIGHUP through the supervisor, which rescans every worker), and in any case
-        see it at their next rescan (RELOAD_INTERVAL_S).
+        see it at their next rescan (RELOAD_INTERVAL_S). At REQUEST_TIMEOUT_S a change not yet
+        committing is abandoned (its gate: it never commits, the answer is 504); one
+        committing is waited for (its answer is the change's).
+
+        Parameters
+        ----------
+        name : str
+        size : int
+        change : callable
+            ``change(index, gate)``, the gate to pass to the index's update.
+        hold : RequestHold, optional
+            The request's bytes of the memory budget: ``work_bytes(index)`` more are taken
+            before the change runs (503 when they do not fit now, 413 when they never could).
+        work_bytes : callable, optional
+            What the change will hold of memory (it may refuse the change first).
 
         Raises
         ------
@@ -467,12 +437,25 @@ class DataPlane:
             More than MAX_BATCH_SIZE items.
         ModelNotReadyError
             The version written could not be loaded (the reason says why; it is on disk).
+        WorkTimeoutError
+            Abandoned at REQUEST_TIMEOUT_S: nothing was applied.
         """
         self._check_batch(size, "ids")
         snapshot = self.snapshot(name)
         index = snapshot.require_search()
+        if hold is not None and work_bytes is not None:
+            hold.add(work_bytes(index), "the update's work")
+        gate = CommitGate()
         self.work.admit()
-        result = await self.work.run(self.work.pool(), lambda: change(index))
+        try:
+            result = await self.work.run(
+                self.work.pool(), lambda: change(index, gate), stop=gate.abandon
+            )
+        except WorkTimeoutError as error:
+            raise WorkTimeoutError(
+                f"{error}: the update was not applied, and never will be (nothing of it was "
+                "written); send it again"
+            ) from None
         return await self._serve_written(snapshot.name, result), result
 
     async def _serve_written(self, name: str, result: UpdateResult) -> ModelSnapshot:
@@ -758,19 +741,31 @@ class DataPlane:
 
     async def convert(self, size: int, work: Callable[[], T]) -> T:
         """Decode or convert a request's body of ``size`` bytes with ``work``: on the event loop
-        up to INLINE_BODY_BYTES, else on a worker thread under a slot of :attr:`work`
-        (OverloadedError when none is free, WorkTimeoutError past REQUEST_TIMEOUT_S)."""
+        up to INLINE_BODY_BYTES, else on one of :data:`DECODE_THREADS` decoding threads under a
+        slot of :attr:`work` (OverloadedError when none is free, WorkTimeoutError past
+        REQUEST_TIMEOUT_S; the wait for a decoding thread counts).
+
+        Decoding JSON into Python objects holds the interpreter's lock throughout, so more
+        threads decode no faster; they only make the event loop wait longer for the lock (each
+        thread that wants it is as likely to get it next): with 128 threads decoding 0.24 MB
+        bodies, /healthz took seconds."""
         if size <= self.inline_body_bytes:
             return work()
         self.work.admit()
-        return await self.work.run(self.work.pool(), work)
+        if self._decoder is None:
+            self._decoder = ThreadPoolExecutor(
+                DECODE_THREADS, thread_name_prefix="besvm-decode", initializer=lower_priority
+            )
+        return await self.work.run(self._decoder, work)
 
     def executor(self, place: Placement) -> ThreadPoolExecutor:
         """The threads of work placed on the compute thread or the thread pool."""
         if place is not Placement.COMPUTE_THREAD:
             return self.work.pool()
         if self._compute is None:
-            self._compute = ThreadPoolExecutor(1, thread_name_prefix="besvm-compute")
+            self._compute = ThreadPoolExecutor(
+                1, thread_name_prefix="besvm-compute", initializer=lower_priority
+            )
         return self._compute
 
     async def _run(

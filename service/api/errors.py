@@ -87,6 +87,10 @@ class WorkTimeoutError(ModelError):
     """A request's work did not finish within its time limit (REQUEST_TIMEOUT_S)."""
 
 
+class BodyTimeoutError(ModelError):
+    """A request's body (a gRPC call's message) did not arrive in time (BODY_TIMEOUT_S)."""
+
+
 class MalformedBodyError(ModelError):
     """The body is not a JSON document: a syntax error, bytes that are not UTF-8, nesting deeper
     than the parser's limit, an integer too long to read, or nothing at all."""
@@ -116,6 +120,7 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (ArtifactError, 503, "not_ready"),
     (OverloadedError, 503, "overloaded"),
     (WorkTimeoutError, 504, "timeout"),
+    (BodyTimeoutError, 408, "request_timeout"),
 )
 # Problems listed in a 422's details (all of them are counted).
 MAX_ERROR_DETAILS = 20

@@ -51,6 +51,7 @@ from service.model.errors import brief
 from service.model.search import SearchIndex, catalogue_dir, search_dir
 from service.model.search.catalogue import SHARDS_DIR
 from service.model.search.remote import CatalogueSource
+from service.model.threads import lower_priority
 
 logger = logging.getLogger("service.api")
 
@@ -87,6 +88,7 @@ async def off_loop(function: Callable[..., T], *args: Any, timeout_s: float | No
             future.set_result(result)
 
     def run() -> None:
+        lower_priority()  # the loop that serves requests runs first
         try:
             outcome: tuple[Any, BaseException | None] = (function(*args), None)
         except BaseException as error:

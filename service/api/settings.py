@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.model.search.filters import DEFAULT_CATALOGUE_ATTRIBUTES, DEFAULT_ITEM_ATTRIBUTES
+
 DEFAULT_MODEL_DIR = Path("models/digits")
 
 
@@ -59,6 +61,19 @@ class Settings(BaseSettings):
         ge=0,
         description="Largest offset one /search may ask for (offset + top_k items are ranked); "
         "more get 422: page further with next_cursor (MAX_SEARCH_OFFSET).",
+    )
+    max_item_attributes: int = Field(
+        DEFAULT_ITEM_ATTRIBUTES,
+        ge=1,
+        description="Most attribute keys one catalogue item may have; an upsert with more gets "
+        "422 (MAX_ITEM_ATTRIBUTES).",
+    )
+    max_catalogue_attributes: int = Field(
+        DEFAULT_CATALOGUE_ATTRIBUTES,
+        ge=1,
+        description="Most distinct attribute keys a catalogue may hold; an upsert adding keys "
+        "beyond gets 422, keys it has stay welcome (MAX_CATALOGUE_ATTRIBUTES). Compaction "
+        "(index --compact) drops keys no item has any more.",
     )
     search_cluster: str | None = Field(
         None,
@@ -222,6 +237,12 @@ class Settings(BaseSettings):
         description="Log one line per request (ACCESS_LOG), health probes and scrapes at "
         "debug level.",
     )
+    prometheus_multiproc_dir: Path | None = Field(
+        None,
+        description="prometheus-client's multi-process directory, where every worker writes "
+        "its metrics and /metrics reads them all (PROMETHEUS_MULTIPROC_DIR: the library reads "
+        "the same variable). Unset: none for one worker, a private one per run for several.",
+    )
     payload_log_rate: float = Field(
         0.0,
         ge=0,
@@ -289,6 +310,14 @@ class Settings(BaseSettings):
         "(GRPC_PORT; unset: off; MLServer's is 8081). Every worker serves it.",
     )
 
+    grpc_max_streams: int = Field(
+        100,
+        ge=1,
+        description="Streams (calls) one gRPC connection may have open at once, HTTP/2's "
+        "SETTINGS_MAX_CONCURRENT_STREAMS; a client opens more as others end "
+        "(GRPC_MAX_STREAMS).",
+    )
+
     @field_validator(
         "model_repository",
         "model_dir",
@@ -300,6 +329,7 @@ class Settings(BaseSettings):
         "tls_key_file",
         "tls_client_ca_file",
         "grpc_port",
+        "prometheus_multiproc_dir",
         "traffic_file",
         mode="before",
     )

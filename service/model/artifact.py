@@ -231,7 +231,7 @@ def write_artifact(
     path = Path(path)
     if path.exists() and not overwrite:
         raise ArtifactError(f"{path} already exists; choose another path or allow overwriting")
-    try:
+    with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         with locked_staging(path) as staging:
             entries = {}
@@ -250,9 +250,17 @@ def write_artifact(
             (staging / MANIFEST_NAME).write_text(json.dumps(full, indent=2) + "\n")
             _fsync_tree(staging)
             install_directory(staging, path)
-    except OSError as error:
-        raise _write_error(path, error) from None
     return path
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, an OSError of a write (a full disk, a file system gone read-only) is
+    the ArtifactError that says why, naming ``path`` and the room left beside it."""
+    try:
+        yield
+    except OSError as error:
+        raise _write_error(Path(path), error) from None
 
 
 def _write_error(path: Path, error: OSError) -> ArtifactError:

@@ -1,11 +1,11 @@
 """Thread settings of the numba kernels and BLAS, in one place.
 
-Everything that decides how many threads a computation uses lives here: the lock that serialises
-numba's parallel regions, the fastmath flags the kernels are compiled with, the work thresholds
-below which a call stays on the calling thread, and the two helpers that change thread counts
-(:func:`limit_threads`, which always restores what it changed, and
-:func:`configure_worker_threads`, which only computes a count). Nothing else in the code base
-changes a thread count globally.
+Everything that decides how many threads a computation uses, and at what priority, lives here:
+the lock that serialises numba's parallel regions, the fastmath flags the kernels are compiled
+with, the work thresholds below which a call stays on the calling thread, the two helpers that
+change thread counts (:func:`limit_threads`, which always restores what it changed, and
+:func:`configure_worker_threads`, which only computes a count), and the work threads' priority
+(:func:`lower_priority`). Nothing else in the code base changes a thread count globally.
 
 numba's thread count (:func:`numba.set_num_threads`) is *per Python thread*: a thread that never
 set it uses :data:`numba.config.NUMBA_NUM_THREADS`. So set it in the thread that calls the
@@ -16,9 +16,10 @@ process.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 
 import numba
 from threadpoolctl import threadpool_limits
@@ -83,6 +84,26 @@ HOG_PARALLEL_MIN_VALUES = 2_048
 # parallel region is far slower when another process holds a core (see
 # service.model.kernels.search), where the serial driver only shares its own core.
 SEARCH_PARALLEL_MIN_ENTRIES = 500_000
+
+
+# How much lower the scheduling priority (nice value) of the server's work threads (model work,
+# decoding, loading) is than that of its event loop, which answers every connection, the probes
+# included: the loop runs first whenever both want a core, so the server's own work never keeps
+# it waiting. +10 weighs a thread about a tenth of one at +0 (Linux's CFS).
+WORKER_NICENESS = 10
+
+
+def lower_priority() -> None:
+    """Run the calling thread :data:`WORKER_NICENESS` below the priority it has (Linux, where
+    a nice value is a thread's own; threads it starts inherit it); elsewhere nothing. A
+    thread may always lower its own priority; a failure (a platform without per-thread nice)
+    changes nothing."""
+    if sys.platform != "linux":
+        return
+    thread = threading.get_native_id()
+    with suppress(OSError):
+        niceness = os.getpriority(os.PRIO_PROCESS, thread) + WORKER_NICENESS
+        os.setpriority(os.PRIO_PROCESS, thread, niceness)
 
 
 def _check_count(value: int | None, what: str) -> None:

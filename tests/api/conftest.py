@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -76,6 +77,28 @@ def server_process(
             yield server
     except ServerNotReady as error:
         pytest.fail(str(error))
+
+
+def refused_start(model_dir: Path, **settings: str) -> subprocess.CompletedProcess:
+    """``python -m service.api`` serving ``model_dir`` with ``settings`` (and no PATH), which
+    must stop at start: its run, exit status and output (it is given 120 s)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "service.api"],
+        cwd=REPO,
+        env={"MODEL_DIR": str(model_dir), "PATH": "", **settings},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0, run.stderr
+    return run
+
+
+def key_file(directory: Path, *lines: str) -> Path:
+    """An API_KEYS_FILE in ``directory``: a comment, then ``lines``."""
+    path = directory / "keys.txt"
+    path.write_text("\n".join(["# keys of the test", *lines, ""]))
+    return path
 
 
 def worker_pids(supervisor: int) -> list[int]:

@@ -6,7 +6,9 @@ answer's head written with its body (httptools)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import json
 import socket
 import threading
@@ -64,12 +66,14 @@ async def reading_app(scope, receive, send) -> None:
 
 
 @contextlib.contextmanager
-def running(protocol, limits: ConnectionLimits = LIMITS, keep_alive_s: float = 1.0):
+def running(
+    protocol, limits: ConnectionLimits = LIMITS, keep_alive_s: float = 1.0, app=reading_app
+):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     config = limited_config(
-        reading_app,
+        app,
         limits,
         http=protocol,
         host="127.0.0.1",
@@ -115,10 +119,11 @@ def test_deadlines_and_cap(protocol):
         assert answers.startswith(b"HTTP/1.1 200 ")
         assert b"HTTP/1.1 408 " in answers
 
-        # Connections busy with a request each (none idle): one more is refused.
+        # Connections busy with a request each (its body under way, none idle): one more is
+        # refused.
         held = [socket.create_connection(address) for _ in range(LIMITS.max_connections)]
         for sock in held:
-            sock.sendall(b"GET / HTTP/1.1\r\n")
+            sock.sendall(b"POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nab")
         over = socket.create_connection(address)
         head, _, body = read_until_closed(over).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503 ")
@@ -169,7 +174,7 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room(protocol):
         # The oldest idle connection went, the others stay.
         assert read_until_closed(answered, 5) == b""
         assert all(_still_open(sock) for sock in silent)
-        # A connection with a request under way is never closed for another.
+        # An idle connection goes before one whose request has begun.
         for sock in silent:
             sock.sendall(b"GET / HT")
         another = socket.create_connection(address)
@@ -178,6 +183,41 @@ def test_at_the_cap_the_oldest_idle_connection_makes_room(protocol):
         assert read_until_closed(newcomer, 5) == b""  # idle since its answer: the oldest idle
         assert all(_still_open(sock) for sock in silent)
         for sock in [*silent, another]:
+            sock.close()
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_at_the_cap_the_oldest_unfinished_head_makes_room(protocol):
+    """Issue 36, defect 7: connections with unfinished request lines held every place (1,100
+    sockets of 26 bytes each: a normal client got 503), where silent ones were closed."""
+    with running(protocol, PATIENT, keep_alive_s=30) as address:
+        partial = []
+        for _ in range(PATIENT.max_connections):
+            sock = socket.create_connection(address)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+            partial.append(sock)
+            time.sleep(0.05)  # each older than the next
+        for j in range(3):  # each newcomer takes the place of the oldest unfinished head
+            newcomer = socket.create_connection(address)
+            newcomer.sendall(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert _status(newcomer) == 200
+            head, _, body = read_until_closed(partial[j], 5).partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 ")
+            assert "MAX_CONNECTIONS" in json.loads(body)["error"]["message"]
+            assert all(_still_open(sock) for sock in partial[j + 1 :])
+            newcomer.close()
+            time.sleep(0.2)  # the server sees the close; then the cap is full again
+            partial.append(socket.create_connection(address))
+            partial[-1].sendall(b"GET /healthz HTTP/1.1\r\nHo")
+            time.sleep(0.05)
+        # A request whose body is under way is never closed for another.
+        for sock in partial[3:]:
+            sock.sendall(b"st: t\r\nContent-Length: 10\r\n\r\nab")
+        time.sleep(0.2)
+        over = socket.create_connection(address)
+        assert read_until_closed(over, 5).startswith(b"HTTP/1.1 503 ")
+        assert all(_still_open(sock) for sock in partial[3:])
+        for sock in partial:
             sock.close()
 
 
@@ -351,3 +391,57 @@ def test_a_head_request_is_answered_and_a_request_pipelined_after_it_too():
             answers += sock.recv(4096)
         assert answers.count(b"HTTP/1.1 200 OK\r\n") == 2
         assert answers.index(b"\r\n\r\n") < answers.index(b"HTTP/1.1 200 OK\r\n", 1)
+
+
+# Seconds the event loop is held at each turn by hogging_app's /hog, and its turns.
+HOG_TURN_S = 1.0
+HOG_TURNS = 6
+
+
+async def hogging_app(scope, receive, send) -> None:
+    """GET /hog holds the event loop HOG_TURN_S at each of its next HOG_TURNS turns (the work
+    of other requests, as heavy load makes each turn long); GET /healthz answers "ok" without
+    reading a body, as the service's probes do; anything else as :func:`reading_app`."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/healthz":
+        headers = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    if scope["path"] == "/hog":
+        loop = asyncio.get_running_loop()
+
+        def hog(turns: int) -> None:
+            time.sleep(HOG_TURN_S)
+            if turns > 1:
+                loop.call_soon(hog, turns - 1)
+
+        loop.call_soon(hog, HOG_TURNS)
+    await reading_app(scope, receive, send)
+
+
+@pytest.mark.skipif(LimitedHttpToolsProtocol is None, reason="no httptools")
+def test_a_probe_is_answered_in_the_turn_of_the_event_loop_that_reads_it():
+    """Issue 36, defect 6: under heavy load /healthz took up to 3.3 s. A probe ran as a task,
+    a turn of the event loop after its bytes were read, behind everything else ready; each turn
+    of a loaded server is long. Here each turn takes HOG_TURN_S: a probe answered as a task
+    takes at least that long, one answered as it is read less (the rest of the turn under way)."""
+    limits = dataclasses.replace(PATIENT, eager_paths=("/healthz",))
+    with running(LimitedHttpToolsProtocol, limits, 30, hogging_app) as address:
+        probe = socket.create_connection(address)  # made before the loop is held
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(probe) == 200
+        hog = socket.create_connection(address)
+        hog.sendall(b"GET /hog HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert _status(hog) == 200
+        latencies = []
+        for _ in range(3):
+            time.sleep(HOG_TURN_S / 2)  # into the middle of a turn
+            started = time.monotonic()
+            probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert _status(probe) == 200
+            latencies.append(time.monotonic() - started)
+        probe.close()
+        hog.close()
+    assert sorted(latencies)[1] < 0.9 * HOG_TURN_S, latencies

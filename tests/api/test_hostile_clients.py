@@ -293,6 +293,45 @@ def test_idle_connections_at_the_cap_never_lock_a_probe_out(server):
             sock.close()
 
 
+def test_unfinished_request_lines_at_the_cap_never_lock_a_probe_out(server):
+    """Issue 36, defect 7: 1,100 sockets each sending 26 bytes of a request line and nothing
+    more (renewed inside HEADER_TIMEOUT_S) held every place: /readyz answered 503. Here 100
+    against the cap of 64, each renewed when the server closes it."""
+    partial = b"GET /healthz HTTP/1.1\r\nHo"
+    held = []
+
+    def top_up() -> None:
+        for sock in list(held):
+            if not _open(sock):
+                held.remove(sock)
+                sock.close()
+        while len(held) < 100:
+            sock = socket.create_connection(_address(server.url))
+            sock.sendall(partial)
+            held.append(sock)
+
+    try:
+        top_up()
+        for _ in range(10):
+            assert httpx.get(f"{server.url}/readyz", timeout=WAIT_S).status_code == 200
+            top_up()
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def _open(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536) != b""  # a 408 (the server made room) and its close follow
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
 @pytest.mark.parametrize(("method", "path"), [("GET", "/healthz/"), ("POST", "/classify/")])
 def test_a_trailing_slash_is_a_404_without_a_redirect(server, method, path):
     """Defect 12: a trailing slash answered 307 with a Location built from the Host header."""

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
-import subprocess
-import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
-from service.api.machinery.auth import KeyFileError, KeyScope, parse_key_file
-from tests.api.conftest import REPO, server_process
+from service.api.machinery.auth import MAX_KEY_FILE_BYTES, KeyFileError, KeyScope, parse_key_file
+from tests.api.conftest import key_file, refused_start, server_process
 
 READER = "reader-3f9c2a77e1d04b6b"
 ADMIN = "admin-5b1e0c9d2f7a4e88"
@@ -28,9 +28,7 @@ def _digest(key: str) -> str:
 
 
 def _key_file(tmp_path, *lines: str):
-    path = tmp_path / "keys.txt"
-    path.write_text("\n".join(["# keys of the test", *lines, ""]))
-    return path
+    return key_file(tmp_path, *lines)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +92,30 @@ def test_the_admin_scope_guards_the_repository_routes(keyed_server):
         assert [model["name"] for model in listed.json()] == ["digits"]
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-API-Key", "not-a-key"), ("X-API-Key", ADMIN)],
+        [("X-API-Key", ADMIN), ("X-API-Key", ADMIN)],
+        [("X-API-Key", "not-a-key"), ("Authorization", f"Bearer {ADMIN}")],
+        [("Authorization", "Bearer not-a-key"), ("Authorization", f"Bearer {ADMIN}")],
+    ],
+    ids=["bad-then-admin", "admin-twice", "key-and-bearer", "two-bearers"],
+)
+def test_two_key_headers_are_refused(keyed_server, headers):
+    """Issue 36, defect 10: of two X-API-Key headers the last won (a bad key, then an admin
+    key: 200)."""
+    server, _ = keyed_server
+    answer = httpx.post(
+        f"{server.url}/v2/repository/index", headers=httpx.Headers(headers), timeout=30
+    )
+    assert answer.status_code == 401, answer.text
+    assert "send one key, in one header" in answer.json()["error"]["message"]
+    assert ADMIN not in answer.text
+    classify = httpx.post(f"{server.url}/classify", json=DIGIT, headers=httpx.Headers(headers))
+    assert classify.status_code == 401
+
+
 def test_probes_and_metrics_stay_open(keyed_server):
     server, _ = keyed_server
     for path in ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/metrics"):
@@ -152,6 +174,87 @@ def test_a_revoked_key_is_refused_after_sighup(digits_model_dir, tmp_path):
     assert "line 1" in log
 
 
+def _rss(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+
+
+def _answers_quickly(server) -> None:
+    """/healthz answers at once, five times in a row, and the key read before still reads."""
+    for _ in range(5):
+        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code == 200
+    answer = httpx.post(f"{server.url}/classify", json=DIGIT, headers=_bearer(READER), timeout=5)
+    assert answer.status_code == 200
+
+
+def _logged(server, text: str) -> None:
+    deadline = time.monotonic() + 20
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"the log never said {text!r}: {server.log()[-2000:]}"
+        time.sleep(0.1)
+
+
+def test_a_fifo_or_dev_zero_as_the_keys_file_never_hangs_the_server(digits_model_dir, tmp_path):
+    """Issue 36, defect 1: a FIFO in place of the keys file, then SIGHUP: /healthz stopped
+    answering, the main thread waited in fifo_open, SIGTERM was ignored; /dev/zero took 3 GB of
+    memory in 4 s. Now each is refused with a logged reason, and the keys read before stay."""
+    path = _key_file(tmp_path, f"{READER} read")
+    with server_process(digits_model_dir, API_KEYS_FILE=str(path), RELOAD_INTERVAL_S="2") as server:
+        pid = server.process.pid
+        _answers_quickly(server)
+        path.unlink()
+        os.mkfifo(path)
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(3)  # a SIGHUP and a rescan or two
+        _answers_quickly(server)
+        _logged(server, "is a FIFO, not a regular file")
+
+        before = _rss(pid)
+        path.unlink()
+        path.symlink_to("/dev/zero")
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(4)
+        _answers_quickly(server)
+        assert _rss(pid) - before < 50 * 1024, "the server read /dev/zero"
+        _logged(server, "is a character device, not a regular file")
+
+        path.unlink()
+        with open(path, "wb") as huge:  # sparse: no disk, and too large all the same
+            huge.truncate(4 << 30)
+        server.process.send_signal(signal.SIGHUP)
+        _logged(server, f"more than the {MAX_KEY_FILE_BYTES:,} it may")
+        _answers_quickly(server)
+
+        # A good file again: read at the next rescan, the old key gone.
+        path.unlink()
+        path.write_text("new-key-0123456789 read\n")
+        deadline = time.monotonic() + 20
+        while httpx.get(f"{server.url}/v1/models", headers=_bearer(READER)).status_code != 401:
+            assert time.monotonic() < deadline, "the good file was not read"
+            time.sleep(0.1)
+        assert httpx.get(
+            f"{server.url}/v1/models", headers=_bearer("new-key-0123456789")
+        ).is_success
+        # And a FIFO in place stops nothing: SIGTERM ends the server at once.
+        path.unlink()
+        os.mkfifo(path)
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(1)
+        server.process.terminate()
+        assert server.process.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("setting", ["API_KEYS_FILE", "TLS_CERT_FILE"])
+def test_a_fifo_as_the_keys_or_certificate_file_stops_the_start_at_once(
+    setting, tmp_path, digits_model_dir
+):
+    """Issue 36, defect 1: the server waited for a writer of the FIFO, for ever."""
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    run = refused_start(digits_model_dir, **{setting: str(path)})
+    assert f"{path} is a FIFO, not a regular file" in run.stderr
+
+
 def test_the_rescan_rereads_the_keys(digits_model_dir, tmp_path):
     path = _key_file(tmp_path, f"{READER} read")
     with server_process(
@@ -186,15 +289,7 @@ def test_without_a_key_file_reads_stay_open(digits_model_dir):
 
 def test_a_bad_key_file_stops_the_start_without_echoing_the_key(tmp_path, digits_model_dir):
     path = _key_file(tmp_path, "secret-value-42 reader")
-    run = subprocess.run(
-        [sys.executable, "-m", "service.api"],
-        cwd=REPO,
-        env={"MODEL_DIR": str(digits_model_dir), "API_KEYS_FILE": str(path), "PATH": ""},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode != 0
+    run = refused_start(digits_model_dir, API_KEYS_FILE=str(path))
     assert "line 2: unknown scope 'reader'" in run.stderr
     assert "secret-value-42" not in run.stderr
 

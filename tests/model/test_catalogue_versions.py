@@ -168,6 +168,51 @@ def test_compaction_drops_tombstones_and_keeps_the_ranking(model_copy, digits):
     assert len(names) <= 12 + 3
 
 
+def test_compaction_drops_attribute_keys_no_live_item_has(model_copy, digits):
+    """Issue 36, defect 4: the catalogue's keys never shrank, whatever was deleted."""
+    index = rebuild(model_copy, digits, 300, attributes_of(797))
+    images = digits.X_train[:3].reshape(3, 8, 8).tolist()
+    index.upsert(["odd-0", "odd-1", "odd-2"], images,
+                 [{"colour": "red"}, {"size": 3.0}, {"colour": "blue", "year": 2001}])  # fmt: skip
+    index = SearchIndex.load(model_copy, index.predictor, reuse=index)
+    assert set(index.catalogue.attributes) == {"colour", "size", "source", "weight", "year"}
+    index.delete(["odd-0", "odd-1"])
+    index = SearchIndex.load(model_copy, index.predictor, reuse=index)
+    with CatalogueUpdate(catalogue_dir(model_copy), search_dir(model_copy), 64,
+                         index.catalogue) as update:  # fmt: skip
+        update.compact(shard_items=10_000)
+    compacted = SearchIndex.load(model_copy, index.predictor, reuse=index)
+    # "size" went with odd-1; "colour" stays with odd-2, and its value.
+    assert compacted.catalogue.attributes == {
+        "colour": "string", "source": "string", "weight": "number", "year": "number"
+    }  # fmt: skip
+    (position,) = compacted.catalogue.lookup(["odd-2"]).tolist()
+    assert compacted.catalogue.attributes_at([position]) == [{"colour": "blue", "year": 2001.0}]
+
+
+def test_an_abandoned_change_leaves_nothing(model_copy, digits):
+    """Issue 36, defect 4: a change whose caller stopped waiting committed all the same."""
+    index = rebuild(model_copy, digits, 300)
+    gate = store_module.CommitGate()
+    assert gate.abandon()
+    shards_before = {p.name for p in (catalogue_dir(model_copy) / "shards").iterdir()}
+    images = digits.X_train[:1].reshape(1, 8, 8).tolist()
+    with pytest.raises(store_module.ChangeAbandonedError):
+        index.upsert(["never"], images, gate=gate)
+    with pytest.raises(store_module.ChangeAbandonedError):
+        index.delete(["test-1"], gate=gate)
+    catalogue = read_catalogue(catalogue_dir(model_copy), search_dir(model_copy))
+    assert catalogue.version == index.catalogue.version
+    assert catalogue.lookup(["never", "test-1"]).tolist()[0] == -1
+    assert catalogue.lookup(["test-1"])[0] >= 0
+    assert {p.name for p in (catalogue_dir(model_copy) / "shards").iterdir()} == shards_before
+    # Once committing, a gate cannot be abandoned: the caller waits for the change.
+    committing = store_module.CommitGate()
+    assert committing.commit()
+    assert not committing.abandon()
+    assert index.upsert(["kept"], images, gate=committing).written == 1
+
+
 def test_writers_queue_on_the_lock_and_lose_nothing(model_copy, digits):
     index = rebuild(model_copy, digits, 1000)
     images = digits.X_train[:40].reshape(40, 8, 8).tolist()

@@ -24,23 +24,10 @@ import pytest
 from service.model.search import read_catalogue
 from service.model.search.layout import catalogue_dir, search_dir
 from tests.api.conftest import REPO
+from tests.namespaces import needs_namespaces
 from training.cli.main import main
 
 pytestmark = pytest.mark.slow
-
-
-def _namespaces_available() -> bool:
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return False
-    probe = [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
-             "mount -t tmpfs -o size=1m tmpfs /mnt"]  # fmt: skip
-    return subprocess.run(probe, capture_output=True, check=False).returncode == 0
-
-
-needs_namespaces = pytest.mark.skipif(
-    not _namespaces_available(), reason="no private mount namespace (unshare) for a small tmpfs"
-)
 
 
 def _on_small_disk(tmp_path: Path, size: str, commands: str) -> subprocess.CompletedProcess:

@@ -17,8 +17,11 @@ docs, and ``/metrics`` unless ``METRICS_REQUIRE_KEY``. Without ``API_KEYS_FILE``
 routes are guarded (as they were by ``ADMIN_TOKEN`` alone).
 
 **Re-reading.** :meth:`KeyStore.reload` reads the file again (on SIGHUP and on each rescan of
-the repository): a key removed is refused from then on, without a restart. A file that cannot
-be read or parsed is refused with a logged error, and the keys read before stay in force.
+the repository, off the event loop): a key removed is refused from then on, without a restart.
+The file is checked as a model's files are (:func:`service.model.artifact.open_regular`): a
+regular file of at most :data:`MAX_KEY_FILE_BYTES`, opened without blocking. A file that cannot
+be read, is not such a file, or cannot be parsed is refused with a logged error, and the keys
+read before stay in force.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,12 +43,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.api.errors import RateLimitedError, error_response
 from service.api.machinery.observability import current_request
 from service.api.settings import Settings
+from service.model.artifact import open_regular
+from service.model.errors import ArtifactError
 
 logger = logging.getLogger("service.api")
 
 BEARER_PREFIX = "bearer "
+# The headers (gRPC: metadata keys) a key may come in, lower case as HTTP/2 and ASGI give them.
 API_KEY_HEADER = "x-api-key"
+AUTHORIZATION_HEADER = "authorization"
 DIGEST_PREFIX = "sha256:"
+# The largest key file read: some 13,000 keys given by digest.
+MAX_KEY_FILE_BYTES = 1 << 20
 FINGERPRINT_DIGITS = 8
 # What a 401 answers in WWW-Authenticate (RFC 6750): a bearer token, our API key.
 CHALLENGE = 'Bearer realm="besvm"'
@@ -199,17 +208,17 @@ class KeyStore:
         self._keys = self._read()
         # Each rate-limited key's bucket, by digest: kept across re-reads while its limit is.
         self._buckets: dict[bytes, TokenBucket] = {}
-        self._refill_buckets()
+        self._buckets = self._buckets_of(self._keys)
 
-    def _refill_buckets(self) -> None:
+    def _buckets_of(self, keys: tuple[Key, ...]) -> dict[bytes, TokenBucket]:
         buckets = {}
-        for key in self._keys:
+        for key in keys:
             if key.rate:
                 bucket = self._buckets.get(key.digest)
                 if bucket is None or (bucket.rate, bucket.burst) != (key.rate, key.burst):
                     bucket = TokenBucket(key.rate, key.burst)
                 buckets[key.digest] = bucket
-        self._buckets = buckets
+        return buckets
 
     def spend(self, key: Key) -> None:
         """Count one request of a rate-limited ``key`` (on the event loop's thread).
@@ -234,8 +243,11 @@ class KeyStore:
         keys = []
         if self.path is not None:
             try:
-                text = self.path.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as error:
+                # Checked as a model's files are: a regular file (never a FIFO, which would
+                # wait for a writer, nor /dev/zero, which never ends) of a bounded size.
+                with open_regular(self.path, MAX_KEY_FILE_BYTES) as handle:
+                    text = handle.read(MAX_KEY_FILE_BYTES + 1).decode("utf-8")
+            except (OSError, UnicodeDecodeError, ArtifactError) as error:
                 raise KeyFileError(f"API_KEYS_FILE {self.path}: {error}") from None
             keys = parse_key_file(text, f"API_KEYS_FILE {self.path}")
         if self._token_key is not None:
@@ -253,8 +265,11 @@ class KeyStore:
             return
         if keys != self._keys:
             logger.info("API keys re-read: %d keys (%s)", len(keys), _count_by_scope(keys))
+        # Run on a thread of its own (the rescans read files off the event loop): the new state
+        # is put in place by two reference assignments, the buckets first, so that a request
+        # checked meanwhile finds its key's bucket.
+        self._buckets = self._buckets_of(keys)
         self._keys = keys
-        self._refill_buckets()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -311,15 +326,48 @@ def _count_by_scope(keys: Iterable[Key]) -> str:
     return ", ".join(f"{scopes.count(name)} {name}" for name in ("read", "admin"))
 
 
-def presented_key(authorization: str | None, api_key: str | None) -> str | None:
-    """The key a request sends: ``Authorization: Bearer <key>``, else ``X-API-Key``."""
-    if authorization is not None and authorization[:7].lower() == BEARER_PREFIX:
-        token = authorization[7:].strip()
-        if token:
-            return token
-    if api_key is not None and api_key.strip():
-        return api_key.strip()
+def presented_key(authorizations: Sequence[str], api_keys: Sequence[str]) -> str | None:
+    """The key a request sends: ``Authorization: Bearer <key>``, else ``X-API-Key``, given the
+    values of every header of each name it sent.
+
+    Raises
+    ------
+    MissingKeyError
+        More than one of those headers: which one holds the key would be a guess (a bad key
+        followed by a good one must not pass), so none does.
+    """
+    if len(authorizations) + len(api_keys) > 1:
+        raise MissingKeyError(
+            f"the request sends {len(authorizations)} Authorization and {len(api_keys)} "
+            f"X-API-Key headers: send one key, in one header ({HOW_TO_SEND})"
+        )
+    if authorizations:
+        authorization = authorizations[0]
+        if authorization[:7].lower() == BEARER_PREFIX:
+            token = authorization[7:].strip()
+            if token:
+                return token
+    if api_keys and api_keys[0].strip():
+        return api_keys[0].strip()
     return None
+
+
+def key_headers(pairs: Iterable[tuple[Any, Any]]) -> tuple[list[str], list[str]]:
+    """The values of every Authorization and X-API-Key header among ``pairs`` of (name,
+    value): ASGI's byte pairs or gRPC's metadata."""
+    found: tuple[list[str], list[str]] = ([], [])
+    for name, value in pairs:
+        which = _KEY_HEADERS.get(name)
+        if which is not None:
+            found[which].append(value.decode("latin-1") if isinstance(value, bytes) else value)
+    return found
+
+
+_KEY_HEADERS = {
+    name: which
+    for which, header in enumerate((AUTHORIZATION_HEADER, API_KEY_HEADER))
+    for name in (header, header.encode())
+}
 
 
 # Routes every client and orchestrator may call without a key.
@@ -426,17 +474,9 @@ class KeyCheckMiddleware:
         path = scope["path"]
         needed = self.policy.for_route(scope["method"], path)
         if needed is not Access.OPEN:
-            authorization = api_key = None
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value.decode("latin-1")
-                elif name == b"x-api-key":
-                    api_key = value.decode("latin-1")
             try:
-                key = self.policy.check(
-                    needed, presented_key(authorization, api_key), path != METRICS_PATH
-                )
-                identify(key)
+                presented = presented_key(*key_headers(scope["headers"]))
+                identify(self.policy.check(needed, presented, path != METRICS_PATH))
             except RateLimitedError as error:
                 response = error_response(429, "rate_limited", str(error), path=path)
                 response.headers["retry-after"] = error.retry_after()

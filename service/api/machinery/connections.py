@@ -23,8 +23,9 @@ a protocol object) forever. These protocols add:
   answered 431 and the connection closes, counted as the bytes arrive (before the parser joins
   them);
 - a **connection cap** (``MAX_CONNECTIONS``): at the cap, the connection idle the longest (no
-  request under way, nothing unsent) is closed to admit a new one, as nginx does; when none is
-  idle, the new one is answered 503 at once and closed, before it costs more.
+  request under way, nothing unsent), else the one whose request's headers have been unfinished
+  the longest, is closed to admit a new one, as nginx does; when there is neither, the new one
+  is answered 503 at once and closed, before it costs more.
 
 A request the parser refuses (malformed HTTP) gets the service's JSON error, after the answers
 to the requests before it on the connection (pipelining), then the connection closes.
@@ -42,13 +43,16 @@ carries the limits into worker processes.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import http
 import json
+import ssl
 import sys
 import time
 import weakref
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import h11
 import uvicorn
@@ -59,6 +63,9 @@ try:
 except ImportError:  # httptools is optional for uvicorn; h11 always comes with it
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # Seconds past the body deadline that the app has to begin its answer (a 408) before the
 # connection is closed under it.
@@ -76,6 +83,9 @@ class ConnectionLimits:
     max_connections: int
     max_header_bytes: int = 32 * 1024
     send_timeout_s: float = 60.0
+    # GET requests of these paths (the health probes) are answered as soon as their head is
+    # read, in the same turn of the event loop (see LimitedHttpToolsProtocol._start_asgi_task).
+    eager_paths: tuple[str, ...] = ()
 
     @property
     def sweep_interval_s(self) -> float:
@@ -136,14 +146,88 @@ class _Deadlines:
         self._start_limits()
 
     def connection_made(self, transport) -> None:
+        tls = getattr(self.config, "tls_context", None)
+        if tls is not None:
+            self._start_tls(transport, tls)
+            return
         super().connection_made(transport)  # type: ignore[misc]
         self._idle_since = time.monotonic()
         if self._admit():
             self._arm_header_deadline()
 
     def connection_lost(self, exc) -> None:
+        if self._handshake is not None:  # closed before its handshake began
+            self._forget()
+            return
         self._stop_limits()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    # -- TLS -------------------------------------------------------------------------------------
+
+    def _start_tls(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """A TLS connection is one from its first byte: counted toward MAX_CONNECTIONS, under
+        HEADER_TIMEOUT_S from then (its handshake included), closed for another at the cap as
+        an idle one is. asyncio's own TLS (``create_server(ssl=...)``) handed it over only once
+        the handshake was done, and held unfinished handshakes for 60 s, uncounted."""
+        self.connections.add(self)
+        self.transport = transport
+        self._idle_since = time.monotonic()
+        if not self._admit():
+            return
+        self._arm_header_deadline()
+        handoff = _Handoff()
+        handshake = self.loop.start_tls(
+            transport,
+            handoff,
+            context,
+            server_side=True,
+            ssl_handshake_timeout=self.limits.header_timeout_s,
+        )
+        # The TLS protocol must take the connection's bytes from the first: uvloop starts
+        # reading as soon as this method returns (a pause asked for here is not kept), and a
+        # task would only begin the handshake later. So its first step runs now, up to its
+        # wait for the handshake: the TLS protocol is then in place.
+        try:
+            waiting = handshake.send(None)
+        except BaseException:
+            self._forget()
+            transport.close()
+            return
+        self._handshake = self.loop.create_task(
+            self._handshake_then_serve(transport, handshake, waiting, handoff)
+        )
+
+    async def _handshake_then_serve(
+        self,
+        transport: asyncio.Transport,
+        handshake: Coroutine[Any, Any, asyncio.Transport | None],
+        waiting: Any,
+        handoff: _Handoff,
+    ) -> None:
+        try:
+            secure = await _resumed(handshake, waiting)
+        except BaseException as error:  # a failed, late or aborted handshake: nothing to serve
+            self._forget()
+            transport.close()
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        self._handshake = None
+        if secure is None or secure.is_closing() or handoff.lost is not None:
+            self._forget()
+            return
+        # uvicorn's protocol starts here, on the TLS transport (the header deadline stays the
+        # one armed when the connection was made), with what arrived with the handshake.
+        super().connection_made(secure)  # type: ignore[misc]
+        secure.set_protocol(self)  # type: ignore[arg-type]
+        for data in handoff.received:
+            self.data_received(data)  # type: ignore[attr-defined]
+
+    def _forget(self) -> None:
+        """Drop a connection that never got to serve (its handshake failed or never began)."""
+        self._handshake = None
+        self._stop_limits()
+        self.connections.discard(self)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
@@ -162,6 +246,8 @@ class _Deadlines:
         self._idle_since = 0.0
         # An error answer that waits for the answers to the requests before it.
         self._refusal: bytes | None = None
+        # A TLS connection's handshake, while it runs (see _start_tls).
+        self._handshake: asyncio.Task | None = None
 
     # -- the connection cap ----------------------------------------------------------------------
 
@@ -178,19 +264,36 @@ class _Deadlines:
             and not self.transport.get_write_buffer_size()
         )
 
+    def _head_unfinished(self) -> bool:
+        """A request's head (request line and headers) begun and not complete, and nothing
+        else under way on this connection (``_header_due``: the head's deadline, so the
+        earliest is the oldest)."""
+        cycle = self.cycle
+        return (
+            self._partial_request
+            and self._header_due is not None
+            and (cycle is None or cycle.response_complete)
+            and not getattr(self, "pipeline", None)
+            and not self.transport.is_closing()
+        )
+
     def _admit(self) -> bool:
         """Whether this new connection stays open (it is in ``connections`` already): at the
-        cap, the connection idle the longest is closed for it, if there is one."""
+        cap, the connection idle the longest is closed for it, else the one whose request's
+        head has been unfinished the longest (no more entitled to its place than a silent
+        one: nginx does the same), if there is one."""
         if len(self.connections) > self.limits.max_connections:
-            idle = [
+            others = [
                 connection
                 for connection in self.connections
-                if connection is not self
-                and isinstance(connection, _Deadlines)
-                and connection._idle()
+                if connection is not self and isinstance(connection, _Deadlines)
             ]
+            idle = [connection for connection in others if connection._idle()]
+            unfinished = [connection for connection in others if connection._head_unfinished()]
             if idle:
                 min(idle, key=lambda connection: connection._idle_since).transport.close()
+            elif unfinished:
+                min(unfinished, key=lambda connection: connection._header_due)._make_room()
             else:
                 self._refuse_connection()
                 return False
@@ -198,7 +301,24 @@ class _Deadlines:
             _sweep(self.loop, self.server_state, self.limits.sweep_interval_s)
         return True
 
+    def _make_room(self) -> None:
+        """Close this connection, whose request's head is unfinished, for a new one."""
+        self._disarm_header_deadline()
+        self.transport.write(
+            raw_error(
+                408,
+                "request_timeout",
+                "the request's headers were not complete when the server, at its limit of "
+                f"{self.limits.max_connections} connections (MAX_CONNECTIONS), needed the "
+                "connection for another",
+            )
+        )
+        self.transport.close()
+
     def _refuse_connection(self) -> None:
+        if getattr(self.config, "tls_context", None) is not None:
+            self.transport.close()  # no handshake yet: an HTTP answer would be noise to it
+            return
         self.transport.write(
             raw_error(
                 503,
@@ -404,11 +524,13 @@ if HttpToolsProtocol is not None:
             self._arm_body_deadline()
             super().on_headers_complete()
             cycle = self.cycle
-            # A new request's; not a HEAD's, whose answer uvicorn ends without a body write.
+            # A new request's; not a HEAD's, whose answer uvicorn ends without a body write; not
+            # one answered (or begun) at once (a probe, see _start_asgi_task).
             if (
                 cycle is not None
                 and cycle.transport is self.transport
                 and cycle.scope["method"] != "HEAD"
+                and not cycle.response_started
             ):
                 cycle.transport = HeadWithBody(self.transport)
 
@@ -423,6 +545,26 @@ if HttpToolsProtocol is not None:
             self._start_head()
             self._disarm_body_deadline()
             super().on_message_complete()
+
+        def _start_asgi_task(self, cycle, app) -> None:
+            """A probe (GET of one of ``eager_paths``) is run at once, while its bytes are read,
+            up to its answer or its first wait: as a task it would wait for a turn of the
+            event loop behind everything else ready, and under heavy load each turn is long (an
+            orchestrator kills a pod whose liveness probe takes over a second). The rest, if it
+            waits, runs as a task in the same context."""
+            scope = cycle.scope
+            if scope["method"] != "GET" or scope["path"] not in self.limits.eager_paths:
+                super()._start_asgi_task(cycle, app)
+                return
+            context = contextvars.copy_context()
+            run = cycle.run_asgi(app)
+            try:
+                waiting = context.run(run.send, None)
+            except StopIteration:
+                return  # answered in full
+            task = self.loop.create_task(_resumed(run, waiting), context=context)
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
 
 else:  # pragma: no cover
     LimitedHttpToolsProtocol = None  # type: ignore[assignment,misc]
@@ -460,6 +602,42 @@ class LimitedH11Protocol(_Deadlines, H11Protocol):
         if self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
             self._partial_request = True
             self._arm_header_deadline()
+
+
+async def _resumed(coroutine: Coroutine[Any, T, R], waiting: Any) -> R:
+    """Finish a ``coroutine`` whose first step has run and yielded ``waiting`` (the future it
+    awaits), as its task would: each future it yields is waited for, then it goes on."""
+    try:
+        while True:
+            if waiting is None:  # a bare yield: a turn of the loop
+                await asyncio.sleep(0)
+            else:
+                await asyncio.wait((waiting,))
+            waiting = coroutine.send(None)  # type: ignore[arg-type]
+    except StopIteration as done:
+        return done.value
+    except asyncio.CancelledError:
+        coroutine.close()  # its own cleanup (start_tls closes the transport)
+        raise
+
+
+class _Handoff(asyncio.Protocol):
+    """What a TLS connection's bytes go to from the end of its handshake until the limited
+    protocol takes over: asyncio delivers the data that came with the handshake's last message
+    at once, before the coroutine that awaited the handshake runs again."""
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.lost: tuple[BaseException | None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.received.append(bytes(data))
+
+    def eof_received(self) -> bool:
+        return True  # the limited protocol, once it takes over, sees the close
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = (exc,)
 
 
 class HeadWithBody:
@@ -518,6 +696,18 @@ _HEAD_DUE, _HEAD_HELD, _HEAD_WRITTEN = "head due", "head held", "head written"
 _INTERIM = b"HTTP/1.1 1"
 
 
+class LimitedConfig(uvicorn.Config):
+    """uvicorn's configuration, whose TLS context (``ssl``) the limited protocols apply
+    themselves (``tls_context``, see :meth:`_Deadlines._start_tls`): the listening sockets are
+    plain TCP, so that a connection is under the limits from its first byte."""
+
+    tls_context: ssl.SSLContext | None = None
+
+    def load(self) -> None:
+        super().load()
+        self.tls_context, self.ssl = self.ssl, None
+
+
 def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration, serving with the limited protocols (httptools when installed,
     as uvicorn's "auto" would, else h11), whose ``limits`` it carries into worker processes."""
@@ -526,6 +716,6 @@ def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicor
         options["http"] = f"{__name__}:{name}"
     # h11 keeps its own limit on the bytes of an incomplete head.
     options.setdefault("h11_max_incomplete_event_size", limits.max_header_bytes)
-    config = uvicorn.Config(app, **options)
+    config = LimitedConfig(app, **options)
     config.connection_limits = dataclasses.asdict(limits)  # read by the protocols
     return config

@@ -39,7 +39,7 @@ from service.api.errors import (
 from service.api.machinery.connections import BODY_DEADLINE_KEY
 from service.api.machinery.headers import first_header
 from service.api.settings import Settings
-from service.model.threads import available_cpus
+from service.model.threads import available_cpus, lower_priority
 
 T = TypeVar("T")
 
@@ -344,13 +344,18 @@ class BodyDeadlineMiddleware:
 
 
 def memory_bound(settings: Settings, loaded: int, work: int) -> int:
-    """The most resident memory one server process takes, in bytes (the README's bound):
-    ``loaded`` (the process with its models loaded and warmed up) + MAX_BUFFERED_BYTES +
-    MAX_CONNECTIONS x :data:`CONNECTION_BYTES` + ``work`` (the models' own working memory for
-    the requests at work: one batch in parallel kernels, and serial ones, which are small by
-    construction; for the digits model under 32 MiB)."""
+    """The most resident memory one server process takes, in bytes (docs/operating/limits.md,
+    "Memory"): ``loaded`` (the process with its models loaded and warmed up) +
+    MAX_BUFFERED_BYTES + MAX_CONNECTIONS x :data:`CONNECTION_BYTES` + with GRPC_PORT, the
+    messages gRPC holds while they arrive, before they can be counted (a slot of
+    MAX_CONCURRENT_REQUESTS each, MAX_REQUEST_BYTES at most) + ``work`` (the models' own
+    working memory for the requests at work: one batch in parallel kernels, and serial ones,
+    which are small by construction; for the digits model under 32 MiB)."""
     connections = settings.max_connections * CONNECTION_BYTES
-    return loaded + settings.max_buffered_bytes + connections + work
+    arriving = 0
+    if settings.grpc_port is not None:
+        arriving = concurrency_bound(settings) * settings.max_request_bytes
+    return loaded + settings.max_buffered_bytes + connections + arriving + work
 
 
 def concurrency_bound(settings: Settings) -> int:
@@ -412,7 +417,7 @@ class WorkLimiter:
         """The worker threads for serial work: one per slot, so none waits for a thread."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(
-                self.max_concurrent, thread_name_prefix="besvm-worker"
+                self.max_concurrent, thread_name_prefix="besvm-worker", initializer=lower_priority
             )
         return self._pool
 
@@ -447,12 +452,26 @@ class WorkLimiter:
             ) from None
 
     async def run(
-        self, executor: concurrent.futures.Executor, work: Callable[[], T], timed: bool = True
+        self,
+        executor: concurrent.futures.Executor,
+        work: Callable[[], T],
+        timed: bool = True,
+        stop: Callable[[], bool] | None = None,
     ) -> T:
         """Run ``work`` on ``executor`` under a slot taken by :meth:`admit`; its answer, or
         :class:`WorkTimeoutError` after ``timeout_s`` (``timed``, as :meth:`wait`). The slot is
-        given back when the work is done, or dropped before it started."""
-        return await self.wait(asyncio.wrap_future(self.submit(executor, work)), timed)
+        given back when the work is done, or dropped before it started.
+
+        ``stop``, when given, is asked at the time limit whether the work stops (True:
+        WorkTimeoutError) or is past its point of no return (False: its answer is waited for,
+        however long it takes: a change that is committing)."""
+        future = self.submit(executor, work)
+        try:
+            return await self.wait(asyncio.wrap_future(future), timed)
+        except WorkTimeoutError:
+            if stop is not None and not stop():
+                return await asyncio.wrap_future(future)
+            raise
 
     def close(self) -> None:
         """Stop the worker threads, dropping work not started and not waiting for work under

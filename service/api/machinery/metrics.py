@@ -125,16 +125,14 @@ class PrometheusMetrics(Metrics):
 
     Parameters
     ----------
-    multiprocess_dir : str, optional
+    multiprocess_dir : path-like, optional
         prometheus-client's multi-process directory, where every process writes its values
-        (prometheus-client chose its value files when it was imported, from the same
-        ``PROMETHEUS_MULTIPROC_DIR``); None for a single process. Default: from the environment.
+        (the settings' ``PROMETHEUS_MULTIPROC_DIR``: prometheus-client chose its value files
+        from the same variable when it was imported); None for a single process.
     """
 
-    def __init__(self, multiprocess_dir: str | None = None) -> None:
-        if multiprocess_dir is None:
-            multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
-        self.multiprocess_dir = multiprocess_dir
+    def __init__(self, multiprocess_dir: str | os.PathLike | None = None) -> None:
+        self.multiprocess_dir = None if multiprocess_dir is None else str(multiprocess_dir)
         self.registry = CollectorRegistry(auto_describe=True)
         request_labels = ("method", "route", "model", "status")
         common = {"namespace": PREFIX, "registry": self.registry}
@@ -410,15 +408,17 @@ class PrometheusMetrics(Metrics):
 
 
 @contextlib.contextmanager
-def multiprocess_directory(workers: int) -> Iterator[str | None]:
+def multiprocess_directory(workers: int, given: str | os.PathLike | None) -> Iterator[str | None]:
     """The multi-process directory of a server run, exported in ``PROMETHEUS_MULTIPROC_DIR`` to
-    the worker processes started inside the ``with``.
+    the worker processes started inside the ``with`` (their settings, and prometheus-client as
+    they import it, read it there).
 
-    One the user set is used as it is (and left in place); otherwise, with ``workers`` > 1, a
-    fresh private one is made and removed at the end. A single worker without one needs none.
+    One the user set (``given``, the settings' ``PROMETHEUS_MULTIPROC_DIR``) is used as it is
+    (and left in place); otherwise, with ``workers`` > 1, a fresh private one is made and
+    removed at the end. A single worker without one needs none.
     """
-    given = os.environ.get(MULTIPROCESS_ENV)
-    if given:
+    if given is not None:
+        given = str(given)
         leftovers = [name for name in os.listdir(given) if name.endswith(".db")]
         if leftovers:
             logger.warning(

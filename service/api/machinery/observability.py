@@ -44,6 +44,7 @@ from service.api.machinery.headers import first_header
 from service.api.machinery.metrics import CONTENT_TYPE, Metrics
 
 REQUEST_ID_HEADER = "x-request-id"
+_REQUEST_ID_NAME = REQUEST_ID_HEADER.encode()
 REQUEST_ID_PATTERN = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 UNMATCHED_ROUTE = "unmatched"
 # Answers to orchestrators and scrapers, every few seconds: logged at debug, not info.
@@ -143,7 +144,7 @@ def fresh_request_id() -> str:
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
     """The client's X-Request-ID if valid, else a fresh one (see the module docstring)."""
-    value = first_header(headers, b"x-request-id")
+    value = first_header(headers, _REQUEST_ID_NAME)
     if value is not None and REQUEST_ID_PATTERN.fullmatch(value):
         return value.decode("ascii")
     return fresh_request_id()
@@ -195,7 +196,7 @@ class RequestObservability:
         request_id = request_id_of(scope["headers"])
         context = RequestContext(request_id)
         token = _current.set(context)
-        id_header = (b"x-request-id", request_id.encode("ascii"))
+        id_header = (_REQUEST_ID_NAME, request_id.encode("ascii"))
         status = 500  # unless an answer starts: the server answers 500 to an app that raised
 
         async def send_with_id(message: Message) -> None:

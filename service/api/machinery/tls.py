@@ -11,20 +11,32 @@ handshake uses its certificate and its client CAs, a CA removed from the file in
 **gRPC.** :meth:`TlsFiles.grpc_credentials` are gRPC's dynamic credentials: gRPC asks, at each
 new connection, whether the files' generation has changed since it last asked.
 
-A reload that fails (a file missing, a key that does not match) logs why and keeps the context
-in force; a server never starts with files it cannot read.
+Every file is checked as a model's files are before a byte of it is read (a regular file of at
+most :data:`MAX_PEM_BYTES`, opened without blocking: a FIFO or ``/dev/zero`` in its place is
+refused, never waited on or read for ever). A reload that fails (a file missing or refused, a
+key that does not match) logs why and keeps the context in force; a server never starts with
+files it cannot read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.model.artifact import open_regular
+from service.model.errors import ArtifactError
+
 logger = logging.getLogger("service.api")
+
+# The largest TLS file read (a certificate chain, a key, a bundle of client CAs: kilobytes; the
+# whole Mozilla bundle is 220 KB).
+MAX_PEM_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -42,13 +54,17 @@ class TlsFiles:
         return cls(settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
 
     def ssl_context(self) -> ssl.SSLContext:
-        """A server context from the files as they are now (OSError, ssl.SSLError)."""
+        """A server context from the files as they are now (OSError, ssl.SSLError,
+        TlsFileError)."""
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.cert, self.key)
-        if self.client_ca is not None:
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(self.client_ca)
+        with contextlib.ExitStack() as files:
+            cert = files.enter_context(_checked(self.cert))
+            key = None if self.key is None else files.enter_context(_checked(self.key))
+            context.load_cert_chain(cert, key)
+            if self.client_ca is not None:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(files.enter_context(_checked(self.client_ca)))
         return context
 
     def uvicorn_options(self) -> dict[str, Any]:
@@ -63,9 +79,9 @@ class TlsFiles:
 
     def pem(self) -> tuple[bytes, bytes, bytes | None]:
         """The key, the certificate chain and the client CAs, as bytes (gRPC reads PEM)."""
-        chain = self.cert.read_bytes()
-        key = chain if self.key is None else self.key.read_bytes()
-        return key, chain, None if self.client_ca is None else self.client_ca.read_bytes()
+        chain = _read(self.cert)
+        key = chain if self.key is None else _read(self.key)
+        return key, chain, None if self.client_ca is None else _read(self.client_ca)
 
     def grpc_credentials(self):
         """gRPC server credentials that follow :func:`reload` (see the module docstring)."""
@@ -82,7 +98,7 @@ class TlsFiles:
                 return None
             try:
                 fresh = configuration()
-            except OSError as error:
+            except (OSError, TlsFileError) as error:
                 logger.error("gRPC TLS files not re-read, the ones before stay: %s", error)
                 return None
             served["generation"] = _generation.value
@@ -91,6 +107,31 @@ class TlsFiles:
         return grpc.dynamic_ssl_server_credentials(
             configuration(), fetch, require_client_authentication=self.client_ca is not None
         )
+
+
+class TlsFileError(ValueError):
+    """A TLS file that is not a regular file of at most :data:`MAX_PEM_BYTES`."""
+
+
+@contextlib.contextmanager
+def _checked(path: Path) -> Iterator[str]:
+    """A name of ``path``'s file, open and checked as a model's files are
+    (:func:`service.model.artifact.open_regular`: a regular file of at most
+    :data:`MAX_PEM_BYTES`, opened without blocking): ``/dev/fd/N`` of the open file, so that
+    OpenSSL reads the file checked, never what the name leads to by then (a FIFO would block
+    the process, /dev/zero never end)."""
+    try:
+        handle = open_regular(path, MAX_PEM_BYTES)
+    except ArtifactError as error:
+        raise TlsFileError(str(error)) from None
+    with handle:
+        yield f"/dev/fd/{handle.fileno()}"
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of ``path``'s file, checked as :func:`_checked` checks it."""
+    with _checked(path) as name, open(name, "rb") as handle:
+        return handle.read(MAX_PEM_BYTES + 1)
 
 
 class _Generation:
@@ -138,11 +179,13 @@ def reloadable_context(config, default_factory) -> ssl.SSLContext:
 
 
 def reload() -> None:
-    """Read the TLS files again (SIGHUP): new handshakes, HTTPS and gRPC, use them."""
+    """Read the TLS files again (SIGHUP): new handshakes, HTTPS and gRPC, use them. Blocking
+    (the app's rescans call it off the event loop); a file refused leaves the contexts as they
+    were, the reason in the log."""
     for served in _served:
         try:
             served.reload()
-        except (OSError, ssl.SSLError) as error:
+        except (OSError, ssl.SSLError, TlsFileError) as error:
             logger.error("TLS files not re-read, the ones before stay: %s", error)
             return
     with _generation.lock:

@@ -199,14 +199,6 @@ class TracedDataPlane(DataPlane):
             span.set_attributes(_model_attributes(snapshot, len(answers)))
             return snapshot, answers
 
-    def classify_blocking(self, *args, **kwargs):
-        if not self.tracing.recording():
-            return super().classify_blocking(*args, **kwargs)
-        with self.tracing.tracer.start_as_current_span("classify") as span:
-            snapshot, answers = super().classify_blocking(*args, **kwargs)
-            span.set_attributes(_model_attributes(snapshot, len(answers)))
-            return snapshot, answers
-
     async def search(self, *args, **kwargs):
         if not self.tracing.recording():
             return await super().search(*args, **kwargs)
@@ -238,9 +230,9 @@ class TracedInferenceServicer(InferenceServicer):
 
     tracing: Tracing
 
-    def _serve(self, method, needed, context, answer):
+    async def _serve(self, method, needed, context, answer):
         if method in QUIET_CALLS:
-            return super()._serve(method, needed, context, answer)
+            return await super()._serve(method, needed, context, answer)
         tracing = self.tracing
         carrier = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
         with tracing.tracer.start_as_current_span(
@@ -252,7 +244,7 @@ class TracedInferenceServicer(InferenceServicer):
             set_status_on_exception=False,
         ) as span:
             try:
-                return super()._serve(method, needed, context, answer)
+                return await super()._serve(method, needed, context, answer)
             finally:
                 code = context.code()
                 value = 0 if code is None else code.value[0]

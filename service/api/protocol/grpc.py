@@ -18,33 +18,24 @@ metrics (``besvm_grpc_requests_total``, ``besvm_grpc_request_duration_seconds``)
 line (method ``GRPC``). Messages over ``MAX_REQUEST_BYTES`` are refused by gRPC itself
 (RESOURCE_EXHAUSTED).
 
-Every message takes its bytes from the process's one
-:class:`~service.api.machinery.limits.MemoryBudget`
-(``MAX_BUFFERED_BYTES``), the budget HTTP bodies take theirs from (:class:`MessageBudget`):
-counted twice (the bytes received and the message parsed from them) as soon as it has arrived
-and before it is parsed, typed contents' values as they are decoded, and given back when the
-call ends, however it ends. A message that finds no room is never parsed: UNAVAILABLE (HTTP's
-503), as Triton answers a full queue and as gRPC's retry policies expect of a condition that
-passes; one larger than the whole budget on its own RESOURCE_EXHAUSTED (HTTP's 413, as gRPC
-answers a message over its size limit). The calls under way at once are bounded by
-MAX_CONCURRENT_REQUESTS (grpcio's ``maximum_concurrent_rpcs``: RESOURCE_EXHAUSTED beyond it,
-before the message is read).
+Before a call's handler runs (:class:`CallGate`), on its headers alone: the key is checked
+(refused calls never have their message read), and a slot of MAX_CONCURRENT_REQUESTS is taken
+(UNAVAILABLE when none is free; health calls, ServerLive, ServerReady and ModelReady, take
+none). Then its message must arrive within BODY_TIMEOUT_S of the call's start
+(DEADLINE_EXCEEDED after), and takes its bytes from the process's one
+:class:`~service.api.machinery.limits.MemoryBudget` (``MAX_BUFFERED_BYTES``), the budget HTTP
+bodies take theirs from: counted twice (the bytes received and the message parsed from them) as
+soon as it has arrived and before it is parsed, typed contents' values as they are decoded, and
+given back when the call ends, however it ends. A message that finds no room is never parsed:
+UNAVAILABLE (HTTP's 503), as Triton answers a full queue and as gRPC's retry policies expect of
+a condition that passes; one larger than the whole budget on its own RESOURCE_EXHAUSTED (HTTP's
+413, as gRPC answers a message over its size limit). One connection has at most
+GRPC_MAX_STREAMS streams open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS).
 
-**Threads, not the event loop.** The calls run on grpcio's thread-pool server
-(:data:`GRPC_THREADS_PER_CPU` threads a CPU), each on one thread from its message to its
-answer; the data plane runs their model work there too
-(:meth:`~service.api.dataplane.DataPlane.classify_blocking`: serial work on the call's own
-thread, parallel kernels on the compute thread, a batched request through its model's queue on
-the event loop). grpcio's asyncio server on uvicorn's loop cost a call about twice the CPU: each
-call is several completion-queue events, each handed from grpcio's polling thread to the loop
-through an eventfd and run as asyncio callbacks and task steps; a trivial handler alone cost
-more there than REST's whole request (docs/measurements/benchmarks-operations.md). What must
-run on the loop (the registry's changes) is sent there and waited for.
-
-The server is started and stopped by the app's lifespan: each worker process binds
-``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker serves gRPC on the one
-port, the kernel spreading the connections), and SIGTERM drains it as it drains HTTP
-(:func:`drain_on_signals`).
+The server runs on the worker's event loop, started and stopped by the app's lifespan: each
+worker process binds ``GRPC_PORT`` with SO_REUSEPORT (so that with ``WORKERS`` > 1 every worker
+serves gRPC on the one port, the kernel spreading the connections), and SIGTERM drains it
+as it drains HTTP (:func:`drain_on_signals`).
 """
 
 from __future__ import annotations
@@ -57,23 +48,32 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent import futures
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
+from grpc import aio
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.errors import LoadRefusedError, RateLimitedError, status_of
+from service.api.errors import (
+    BodyTimeoutError,
+    LoadRefusedError,
+    OverloadedError,
+    RateLimitedError,
+    status_of,
+)
 from service.api.machinery.auth import (
     Access,
     AccessPolicy,
     ForbiddenError,
+    Key,
     MissingKeyError,
     identify,
+    key_headers,
+    presented_key,
 )
-from service.api.machinery.auth import presented_key as key_of
 from service.api.machinery.limits import (
     BODY_COPIES,
     DECODED_BYTES_PER_VALUE,
@@ -82,7 +82,7 @@ from service.api.machinery.limits import (
     concurrency_bound,
 )
 from service.api.machinery.metrics import Metrics
-from service.api.machinery.observability import log_access, request_scope
+from service.api.machinery.observability import REQUEST_ID_HEADER, log_access, request_scope
 from service.api.machinery.payloads import PayloadLog
 from service.api.machinery.responses import VERSION_HEADER
 from service.api.machinery.tls import TlsFiles
@@ -92,6 +92,7 @@ from service.api.protocol.rest import EXTENSIONS, SERVER_NAME
 from service.api.protocol.schemas import ProtocolInput, ProtocolOutput, ProtocolRequest
 from service.api.protocol.tensors import (
     BINARY_DATA_SIZE,
+    ModelInputs,
     classification,
     decode_request,
     model_metadata,
@@ -100,24 +101,17 @@ from service.api.protocol.tensors import (
 from service.api.registry import ModelState
 from service.api.settings import Settings
 from service.model import InvalidInputError, ModelError, ModelNotReadyError, NotFoundError
-from service.model.predictor import ClassifyCall
-from service.model.threads import available_cpus
 
 logger = logging.getLogger("service.api")
 
-T = TypeVar("T")
-
 SERVICE = "inference.GRPCInferenceService"
-# Threads that run the calls, per CPU: few threads kept busy cost a call less than many taking
-# turns (each turn a wake-up and a hand-over of the interpreter), and enough that calls
-# waiting for parallel kernels or a batch leave others running.
-GRPC_THREADS_PER_CPU = 2
 # The HTTP status of a domain error (service.api.errors, the one mapping) as a gRPC code.
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -142,11 +136,29 @@ CONTENTS_FIELDS = {
     "BYTES": "bytes_contents",
 }
 _LENGTH_PREFIX = 4
-# What the call under way on this thread holds of the budget, and the error that refused its
-# message (if one did): set from its Arrival while its behaviour runs.
-_ARRIVAL: contextvars.ContextVar[tuple[RequestHold, ModelError | None] | None] = (
-    contextvars.ContextVar("besvm_grpc_arrival", default=None)
+# What the call under way in this task holds (see :class:`CallGate`): set by the gate before its
+# message is read, in the call's own task, where the gRPC library also parses the message and
+# runs the handler.
+_CALL: contextvars.ContextVar[CallState | None] = contextvars.ContextVar(
+    "besvm_grpc_call", default=None
 )
+# Calls answered however busy the server is: they take no slot of MAX_CONCURRENT_REQUESTS (an
+# orchestrator's probe must never be turned away by the load it probes).
+HEALTH_METHODS = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+# Calls every client may make, and those of the repository extension (an admin key).
+OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})
+ADMIN_METHODS = frozenset({"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"})
+
+
+@dataclass(eq=False)
+class CallState:
+    """One call's standing, from its start to its end: its bytes of the memory budget, the key
+    that allowed it, or the error that refused it (the handler answers it)."""
+
+    hold: RequestHold
+    error: Exception | None = None
+    key: Key | None = None
+    checked: bool = False
 
 
 _INTERNAL = grpc.StatusCode.INTERNAL
@@ -184,80 +196,128 @@ def typed_values(request: pb.ModelInferRequest) -> int:
     )
 
 
-class MessageBudget(grpc.ServerInterceptor):
-    """Every call's message counted in the process's :class:`MemoryBudget` as it arrives, before
-    it is parsed: :data:`BODY_COPIES` times its size, the first
-    :data:`~service.api.machinery.limits.UNCOUNTED_BYTES` free, as an HTTP body is counted. A
-    message that does not fit is not parsed; the call's handler answers the refusal
-    (:meth:`InferenceServicer._serve`), which also gives the bytes back when the call ends.
+class CallGate(aio.ServerInterceptor):
+    """What happens to a call before its handler runs, on its headers alone and then its
+    message: the key is checked, a slot is taken (health calls take none), the message is
+    waited for at most ``message_timeout_s`` and counted in the process's
+    :class:`MemoryBudget` as it arrives, before it is parsed.
+
+    grpcio's own limit (``maximum_concurrent_rpcs``) took a slot as a call's headers arrived,
+    before anything could look at them, and held it while the message trickled in: 128 calls
+    sending a byte every few seconds, with no key, turned every call away, health included.
+    Here each unary method is served as a stream of one message, so that the handler runs
+    before the message is read; a call refused (no valid key, no slot) never has its message
+    read, and a slot is held only by a call with a key (when keys are required) and only until
+    BODY_TIMEOUT_S if its message does not come. The refusal, like any error, is answered by
+    the servicer (:meth:`InferenceServicer._serve`: status, metrics, access line).
 
     Parameters
     ----------
     budget : MemoryBudget
         The one the HTTP server counts its bodies in.
+    servicer : InferenceServicer
+        Says what each method needs (:meth:`InferenceServicer.access`).
+    max_calls : int
+        Calls under way at once, health calls aside (MAX_CONCURRENT_REQUESTS).
+    message_timeout_s : float
+        Seconds from a call's start for its message to arrive (BODY_TIMEOUT_S).
     """
 
-    def __init__(self, budget: MemoryBudget) -> None:
+    def __init__(
+        self,
+        budget: MemoryBudget,
+        servicer: InferenceServicer,
+        max_calls: int,
+        message_timeout_s: float,
+    ) -> None:
         self.budget = budget
+        self.servicer = servicer
+        self.max_calls = max_calls
+        self.message_timeout_s = message_timeout_s
+        self.calls = 0
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
-    def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(self, continuation, handler_call_details):
         method = handler_call_details.method
-        counted = self._handlers.get(method)
-        if counted is None:
-            handler = continuation(handler_call_details)
+        gated = self._handlers.get(method)
+        if gated is None:
+            handler = await continuation(handler_call_details)
             if handler is None or handler.request_streaming or handler.response_streaming:
                 return handler  # the protocol's calls are all unary
-            counted = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
-                _arrived(handler.unary_unary),
+            gated = self._handlers[method] = grpc.stream_unary_rpc_method_handler(
+                self._gated(method.rsplit("/", 1)[-1], handler.unary_unary),
                 request_deserializer=self._counting(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
-        return counted
+        return gated
 
-    def _counting(self, parse: Callable[[bytes], Any]) -> Callable[[bytes], Arrival]:
-        def counted(raw: bytes) -> Arrival:
-            hold = RequestHold(self.budget)
+    def _gated(self, name: str, behavior: Callable[[Any, Any], Awaitable[Any]]):
+        slotted = name not in HEALTH_METHODS
+        servicer = self.servicer
+
+        async def handle(requests, context: aio.ServicerContext) -> Any:
+            state = CallState(RequestHold(self.budget))
+            token = _CALL.set(state)
+            slot = False
+            request = None
             try:
-                hold.add(BODY_COPIES * len(raw), "the message")
-            except ModelError as error:
-                return Arrival(None, hold, error)
-            try:
-                return Arrival(parse(raw), hold, None)
-            except BaseException:
-                hold.release()
-                raise
+                try:
+                    state.key = servicer.policy.check(
+                        servicer.access(name),
+                        presented_key(*key_headers(context.invocation_metadata() or ())),
+                    )
+                    state.checked = True
+                    if slotted:
+                        self._take_slot()
+                        slot = True
+                    request = await self._message(requests)
+                except (MissingKeyError, ForbiddenError, ModelError) as error:
+                    state.error = error
+                return await behavior(request, context)
+            finally:
+                if slot:
+                    self.calls -= 1
+                state.hold.release()
+                _CALL.reset(token)
 
-        return counted
+        return handle
 
+    def _take_slot(self) -> None:
+        if self.calls >= self.max_calls:
+            raise OverloadedError(
+                f"the server is at its limit of {self.max_calls} concurrent gRPC calls "
+                "(MAX_CONCURRENT_REQUESTS); try again shortly"
+            )
+        self.calls += 1
 
-class Arrival:
-    """A call's message as it arrived: parsed (None if it was refused), what it holds of the
-    budget, and the error that refused it. gRPC parses a message on its polling thread and runs
-    the call on another, so the two meet here: the call's behaviour
-    (:func:`_arrived`) makes it the call's :data:`_ARRIVAL`. Should the call never run (its
-    client gone), the bytes are given back when the message is dropped."""
-
-    __slots__ = ("error", "hold", "request")
-
-    def __init__(self, request: Any, hold: RequestHold, error: ModelError | None) -> None:
-        self.request, self.hold, self.error = request, hold, error
-
-    def __del__(self) -> None:
-        self.hold.release()
-
-
-def _arrived(behavior: Callable[[Any, Any], Any]) -> Callable[[Arrival, Any], Any]:
-    """``behavior`` of the message that arrived, with its :class:`Arrival` as the call's."""
-
-    def behave(arrival: Arrival, context: Any) -> Any:
-        token = _ARRIVAL.set((arrival.hold, arrival.error))
+    async def _message(self, requests) -> Any:
         try:
-            return behavior(arrival.request, context)
-        finally:
-            _ARRIVAL.reset(token)
+            async with asyncio.timeout(self.message_timeout_s):
+                return await anext(requests)
+        except TimeoutError:
+            raise BodyTimeoutError(
+                f"the call's message did not arrive within {self.message_timeout_s:g} s of its "
+                "start (BODY_TIMEOUT_S)"
+            ) from None
+        except StopAsyncIteration:
+            raise InvalidInputError("the call ended without its message") from None
 
-    return behave
+    def _counting(self, parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+        """The message counted in the call's hold (:data:`BODY_COPIES` times, the first
+        :data:`~service.api.machinery.limits.UNCOUNTED_BYTES` free, as an HTTP body), before
+        it is parsed; one that does not fit is not parsed (its handler answers the refusal)."""
+
+        def counted(raw: bytes) -> Any:
+            state = _CALL.get()
+            if state is not None:
+                try:
+                    state.hold.add(BODY_COPIES * len(raw), "the message")
+                except ModelError as error:
+                    state.error = error
+                    return None
+            return parse(raw)
+
+        return counted
 
 
 def infer_request(request: pb.ModelInferRequest) -> tuple[ProtocolRequest, bytes]:
@@ -339,46 +399,58 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         plane: DataPlane,
         policy: AccessPolicy,
         metrics: Metrics,
-        loop: asyncio.AbstractEventLoop,
         payloads: PayloadLog | None = None,
     ) -> None:
         self.plane = plane
         self.policy = policy
         self.metrics = metrics
-        self.loop = loop
         self.payloads = payloads
 
-    def _serve(
+    def access(self, method: str) -> Access:
+        """What a call of ``method`` needs (the gate checks it on the call's headers; each method
+        gives :meth:`_serve` the same): nothing for liveness and readiness, an admin key for the
+        repository extension, else what the REST routes need (a key once API_KEYS_FILE is
+        set)."""
+        if method in OPEN_METHODS:
+            return Access.OPEN
+        if method in ADMIN_METHODS:
+            return Access.ADMIN
+        return self.policy.default
+
+    async def _serve(
         self,
         method: str,
         needed: Access,
-        context: grpc.ServicerContext,
-        answer: Callable[[float | None], Any],
+        context: aio.ServicerContext,
+        answer: Callable[[], Awaitable[Any]],
     ) -> Any:
-        """Run ``answer(seconds left of the client's deadline)`` as a call of ``method``:
-        request id, key, deadline, errors, metrics and the access line."""
+        """Run ``answer`` as a call of ``method``: request id, key (checked by the
+        :class:`CallGate` on the call's headers, as :meth:`access` says; here, ``needed``,
+        without one), deadline, errors, metrics and the access line."""
         started = time.perf_counter()
-        metadata = dict(context.invocation_metadata() or ())
+        pairs = context.invocation_metadata() or ()
+        metadata = dict(pairs)
         code, message, result = grpc.StatusCode.OK, "", None
-        arrival = _ARRIVAL.get()
-        with request_scope(metadata.get("x-request-id")) as request:
+        state = _CALL.get()
+        with request_scope(metadata.get(REQUEST_ID_HEADER)) as request:
             # Answered in the trailing metadata, which travels with the status: a separate
             # send of initial metadata costs every call a write.
-            trailing = [("x-request-id", request.request_id)]
+            trailing = [(REQUEST_ID_HEADER, request.request_id)]
             try:
-                if arrival is not None and arrival[1] is not None:
-                    raise arrival[1]
-                key = self.policy.check(
-                    needed, key_of(metadata.get("authorization"), metadata.get("x-api-key"))
-                )
+                if state is not None and state.error is not None:
+                    raise state.error
+                if state is not None and state.checked:
+                    key = state.key
+                else:
+                    key = self.policy.check(needed, presented_key(*key_headers(pairs)))
                 identify(key)
                 remaining = context.time_remaining()
                 if remaining is not None and remaining <= 0:
-                    # No work for a call already late.
+                    # No work for a call already late: work that never yields (a small batch
+                    # run inline) would finish before the timeout below could interrupt it.
                     raise TimeoutError
-                result = answer(remaining)
-                if remaining is not None and context.time_remaining() <= 0:
-                    raise TimeoutError  # work on this thread cannot be interrupted
+                async with asyncio.timeout(remaining):
+                    result = await answer()
                 version = getattr(result, "model_version", "")
                 if version:
                     trailing.append((VERSION_HEADER, version))
@@ -395,61 +467,57 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     trailing.append(("retry-after", error.retry_after()))
                 if code is _INTERNAL:
                     logger.error("gRPC %s failed: %s", method, error)
+            except asyncio.CancelledError:
+                code, message = grpc.StatusCode.CANCELLED, "cancelled"
+                raise
             except Exception:
                 logger.exception("unhandled error in gRPC %s", method)
                 code, message = grpc.StatusCode.INTERNAL, "internal error; the server log has it"
             finally:
-                if arrival is not None:
-                    arrival[0].release()
                 seconds = time.perf_counter() - started
                 self.metrics.grpc_finished(method, request.model, code.name, seconds)
                 log_access(
                     "GRPC", f"/{SERVICE}/{method}", code.name, seconds, context.peer(), request.key
                 )
-            context.set_trailing_metadata(tuple(trailing))
             if code is not grpc.StatusCode.OK:
-                context.abort(code, message)
+                await context.abort(code, message, tuple(trailing))
+            context.set_trailing_metadata(tuple(trailing))
             return result
-
-    def _on_loop(self, coroutine: Awaitable[T]) -> T:
-        """Run ``coroutine`` on the event loop (the registry's changes all happen there) and
-        wait for it."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     # -- health and metadata -------------------------------------------------------------------
 
-    def ServerLive(self, request, context):
-        def answer(remaining):
+    async def ServerLive(self, request, context):
+        async def answer():
             return pb.ServerLiveResponse(live=True)
 
-        return self._serve("ServerLive", Access.OPEN, context, answer)
+        return await self._serve("ServerLive", Access.OPEN, context, answer)
 
-    def ServerReady(self, request, context):
-        def answer(remaining):
+    async def ServerReady(self, request, context):
+        async def answer():
             return pb.ServerReadyResponse(ready=self.plane.readiness()[0])
 
-        return self._serve("ServerReady", Access.OPEN, context, answer)
+        return await self._serve("ServerReady", Access.OPEN, context, answer)
 
-    def ServerMetadata(self, request, context):
-        def answer(remaining):
+    async def ServerMetadata(self, request, context):
+        async def answer():
             return pb.ServerMetadataResponse(
                 name=SERVER_NAME, version=service.__version__, extensions=EXTENSIONS
             )
 
-        return self._serve("ServerMetadata", self.policy.default, context, answer)
+        return await self._serve("ServerMetadata", self.policy.default, context, answer)
 
-    def ModelReady(self, request, context):
-        def answer(remaining):
+    async def ModelReady(self, request, context):
+        async def answer():
             try:
                 self.plane.snapshot(request.name, request.version or None)
             except (ModelNotReadyError, NotFoundError):  # as REST answers tritonclient
                 return pb.ModelReadyResponse(ready=False)
             return pb.ModelReadyResponse(ready=True)
 
-        return self._serve("ModelReady", self.policy.default, context, answer)
+        return await self._serve("ModelReady", self.policy.default, context, answer)
 
-    def ModelMetadata(self, request, context):
-        def answer(remaining):
+    async def ModelMetadata(self, request, context):
+        async def answer():
             snapshot = self.plane.snapshot(request.name, request.version or None)
             meta = model_metadata(snapshot.predictor, snapshot.name, snapshot.version)
             return pb.ModelMetadataResponse(
@@ -460,24 +528,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 outputs=[_tensor_metadata(t) for t in meta["outputs"]],
             )
 
-        return self._serve("ModelMetadata", self.policy.default, context, answer)
+        return await self._serve("ModelMetadata", self.policy.default, context, answer)
 
     # -- inference -----------------------------------------------------------------------------
 
-    def ModelInfer(self, request, context):
-        def answer(remaining):
+    async def ModelInfer(self, request, context):
+        async def answer():
             name, version = request.model_name, request.model_version or None
             plane = self.plane
             predictor = plane.snapshot(name, version).predictor
-            values, arrival = typed_values(request), _ARRIVAL.get()
-            if values and arrival is not None:
-                arrival[0].add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
-            # Decoded on this worker thread, never on the event loop, whatever its size.
-            body, binary = infer_request(request)
-            inputs, names = decode_request(body, binary, predictor, plane.max_batch_size)
+
+            def decoded() -> tuple[ProtocolRequest, ModelInputs, tuple[str, ...]]:
+                body, binary = infer_request(request)
+                return body, *decode_request(body, binary, predictor, plane.max_batch_size)
+
+            values, state = typed_values(request), _CALL.get()
+            if values and state is not None:
+                state.hold.add(DECODED_BYTES_PER_VALUE * values, f"decoding {values:,} values")
+            # A large message's values are converted off the event loop, as REST's are.
+            body, inputs, names = await plane.convert(request.ByteSize(), decoded)
             k = plane.default_top_k if body.top_k is None else body.top_k
-            call = ClassifyCall(**classification(inputs, names, body, k))
-            snapshot, answers = plane.classify_blocking(self.loop, remaining, name, version, call)
+            snapshot, answers = await plane.classify(
+                name, **classification(inputs, names, body, k), version=version
+            )
             tensors = output_tensors(answers, snapshot.predictor.classes, names, k)
             response = pb.ModelInferResponse(
                 model_name=snapshot.name, model_version=snapshot.version, id=request.id
@@ -491,11 +564,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
         payloads = self.payloads
         if payloads is None or not payloads.sampled():
-            return self._serve("ModelInfer", self.policy.default, context, answer)
+            return await self._serve("ModelInfer", self.policy.default, context, answer)
 
-        def recorded(remaining):
+        async def recorded():
             try:
-                response = answer(remaining)
+                response = await answer()
             except Exception as error:
                 code = _code_of(error) if isinstance(error, ModelError) else None
                 failure = json.dumps({"error": str(error)}).encode()  # as REST's protocol says
@@ -505,13 +578,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             payloads.record(_MODEL_INFER, request, "", response, "", "OK", response.model_version)
             return response
 
-        return self._serve("ModelInfer", self.policy.default, context, recorded)
+        return await self._serve("ModelInfer", self.policy.default, context, recorded)
 
     # -- the repository extension --------------------------------------------------------------
 
-    def RepositoryIndex(self, request, context):
-        def answer(remaining):
-            entries = self._on_loop(self.plane.registry.sync())
+    async def RepositoryIndex(self, request, context):
+        async def answer():
+            entries = await self.plane.registry.sync()
             return pb.RepositoryIndexResponse(
                 models=[
                     pb.RepositoryIndexResponse.ModelIndex(
@@ -525,26 +598,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 ]
             )
 
-        return self._serve("RepositoryIndex", Access.ADMIN, context, answer)
+        return await self._serve("RepositoryIndex", Access.ADMIN, context, answer)
 
-    def RepositoryModelLoad(self, request, context):
-        def answer(remaining):
-            entry = self._on_loop(self.plane.registry.load(request.model_name))
+    async def RepositoryModelLoad(self, request, context):
+        async def answer():
+            entry = await self.plane.registry.load(request.model_name)
             if entry.reason is not None:
                 raise LoadRefusedError(entry.reason)
             return pb.RepositoryModelLoadResponse()
 
-        return self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
+        return await self._serve("RepositoryModelLoad", Access.ADMIN, context, answer)
 
-    def RepositoryModelUnload(self, request, context):
-        def answer(remaining):
-            self._on_loop(self.plane.registry.unload(request.model_name))
+    async def RepositoryModelUnload(self, request, context):
+        async def answer():
+            await self.plane.registry.unload(request.model_name)
             return pb.RepositoryModelUnloadResponse()
 
-        return self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
+        return await self._serve("RepositoryModelUnload", Access.ADMIN, context, answer)
 
 
-def start_grpc_server(
+async def start_grpc_server(
     settings: Settings,
     plane: DataPlane,
     policy: AccessPolicy,
@@ -552,12 +625,14 @@ def start_grpc_server(
     budget: MemoryBudget,
     payloads: PayloadLog | None = None,
     servicer: type[InferenceServicer] | None = None,
-) -> grpc.Server:
+) -> aio.Server:
     """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set), its
-    messages counted in ``budget`` (the process's, shared with HTTP). Called on the event loop,
-    which the calls reach for what runs there (the registry's changes, dynamic batching)."""
+    messages counted in ``budget`` (the process's, shared with HTTP)."""
     options = [
         ("grpc.max_receive_message_length", settings.max_request_bytes),
+        # Streams one connection may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS):
+        # a client opens more only as others end.
+        ("grpc.max_concurrent_streams", settings.grpc_max_streams),
         ("grpc.max_send_message_length", -1),
         # Workers share the port (the kernel spreads the connections); a lone server must not
         # share it unknowingly with another process.
@@ -565,36 +640,22 @@ def start_grpc_server(
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ]
-    bound = concurrency_bound(settings)
-    server = grpc.server(
-        # The calls run on these threads, not on the event loop (see the module docstring).
-        futures.ThreadPoolExecutor(grpc_threads(bound), thread_name_prefix="besvm-grpc"),
-        interceptors=[MessageBudget(budget)],
-        options=options,
-        # Each call's message is held by the gRPC library while it arrives, before it can be
-        # counted: the calls under way are bounded as the process's work is.
-        maximum_concurrent_rpcs=bound,
-    )
-    loop = asyncio.get_running_loop()
-    metrics.bind_loop(loop)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        (servicer or InferenceServicer)(plane, policy, metrics, loop, payloads), server
-    )
+    served = (servicer or InferenceServicer)(plane, policy, metrics, payloads)
+    # Each call's message is held by the gRPC library while it arrives, before it can be
+    # counted: the calls under way are bounded as the process's work is, by the gate (grpcio's
+    # own bound, maximum_concurrent_rpcs, took its slots before any key was seen).
+    gate = CallGate(budget, served, concurrency_bound(settings), settings.body_timeout_s)
+    server = aio.server(interceptors=[gate], options=options)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(served, server)
     address = f"{settings.host}:{settings.grpc_port}"
     tls = TlsFiles.from_settings(settings)
     if tls is None:
         server.add_insecure_port(address)
     else:
         server.add_secure_port(address, tls.grpc_credentials())
-    server.start()
+    await server.start()
     logger.info("gRPC (Open Inference Protocol) on %s%s", address, "" if tls is None else ", TLS")
     return server
-
-
-def grpc_threads(bound: int) -> int:
-    """The threads that run gRPC calls: :data:`GRPC_THREADS_PER_CPU` per CPU the process may
-    use, at most ``bound`` (MAX_CONCURRENT_REQUESTS)."""
-    return max(1, min(bound, GRPC_THREADS_PER_CPU * available_cpus()))
 
 
 def drain_on_signals(on_signal: Callable[[], None]) -> None:

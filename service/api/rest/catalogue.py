@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from service.api.dataplane import DataPlane
 from service.api.errors import documented_errors
 from service.api.jobs import RESTORE, SNAPSHOT, Claim, JobKind
+from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
@@ -125,7 +126,8 @@ async def describe(request: Request, name: ModelName) -> Response:
 
 
 @router.get(
-    "/items/{item_id}",
+    # A path parameter: an id may hold "/" (sent as %2F), which a plain one never matches.
+    "/items/{item_id:path}",
     response_model=CatalogueItem,
     responses=documented_errors(404, 503, meanings={404: _NO_CATALOGUE}),
 )
@@ -148,8 +150,14 @@ async def upsert_items(request: Request, name: ModelName) -> Response:
     new version is on disk and served."""
     body = await read_body(request, CatalogueItemsRequest)
     ids = [str(i) for i in body.ids]
-    snapshot, result = await _plane(request).update_catalogue(
-        name, len(ids), lambda index: index.upsert(ids, body.instances, body.attributes)
+    plane = _plane(request)
+    limits = plane.attribute_limits
+    snapshot, result = await plane.update_catalogue(
+        name,
+        len(ids),
+        lambda index, gate: index.upsert(ids, body.instances, body.attributes, limits, gate),
+        request.scope.get(HOLD_KEY),
+        lambda index: index.upsert_bytes(len(ids), body.attributes, limits),
     )
     return json_answer(_update_payload(snapshot, result), snapshot)
 
@@ -161,7 +169,7 @@ async def delete_items(request: Request, name: ModelName) -> Response:
     body = await read_body(request, CatalogueDeleteRequest)
     ids = [str(i) for i in body.ids]
     snapshot, result = await _plane(request).update_catalogue(
-        name, len(ids), lambda index: index.delete(ids)
+        name, len(ids), lambda index, gate: index.delete(ids, gate)
     )
     return json_answer(_update_payload(snapshot, result), snapshot)
 

@@ -60,7 +60,7 @@ from service.model.search.filters import (
     pack_bits,
 )
 from service.model.search.layout import check_parent
-from service.model.search.shards import Shard, narrow_strings, read_shard
+from service.model.search.shards import Shard, lookup_ids, narrow_strings, read_shard
 
 CATALOGUE_TYPE = "catalogue"
 SHARDED_LAYOUT = "shards"
@@ -323,7 +323,7 @@ class Catalogue(CatalogueQueries):
 
     def lookup(self, ids: Sequence[str]) -> np.ndarray:
         """Global positions of the live items of ``ids``, -1 for ids no live item has."""
-        wanted = np.asarray([str(i) for i in ids], dtype=str) if len(ids) else np.zeros(0, str)
+        wanted = lookup_ids(ids)
         found = np.full(len(wanted), -1, dtype=np.int64)
         # Newest shard first: a replaced item's old copies are removed, its last one lives.
         for s in range(len(self.shards) - 1, -1, -1):

@@ -34,6 +34,11 @@ LEARN_C_STEPS = 7
 # little cost), or for at most this many Newton steps (1 to 5 are usual).
 LEARN_TOLERANCE = 1e-6
 LEARN_MAX_NEWTON_STEPS = 50
+# The most a learned code may score an example before its bias (and the largest bias): the
+# hinge's margin is 1, and codes learned on digits score their examples at most 2.5 (150 draws
+# of 1 to 5 positives). A code far beyond that separates examples that differ by a hair, as an
+# instance does from itself times 1.0000001 (scored at 1e7): nearly the same items.
+MAX_LEARNED_SCORE = 1e3
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,9 @@ def sparse_svm_code(X: np.ndarray, y: np.ndarray, n_nonzero: int) -> SparseCode:
     Raises
     ------
     InvalidInputError
-        Nothing separates the positives from the negatives (the same examples on both sides).
+        Nothing separates the positives from the negatives (the same examples on both sides),
+        or only a code scoring them beyond :data:`MAX_LEARNED_SCORE` does (examples nearly the
+        same).
     """
     Z, weights = svm_problem(X, y)
     # scikit-learn's start (no class weights); where that is 0, the balanced one.
@@ -125,6 +132,13 @@ def sparse_svm_code(X: np.ndarray, y: np.ndarray, n_nonzero: int) -> SparseCode:
                 "nothing separates the positives from the negatives: they are the same items"
             )
         return SparseCode(np.array([best], dtype=np.int64), np.array([np.sign(gap[best])]), 0.0)
+    scale = max(float(np.abs(X @ w[:-1]).max()), abs(float(w[-1])))
+    if not scale <= MAX_LEARNED_SCORE:
+        raise InvalidInputError(
+            "the positives and the negatives are nearly the same items: a code that tells them "
+            f"apart scores them at {scale:.3g}, beyond {MAX_LEARNED_SCORE:g} times the margin; "
+            "give examples that differ"
+        )
     return SparseCode.from_dense(w[:-1], w[-1], n_nonzero)
 
 

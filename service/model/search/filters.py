@@ -41,8 +41,15 @@ MAX_DEPTH = 4
 MAX_ANY_VALUES = 1024
 # Longest attribute key, and conditions kept per shard (least recently used dropped first).
 MAX_KEY_LENGTH = 128
+# Default bounds on distinct attribute keys: of one item, and of a whole catalogue (each key of
+# a shard is a column, one or two files, and a catalogue's manifest lists every key).
+DEFAULT_ITEM_ATTRIBUTES = 32
+DEFAULT_CATALOGUE_ATTRIBUTES = 256
 CONDITIONS_KEPT_PER_SHARD = 256
 RANGE_BOUNDS = ("gt", "gte", "lt", "lte")
+# What no id or string attribute holds: numpy's strings drop it from their end, so "a\0" would
+# be stored, and matched, as "a".
+NUL = "\0"
 
 
 # -- columns -----------------------------------------------------------------------------------
@@ -76,6 +83,10 @@ class StringColumn:
         inside = at < len(self.values)
         present = at[inside][self.values[at[inside]] == wanted[inside]]
         return np.isin(self.codes, present)
+
+    def any_held(self) -> bool:
+        """Whether some item has the attribute."""
+        return bool((self.codes >= 0).any())
 
     def value_at(self, j: int) -> str | None:
         code = int(self.codes[j])
@@ -114,6 +125,10 @@ class NumberColumn:
             held &= compare[name](values, bound)
         return held
 
+    def any_held(self) -> bool:
+        """Whether some item has the attribute."""
+        return bool((~np.isnan(self.values)).any())
+
     def value_at(self, j: int) -> float | None:
         value = float(self.values[j])
         return None if math.isnan(value) else value
@@ -129,6 +144,45 @@ class NumberColumn:
 
 
 Column = StringColumn | NumberColumn
+
+
+@dataclass(frozen=True)
+class AttributeLimits:
+    """How many distinct attribute keys one item (``per_item``), and one catalogue
+    (``per_catalogue``), may have; ``item_setting`` and ``catalogue_setting`` are what the
+    limits are called where they are set, for messages (the service's settings)."""
+
+    per_item: int = DEFAULT_ITEM_ATTRIBUTES
+    per_catalogue: int = DEFAULT_CATALOGUE_ATTRIBUTES
+    item_setting: str = "the limit"
+    catalogue_setting: str = "the limit"
+
+    def check(
+        self, records: Sequence[Mapping[str, Any] | None], schema: Mapping[str, str], what: str
+    ) -> None:
+        """InvalidInputError for a record with more keys than :attr:`per_item`, or keys that
+        would take the catalogue (``schema``) beyond :attr:`per_catalogue`, naming the first
+        of them; before any record is looked at further."""
+        new: dict[str, None] = {}
+        for i, record in enumerate(records):
+            if not isinstance(record, Mapping):
+                continue
+            if len(record) > self.per_item:
+                raise InvalidInputError(
+                    f"{what}: attributes[{i}] has {len(record):,} keys; an item has at most "
+                    f"{self.per_item} ({self.item_setting})"
+                )
+            for key in record:
+                if key not in schema:
+                    new[key] = None
+            if len(schema) + len(new) > self.per_catalogue:
+                first = next(iter(new))
+                raise InvalidInputError(
+                    f"{what}: attributes[{i}] takes the catalogue beyond "
+                    f"{self.per_catalogue} attribute keys ({self.catalogue_setting}): it has "
+                    f"{len(schema)}, and these items add {len(new):,} more, the first "
+                    f"{brief(first)}; use the keys it has (GET .../catalogue lists them)"
+                )
 
 
 def column_from_arrays(kind: str, name: str, arrays: Mapping[str, np.ndarray], n: int) -> Column:
@@ -166,18 +220,30 @@ def check_key(key: Any, where: str) -> str:
 
 
 def kind_of(value: Any, where: str) -> str:
-    """``string`` or ``number`` (finite) for an attribute value; InvalidInputError otherwise."""
+    """``string`` (without NUL characters, which numpy's strings would drop from the end) or
+    ``number`` (finite) for an attribute value; InvalidInputError otherwise."""
     if isinstance(value, str):
+        if NUL in value:
+            raise InvalidInputError(f"{where}: attribute strings hold no NUL character (U+0000)")
         return "string"
     if _is_number(value):
-        if not math.isfinite(float(value)):
-            raise InvalidInputError(f"{where}: attribute numbers must be finite, got {value!r}")
+        try:
+            finite = math.isfinite(float(value))
+        except OverflowError:  # an integer beyond any float (JSON has no bound on digits)
+            finite = False
+        if not finite:
+            raise InvalidInputError(
+                f"{where}: attribute numbers must be finite floats, got {brief(value)}"
+            )
         return "number"
     raise InvalidInputError(f"{where}: attribute values are strings or numbers, got {brief(value)}")
 
 
 def columns_from_records(
-    records: Sequence[Mapping[str, Any] | None], schema: Mapping[str, str], what: str = "items"
+    records: Sequence[Mapping[str, Any] | None],
+    schema: Mapping[str, str],
+    what: str = "items",
+    limits: AttributeLimits | None = None,
 ) -> tuple[dict[str, str], dict[str, Column]]:
     """Attribute columns of ``len(records)`` items, one mapping (or None) per item.
 
@@ -188,6 +254,8 @@ def columns_from_records(
         The kinds already known (a catalogue's): a key must keep its kind.
     what : str
         How the items are named in messages (``attributes[3]`` of ``what``).
+    limits : AttributeLimits, optional
+        Checked first; default: none.
 
     Returns
     -------
@@ -198,9 +266,12 @@ def columns_from_records(
     Raises
     ------
     InvalidInputError
-        A record that is not an object, a bad key, a value neither string nor finite number, or
-        a key whose values are of two kinds (here, or against ``schema``).
+        A record that is not an object, a bad key, a value neither string nor finite number, a
+        key whose values are of two kinds (here, or against ``schema``), or keys beyond
+        ``limits``.
     """
+    if limits is not None:
+        limits.check(records, schema, what)
     kinds: dict[str, str] = {}
     for i, record in enumerate(records):
         if record is None:

@@ -30,7 +30,7 @@ from service.model.kernels.search import search_many_bytes, search_runs_serially
 from service.model.predictor import Predictor
 from service.model.search.catalogue import Catalogue, Ranking, RankRequest
 from service.model.search.codes import SparseCode, sparse_svm_code
-from service.model.search.filters import Filter
+from service.model.search.filters import AttributeLimits, Filter
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
 from service.model.search.pages import Cursor, query_digest
@@ -43,6 +43,7 @@ from service.model.search.snapshots import (
 from service.model.search.store import (
     NO_PROGRESS,
     CatalogueUpdate,
+    CommitGate,
     Progress,
     UpdateResult,
     check_ids,
@@ -52,6 +53,9 @@ from service.model.search.store import (
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
 # at most A terms, no score can overflow to infinity (which JSON cannot carry).
 MAX_CODE_MAGNITUDE = 1e100
+# Bytes per item and attribute key of an upsert's columns while they are built: a float64 entry
+# and a list's reference per item and key (string columns take less: int32 codes).
+UPSERT_BYTES_PER_VALUE = 16
 ITEMS_PER_ATOM = 5
 WARM_UP_POSITIVES = 2
 
@@ -596,29 +600,74 @@ class SearchIndex:
             raise NotFoundError("this search index was not loaded from a model directory")
         return self.model_dir
 
-    def _update(self) -> CatalogueUpdate:
+    def _update(self, gate: CommitGate | None = None) -> CatalogueUpdate:
         model_dir = self._model_dir()
         return CatalogueUpdate(
             catalogue_dir(model_dir), search_dir(model_dir), self.model.n_atoms,
-            reuse=self.catalogue,
+            reuse=self.catalogue, gate=gate,
         )  # fmt: skip
+
+    def upsert_bytes(
+        self,
+        n_items: int,
+        attributes: Sequence[dict[str, Any] | None] | None = None,
+        limits: AttributeLimits | None = None,
+    ) -> int:
+        """Memory an upsert of ``n_items`` items with ``attributes`` takes beyond its request,
+        at most: the instances and their features (float64), their projections (float64,
+        then float32), and a column per distinct key (an entry and a reference per item while
+        it is built). Keys beyond ``limits`` (against the version served) are refused first.
+
+        Returns
+        -------
+        int
+
+        Raises
+        ------
+        InvalidInputError
+            Keys beyond ``limits``.
+        """
+        records = list(attributes or ())
+        if limits is not None:
+            served = {} if self.catalogue is None else self.catalogue.attributes
+            limits.check(records, served, "items")
+        n_keys = len({key for record in records if isinstance(record, dict) for key in record})
+        inputs = self.predictor.input_spec.n_features
+        per_item = 8 * (inputs + self.model.n_features) + 12 * self.model.n_atoms
+        return n_items * (per_item + UPSERT_BYTES_PER_VALUE * n_keys)
 
     def upsert(
         self,
         ids: Sequence[Any],
         instances: Sequence[Any],
         attributes: Sequence[dict[str, Any] | None] | None = None,
+        limits: AttributeLimits | None = None,
+        gate: CommitGate | None = None,
     ) -> UpdateResult:
         """Project ``instances`` and add them to the catalogue as a new shard, under ``ids``;
         items already there under those ids are replaced (see
         :meth:`service.model.search.store.CatalogueUpdate.upsert`). Returns once the new
         version is on disk; this index keeps answering from the version it holds.
 
+        Parameters
+        ----------
+        ids, instances : sequence
+        attributes : sequence of dict or None, optional
+        limits : AttributeLimits, optional
+            On the attributes' keys: checked against the version served before any instance
+            is projected (see :meth:`upsert_bytes`), and against the newest on disk before the
+            version is written.
+        gate : CommitGate, optional
+            Asked before the version is committed (see
+            :class:`~service.model.search.store.CommitGate`).
+
         Raises
         ------
         InvalidInputError
             Ids and instances of other lengths, empty or repeated ids, malformed instances,
-            attributes of the wrong kind.
+            attributes of the wrong kind, keys beyond ``limits``.
+        ChangeAbandonedError
+            ``gate`` was abandoned before the commit: nothing was applied.
         """
         if not len(ids):
             raise InvalidInputError("ids is empty: give at least one item")
@@ -627,15 +676,17 @@ class SearchIndex:
         if attributes is not None and len(attributes) != len(ids):
             raise InvalidInputError(f"{len(ids)} ids but {len(attributes)} attributes")
         check_ids(ids)
+        self.upsert_bytes(len(ids), attributes, limits)  # refuses keys beyond the limits now
         rows = self.project_instances(instances).astype(np.float32)
-        with self._update() as update:
-            return update.upsert(ids, rows_filler(rows), attributes)
+        with self._update(gate) as update:
+            return update.upsert(ids, rows_filler(rows), attributes, limits=limits)
 
-    def delete(self, ids: Sequence[Any]) -> UpdateResult:
+    def delete(self, ids: Sequence[Any], gate: CommitGate | None = None) -> UpdateResult:
         """Remove the items of ``ids`` from the catalogue (a new version, on disk when this
-        returns); ids it lacks are reported in the result."""
+        returns, unless ``gate`` was abandoned first); ids it lacks are reported in the
+        result."""
         self.require_catalogue()
-        with self._update() as update:
+        with self._update(gate) as update:
             return update.delete(ids)
 
     def snapshot(self, out: str | os.PathLike, progress: Progress = NO_PROGRESS) -> Snapshot:

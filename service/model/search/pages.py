@@ -72,9 +72,9 @@ class Cursor:
             document = json.loads(raw)
             cursor = cls(
                 catalogue=str(document["c"]),
-                version=int(document["v"]),
+                version=_integer(document["v"]),
                 after_sum=float.fromhex(document["s"]),
-                after_position=int(document["p"]),
+                after_position=_integer(document["p"]),
                 query=str(document["q"]),
             )
         except (binascii.Error, ValueError, TypeError, KeyError, UnicodeDecodeError):
@@ -98,6 +98,14 @@ class Cursor:
                 "the cursor belongs to another query: send it with the query it came from "
                 "(the same code, filter and exclusions)"
             )
+
+
+def _integer(value: object) -> int:
+    """A cursor's integer field as encoded (never a float: 1e400, Infinity and 2.5 are no
+    position); ValueError otherwise."""
+    if type(value) is not int:
+        raise ValueError("not an integer")
+    return value
 
 
 def query_digest(code: SparseCode, query_filter: Filter | None, excluded: np.ndarray) -> str:

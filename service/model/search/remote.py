@@ -66,7 +66,7 @@ from service.model.search.catalogue import (
 from service.model.search.codes import SparseCode
 from service.model.search.filters import Filter, count_bits, pack_bits
 from service.model.search.layout import check_parent
-from service.model.search.shards import read_shard
+from service.model.search.shards import lookup_ids, read_shard
 
 logger = logging.getLogger("service.model.search")
 
@@ -213,7 +213,7 @@ class ShardActor:
     def lookup(self, version: str, ids: list[str]) -> np.ndarray:
         """Global positions of the live items of ``ids`` here, -1 for the others."""
         live = self._live(version)
-        local = self.shard.lookup(np.asarray(ids, dtype=str))
+        local = self.shard.lookup(lookup_ids(ids))
         if live is not None:
             held = local >= 0
             words, bits = local[held] >> 6, (local[held] & 63).astype(np.uint64)

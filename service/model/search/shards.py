@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from service.model.artifact import (
 from service.model.errors import ArtifactChangedError, ArtifactIntegrityError
 from service.model.search.filters import (
     ATTRIBUTE_KINDS,
+    NUL,
     Column,
     Condition,
     ConditionCache,
@@ -66,6 +67,24 @@ def narrow_strings(values) -> np.ndarray:
         values = values.astype(str)
     width = int(np.char.str_len(values).max()) if values.size else 1
     return values.astype(f"<U{max(width, 1)}", copy=False)
+
+
+def lookup_ids(ids: Sequence[Any]) -> np.ndarray:
+    """Ids to look up as the str array :meth:`Shard.lookup` takes: an id ending in NUL, which
+    numpy's strings would drop (matching the id without it), becomes ``""``, which no item has.
+
+    Parameters
+    ----------
+    ids : sequence of str or int
+
+    Returns
+    -------
+    ndarray of shape (len(ids),), str
+    """
+    texts = [str(i) for i in ids]
+    if not texts:
+        return np.zeros(0, dtype=str)
+    return np.asarray(["" if text.endswith(NUL) else text for text in texts], dtype=str)
 
 
 @dataclass(frozen=True, eq=False)

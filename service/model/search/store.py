@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +46,15 @@ from service.model.artifact import (
     read_typed_artifact,
     replace_manifest,
     write_array_file,
+    writing,
 )
-from service.model.errors import ArtifactError, ArtifactIntegrityError, InvalidInputError, brief
+from service.model.errors import (
+    ArtifactError,
+    ArtifactIntegrityError,
+    InvalidInputError,
+    ModelError,
+    brief,
+)
 from service.model.search.catalogue import (
     CATALOGUE_TYPE,
     DEFAULT_NEGATIVES,
@@ -56,6 +65,8 @@ from service.model.search.catalogue import (
     sample_live_positions,
 )
 from service.model.search.filters import (
+    NUL,
+    AttributeLimits,
     Column,
     NumberColumn,
     StringColumn,
@@ -130,6 +141,39 @@ class UpdateResult:
     n_shards: int = 0
 
 
+class ChangeAbandonedError(ModelError):
+    """A change reached its commit after its :class:`CommitGate` was abandoned: nothing of it
+    was applied."""
+
+
+class CommitGate:
+    """Settles, once, whether a change commits or is abandoned: whichever is asked first wins.
+
+    The change asks :meth:`commit` just before its point of no return (the manifest's
+    rename); a caller that stops waiting for it (its time is up) asks :meth:`abandon`. So a
+    caller told that the change was abandoned knows it will never be applied, and one told
+    that it is committing knows it will be (it waits for it: the rest is a rename).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._settled: str | None = None
+
+    def _settle(self, outcome: str) -> bool:
+        with self._lock:
+            if self._settled is None:
+                self._settled = outcome
+            return self._settled == outcome
+
+    def commit(self) -> bool:
+        """Whether the change may commit (False: it was abandoned)."""
+        return self._settle("commit")
+
+    def abandon(self) -> bool:
+        """Whether the change is abandoned (False: it is committing)."""
+        return self._settle("abandon")
+
+
 def rows_filler(rows: np.ndarray) -> Callable[[np.ndarray, int], None]:
     """A :attr:`ShardItems.fill` for rows already computed, shape (n, A)."""
 
@@ -140,14 +184,17 @@ def rows_filler(rows: np.ndarray) -> Callable[[np.ndarray, int], None]:
 
 
 def check_ids(ids: Sequence[Any], what: str = "ids") -> np.ndarray:
-    """Item ids as strings: non-empty, at most :data:`MAX_ID_LENGTH` characters, distinct;
-    InvalidInputError naming the first bad one."""
+    """Item ids as strings: non-empty, at most :data:`MAX_ID_LENGTH` characters, without NUL
+    (see :data:`~service.model.search.filters.NUL`), distinct; InvalidInputError naming the
+    first bad one."""
     texts = [i if isinstance(i, str) else str(i) for i in ids]
     for i, text in enumerate(texts):
         if not text:
             raise InvalidInputError(f"{what}[{i}] is empty: an id has at least one character")
         if len(text) > MAX_ID_LENGTH:
             raise InvalidInputError(f"{what}[{i}] is longer than {MAX_ID_LENGTH} characters")
+        if NUL in text:
+            raise InvalidInputError(f"{what}[{i}] holds a NUL character (U+0000): ids hold none")
     array = narrow_strings(np.asarray(texts, dtype=str)) if texts else np.zeros(0, "<U1")
     order = np.sort(array)
     repeated = np.flatnonzero(order[1:] == order[:-1])
@@ -246,6 +293,7 @@ def _build_locked(
     seed: int,
     metadata: Mapping[str, Any],
     write_shards: ShardWriter,
+    commit: Callable[[], None] | None = None,
 ) -> int:
     if not sum(len(items.ids) for items in shards):
         raise InvalidInputError("the catalogue is empty")
@@ -261,6 +309,8 @@ def _build_locked(
             staging, search_path, 1, n_atoms, written, np.zeros(0, dtype=np.int64), schema,
             n_negatives, seed, metadata,
         )  # fmt: skip
+        if commit is not None:
+            commit()
         install_directory(staging, path)
     return int(manifest["n_items"])
 
@@ -294,10 +344,12 @@ def _write_version(
     n_negatives: int,
     seed: int,
     metadata: Mapping[str, Any],
+    commit: Callable[[], None] | None = None,
     negatives: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Write a version's files and, last, its manifest into ``directory``; return the
-    manifest. The negatives sample is drawn (``n_negatives``, ``seed``) unless given."""
+    """Write a version's files and, last, its manifest into ``directory`` (``commit()`` just
+    before, which may raise to leave the version unwritten); return the manifest. The
+    negatives sample is drawn (``n_negatives``, ``seed``) unless given."""
     n_positions = sum(n for _, _, n in shards)
     if negatives is None:
         negatives = sample_live_positions(n_positions, tombstones, n_negatives, seed)
@@ -325,8 +377,22 @@ def _write_version(
         },
         entries,
     )
+    if commit is not None:
+        commit()
     replace_manifest(directory, manifest)
     return manifest
+
+
+def _writes(change: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
+    """A change of :class:`CatalogueUpdate` whose failed writes (a full disk) are the
+    ArtifactError that says why, whichever file they hit."""
+
+    @functools.wraps(change)
+    def guarded(update: CatalogueUpdate, *args: Any, **kwargs: Any) -> UpdateResult:
+        with writing(update.path):
+            return change(update, *args, **kwargs)
+
+    return guarded
 
 
 class CatalogueUpdate:
@@ -342,6 +408,9 @@ class CatalogueUpdate:
     n_atoms : int
     reuse : Catalogue, optional
         A version already loaded (the one served): its shards are not read again.
+    gate : CommitGate, optional
+        Asked before each change commits: an abandoned change raises ChangeAbandonedError and
+        leaves nothing of itself (the version before stays the newest).
 
     Examples
     --------
@@ -355,11 +424,13 @@ class CatalogueUpdate:
         search_path: str | os.PathLike,
         n_atoms: int,
         reuse: Catalogue | None = None,
+        gate: CommitGate | None = None,
     ) -> None:
         self.path = Path(path)
         self.search_path = Path(search_path)
         self.n_atoms = n_atoms
         self.current = reuse
+        self.gate = gate
         self.manifest: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
         self._stale = False
@@ -397,14 +468,22 @@ class CatalogueUpdate:
                 f"{self.path}: {self.current.n_atoms} atoms, the dictionary has {self.n_atoms}"
             )
 
+    def _committing(self) -> None:
+        """The point of no return of a change: ChangeAbandonedError if its gate was
+        abandoned."""
+        if self.gate is not None and not self.gate.commit():
+            raise ChangeAbandonedError(f"{self.path}: the change was abandoned before its commit")
+
     # -- the changes ---------------------------------------------------------------------------
 
+    @_writes
     def upsert(
         self,
         ids: Sequence[Any],
         fill: Callable[[np.ndarray, int], None],
         records: Sequence[Mapping[str, Any] | None] | None = None,
         labels: np.ndarray | None = None,
+        limits: AttributeLimits | None = None,
     ) -> UpdateResult:
         """Add items as a new shard; live items of the same ids are removed (tombstoned) in
         the same version. Without a catalogue, this writes its first version.
@@ -418,11 +497,15 @@ class CatalogueUpdate:
         records : sequence of mapping or None, optional
             Each item's attributes.
         labels : ndarray, optional
+        limits : AttributeLimits, optional
+            On the records' keys, against the catalogue's (the newest version's).
 
         Raises
         ------
         InvalidInputError
-            No items, bad ids, attributes of the wrong kind.
+            No items, bad ids, attributes of the wrong kind, keys beyond ``limits``.
+        ArtifactError
+            The version cannot be written (a full disk): the one before stays.
         """
         self._fresh()
         ids = check_ids(ids)
@@ -431,12 +514,12 @@ class CatalogueUpdate:
         if records is not None and len(records) != len(ids):
             raise InvalidInputError(f"{len(records)} attributes for {len(ids)} ids")
         schema = {} if self.current is None else self.current.attributes
-        kinds, columns = columns_from_records(records or [None] * len(ids), schema)
+        kinds, columns = columns_from_records(records or [None] * len(ids), schema, limits=limits)
         items = ShardItems(ids, fill, columns, labels)
         if self.current is None:
             n_items = _build_locked(
                 self.path, self.search_path, self.n_atoms, [items], DEFAULT_NEGATIVES, 0, {},
-                write_shards_here,
+                write_shards_here, self._committing,
             )  # fmt: skip
             self._stale = True
             return UpdateResult(version=1, n_items=n_items, written=len(ids), n_shards=1)
@@ -446,7 +529,13 @@ class CatalogueUpdate:
         shards.append(write_one_shard(self.path / SHARDS_DIR, items, self.n_atoms))
         fsync_directory(self.path / SHARDS_DIR)
         tombstones = np.union1d(self.current.tombstones, replaced).astype(np.int64)
-        manifest = self._commit(shards, tombstones, merged_schema(schema, kinds))
+        try:
+            manifest = self._commit(shards, tombstones, merged_schema(schema, kinds))
+        except ChangeAbandonedError:
+            # Nothing names the new shard: gone now (after other failures, the next writer
+            # removes what no version names).
+            shutil.rmtree(self.path / SHARDS_DIR / shards[-1][0], ignore_errors=True)
+            raise
         return UpdateResult(
             version=manifest["version"],
             n_items=manifest["n_items"],
@@ -455,6 +544,7 @@ class CatalogueUpdate:
             n_shards=len(shards),
         )
 
+    @_writes
     def delete(self, ids: Sequence[Any]) -> UpdateResult:
         """Remove the live items of ``ids`` (tombstones, applied in the kernel); ids no live
         item has are reported, not refused. Nothing to remove writes no version."""
@@ -480,10 +570,12 @@ class CatalogueUpdate:
             deleted=int(removed.size), missing=missing, n_shards=len(shards),
         )  # fmt: skip
 
+    @_writes
     def compact(self, shard_items: int = DEFAULT_SHARD_ITEMS) -> UpdateResult:
         """Merge runs of small shards (fewer than ``shard_items / 2`` live items) into shards
         of up to ``shard_items``, and rewrite every shard with removed items without them: a
-        version with no tombstones, its live items in the same order."""
+        version with no tombstones, its live items in the same order, and only the attribute
+        keys some live item has."""
         self._fresh()
         if self.current is None:
             raise InvalidInputError(f"{self.path} holds no catalogue to compact")
@@ -497,10 +589,13 @@ class CatalogueUpdate:
         ]
         shards: list[tuple[str, str, int]] = []
         pending: list[tuple[Shard, np.ndarray]] = []
+        # The attributes some live item has: keys no item holds any more leave the catalogue.
+        schema: dict[str, str] = {}
 
         def flush() -> None:
             if sum(len(p) for _, p in pending):
                 items = merged_items(pending, current.attributes)
+                schema.update((key, column.kind) for key, column in items.columns.items())
                 shards.append(write_one_shard(self.path / SHARDS_DIR, items, self.n_atoms))
             pending.clear()
 
@@ -509,13 +604,14 @@ class CatalogueUpdate:
             if clean and shard.n_items >= shard_items / 2:
                 flush()
                 shards.append(kept[s])
+                schema.update((key, column.kind) for key, column in shard.columns.items())
                 continue
             if pending and sum(len(p) for _, p in pending) + len(live[s]) > shard_items:
                 flush()
             pending.append((shard, live[s]))
         flush()
         fsync_directory(self.path / SHARDS_DIR)
-        manifest = self._commit(shards, np.zeros(0, dtype=np.int64), current.attributes)
+        manifest = self._commit(shards, np.zeros(0, dtype=np.int64), schema)
         return UpdateResult(
             version=manifest["version"], n_items=manifest["n_items"], n_shards=len(shards)
         )
@@ -548,7 +644,7 @@ class CatalogueUpdate:
         manifest = _write_version(
             self.path, self.search_path, self.current.version + 1, self.n_atoms, shards,
             tombstones, schema, int(previous.get("n_negatives", DEFAULT_NEGATIVES)),
-            int(previous.get("negatives_seed", 0)), previous,
+            int(previous.get("negatives_seed", 0)), previous, self._committing,
         )  # fmt: skip
         _remove_unreferenced(self.path, [previous, manifest])
         self._stale = True  # read again only if this update goes on (the CLI's several changes)
@@ -832,8 +928,10 @@ def merged_items(
         labels = np.concatenate([shard.labels[positions] for shard, positions in parts])
     columns: dict[str, Column] = {}
     for key in sorted({key for shard, _ in parts for key in shard.columns}):
-        columns[key] = _merged_column([(shard.columns.get(key), p) for shard, p in parts],
-                                      schema.get(key) or _kind(parts, key))  # fmt: skip
+        column = _merged_column([(shard.columns.get(key), p) for shard, p in parts],
+                                schema.get(key) or _kind(parts, key))  # fmt: skip
+        if column.any_held():  # a key none of these items has any more is left out
+            columns[key] = column
 
     def fill(block: np.ndarray, start: int) -> None:
         at = 0
