@@ -9,6 +9,7 @@ alike (that module's docstring has the formulas).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -76,6 +77,7 @@ def normalization_statistics(
     n_measures: int,
     normalization: str,
     basis_gram: np.ndarray | None = None,
+    spectra: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The normalisation learned from the training set's raw kernel maps.
 
@@ -87,6 +89,9 @@ def normalization_statistics(
         One of :data:`NORMALIZATIONS` (canonical form, see :func:`parse_normalization`).
     basis_gram : ndarray of shape (M, n_basis, n_basis), optional
         Each measure between the basis items; required by Nystroem.
+    spectra : sequence of (eigenvalues, eigenvectors), optional
+        Each measure's :func:`symmetric_eigenvalues` of ``basis_gram``, when computed already
+        (Nystroem then decomposes nothing again).
 
     Returns
     -------
@@ -104,7 +109,9 @@ def normalization_statistics(
         if basis_gram is None:
             raise ValueError("nystroem normalization needs the basis Gram matrices")
         fix = normalization[len("nystroem(") : -1]
-        projection = np.stack([nystroem_projection(K, fix) for K in basis_gram])
+        if spectra is None:
+            spectra = [symmetric_eigenvalues(K) for K in basis_gram]
+        projection = np.stack([nystroem_projection(None, fix, spectrum) for spectrum in spectra])
         return np.zeros(n_features), np.ones(n_features), projection
     if normalization != "besvm":
         raise ValueError(
@@ -135,7 +142,11 @@ def eigenvalue_tolerance(eigenvalues: np.ndarray) -> float:
     return EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.abs(eigenvalues).max()), 1e-300)
 
 
-def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
+def nystroem_projection(
+    gram: np.ndarray | None,
+    spectrum_fix: str,
+    spectrum: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     r"""The Nystroem map :math:`K^{-1/2}` of a possibly indefinite basis Gram matrix.
 
     With :math:`K = V \Lambda V^T` (symmetrised), the projection is :math:`V f(\Lambda) V^T`
@@ -145,14 +156,16 @@ def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
 
     Parameters
     ----------
-    gram : ndarray of shape (n_basis, n_basis)
+    gram : ndarray of shape (n_basis, n_basis), or None with ``spectrum``
     spectrum_fix : {"clip", "flip", "square"}
+    spectrum : (eigenvalues, eigenvectors), optional
+        :func:`symmetric_eigenvalues` of ``gram``, if computed already.
 
     Returns
     -------
     ndarray of shape (n_basis, n_basis), symmetric
     """
-    eigenvalues, vectors = symmetric_eigenvalues(gram)
+    eigenvalues, vectors = symmetric_eigenvalues(gram) if spectrum is None else spectrum
     tolerance = eigenvalue_tolerance(eigenvalues)
     magnitude = np.abs(eigenvalues)
     if spectrum_fix == "clip":
@@ -227,6 +240,13 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         The affine part of the normalisation, ``(raw - offset_) / scale_``.
     projection_ : ndarray of shape (M, n_basis, n_basis) or None
         Nystroem's per-measure projection, applied after the affine part.
+    basis_eigenvalues_ : ndarray of shape (M, n_basis) or None
+        With Nystroem: each measure's eigenvalues on the basis (ascending), from the one
+        decomposition the projection is made of (the eigenvalue diagnostics read them).
+    timings_ : dict of str to float
+        Seconds ``fit_transform`` spent in each step: ``similarities`` (the raw maps of the
+        training set), ``normalization`` (its statistics: for Nystroem the eigendecomposition
+        and the projection), ``projection`` (the training set's features projected).
     n_features_in_ : int
     """
 
@@ -368,20 +388,38 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         # The statistics need the raw map of the whole training set: compute it once, normalise
         # it in place rather than expanding the training set a second time.
         n_basis = len(indices)
+        self.timings_ = {}
+        started = time.perf_counter()
         raw = np.empty((X.shape[0], len(specs) * n_basis))
         for rows in self._chunks(X.shape[0], desc="expanding training set"):
             raw_similarities(X[rows], self.basis_items_, measures, raw[rows])
+        self.timings_["similarities"] = time.perf_counter() - started
+        started = time.perf_counter()
         self.basis_gram_ = raw[indices].reshape(n_basis, len(specs), n_basis).transpose(1, 0, 2)
         self.basis_gram_ = np.ascontiguousarray(self.basis_gram_)
+        # Nystroem's one eigendecomposition per measure: the projection is made of it, and the
+        # eigenvalue diagnostics read its eigenvalues instead of solving the problem again.
+        spectra = None
+        self.basis_eigenvalues_ = None
+        if normalization.startswith("nystroem("):
+            spectra = [symmetric_eigenvalues(K) for K in self.basis_gram_]
+            self.basis_eigenvalues_ = np.stack([values for values, _ in spectra])
         self.offset_, self.scale_, self.projection_ = normalization_statistics(
-            raw, len(specs), normalization, self.basis_gram_
+            raw, len(specs), normalization, self.basis_gram_, spectra
         )
-        raw -= self.offset_
-        raw /= self.scale_
+        del spectra
+        # Nystroem's affine part is the identity: two passes over the features saved.
+        if self.offset_.any():
+            raw -= self.offset_
+        if (self.scale_ != 1.0).any():
+            raw /= self.scale_
+        self.timings_["normalization"] = time.perf_counter() - started
+        started = time.perf_counter()
         if self.projection_ is not None:
             # By row chunks: a product's temporary is one chunk, not a second training set.
             for rows in self._chunks(X.shape[0], desc="projecting"):
                 project_blocks(raw[rows], self.projection_)
+        self.timings_["projection"] = time.perf_counter() - started
         return raw
 
     def transform(self, X):
