@@ -405,7 +405,13 @@ class Solution:
 def liblinear_tolerance(positives: np.ndarray, n_samples: int, tol: float) -> np.ndarray:
     """liblinear's stopping tolerance of each problem (LinearSVC's ``tol``): ``tol`` scaled by
     the smaller side's share of the items, so that a small class is solved as precisely as a
-    balanced problem.
+    balanced problem; but never below ``n_samples`` machine epsilons.
+
+    The gradient is a sum over the items, so its computed value is only known to about
+    ``n_samples`` rounding errors of its norm at zero weights; a tolerance below that asks for
+    digits the arithmetic does not have, and the Newton steps go on until ``max_iter``. Scaled
+    by a class of 5 items in 32,625, the default ``tol`` (1e-8) was 1.5e-12, below the 3.6e-12
+    of that floor (benchmarks/bench_solver.py, shape ``shuttle-like``).
 
     Parameters
     ----------
@@ -420,7 +426,8 @@ def liblinear_tolerance(positives: np.ndarray, n_samples: int, tol: float) -> np
         The fraction of its gradient's norm at zero weights below which a problem stops.
     """
     smaller = np.minimum(positives, n_samples - positives)
-    return tol * np.maximum(smaller, 1) / max(n_samples, 1)
+    scaled = tol * np.maximum(smaller, 1) / max(n_samples, 1)
+    return np.maximum(scaled, max(n_samples, 1) * np.finfo(np.float64).eps)
 
 
 def minimize_squared_hinge(

@@ -167,6 +167,16 @@ def test_a_problem_reaches_the_same_optimum_alone_or_with_others(problem):
     assert together.converged.all()
 
 
+def test_liblinear_tolerance_stays_above_the_gradients_rounding():
+    """A class of 5 items in 32,625 scaled the default tol (1e-8) to 1.5e-12, below what a sum
+    of 32,625 terms can resolve (issue 34's stall): the floor is n machine epsilons."""
+    n = 32_625
+    floor = n * np.finfo(np.float64).eps
+    tolerance = liblinear_tolerance(np.array([5, 7, 25_610]), n, 1e-8)
+    np.testing.assert_allclose(tolerance[:2], [floor, floor])
+    assert tolerance[2] == pytest.approx(1e-8 * (n - 25_610) / n)
+
+
 def test_liblinear_tolerance_scales_by_the_smaller_side():
     np.testing.assert_allclose(
         liblinear_tolerance(np.array([10, 50, 95]), 100, 1e-4), [1e-5, 5e-5, 5e-6]
