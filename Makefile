@@ -63,8 +63,12 @@ endef
 # (glyph-fonts, glyphs and report-glyphs: the bof transform's real images, issue 25)
 .PHONY: help setup lock proto train run serve test soak lint glyph-fonts glyphs report-glyphs lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search bench-codes bench-catalogue report report-fortunes report-fortunes-search clean
 
+# The variables that the targets' help texts name, which `make help` prints with their values.
+HELP_VARIABLES = $(sort $(shell grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | grep -oE '\$$\([A-Z_]+\)' | tr -d '$$()'))
+
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-22s %s\n", $$1, $$2}' \
+	    | sed $(foreach v,$(HELP_VARIABLES),-e 's|$$($(v))|$($(v))|g')
 
 # The locked pins (hash-checked), then the project itself without resolving anything; pip check
 # catches a dependency added to pyproject.toml without `make lock`.
@@ -102,10 +106,10 @@ train: setup  ## train the default digits model, its search model and catalogue 
 	$(BIN)/python -m training dictionary --model $(MODEL_DIR) --if-missing
 	$(BIN)/python -m training index --model $(MODEL_DIR) --if-missing
 
-run: train  ## set up, train the default model if missing, serve $(MODEL_REPOSITORY) on $(HOST):$(PORT)
+run: train  ## set up, train the default model if missing, serve the repository $(MODEL_REPOSITORY) on $(HOST):$(PORT) until Ctrl-C
 	$(SERVED) HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m service.api
 
-serve: setup  ## serve $(MODEL_REPOSITORY) (or MODEL_DIR=path) without training; WORKERS=n processes
+serve: setup  ## serve the repository $(MODEL_REPOSITORY) (or MODEL_DIR=path) without training; WORKERS=n processes
 	$(SERVED) HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m service.api
 
 test: setup  ## set up and run the whole test suite

@@ -35,7 +35,9 @@ from service.api.machinery.observability import JsonFormatter, RequestIdFilter, 
 from training.datasets import load_digits_dataset
 
 
-def _request(app, body: bytes):
+def classify_request(app, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()):
+    """A POST /classify of ``body`` to ``app`` as ASGI: a new scope per call, and receive."""
+
     def scope() -> dict:
         return {
             "app": app,  # set by the app's __call__, which the stacks bypass
@@ -52,6 +54,7 @@ def _request(app, body: bytes):
                 (b"host", b"bench"),
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                *headers,
             ],
             "client": ("127.0.0.1", 50000),
             "server": ("127.0.0.1", 8000),
@@ -86,7 +89,7 @@ async def _main(args: argparse.Namespace) -> None:
             "metrics": RequestObservability(bare, routes, metrics, access_log=False),
             "metrics+log": RequestObservability(bare, routes, metrics, access_log=True),
         }
-        scope, receive = _request(app, body)
+        scope, receive = classify_request(app, body)
         statuses: list[int] = []
 
         async def send(message: dict) -> None:
@@ -138,14 +141,20 @@ def _report(title: str, per_call: dict[str, list[float]]) -> None:
         print(f"{name:<14} {median:15.1f} {median - base:12.1f} {median / base:7.3f}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def in_process_options(description: str, calls: int, repeats: int) -> argparse.ArgumentParser:
+    """The options of an in-process benchmark of a one-digit /classify: the model, the calls
+    of a round and the rounds."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        description=description, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--model", type=Path, default=Path("models/digits"))
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--repeats", type=int, default=15)
-    asyncio.run(_main(parser.parse_args(argv)))
+    parser.add_argument("--calls", type=int, default=calls)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_main(in_process_options(__doc__, 2000, 15).parse_args(argv)))
 
 
 if __name__ == "__main__":

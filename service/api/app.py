@@ -22,8 +22,15 @@ from service.api.machinery.auth import AccessPolicy, KeyCheckMiddleware, KeyStor
 from service.api.machinery.hotpath import HotRoutes
 from service.api.machinery.limits import MemoryBudget, install_limits
 from service.api.machinery.metrics import Metrics, PrometheusMetrics
+from service.api.machinery.payloads import PayloadLog, payload_log
+from service.api.machinery.tracing import (
+    TracingMiddleware,
+    traced_data_plane,
+    traced_servicer,
+    tracing_from_environment,
+)
 from service.api.protocol import rest as protocol_rest
-from service.api.protocol.grpc import drain_on_signals, start_grpc_server
+from service.api.protocol.grpc import InferenceServicer, drain_on_signals, start_grpc_server
 from service.api.registry import ModelRegistry, Repository
 from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
@@ -63,10 +70,10 @@ routes (`/v2`, `/v2/health/...`, `/v2/models/...`), where they take the protocol
 
 def repository_of(settings: Settings) -> Repository:
     """The models a server with ``settings`` serves."""
-    links = settings.allow_external_symlinks
+    links, traffic = settings.allow_external_symlinks, settings.traffic_file
     if settings.model_repository is not None:
-        return Repository(settings.model_repository, allow_external_symlinks=links)
-    return Repository(settings.model_dir or DEFAULT_MODEL_DIR, True, links)
+        return Repository(settings.model_repository, False, links, traffic)
+    return Repository(settings.model_dir or DEFAULT_MODEL_DIR, True, links, traffic)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -84,6 +91,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     policy = AccessPolicy(keys, settings)
     # The request bytes the process holds at once: one budget for HTTP bodies and gRPC messages.
     budget = MemoryBudget(settings.max_buffered_bytes)
+    # Sampled requests and answers (PAYLOAD_LOG_RATE), None when none are.
+    payloads = payload_log(settings, metrics)
+    # OpenTelemetry (OTEL_*), None when off: then nothing of it is installed.
+    tracing = tracing_from_environment()
+    plane_class = traced_data_plane(tracing)
+    if payloads is not None and tracing is not None:
+        payloads.traceparent = tracing.traceparent
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -95,7 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.load_timeout_s,
             CatalogueSource(cluster),
         )
-        plane = app.state.dataplane = DataPlane(registry, settings, metrics)
+        plane = app.state.dataplane = plane_class(registry, settings, metrics)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
         # final matrix product, and linear/rbf similarities of batches) stays single-threaded
         # instead of fighting them; that is also what makes a BLAS similarity call serial.
@@ -109,7 +123,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             grpc = None
             try:
                 if settings.grpc_port is not None:
-                    grpc = await GrpcService.start(settings, plane, policy, metrics, budget)
+                    grpc = await GrpcService.start(
+                        settings, plane, policy, metrics, budget, payloads, traced_servicer(tracing)
+                    )
                 rescans = Rescans(
                     registry,
                     settings.reload_interval_s,
@@ -122,6 +138,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 if grpc is not None:
                     await grpc.stop()
                 plane.close()
+                if payloads is not None:
+                    payloads.close()
+                if tracing is not None:
+                    tracing.shutdown()
                 metrics.fold()  # what the last requests reported, before the process ends
                 if cluster is not None:
                     await cluster.close()
@@ -154,9 +174,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         HotRoutes,
         routes=app.router.routes,
         handlers={**routes.HOT_HANDLERS, **protocol_rest.HOT_HANDLERS},
+        payloads=payloads,
     )
     app.add_middleware(KeyCheckMiddleware, policy=policy)
     install_limits(app, settings, budget)
+    if tracing is not None:
+        # Outermost of the middleware: the key check's and the limits' refusals are traced too.
+        app.add_middleware(TracingMiddleware, tracing=tracing, routes=app.router.routes)
     # The routers' routes go straight into the app's route list: FastAPI matches an included
     # router through a slower, general path (a measurable share of a one-digit request).
     for router in (
@@ -294,8 +318,12 @@ class GrpcService:
         policy: AccessPolicy,
         metrics: Metrics,
         budget: MemoryBudget,
+        payloads: PayloadLog | None = None,
+        servicer: type[InferenceServicer] = InferenceServicer,
     ) -> GrpcService:
-        server = await start_grpc_server(settings, plane, policy, metrics, budget)
+        server = await start_grpc_server(
+            settings, plane, policy, metrics, budget, payloads, servicer
+        )
         service = cls(server, settings.shutdown_timeout_s)
         drain_on_signals(service.drain)
         return service

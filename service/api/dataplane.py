@@ -40,6 +40,7 @@ from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
 from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
+from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
 from service.model.errors import ArtifactChangedError, brief
 from service.model.inputs.words import Vocabulary
@@ -102,6 +103,8 @@ class DataPlane:
         self._compute: ThreadPoolExecutor | None = None
         # Concurrent work and its time limit: overload answers at once instead of queueing.
         self.work = WorkLimiter(concurrency_bound(settings), settings.request_timeout_s)
+        # Aliases' shadows: compared off the request path, on a thread of their own.
+        self.shadows = ShadowRunner(self.metrics)
 
     def close(self) -> None:
         """Stop the compute thread and the worker threads. Work queued is dropped and work under
@@ -111,6 +114,7 @@ class DataPlane:
             self._compute.shutdown(wait=False, cancel_futures=True)
             self._compute = None
         self.work.close()
+        self.shadows.close()
 
     # -- models --------------------------------------------------------------------------------
 
@@ -124,13 +128,22 @@ class DataPlane:
         version : str, optional
             The version the request names: NotFoundError unless it is the one served.
         """
-        snapshot = self.registry.snapshot(name)
+        snapshot = self.registry.snapshot(name, version)
         answered_by(snapshot.name)
         if version is not None and version != snapshot.version:
-            raise NotFoundError(
-                f"model {snapshot.name!r} serves version {snapshot.version}, not {brief(version)}"
-            )
+            raise _not_serving(snapshot, version)
         return snapshot
+
+    def route(
+        self, name: str | None, version: str | None = None
+    ) -> tuple[ModelSnapshot, Shadow | None]:
+        """As :meth:`snapshot`, for a classification: an alias's canary and shadow drawn (see
+        :mod:`service.api.traffic`)."""
+        snapshot, shadow = self.registry.route(name, version)
+        answered_by(snapshot.name)
+        if version is not None and version != snapshot.version:
+            raise _not_serving(snapshot, version)
+        return snapshot, shadow
 
     def readiness(self) -> tuple[bool, str]:
         """Whether the service is ready, and why (not)."""
@@ -141,9 +154,9 @@ class DataPlane:
         return [(entry.describe(), entry.snapshot) for entry in self.registry.entries_by_name()]
 
     def model(self, name: str) -> tuple[dict[str, Any], ModelSnapshot]:
-        """One ready model's status and snapshot."""
+        """One ready model's status and snapshot (an alias's: its model's)."""
         snapshot = self.snapshot(name)
-        return self.registry.entries[name].describe(), snapshot
+        return self.registry.entries[snapshot.name].describe(), snapshot
 
     def vocabulary(self, name: str) -> tuple[ModelSnapshot, Vocabulary]:
         """A text model's vocabulary; NotFoundError for models that read no text."""
@@ -165,7 +178,7 @@ class DataPlane:
     ) -> tuple[ModelSnapshot, list[Answer]]:
         """Classify a batch with model ``name`` (None: the default model), ``version`` if
         given (see :meth:`snapshot`)."""
-        snapshot = self.snapshot(name, version)
+        snapshot, shadow = self.route(name, version)
         batch = instances if instances is not None else texts
         size = 0 if batch is None else len(batch)
         self._check_batch(size, "instances")
@@ -181,6 +194,8 @@ class DataPlane:
             lambda: predictor.classify(instances, k, texts=texts),
         )
         self.metrics.batch(snapshot.name, size)
+        if shadow is not None:
+            self.shadows.submit(shadow, snapshot, instances, texts, answers)
         return snapshot, answers
 
     async def search(
@@ -411,6 +426,12 @@ class DataPlane:
         if parts:
             self.observe(snapshot, parts, seconds)
         return result
+
+
+def _not_serving(snapshot: ModelSnapshot, version: str) -> NotFoundError:
+    return NotFoundError(
+        f"model {snapshot.name!r} serves version {snapshot.version}, not {brief(version)}"
+    )
 
 
 def _timed(work: Callable[[], T]) -> tuple[T, float]:

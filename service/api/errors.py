@@ -12,6 +12,7 @@ The body's shape depends on the route family, chosen here by the request's path:
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -39,6 +40,24 @@ logger = logging.getLogger("service.api")
 
 class LoadRefusedError(ArtifactError):
     """A model version on disk was refused on request; the old version keeps serving."""
+
+
+class TrafficPolicyError(ModelError):
+    """A traffic policy (an alias, its canary or shadow) that cannot be applied: the file or
+    the change is not valid, a model it names is not served, or the file cannot be written."""
+
+
+class RateLimitedError(ModelError):
+    """The API key's rate (API_KEYS_FILE) is spent for now; ``retry_after_s``: when the next
+    request will be allowed."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def retry_after(self) -> str:
+        """The ``Retry-After`` value: whole seconds, at least 1."""
+        return str(max(1, math.ceil(self.retry_after_s)))
 
 
 class OverloadedError(ModelError):
@@ -72,6 +91,8 @@ _DOMAIN_STATUS: tuple[tuple[type[ModelError], int, str], ...] = (
     (MalformedBodyError, 400, "bad_request"),
     (UnsupportedMediaTypeError, 415, "unsupported_media_type"),
     (LoadRefusedError, 409, "load_refused"),
+    (TrafficPolicyError, 409, "policy_refused"),
+    (RateLimitedError, 429, "rate_limited"),
     (VersionConflictError, 409, "version_conflict"),
     (BatchTooLargeError, 413, "batch_too_large"),
     (RequestTooLargeError, 413, "request_too_large"),
@@ -141,7 +162,10 @@ async def _domain_error(request: Request, error: ModelError) -> JSONResponse:
     status, type_ = status_of(error)
     if status == 500:
         logger.error("%s %s failed: %s", request.method, request.url.path, error)
-    return error_response(status, type_, str(error), path=request.url.path)
+    response = error_response(status, type_, str(error), path=request.url.path)
+    if isinstance(error, RateLimitedError):
+        response.headers["retry-after"] = error.retry_after()
+    return response
 
 
 def _location(loc: tuple) -> str:
@@ -263,6 +287,8 @@ ERROR_MEANINGS: dict[int, str] = {
     409: "The version on disk was refused; the old one (if any) keeps serving.",
     413: "The body is larger than MAX_REQUEST_BYTES, holds more than MAX_JSON_VALUES JSON "
     "values, or the batch is larger than MAX_BATCH_SIZE.",
+    429: "The API key's rate limit (API_KEYS_FILE) is spent for now; Retry-After says when "
+    "to try again.",
     415: "The body was declared (Content-Type) as something other than JSON.",
     422: "Valid JSON that breaks the schema (a type, a required or unknown field, a bound it "
     "states) or the model's rules (an instance's shape or values, a class or id it does not "

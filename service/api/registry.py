@@ -31,7 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from service.api.errors import TrafficPolicyError
 from service.api.machinery.metrics import Metrics
+from service.api.traffic import (
+    TRAFFIC_FILE_NAME,
+    AliasPolicy,
+    Shadow,
+    apply_policies,
+    describe_policy,
+    edit_traffic_file,
+    parse_traffic,
+    read_traffic,
+    refusal,
+)
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
 from service.model.artifact import manifest_digest, read_manifest
 from service.model.errors import brief
@@ -338,11 +350,20 @@ class Repository:
     """
 
     def __init__(
-        self, root: Path, single: bool = False, allow_external_symlinks: bool = False
+        self,
+        root: Path,
+        single: bool = False,
+        allow_external_symlinks: bool = False,
+        traffic_file: Path | None = None,
     ) -> None:
         self.root = Path(root)
         self.single = single
         self.allow_external_symlinks = allow_external_symlinks
+        # The traffic policies (service.api.traffic): TRAFFIC_FILE, else traffic.json in a
+        # repository; a single model has none unless TRAFFIC_FILE names one.
+        if traffic_file is None and not single:
+            traffic_file = self.root / TRAFFIC_FILE_NAME
+        self.traffic_file = traffic_file
         self._single_name: str | None = None
         self._skipped: set[str] = set()  # names logged as skipped, so logged once
 
@@ -450,29 +471,54 @@ class ModelRegistry:
         self.load_timeout_s = load_timeout_s
         self.source = source
         self.entries: dict[str, ModelEntry] = {}
+        # Aliases and their canaries and shadows (service.api.traffic): replaced whole, never
+        # changed in place; the reasons of changes refused, and why the file was not read.
+        self.policies: dict[str, AliasPolicy] = {}
+        self.policy_reasons: dict[str, str] = {}
+        self.traffic_problem: str | None = None
+        self._traffic_lock = asyncio.Lock()
         self._sync_lock = asyncio.Lock()
         self._rechecks: dict[str, asyncio.Task] = {}
         self.synced = False
 
     # -- the request path: plain attribute reads, no awaiting ----------------------------------
 
-    def snapshot(self, name: str | None = None) -> ModelSnapshot:
-        """The snapshot a request uses: of model ``name``, or of the default model.
+    def snapshot(self, name: str | None = None, version: str | None = None) -> ModelSnapshot:
+        """The snapshot a request uses: of model ``name``, or of the default model; for an
+        alias, of its model (or of its canary, if that serves ``version``).
 
         Raises
         ------
         NotFoundError
-            No model of that name (or no default model).
+            No model or alias of that name (or no default model).
         ModelNotReadyError
             The model has no loaded version (loading, failed or unloaded), with the reason.
         """
-        entry = self.entries.get(name if name is not None else self._default_name())
+        key = name if name is not None else self._default_name()
+        entry = self.entries.get(key)
         if entry is None:
-            raise NotFoundError(self._unknown(name))
+            policy = self.policies.get(key)
+            if policy is None:
+                raise NotFoundError(self._unknown(name))
+            return policy.primary(key, self.entries, version)
         snapshot = entry.snapshot
         if snapshot is None:
             raise ModelNotReadyError(entry.not_ready_message())
         return snapshot
+
+    def route(
+        self, name: str | None = None, version: str | None = None
+    ) -> tuple[ModelSnapshot, Shadow | None]:
+        """The snapshot that answers one classification, as :meth:`snapshot`, but an alias's
+        canary and shadow drawn (see :meth:`AliasPolicy.route`)."""
+        key = name if name is not None else self._default_name()
+        entry = self.entries.get(key)
+        if entry is not None and entry.snapshot is not None:
+            return entry.snapshot, None
+        policy = None if entry is not None else self.policies.get(key)
+        if policy is not None:
+            return policy.route(key, self.entries, version)
+        return self.snapshot(name, version), None  # the error
 
     def _default_name(self) -> str | None:
         if self.default_model is not None:
@@ -483,6 +529,8 @@ class ModelRegistry:
 
     def _unknown(self, name: str | None) -> str:
         known = ", ".join(map(repr, sorted(self.entries))) or "none"
+        if self.policies:
+            known += "; aliases: " + ", ".join(map(repr, sorted(self.policies)))
         if name is not None:
             return f"no model named {brief(name)}; models: {known}"
         if self.default_model is not None:
@@ -536,6 +584,7 @@ class ModelRegistry:
                         del self.entries[name]
             for name, path in found.items():
                 await self.load(name, path=path, force=False)
+            await self.apply_traffic()
             self.synced = True
             return self.entries_by_name()
 
@@ -692,6 +741,114 @@ class ModelRegistry:
         entry.snapshot, entry.state, entry.reason = None, ModelState.UNLOADED, why
         entry.attempted = None
         logger.info("model %r %s", entry.name, why)
+
+    # -- traffic policies (service.api.traffic) ------------------------------------------------
+
+    async def apply_traffic(self) -> None:
+        """Read the traffic file and serve its policies (each one that may be applied now; see
+        :func:`~service.api.traffic.refusal`). A file that cannot be read or parsed leaves
+        every policy as it is, the reason logged once and listed."""
+        path = self.repository.traffic_file
+        if path is None:
+            return
+        async with self._traffic_lock:
+            try:
+                raw = await off_loop(read_traffic, path, timeout_s=self.load_timeout_s)
+                wanted = parse_traffic(raw, str(path))
+            except TrafficPolicyError as error:
+                self._traffic_unread(str(error))
+                return
+            except (OSError, TimeoutError) as error:
+                self._traffic_unread(f"{path}: {error!r}")
+                return
+            self.traffic_problem = None
+            self._serve_policies(wanted)
+
+    def _traffic_unread(self, problem: str) -> None:
+        if problem != self.traffic_problem:
+            logger.error("traffic policies not re-read, those in force stay: %s", problem)
+        self.traffic_problem = problem
+
+    async def change_traffic(self, change) -> dict[str, Any]:
+        """Apply ``change`` (see :mod:`service.api.traffic`: set, remove, promote, roll back) to
+        the traffic file, then serve it; the alias it changed, described, is the caller's to
+        pick from :meth:`describe_aliases`.
+
+        Raises
+        ------
+        TrafficPolicyError
+            No traffic file (one model served without TRAFFIC_FILE), the file cannot be read or
+            written, or the change is refused (the models it names are not served).
+        NotFoundError
+            The change names an alias that does not exist.
+        """
+        path = self.repository.traffic_file
+        if path is None:
+            raise TrafficPolicyError(
+                "aliases need a model repository (MODEL_REPOSITORY) or TRAFFIC_FILE"
+            )
+
+        def checked(policies: dict[str, AliasPolicy]) -> dict[str, AliasPolicy]:
+            changed = change(policies)
+            for alias, policy in changed.items():
+                if policies.get(alias) != policy:
+                    reason = refusal(alias, policy, self.policies.get(alias), self.entries)
+                    if reason is not None:
+                        raise TrafficPolicyError(reason)
+            return changed
+
+        async with self._traffic_lock:
+            try:
+                wanted = await off_loop(
+                    edit_traffic_file, path, checked, timeout_s=self.load_timeout_s
+                )
+            except TimeoutError:
+                raise TrafficPolicyError(
+                    f"{path} could not be changed within {self.load_timeout_s:g} s (LOAD_TIMEOUT_S)"
+                ) from None
+            self.traffic_problem = None
+            self._serve_policies(wanted)
+        return self.describe_aliases()
+
+    def _serve_policies(self, wanted: dict[str, AliasPolicy]) -> None:
+        policies, reasons = apply_policies(wanted, self.policies, self.entries)
+        for alias in sorted(reasons.keys() - self.policy_reasons.keys()):
+            logger.error("traffic policy of alias %r refused: %s", alias, reasons[alias])
+        for alias in sorted(policies):
+            if self.policies.get(alias) != policies[alias]:
+                logger.info("alias %r now: %s", alias, _policy_words(policies[alias]))
+        for alias in sorted(self.policies.keys() - policies.keys()):
+            logger.info("alias %r removed", alias)
+        self.policies, self.policy_reasons = policies, reasons
+
+    def describe_aliases(self) -> dict[str, Any]:
+        """The aliases served (with each model's version served) and those refused, the
+        traffic file and why it was last not read (None)."""
+        served = [
+            describe_policy(alias, policy, self.entries, self.policy_reasons.get(alias))
+            for alias, policy in sorted(self.policies.items())
+        ]
+        refused = [
+            {"name": alias, "reason": reason}
+            for alias, reason in sorted(self.policy_reasons.items())
+            if alias not in self.policies
+        ]
+        path = self.repository.traffic_file
+        return {
+            "file": None if path is None else str(path),
+            "problem": self.traffic_problem,
+            "aliases": served,
+            "refused": refused,
+        }
+
+
+def _policy_words(policy: AliasPolicy) -> str:
+    words = f"model {policy.model!r}"
+    if policy.canary is not None:
+        words += f", canary {policy.canary.model!r} at {policy.canary.percent:g}%"
+    if policy.shadow is not None:
+        words += f", shadow {policy.shadow.model!r} at {policy.shadow.percent:g}%"
+    return words
 
 
 def _log_loaded(snapshot: ModelSnapshot, previous: ModelSnapshot | None, seconds: float) -> None:

@@ -177,6 +177,12 @@ class Settings(BaseSettings):
         description="Bearer token of the repository routes (ADMIN_TOKEN): POST "
         "/v2/repository/index, .../models/{name}/load and .../unload. Unset: they answer 403.",
     )
+    traffic_file: Path | None = Field(
+        None,
+        description="The traffic policies: aliases, canaries and shadows over the repository's "
+        "models (TRAFFIC_FILE; default traffic.json in MODEL_REPOSITORY). Re-read at every "
+        "rescan; the admin routes /v2/repository/aliases/... write it (docs/operating/traffic.md).",
+    )
     reload_interval_s: float = Field(
         0.0,
         ge=0,
@@ -190,6 +196,32 @@ class Settings(BaseSettings):
         True,
         description="Log one line per request (ACCESS_LOG), health probes and scrapes at "
         "debug level.",
+    )
+    payload_log_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Share of inference requests (classify, search, /v2 infer, gRPC ModelInfer) "
+        "written with their answers as CloudEvents JSON lines (PAYLOAD_LOG_RATE; 0: none, 1: "
+        "all) (docs/operating/observability.md).",
+    )
+    payload_log: str = Field(
+        "stdout",
+        min_length=1,
+        description="Where payload records go: 'stdout', or a file appended to, '{pid}' in its "
+        "name replaced by the process's id (PAYLOAD_LOG).",
+    )
+    payload_log_max_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="A request or answer body larger than this is recorded without its data "
+        "(PAYLOAD_LOG_MAX_BYTES).",
+    )
+    payload_log_queue: int = Field(
+        1000,
+        ge=1,
+        description="Payload records waiting to be written at most; beyond, records are dropped "
+        "and counted (besvm_payload_records_dropped_total), never waited for (PAYLOAD_LOG_QUEUE).",
     )
     log_format: Literal["json", "text"] = Field(
         "json",
@@ -243,6 +275,7 @@ class Settings(BaseSettings):
         "tls_key_file",
         "tls_client_ca_file",
         "grpc_port",
+        "traffic_file",
         mode="before",
     )
     @classmethod

@@ -140,3 +140,17 @@ def bof_live_server(bof_model_dir):
     """The glyphs model (bags of visual words beside pixels) served by a real server process."""
     with serving(bof_model_dir) as url:
         yield url
+
+
+def answered(http, path: str, body: dict, failures: list[str]):
+    """``http.post(path, json=body)`` when it answers 200, else None with what went wrong
+    appended to ``failures`` (a load test's client goes on)."""
+    try:
+        response = http.post(path, json=body)
+    except Exception as error:  # httpx's, or a closed connection
+        failures.append(f"{path}: {error!r}")
+        return None
+    if response.status_code != 200:
+        failures.append(f"{path}: {response.status_code} {response.text[:200]}")
+        return None
+    return response

@@ -5,9 +5,7 @@ in-process client for the error paths."""
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import signal
 import threading
@@ -392,39 +390,3 @@ def test_every_worker_serves_an_update_at_once(attributed_model, digits, tmp_pat
             fresh = fresh + 1 if answer.json()["catalogue_version"] == 2 else 0
             if not fresh:
                 time.sleep(0.05)
-
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def _curl(command: str) -> tuple[str, dict, dict | None]:
-    """(path, headers, JSON body) of one of the README's curl lines."""
-    path = re.search(r"localhost:8000(\S+)", command).group(1)
-    headers = dict(h.split(": ", 1) for h in re.findall(r"-H '([^']*)'", command))
-    body = re.search(r"-d '(.*)'", command)
-    return path, headers, None if body is None else json.loads(body.group(1))
-
-
-def test_the_readme_catalogue_examples_answer_as_described(search_model_dir, tmp_path):
-    block = re.search(r"ADMIN_TOKEN=s3cret make run\n(.*?)```", README.read_text(), re.DOTALL)
-    assert block, "README shows no catalogue example"
-    commands = [line for line in block.group(1).splitlines() if line.startswith("curl")]
-    assert len(commands) == 4
-    model = tmp_path / "digits"
-    shutil.copytree(search_model_dir, model)
-    with serving(model, ADMIN_TOKEN="s3cret") as url, httpx.Client(timeout=WAIT_S) as http:
-        answers = []
-        for command in commands:
-            path, headers, body = _curl(command)
-            if answers and "cursor" in body:
-                body["cursor"] = answers[-1]["next_cursor"]
-            response = http.post(f"{url}{path}", json=body, headers=headers)
-            assert response.status_code == 200, response.text
-            answers.append(response.json())
-        upserted, filtered, by_offset, by_cursor = answers
-        assert (upserted["catalogue_version"], upserted["n_items"]) == (2, 798)
-        assert upserted["upserted"] == 1
-        assert [hit["id"] for hit in filtered["results"]] == ["scan-1"]
-        ranking = http.post(f"{url}/search", json={"class": "7", "top_k": 9}).json()["results"]
-        assert by_offset["results"] == ranking[3:6]
-        assert by_cursor["results"] == ranking[6:9]

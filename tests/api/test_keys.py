@@ -223,7 +223,7 @@ def test_the_key_file_parser():
     assert keys[1].fingerprint == _digest(ADMIN)[:8]
     for text, problem in [
         ("s3cr3t-key", "line 1: expected '<key> <scope>', got 1 fields"),
-        ("s3cr3t-key read extra", "got 3 fields"),
+        ("s3cr3t-key read extra", "neither rate= nor burst="),
         ("s3cr3t-key write", "unknown scope 'write'"),
         ("sha256:abc read", "64 hex digits"),
         ("sha256:" + "g" * 64 + " read", "64 hex digits"),

@@ -3,10 +3,6 @@ in-process client for the error paths."""
 
 from __future__ import annotations
 
-import json
-import re
-from pathlib import Path
-
 import httpx
 import numpy as np
 import pytest
@@ -17,7 +13,6 @@ from service.model import Predictor
 from service.model.search import SearchIndex, SearchQuery
 from tests.api.conftest import serving
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 # An 8x8 image of values from 1e20 to 1e308.
 ABSURD = np.logspace(20, 308, 64).reshape(8, 8).tolist()
 
@@ -194,21 +189,6 @@ def test_a_model_without_search_answers_404(client):
     assert response.status_code == 404
     assert "python -m training dictionary" in response.json()["error"]["message"]
     assert client.get("/v1/models/digits").json()["search"] is None
-
-
-def test_the_readme_search_example_answers_as_printed(search_server):
-    text = README.read_text()
-    match = re.search(r"curl -s localhost:8000/search .*?-d '(\{.*?\})'", text)
-    assert match, "README has no curl example of /search"
-    response = httpx.post(f"{search_server}/search", json=json.loads(match.group(1)))
-    assert response.status_code == 200
-    shown = re.search(r"The first answers.*?```json\s*(\{.*?\})\s*```", text, re.DOTALL)
-    assert shown, "README shows no answer of the /search example"
-    served, printed = response.json(), json.loads(shown.group(1))
-    assert served["code"]["indices"] == printed["code"]["indices"]
-    assert [h["id"] for h in served["results"]] == [h["id"] for h in printed["results"]]
-    for got, expected in zip(served["results"], printed["results"], strict=True):
-        assert got["score"] == pytest.approx(expected["score"], rel=1e-6)
 
 
 @pytest.mark.parametrize("field", ["exclude", "positives"])

@@ -8,9 +8,8 @@ and idle connections, which may still be open at the end: their memory and /read
 they test); the normal client gets only 200s, its 99th percentile under 0.5 s; no hostile client
 gets a 5xx other than the 503 of a limit; /readyz answers 200 throughout; and every server process
 stays
-under the README's memory bound (:func:`service.api.machinery.limits.memory_bound`), from its
-memory once
-its models are loaded.
+under the memory bound of docs/operating/limits.md
+(:func:`service.api.machinery.limits.memory_bound`), from its memory once its models are loaded.
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ import enum
 import hashlib
 import hmac
 import logging
+import math
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.errors import error_response
+from service.api.errors import RateLimitedError, error_response
 from service.api.machinery.observability import current_request
 from service.api.settings import Settings
 
@@ -78,11 +80,14 @@ class ForbiddenError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Key:
-    """A key as held: its digest, scope and fingerprint (the name logs give it, computed once:
-    every request a key allows names it)."""
+    """A key as held: its digest, scope, rate limit (``rate`` requests a second, ``burst`` at
+    once; a rate of 0: none) and fingerprint (the name logs give it, computed once: every
+    request a key allows names it)."""
 
     digest: bytes
     scope: KeyScope
+    rate: float = 0.0
+    burst: int = 0
     fingerprint: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +99,47 @@ def digest_of(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
+# A rate's units: rate=<n>[/s|/min|/h], requests per second by default.
+RATE_UNITS = {"s": 1.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_limit(options: list[str], where: str) -> tuple[float, int]:
+    """A key line's ``rate=<n>[/s|/min|/h]`` and ``burst=<n>``: the rate in requests a second
+    (0: none) and the burst (default: a second's worth, at least 1)."""
+    values: dict[str, str] = {}
+    for option in options:
+        name, equals, value = option.partition("=")
+        if not equals or name not in ("rate", "burst") or name in values:
+            raise KeyFileError(
+                f"{where}: expected '<key> <scope> [rate=<n>[/s|/min|/h]] [burst=<n>]', got "
+                f"{brief_option(option)}"
+            )
+        values[name] = value
+    rate = 0.0
+    if "rate" in values:
+        count, _, unit = values["rate"].partition("/")
+        try:
+            rate = float(count) / RATE_UNITS[unit or "s"]
+        except (KeyError, ValueError):
+            rate = -1.0
+        if not (rate > 0 and math.isfinite(rate)):
+            raise KeyFileError(f"{where}: rate must be a positive number [/s, /min or /h]")
+    if "burst" not in values:
+        return rate, max(1, math.ceil(rate)) if rate else 0
+    if not rate:
+        raise KeyFileError(f"{where}: burst needs a rate")
+    burst = values["burst"]
+    if not (burst.isascii() and burst.isdigit()) or int(burst) < 1:
+        raise KeyFileError(f"{where}: burst must be a whole number of at least 1")
+    return rate, int(burst)
+
+
+def brief_option(option: str) -> str:
+    """An option of a key line, for a message: its name, never a value that may be a key."""
+    name = option.partition("=")[0]
+    return f"{name!r}" if name in ("rate", "burst") else "a field that is neither rate= nor burst="
+
+
 def parse_key_file(text: str, source: str = "API_KEYS_FILE") -> list[Key]:
     """The keys of a key file's ``text``; KeyFileError names the line (never its key)."""
     keys = []
@@ -101,11 +147,12 @@ def parse_key_file(text: str, source: str = "API_KEYS_FILE") -> list[Key]:
         fields = line.split("#", 1)[0].split()
         if not fields:
             continue
-        if len(fields) != 2:
+        if len(fields) < 2:
             raise KeyFileError(
                 f"{source}, line {number}: expected '<key> <scope>', got {len(fields)} fields"
             )
-        secret, scope_name = fields
+        secret, scope_name, *options = fields
+        rate, burst = parse_limit(options, f"{source}, line {number}")
         try:
             scope = KeyScope[scope_name.upper()]
         except KeyError:
@@ -124,7 +171,7 @@ def parse_key_file(text: str, source: str = "API_KEYS_FILE") -> list[Key]:
                 )
         else:
             digest = digest_of(secret)
-        keys.append(Key(digest, scope))
+        keys.append(Key(digest, scope, rate, burst))
     return keys
 
 
@@ -149,6 +196,38 @@ class KeyStore:
         )
         self._keys: tuple[Key, ...] = ()
         self._keys = self._read()
+        # Each rate-limited key's bucket, by digest: kept across re-reads while its limit is.
+        self._buckets: dict[bytes, TokenBucket] = {}
+        self._refill_buckets()
+
+    def _refill_buckets(self) -> None:
+        buckets = {}
+        for key in self._keys:
+            if key.rate:
+                bucket = self._buckets.get(key.digest)
+                if bucket is None or (bucket.rate, bucket.burst) != (key.rate, key.burst):
+                    bucket = TokenBucket(key.rate, key.burst)
+                buckets[key.digest] = bucket
+        self._buckets = buckets
+
+    def spend(self, key: Key) -> None:
+        """Count one request of a rate-limited ``key`` (on the event loop's thread).
+
+        Raises
+        ------
+        RateLimitedError
+            Its rate is spent for now: 429 (gRPC RESOURCE_EXHAUSTED), with when to retry.
+        """
+        bucket = self._buckets.get(key.digest)
+        if bucket is None:
+            return
+        wait = bucket.take(time.monotonic())
+        if wait:
+            raise RateLimitedError(
+                f"key {key.fingerprint} is over its rate of {_rate_words(key.rate)} "
+                f"(burst {key.burst}); try again in {wait:.2f} s",
+                wait,
+            )
 
     def _read(self) -> tuple[Key, ...]:
         keys = []
@@ -174,6 +253,7 @@ class KeyStore:
         if keys != self._keys:
             logger.info("API keys re-read: %d keys (%s)", len(keys), _count_by_scope(keys))
         self._keys = keys
+        self._refill_buckets()
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -191,6 +271,38 @@ class KeyStore:
             if hmac.compare_digest(digest, key.digest):
                 found = key
         return found
+
+
+class TokenBucket:
+    """A token bucket: ``burst`` requests at once, refilled at ``rate`` a second (one process's
+    count: with several worker processes each counts its own)."""
+
+    __slots__ = ("burst", "rate", "tokens", "updated")
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.updated = time.monotonic()
+
+    def take(self, now: float) -> float:
+        """Take a token at time ``now``: 0.0 if there was one, else the seconds until there
+        will be (nothing taken)."""
+        tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if tokens >= 1.0:
+            self.tokens = tokens - 1.0
+            return 0.0
+        self.tokens = tokens
+        return (1.0 - tokens) / self.rate
+
+
+def _rate_words(rate: float) -> str:
+    if rate >= 1:
+        return f"{rate:g}/s"
+    if rate * 60 >= 1:
+        return f"{rate * 60:g}/min"
+    return f"{rate * 3600:g}/h"
 
 
 def _count_by_scope(keys: Iterable[Key]) -> str:
@@ -250,8 +362,9 @@ class AccessPolicy:
             return self.metrics
         return self.default
 
-    def check(self, needed: Access, presented: str | None) -> Key | None:
-        """The key that allows ``needed`` (None when the route is open).
+    def check(self, needed: Access, presented: str | None, limited: bool = True) -> Key | None:
+        """The key that allows ``needed`` (None when the route is open), its request counted
+        against its rate unless not ``limited`` (a scrape of /metrics).
 
         Raises
         ------
@@ -259,6 +372,8 @@ class AccessPolicy:
             No key, or one not held.
         ForbiddenError
             An admin route with no admin key configured, or a key of too small a scope.
+        RateLimitedError
+            The key's rate is spent for now.
         """
         if needed is Access.OPEN:
             return None
@@ -277,6 +392,9 @@ class AccessPolicy:
                 f"key {key.fingerprint} has the {key.scope.name.lower()} scope; this route "
                 f"needs {KeyScope(needed).name.lower()}"
             )
+        if key.rate and limited:
+            identify(key)  # a refusal's access line names the key that is over its rate
+            self.keys.spend(key)
         return key
 
 
@@ -309,7 +427,15 @@ class KeyCheckMiddleware:
                 elif name == b"x-api-key":
                     api_key = value.decode("latin-1")
             try:
-                identify(self.policy.check(needed, presented_key(authorization, api_key)))
+                key = self.policy.check(
+                    needed, presented_key(authorization, api_key), path != METRICS_PATH
+                )
+                identify(key)
+            except RateLimitedError as error:
+                response = error_response(429, "rate_limited", str(error), path=path)
+                response.headers["retry-after"] = error.retry_after()
+                await response(scope, receive, send)
+                return
             except MissingKeyError as error:
                 response = error_response(401, "unauthorized", str(error), path=path)
                 response.headers["www-authenticate"] = CHALLENGE
@@ -353,6 +479,11 @@ def document_security(document: dict[str, Any], policy: AccessPolicy) -> None:
         "routes and catalogue updates, no admin key is configured).",
         "content": unauthorized["content"],
     }
+    rate_limited = {
+        "description": "The key is over its rate (API_KEYS_FILE: rate=, burst=); Retry-After "
+        "says when to try again.",
+        "content": unauthorized["content"],
+    }
     for path, operations in document.get("paths", {}).items():
         for method, operation in operations.items():
             needed = policy.for_route(method.upper(), path)
@@ -364,3 +495,5 @@ def document_security(document: dict[str, Any], policy: AccessPolicy) -> None:
             responses.setdefault("401", unauthorized)
             if needed is Access.ADMIN or policy.keys_required:
                 responses.setdefault("403", forbidden)
+            if path != METRICS_PATH:
+                responses.setdefault("429", rate_limited)

@@ -24,8 +24,11 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.errors import error_answer
+from service.api.machinery.payloads import PayloadLog
+from service.api.machinery.responses import VERSION_HEADER
 
 Handler = Callable[[Request, dict[str, str]], Awaitable[Response]]
+_VERSION = VERSION_HEADER.encode("latin-1")
 
 
 class HotRoutes:
@@ -39,8 +42,15 @@ class HotRoutes:
     handlers : dict of str to Handler
     """
 
-    def __init__(self, app: ASGIApp, routes: list, handlers: dict[str, Handler]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: list,
+        handlers: dict[str, Handler],
+        payloads: PayloadLog | None = None,
+    ) -> None:
         self.app = app
+        self.payloads = payloads
         self.exact: dict[str, tuple[object, Handler]] = {}
         self.templated: list[tuple[re.Pattern, object, Handler]] = []
         for route in routes:
@@ -70,6 +80,27 @@ class HotRoutes:
                     response = await handler(request, params)
                 except Exception as error:
                     response = await error_answer(request, error)
+                if self.payloads is not None and self.payloads.sampled():
+                    await _record(self.payloads, request, response)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def _record(payloads: PayloadLog, request: Request, response: Response) -> None:
+    """Queue the payload records of a sampled request: its body (as read by the route; one the
+    route never read is read now) and the answer's."""
+    try:
+        body = await request.body()
+    except Exception:  # the client went away: the answer says so
+        body = b""
+    version = next((v for k, v in response.raw_headers if k == _VERSION), b"").decode("latin-1")
+    payloads.record(
+        request.scope["route"].path,
+        body,
+        request.headers.get("content-type", "application/json"),
+        bytes(response.body),
+        response.media_type or "application/json",
+        response.status_code,
+        version or None,
+    )

@@ -91,6 +91,19 @@ class Metrics:
     def model_retired(self, model: str, version: str | None) -> None:
         """Model ``model`` no longer serves ``version`` (unloaded or removed)."""
 
+    def shadow_compared(
+        self, alias: str, model: str, agreed: int, disagreed: int, seconds: float
+    ) -> None:
+        """Shadow ``model`` of ``alias`` answered a copy of a request in ``seconds``, its
+        labels agreeing with the served ones on ``agreed`` instances (from any thread)."""
+
+    def shadow_skipped(self, alias: str, model: str, reason: str) -> None:
+        """A request drawn for shadow ``model`` of ``alias`` was not compared: ``reason`` is
+        ``queue_full``, ``not_ready`` or ``failed`` (from any thread)."""
+
+    def payload_dropped(self) -> None:
+        """A payload record was dropped: the payload log's queue was full (from any thread)."""
+
 
 class PrometheusMetrics(Metrics):
     """The service's metrics in a registry of their own (see the module docstring).
@@ -178,6 +191,34 @@ class PrometheusMetrics(Metrics):
             "Time from a gRPC call's arrival to its answer, by method, model and status code.",
             grpc_labels,
             buckets=LATENCY_BUCKETS_S,
+            **common,
+        )
+        shadow_labels = ("alias", "model")
+        self.shadow_instances = Counter(
+            "shadow_instances",
+            "Instances a shadow model answered a copy of, by alias, shadow model and outcome: "
+            "agree (the served label) or disagree.",
+            (*shadow_labels, "outcome"),
+            **common,
+        )
+        self.shadow_skips = Counter(
+            "shadow_skipped_requests",
+            "Requests drawn for a shadow but not compared, by alias, shadow model and reason: "
+            "queue_full, not_ready or failed.",
+            (*shadow_labels, "reason"),
+            **common,
+        )
+        self.shadow_latency = Histogram(
+            "shadow_duration_seconds",
+            "A shadow model's time to answer its copy of a request, by alias and shadow model "
+            "(apart from the served request's latency).",
+            shadow_labels,
+            buckets=LATENCY_BUCKETS_S,
+            **common,
+        )
+        self.payload_drops = Counter(
+            "payload_records_dropped",
+            "Payload log records dropped because the payload log's queue was full.",
             **common,
         )
         # Children by label values: .labels() costs a few microseconds a request otherwise.
@@ -280,6 +321,21 @@ class PrometheusMetrics(Metrics):
     def model_retired(self, model: str, version: str | None) -> None:
         if version is not None:
             self.version_info.labels(model, version).set(0)
+
+    # -- shadows and payloads: off the request path, recorded at once --------------------------
+
+    def shadow_compared(
+        self, alias: str, model: str, agreed: int, disagreed: int, seconds: float
+    ) -> None:
+        self.shadow_instances.labels(alias, model, "agree").inc(agreed)
+        self.shadow_instances.labels(alias, model, "disagree").inc(disagreed)
+        self.shadow_latency.labels(alias, model).observe(seconds)
+
+    def shadow_skipped(self, alias: str, model: str, reason: str) -> None:
+        self.shadow_skips.labels(alias, model, reason).inc()
+
+    def payload_dropped(self) -> None:
+        self.payload_drops.inc()
 
     # -- exposition ----------------------------------------------------------------------------
 

@@ -478,8 +478,10 @@ class BackgroundStreamHandler(logging.StreamHandler):
     in process, 4 µs in a loop of them).
     """
 
-    def __init__(self, stream=None) -> None:
+    def __init__(self, stream=None, max_pending: int | None = None) -> None:
         super().__init__(stream)
+        # Items queued at most by write_later (None: no bound); more are refused, not queued.
+        self.max_pending = max_pending
         # Neither format shows a record's process or thread: skip looking them up for every
         # record (a system call and two lookups of each access line).
         logging.logProcesses = logging.logThreads = logging.logMultiprocessing = False
@@ -501,10 +503,14 @@ class BackgroundStreamHandler(logging.StreamHandler):
         from any thread, without the handler's lock."""
         self._put(line + self.terminator)
 
-    def write_later(self, make_line: Callable[..., str], values: tuple) -> None:
+    def write_later(self, make_line: Callable[..., str], values: tuple) -> bool:
         """Queue the line ``make_line(*values)``, made on the writer thread, in its place among
-        the others: ``values`` are strings and numbers (no object the collector has to walk)."""
+        the others: ``values`` are strings and numbers (no object the collector has to walk).
+        False, nothing queued, when ``max_pending`` items wait already."""
+        if self.max_pending is not None and self._queue.qsize() >= self.max_pending:
+            return False
         self._put((make_line, values))
+        return True
 
     def _put(self, item: str | tuple) -> None:
         if self._writer is None:

@@ -54,7 +54,7 @@ from grpc import aio
 
 import service
 from service.api.dataplane import DataPlane
-from service.api.errors import LoadRefusedError, status_of
+from service.api.errors import LoadRefusedError, RateLimitedError, status_of
 from service.api.machinery.auth import (
     Access,
     AccessPolicy,
@@ -72,6 +72,7 @@ from service.api.machinery.limits import (
 )
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import log_access, request_scope
+from service.api.machinery.payloads import PayloadLog
 from service.api.machinery.responses import VERSION_HEADER
 from service.api.machinery.tls import TlsFiles
 from service.api.protocol import inference_pb2 as pb
@@ -101,6 +102,7 @@ _CODES = {
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
@@ -128,6 +130,16 @@ _LENGTH_PREFIX = 4
 _ARRIVAL: contextvars.ContextVar[tuple[RequestHold, ModelError | None] | None] = (
     contextvars.ContextVar("besvm_grpc_arrival", default=None)
 )
+
+
+_INTERNAL = grpc.StatusCode.INTERNAL
+_MODEL_INFER = f"/{SERVICE}/ModelInfer"
+_JSON = "application/json"
+
+
+def _code_of(error: ModelError) -> grpc.StatusCode:
+    """The gRPC status code of a domain error (its HTTP status's, see :data:`_CODES`)."""
+    return _CODES.get(status_of(error)[0], _INTERNAL)
 
 
 def _parameter_value(parameter) -> Any:
@@ -268,10 +280,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     metrics : Metrics
     """
 
-    def __init__(self, plane: DataPlane, policy: AccessPolicy, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        policy: AccessPolicy,
+        metrics: Metrics,
+        payloads: PayloadLog | None = None,
+    ) -> None:
         self.plane = plane
         self.policy = policy
         self.metrics = metrics
+        self.payloads = payloads
 
     async def _serve(
         self,
@@ -315,9 +334,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             except ForbiddenError as error:
                 code, message = grpc.StatusCode.PERMISSION_DENIED, str(error)
             except ModelError as error:
-                status, _ = status_of(error)
-                code, message = _CODES.get(status, grpc.StatusCode.INTERNAL), str(error)
-                if status == 500:
+                code, message = _code_of(error), str(error)
+                if isinstance(error, RateLimitedError):
+                    trailing.append(("retry-after", error.retry_after()))
+                if code is _INTERNAL:
                     logger.error("gRPC %s failed: %s", method, error)
             except asyncio.CancelledError:
                 code, message = grpc.StatusCode.CANCELLED, "cancelled"
@@ -416,7 +436,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response.raw_output_contents.append(_raw_tensor(tensor["datatype"], tensor["data"]))
             return response
 
-        return await self._serve("ModelInfer", self.policy.default, context, answer)
+        payloads = self.payloads
+        if payloads is None or not payloads.sampled():
+            return await self._serve("ModelInfer", self.policy.default, context, answer)
+
+        async def recorded():
+            try:
+                response = await answer()
+            except Exception as error:
+                code = _code_of(error) if isinstance(error, ModelError) else None
+                failure = json.dumps({"error": str(error)}).encode()  # as REST's protocol says
+                status = (code or _INTERNAL).name
+                payloads.record(_MODEL_INFER, request, "", failure, _JSON, status, None)
+                raise
+            payloads.record(_MODEL_INFER, request, "", response, "", "OK", response.model_version)
+            return response
+
+        return await self._serve("ModelInfer", self.policy.default, context, recorded)
 
     # -- the repository extension --------------------------------------------------------------
 
@@ -461,6 +497,8 @@ async def start_grpc_server(
     policy: AccessPolicy,
     metrics: Metrics,
     budget: MemoryBudget,
+    payloads: PayloadLog | None = None,
+    servicer: type[InferenceServicer] | None = None,
 ) -> aio.Server:
     """Serve the protocol on ``HOST:GRPC_PORT`` (over TLS when TLS_CERT_FILE is set), its
     messages counted in ``budget`` (the process's, shared with HTTP)."""
@@ -481,7 +519,7 @@ async def start_grpc_server(
         maximum_concurrent_rpcs=concurrency_bound(settings),
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        InferenceServicer(plane, policy, metrics), server
+        (servicer or InferenceServicer)(plane, policy, metrics, payloads), server
     )
     address = f"{settings.host}:{settings.grpc_port}"
     tls = TlsFiles.from_settings(settings)

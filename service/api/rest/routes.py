@@ -19,6 +19,7 @@ from service.api.errors import documented_errors, is_protocol_route
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
+    AliasRequest,
     AtomResponse,
     ClassifyRequest,
     ClassifyResponse,
@@ -69,6 +70,7 @@ BODY_SCHEMAS: tuple[type[BaseModel], ...] = (
     ClassifyRequest,
     SearchRequest,
     RepositoryIndexRequest,
+    AliasRequest,
 )
 
 
