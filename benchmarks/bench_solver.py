@@ -108,37 +108,26 @@ def shuttle_like(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return np.round(np.vstack(X) * scales)[order], np.asarray(y)[order]
 
 
-def _shuttle_like_features():
+def _features_of(X, y, **params):
+    """The training features a BasisExpandingSVC with ``params`` computes on (X, y)."""
     from sklearn.exceptions import ConvergenceWarning
 
     from training import BasisExpandingSVC
 
-    X, y = shuttle_like()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        model = BasisExpandingSVC(
-            similarity="rbf(gamma=1)",
-            basis_per_class=400,
-            input_normalization="per-feature",
-            normalization="nystroem(square)",
-            max_iter=1,
-        ).fit(X, y)
+        model = BasisExpandingSVC(max_iter=1, **params).fit(X, y)
     return model.predictor_.features(X), y
 
 
 def _model_features(data: str, similarity: str, per_class: int):
     """The training features a BasisExpandingSVC computes on a shipped data set."""
-    from sklearn.exceptions import ConvergenceWarning
-
-    from training import BasisExpandingSVC
     from training.datasets import load_dataset
 
     dataset = load_dataset(data, test_fraction=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model = BasisExpandingSVC(similarity=similarity, basis_per_class=per_class, max_iter=1)
-        model.fit(dataset.X_train, dataset.y_train)
-    return model.predictor_.features(dataset.X_train), dataset.y_train
+    return _features_of(
+        dataset.X_train, dataset.y_train, similarity=similarity, basis_per_class=per_class
+    )
 
 
 def make_shape(name: str):
@@ -156,7 +145,13 @@ def make_shape(name: str):
     if name == "text-sensing2":
         return _model_features("fortunes", "sensing2(n_words=150)", 250)
     if name == "shuttle-like":
-        return _shuttle_like_features()
+        return _features_of(
+            *shuttle_like(),
+            similarity="rbf(gamma=1)",
+            basis_per_class=400,
+            input_normalization="per-feature",
+            normalization="nystroem(square)",
+        )
     raise SystemExit(f"unknown shape {name!r}")
 
 
