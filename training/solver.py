@@ -55,6 +55,8 @@ __all__ = [
 # several times faster (3.7x at 10% density on 11,000 x 800, one thread), on the same problem
 # up to the intercept, which is folded back exactly.
 SPARSE_TRAINING_DENSITY = 0.25
+# Rows of the sample that tells dense features at once (see training_design).
+DENSITY_SAMPLE_ROWS = 1024
 
 
 def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray]:
@@ -72,6 +74,14 @@ def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, n
     shift : ndarray of shape (n_features,)
     """
     n_samples, n_features = features.shape
+    # Evenly spaced rows first: where even they differ from their own medians twice as often as
+    # the threshold, the features are dense, and the medians of every row (a partition of each
+    # column, the slowest step after the products on large features) are not needed.
+    sample = features[:: max(1, n_samples // DENSITY_SAMPLE_ROWS)]
+    if np.count_nonzero(sample != np.median(sample, axis=0)) > 2 * SPARSE_TRAINING_DENSITY * (
+        sample.size
+    ):
+        return features, np.zeros(n_features)
     median = np.empty(n_features)
     differing = 0
     # Column blocks of about 8 MiB: np.median copies what it reads.

@@ -111,6 +111,22 @@ def test_sparse_design_around_the_medians_is_linear_svc_on_the_shifted_features(
     )
 
 
+def test_dense_features_are_trained_on_as_they_are():
+    """Features a sample of rows shows dense come back unshifted, the same array; features that
+    differ from their column's median in a tenth of the entries still go sparse."""
+    rng = np.random.default_rng(6)
+    features = rng.normal(size=(5000, 30))
+    design, shift = training_design(features)
+    assert design is features
+    np.testing.assert_array_equal(shift, 0.0)
+    features = np.full((5000, 30), 0.5)
+    mask = rng.random(features.shape) < 0.1
+    features[mask] = rng.normal(size=mask.sum())
+    design, shift = training_design(features.copy())
+    assert sp.issparse(design)
+    np.testing.assert_allclose(shift, 0.5)
+
+
 def _reference_hessian_product(X, signs, C, W, V):
     """2C [X 1]_A^T [X 1]_A v for each problem, A its items with positive slack, by numpy."""
     augmented = np.hstack([X, np.ones((len(X), 1))])
