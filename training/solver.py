@@ -418,10 +418,9 @@ def liblinear_tolerance(positives: np.ndarray, n_samples: int, tol: float) -> np
     balanced problem; but never below ``n_samples`` machine epsilons.
 
     The gradient is a sum over the items, so its computed value is only known to about
-    ``n_samples`` rounding errors of its norm at zero weights; a tolerance below that asks for
-    digits the arithmetic does not have, and the Newton steps go on until ``max_iter``. Scaled
-    by a class of 5 items in 32,625, the default ``tol`` (1e-8) was 1.5e-12, below the 3.6e-12
-    of that floor (benchmarks/bench_solver.py, shape ``shuttle-like``).
+    ``n_samples`` rounding errors of its norm at zero weights: a tolerance below that asks for
+    digits the arithmetic does not have (a class of a few items in tens of thousands, scaled
+    from the default ``tol``).
 
     Parameters
     ----------
