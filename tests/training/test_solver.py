@@ -120,6 +120,22 @@ def test_sparse_design_around_the_medians_is_linear_svc_on_the_shifted_features(
     )
 
 
+def test_dense_features_are_trained_on_as_they_are():
+    """Features a sample of rows shows dense come back unshifted, the same array; features that
+    differ from their column's median in a tenth of the entries still go sparse."""
+    rng = np.random.default_rng(6)
+    features = rng.normal(size=(5000, 30))
+    design, shift = training_design(features)
+    assert design is features
+    np.testing.assert_array_equal(shift, 0.0)
+    features = np.full((5000, 30), 0.5)
+    mask = rng.random(features.shape) < 0.1
+    features[mask] = rng.normal(size=mask.sum())
+    design, shift = training_design(features.copy())
+    assert sp.issparse(design)
+    np.testing.assert_allclose(shift, 0.5)
+
+
 def _reference_hessian_product(X, signs, C, W, V):
     """2C [X 1]_A^T [X 1]_A v for each problem, A its items with positive slack, by numpy."""
     augmented = np.hstack([X, np.ones((len(X), 1))])
@@ -174,6 +190,16 @@ def test_a_problem_reaches_the_same_optimum_alone_or_with_others(problem):
         assert alone.converged.all()
         assert np.linalg.norm(alone.W[:, 0] - together.W[:, k]) <= bound[k] + 1e-12
     assert together.converged.all()
+
+
+def test_liblinear_tolerance_stays_above_the_gradients_rounding():
+    """A class of 5 items in 32,625 scaled the default tol (1e-8) to 1.5e-12, below what a sum
+    of 32,625 terms can resolve (issue 34's stall): the floor is n machine epsilons."""
+    n = 32_625
+    floor = n * np.finfo(np.float64).eps
+    tolerance = liblinear_tolerance(np.array([5, 7, 25_610]), n, 1e-8)
+    np.testing.assert_allclose(tolerance[:2], [floor, floor])
+    assert tolerance[2] == pytest.approx(1e-8 * (n - 25_610) / n)
 
 
 def test_liblinear_tolerance_scales_by_the_smaller_side():

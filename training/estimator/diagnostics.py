@@ -17,12 +17,15 @@ import numpy as np
 from training.estimator.expansion import eigenvalue_tolerance
 
 
-def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:
+def eigen_diagnostics(gram: np.ndarray, eigenvalues: np.ndarray | None = None) -> dict[str, float]:
     """NgRat and NgEng of one measure's basis Gram matrix.
 
     Parameters
     ----------
     gram : ndarray of shape (B, B)
+    eigenvalues : ndarray of shape (B,), optional
+        Those of the symmetrised ``gram``, ascending, if computed already (the Nystroem
+        normalisation's decomposition: :attr:`BasisExpansion.basis_eigenvalues_`).
 
     Returns
     -------
@@ -30,7 +33,8 @@ def eigen_diagnostics(gram: np.ndarray) -> dict[str, float]:
         ``ngeng`` is None when no eigenvalue is positive (a degenerate measure).
     """
     # Eigenvalues only: several times faster than the full decomposition on large bases.
-    eigenvalues = np.linalg.eigvalsh((gram + gram.T) / 2.0)
+    if eigenvalues is None:
+        eigenvalues = np.linalg.eigvalsh((gram + gram.T) / 2.0)
     tolerance = eigenvalue_tolerance(eigenvalues)
     negative = eigenvalues < -tolerance
     positive_energy = float(eigenvalues[eigenvalues > tolerance].sum())

@@ -504,9 +504,14 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
 
 def basis_diagnostics(expansion: BasisExpansion) -> dict[str, dict[str, float]]:
     """NgRat and NgEng of every measure on the basis, by the measure's name."""
+    spectra = getattr(expansion, "basis_eigenvalues_", None)
+    if spectra is None:
+        spectra = [None] * len(expansion.basis_gram_)
     return {
-        name: eigen_diagnostics(gram)
-        for name, gram in zip(expansion.similarity_names_, expansion.basis_gram_, strict=True)
+        name: eigen_diagnostics(gram, eigenvalues)
+        for name, gram, eigenvalues in zip(
+            expansion.similarity_names_, expansion.basis_gram_, spectra, strict=True
+        )
     }
 
 

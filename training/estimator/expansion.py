@@ -10,6 +10,7 @@ alike (that module's docstring has the formulas).
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from service.model.features import (
     SPECTRUM_FIXES,
     expand,
     normalize_features,
+    project_blocks,
     raw_similarities,
     resolve_normalization,
 )
@@ -95,10 +97,15 @@ class FeatureNormalization(BlockStatistics):
         raise AssertionError(f"{type(self).__name__} reads no rows")
 
     def statistics(
-        self, learned: Learned, n_features: int, basis_gram: np.ndarray | None
+        self,
+        learned: Learned,
+        n_features: int,
+        basis_gram: np.ndarray | None,
+        spectra: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The offset and scale of every feature and the projection (or None), from what the
-        passes learned and the basis Gram matrices."""
+        passes learned and the basis Gram matrices (with their :func:`symmetric_eigenvalues`,
+        ``spectra``, when computed already)."""
         return np.zeros(n_features), np.ones(n_features), None
 
     def _measure_columns(self, n_features: int) -> list[slice]:
@@ -138,7 +145,7 @@ class _ZScore(_Centred):
     def _spread_sums(self, centred):
         return (centred * centred).sum(axis=0)
 
-    def statistics(self, learned, n_features, basis_gram):
+    def statistics(self, learned, n_features, basis_gram, spectra=None):
         std = np.sqrt(learned["spread"])
         return learned["mean"], np.where(std > 0, std, 1.0), None
 
@@ -149,7 +156,7 @@ class _BeSVM(_Centred):
     def _spread_sums(self, centred):
         return np.array([np.linalg.norm(centred, axis=1).sum()])
 
-    def statistics(self, learned, n_features, basis_gram):
+    def statistics(self, learned, n_features, basis_gram, spectra=None):
         mean_norms = learned["spread"]
         n_basis = n_features // self.n_measures
         scale = np.repeat(np.where(mean_norms > 0.0, mean_norms, 1.0), n_basis)
@@ -164,10 +171,12 @@ class _Nystroem(FeatureNormalization):
         super().__init__(n_measures)
         self.fix = fix
 
-    def statistics(self, learned, n_features, basis_gram):
+    def statistics(self, learned, n_features, basis_gram, spectra=None):
         if basis_gram is None:
             raise ValueError("nystroem normalization needs the basis Gram matrices")
-        projection = np.stack([nystroem_projection(K, self.fix) for K in basis_gram])
+        if spectra is None:
+            spectra = [symmetric_eigenvalues(K) for K in basis_gram]
+        projection = np.stack([nystroem_projection(None, self.fix, pair) for pair in spectra])
         return np.zeros(n_features), np.ones(n_features), projection
 
 
@@ -202,6 +211,7 @@ def normalization_statistics(
     n_measures: int,
     normalization: str,
     basis_gram: np.ndarray | None = None,
+    spectra: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The normalisation learned from the training set's raw kernel maps, in one process (one
     block: every row); a cluster learns the same rule from its workers' rows
@@ -215,6 +225,9 @@ def normalization_statistics(
         One of :data:`NORMALIZATION_RULES` (canonical form, see :func:`parse_normalization`).
     basis_gram : ndarray of shape (M, n_basis, n_basis), optional
         Each measure between the basis items; required by Nystroem.
+    spectra : sequence of (eigenvalues, eigenvectors), optional
+        Each measure's :func:`symmetric_eigenvalues` of ``basis_gram``, when computed already
+        (Nystroem then decomposes nothing again).
 
     Returns
     -------
@@ -222,7 +235,7 @@ def normalization_statistics(
     projection : ndarray of shape (M, n_basis, n_basis) or None
     """
     rule = normalization_rule(normalization, n_measures)
-    return rule.statistics(learn_in_one_block(rule, raw), raw.shape[1], basis_gram)
+    return rule.statistics(learn_in_one_block(rule, raw), raw.shape[1], basis_gram, spectra)
 
 
 def symmetric_eigenvalues(gram: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,7 +254,11 @@ def eigenvalue_tolerance(eigenvalues: np.ndarray) -> float:
     return EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.abs(eigenvalues).max()), 1e-300)
 
 
-def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
+def nystroem_projection(
+    gram: np.ndarray | None,
+    spectrum_fix: str,
+    spectrum: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray:
     r"""The Nystroem map :math:`K^{-1/2}` of a possibly indefinite basis Gram matrix.
 
     With :math:`K = V \Lambda V^T` (symmetrised), the projection is :math:`V f(\Lambda) V^T`
@@ -251,14 +268,16 @@ def nystroem_projection(gram: np.ndarray, spectrum_fix: str) -> np.ndarray:
 
     Parameters
     ----------
-    gram : ndarray of shape (n_basis, n_basis)
+    gram : ndarray of shape (n_basis, n_basis), or None with ``spectrum``
     spectrum_fix : {"clip", "flip", "square"}
+    spectrum : (eigenvalues, eigenvectors), optional
+        :func:`symmetric_eigenvalues` of ``gram``, if computed already.
 
     Returns
     -------
     ndarray of shape (n_basis, n_basis), symmetric
     """
-    eigenvalues, vectors = symmetric_eigenvalues(gram)
+    eigenvalues, vectors = symmetric_eigenvalues(gram) if spectrum is None else spectrum
     tolerance = eigenvalue_tolerance(eigenvalues)
     magnitude = np.abs(eigenvalues)
     if spectrum_fix == "clip":
@@ -333,6 +352,13 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         The affine part of the normalisation, ``(raw - offset_) / scale_``.
     projection_ : ndarray of shape (M, n_basis, n_basis) or None
         Nystroem's per-measure projection, applied after the affine part.
+    basis_eigenvalues_ : ndarray of shape (M, n_basis) or None
+        With Nystroem: each measure's eigenvalues on the basis (ascending), from the one
+        decomposition the projection is made of (the eigenvalue diagnostics read them).
+    timings_ : dict of str to float
+        Seconds ``fit_transform`` spent in each step: ``similarities`` (the raw maps of the
+        training set), ``normalization`` (its statistics: for Nystroem the eigendecomposition
+        and the projection), ``projection`` (the training set's features projected).
     n_features_in_ : int
     """
 
@@ -474,15 +500,31 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         # The statistics need the raw map of the whole training set: compute it once, normalise
         # it in place rather than expanding the training set a second time.
         n_basis = len(indices)
+        self.timings_ = {}
+        started = time.perf_counter()
         raw = np.empty((X.shape[0], len(specs) * n_basis))
         for rows in self._chunks(X.shape[0], desc="expanding training set"):
             raw_similarities(X[rows], self.basis_items_, measures, raw[rows])
+        self.timings_["similarities"] = time.perf_counter() - started
+        started = time.perf_counter()
         self.basis_gram_ = raw[indices].reshape(n_basis, len(specs), n_basis).transpose(1, 0, 2)
         self.basis_gram_ = np.ascontiguousarray(self.basis_gram_)
+        # Nystroem's one eigendecomposition per measure: the projection is made of it, and the
+        # eigenvalue diagnostics read its eigenvalues instead of solving the problem again.
+        spectra = None
+        self.basis_eigenvalues_ = None
+        if normalization.startswith("nystroem("):
+            spectra = [symmetric_eigenvalues(K) for K in self.basis_gram_]
+            self.basis_eigenvalues_ = np.stack([values for values, _ in spectra])
         self.offset_, self.scale_, self.projection_ = normalization_statistics(
-            raw, len(specs), normalization, self.basis_gram_
+            raw, len(specs), normalization, self.basis_gram_, spectra
         )
-        return self.normalize(raw)
+        del spectra
+        self.timings_["normalization"] = time.perf_counter() - started
+        started = time.perf_counter()
+        self.normalize(raw)
+        self.timings_["projection"] = time.perf_counter() - started
+        return raw
 
     def transform(self, X):
         """Basis-expanded, normalised features.
@@ -518,6 +560,13 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
             The same array, normalised.
         """
         check_is_fitted(self)
+        # Nystroem's affine part is the identity: two passes over the features saved.
+        if not self.offset_.any() and not (self.scale_ != 1.0).any():
+            if self.projection_ is None:
+                return raw
+            for rows in self._chunks(raw.shape[0], desc="projecting"):
+                project_blocks(raw[rows], self.projection_)
+            return raw
         for rows in self._chunks(raw.shape[0], desc="normalising"):
             normalize_features(raw[rows], self.offset_, self.scale_, self.projection_)
         return raw
