@@ -30,8 +30,9 @@ COPY pyproject.toml README.md ./
 COPY service ./service
 COPY training ./training
 # Then cut what serving never reads: pip, setuptools and wheel, the packages' test suites and
-# their compiled bytecode, C headers and Cython sources, and grpcio's CA bundle (for client
-# channels: the server opens none, and the image trusts no CA). (The dependencies' bytecode is kept: a
+# their compiled bytecode, C headers and Cython sources, and the CA bundles of grpcio and certifi
+# (for client channels and requests: the server opens none but the OTLP exporter's, and the image
+# trusts no CA; an HTTPS collector's CA is mounted, OTEL_EXPORTER_OTLP_CERTIFICATE names it). (The dependencies' bytecode is kept: a
 # read-only container could not write it, and would compile every module on each start.)
 RUN /opt/besvm/bin/python -m pip install --quiet --no-index --no-deps --no-build-isolation . \
     && /opt/besvm/bin/python -m pip check \
@@ -40,6 +41,7 @@ RUN /opt/besvm/bin/python -m pip install --quiet --no-index --no-deps --no-build
     && find /opt/besvm/lib -depth -type d \( -name tests -o -name include \) -exec rm -rf {} + \
     && find /opt/besvm/lib -type f \( -name '*.pyx' -o -name '*.pxd' -o -name '*.pxi' -o -name '*.h' \) -delete \
     && rm -f /opt/besvm/lib/python3*/site-packages/grpc/_cython/_credentials/roots.pem \
+        /opt/besvm/lib/python3*/site-packages/certifi/cacert.pem \
     && rm -f /opt/besvm/bin/activate* /opt/besvm/bin/Activate.ps1
 
 # Stage 2: the base and the venv; nothing else.

@@ -15,13 +15,14 @@ REQUEST_TIMEOUT_S and answers what it did, or 202 with its status route while it
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from service.api.dataplane import DataPlane
-from service.api.errors import documented_errors
+from service.api.errors import WorkTimeoutError, documented_errors
 from service.api.jobs import RESTORE, SNAPSHOT, Claim, JobKind
 from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
@@ -143,12 +144,25 @@ async def get_item(request: Request, name: ModelName, item_id: str) -> Response:
     return json_answer(payload, snapshot)
 
 
+Update = TypeVar("Update", bound=BaseModel)
+
+
+async def _read_update(request: Request, body: type[Update]) -> Update:
+    """The update's body; a time out while it is decoded says the update was not applied."""
+    try:
+        return await read_body(request, body)
+    except WorkTimeoutError as error:
+        raise WorkTimeoutError(
+            f"{error}: the update was not applied (its body was still being read); send it again"
+        ) from None
+
+
 @router.post("/items", **_body_doc(CatalogueItemsRequest, CatalogueUpdateResponse))
 async def upsert_items(request: Request, name: ModelName) -> Response:
     """Add items (ids, instances in the model's input shape, optional attributes): projected
     and written as a new shard; an id already in the catalogue is replaced. Answers once the
     new version is on disk and served."""
-    body = await read_body(request, CatalogueItemsRequest)
+    body = await _read_update(request, CatalogueItemsRequest)
     ids = [str(i) for i in body.ids]
     plane = _plane(request)
     limits = plane.attribute_limits
@@ -166,7 +180,7 @@ async def upsert_items(request: Request, name: ModelName) -> Response:
 async def delete_items(request: Request, name: ModelName) -> Response:
     """Remove items by id (tombstones, applied inside the search kernel); ids that are not
     there are listed in ``missing``. Answers once the new version is on disk and served."""
-    body = await read_body(request, CatalogueDeleteRequest)
+    body = await _read_update(request, CatalogueDeleteRequest)
     ids = [str(i) for i in body.ids]
     snapshot, result = await _plane(request).update_catalogue(
         name, len(ids), lambda index, gate: index.delete(ids, gate)
