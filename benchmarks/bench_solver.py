@@ -33,7 +33,8 @@ Shapes (``--shapes``, comma-separated):
 - ``digits``: the embedded set (first 1,000 train), the default measure rbf(gamma=1) on 25
   bases a class;
 - ``text-sensing1``, ``text-sensing2``: fortunes (Debian's packages), ``sensing1(n=150)`` and
-  ``sensing2(n_words=150)`` on 250 bases a class, the README's text settings (sparse designs).
+  ``sensing2(n_words=150)`` on 250 bases a class, the text settings of
+  docs/measurements/results.md (sparse designs).
 - ``shuttle-like``: issue 34's solver stall: 43,500 items of 9 numbers on scales 1 to 100, 7
   classes of 34,108, 37, 132, 6,748, 2,458, 6 and 11 items (one 78% of them, two under 20),
   each class a few tight clusters, separable (1-NN: 100% in 3-fold CV); features as
@@ -161,6 +162,7 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
     """``ours`` reached along C / 100, C / 10, C, each solve warm-started from the one before
     (one thread, the default tolerance): the coefficients, intercepts and the most Newton steps
     of a problem, summed over the rungs."""
+    from service.model.threads import limit_threads
     from training.estimator.solver import (
         TOLERANCE,
         InMemorySquaredHinge,
@@ -171,8 +173,6 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
         problem_signs,
         training_design,
     )
-
-    from service.model.threads import limit_threads
 
     design, shift = training_design(features)
     signs = problem_signs(codes, one_vs_rest_problems(n_classes))

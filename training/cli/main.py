@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from service.model import ModelError
@@ -52,11 +53,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The trainer's progress lines (such as a cluster fit's steps), on standard error unless --quiet.
+_PROGRESS_LINES = logging.StreamHandler()
+_PROGRESS_LINES.setFormatter(logging.Formatter("%(message)s"))
+
+
+def show_progress_lines(show: bool) -> None:
+    """Print the ``training`` loggers' INFO lines on standard error (``show``), or not."""
+    trainer = logging.getLogger("training")
+    trainer.removeHandler(_PROGRESS_LINES)
+    if show:
+        _PROGRESS_LINES.setStream(sys.stderr)
+        trainer.addHandler(_PROGRESS_LINES)
+        trainer.setLevel(logging.INFO)
+        trainer.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
+    show_progress_lines(not getattr(args, "quiet", False))
     try:
         return args.handler(args)
     except (DatasetError, ModelError, ValueError, ClusterError) as error:

@@ -50,7 +50,8 @@ CONCURRENT_REQUESTS_PER_CPU = 64
 # Headers a browser script may read from an answer when CORS is on.
 EXPOSED_HEADERS = ["X-Model-Version", "X-Request-ID", "Retry-After"]
 # Bytes of each request that MAX_BUFFERED_BYTES does not count: a small request never waits on
-# the memory of large ones (the README's bound counts these per connection instead).
+# the memory of large ones (the bound of docs/operating/limits.md#memory counts these per
+# connection instead).
 UNCOUNTED_BYTES = 64 * 1024
 # A body is counted twice as it arrives: the chunks received, and the body joined from them.
 BODY_COPIES = 2
