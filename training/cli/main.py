@@ -53,20 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The trainer's progress lines (such as a cluster fit's steps), on standard error unless --quiet.
-_PROGRESS_LINES = logging.StreamHandler()
-_PROGRESS_LINES.setFormatter(logging.Formatter("%(message)s"))
-
-
-def show_progress_lines(show: bool) -> None:
-    """Print the ``training`` loggers' INFO lines on standard error (``show``), or not."""
+def _progress_lines(show: bool) -> logging.Handler | None:
+    """A handler printing the ``training`` loggers' INFO lines (such as a cluster fit's steps)
+    on this call's standard error (``show``, i.e. no --quiet), attached to them; None if not."""
+    if not show:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
     trainer = logging.getLogger("training")
-    trainer.removeHandler(_PROGRESS_LINES)
-    if show:
-        _PROGRESS_LINES.setStream(sys.stderr)
-        trainer.addHandler(_PROGRESS_LINES)
-        trainer.setLevel(logging.INFO)
-        trainer.propagate = False
+    trainer.addHandler(handler)
+    trainer.setLevel(logging.INFO)
+    trainer.propagate = False
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
-    show_progress_lines(not getattr(args, "quiet", False))
+    # Attached for this command only: the stream it holds may be gone after it (a test's).
+    progress = _progress_lines(not getattr(args, "quiet", False))
     try:
         return args.handler(args)
     except (DatasetError, ModelError, ValueError, ClusterError) as error:
@@ -84,4 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{error.strerror or error}", file=sys.stderr)
     except MemoryError:
         print("error: out of memory: the data is too large for this machine", file=sys.stderr)
+    finally:
+        if progress is not None:
+            logging.getLogger("training").removeHandler(progress)
     return 2
