@@ -15,7 +15,7 @@ Methods:
 - ``ours-tol1e-4``: the same at LinearSVC's default ``tol``, like for like;
 - ``ours-2``: ``n_jobs=2`` (classes in groups side by side), default ``tol``;
 - ``ours-ladder``: the solver along C / 100, C / 10, C, each rung warm-started from the one
-  before (issue 34: on the shuttle-like shape's chosen features fewer Newton steps than cold);
+  before (against cold starts: the Newton steps a warm start saves);
 - ``linearsvc``: ``LinearSVC(C=1, dual=False)`` (liblinear's primal trust-region Newton, the
   same problem; scikit-learn's ``dual="auto"`` picks it where items outnumber features);
 - ``linearsvc-dual``: ``LinearSVC(C=1, dual=True)`` (dual coordinate descent), only on shapes

@@ -33,7 +33,7 @@ from service.api.settings import Settings
 from service.model.threads import worker_environment
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
-# importing its libraries on a busy host (5 s killed them again and again), short because the
+# importing its libraries on a busy host (uvicorn's default, 5 s, is not), short because the
 # supervisor waits this long, restarting nothing meanwhile, on a worker killed as it was pinged
 # (its pipe never reports the end: the supervisor holds the other side too).
 WORKER_HEALTHCHECK_S = 15

@@ -747,8 +747,8 @@ class DataPlane:
 
         Decoding JSON into Python objects holds the interpreter's lock throughout, so more
         threads decode no faster; they only make the event loop wait longer for the lock (each
-        thread that wants it is as likely to get it next): with 128 threads decoding 0.24 MB
-        bodies, /healthz took seconds."""
+        thread that wants it is as likely to get it next), and the probes with it
+        (docs/operating/limits.md)."""
         if size <= self.inline_body_bytes:
             return work()
         self.work.admit()

@@ -167,8 +167,8 @@ class _Deadlines:
     def _start_tls(self, transport: asyncio.Transport, context: ssl.SSLContext) -> None:
         """A TLS connection is one from its first byte: counted toward MAX_CONNECTIONS, under
         HEADER_TIMEOUT_S from then (its handshake included), closed for another at the cap as
-        an idle one is. asyncio's own TLS (``create_server(ssl=...)``) handed it over only once
-        the handshake was done, and held unfinished handshakes for 60 s, uncounted."""
+        an idle one is. asyncio's own TLS (``create_server(ssl=...)``) hands a connection over
+        only once the handshake is done, and holds unfinished handshakes for 60 s, uncounted."""
         self.connections.add(self)
         self.transport = transport
         self._idle_since = time.monotonic()

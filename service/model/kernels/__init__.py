@@ -21,7 +21,7 @@ Each module keeps the same layout: small pure kernels on one pair (or one input 
 both writing into a preallocated output. Accumulators are float64 and everything compiles with
 ``cache=True``. (A driver taking the row kernel as an argument would serve every measure, but
 numba caches such a driver only for an explicit signature, one dtype and layout per kernel:
-without one it recompiled at every process start, 1.5 s per driver.) The search kernel's serial
+without one it would recompile at every process start.) The search kernel's serial
 and parallel drivers are two algorithms (one heap, or a heap per range then a merge), not one
 loop. Callers never pick a driver themselves: :class:`service.model.similarity.
 BoundSimilarity` (measures), :class:`service.model.inputs.transforms.BoundTransform` (HOG),

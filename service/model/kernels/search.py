@@ -17,26 +17,12 @@ costs one compare against the root unless it enters the heap (about ``k ln(N / k
 scores in random order). The parallel driver gives each thread a contiguous range of items with
 its own heap and merges the heaps at the end.
 
-Fused or separate, measured here (N = 1,000,000, A = 256, k = 100, 2 idle cores, numba's ``omp``
-threading layer, medians of 30 calls, a fresh random code each call; the bound is nnz * N * 4
-bytes at the 16 GB/s a numba ``prange`` sum read over the whole catalogue in the same run):
-
-=====  =====  ============  =================  ===================  ======  ============
-nnz    bound  fused (kept)  separate: scores,  separate: scores,    fused,  fused, one
-                            then parallel      then                 serial  row per pass
-                            heaps              ``np.argpartition``
-=====  =====  ============  =================  ===================  ======  ============
-5      1.25   1.81 ms       2.20 ms            13.2 ms              3.16    2.03
-10     2.54   2.69 ms       3.29 ms            14.2 ms              4.82    3.56
-20     5.11   4.54 ms       5.26 ms            15.9 ms              8.28    6.67
-=====  =====  ============  =================  ===================  ======  ============
-
-The fused pass is kept: the separate one writes and rereads 8 bytes of float64 score per item
-on top of what the rows cost, and was 15-22% slower. Reading four rows per pass over the chunk
-buffer (:func:`accumulate_chunk`) was 11-32% faster than one row per pass; testing blocks of
-items against the heap's threshold with a vectorised count (:func:`feed_ascending`) took 28% off
-the selection alone (0.65 to 0.47 ms for 500,000 scores). Chunks of 1,024 to 16,384 items
-timed the same. Warm repeats of one code (its rows may stay in L3) timed the same as fresh codes.
+Scoring and selection are fused: a separate scoring pass would write and reread 8 bytes of
+float64 score per item on top of what the rows cost. Four rows are read per pass over the chunk
+buffer (:func:`accumulate_chunk`), and blocks of items are tested against the heap's threshold
+with one vectorised count (:func:`feed_ascending`). Each of these is faster than its
+alternative, and a search runs near the memory-bandwidth bound
+(docs/measurements/benchmarks.md#the-search-kernels-design-measured has the figures).
 
 **Shards, filters and pages.** A catalogue may be several shards, each its own (A, n_s) array
 (a memory map each), item j of shard s at global position ``offsets[s] + j``. The items are cut
@@ -64,12 +50,10 @@ Serial or parallel is chosen by the catalogue entries read, ``max(nnz, 1) * N``,
 calls are serialised with the similarity drivers' lock,
 :data:`service.model.threads.PARALLEL_REGION` (numba's ``workqueue`` threading layer aborts when
 two threads enter parallel regions at once).
-This module sets no threading layer, and it matters. Measured here with another process
-spinning on one of the 2 cores, at N = 1,000,000 and nnz = 5 / 10 / 20: with ``omp`` (what numba
-picked here) the parallel driver took 21 / 23 / 29 ms against 1.9 / 2.7 / 4.6 ms idle, while the
-serial driver took 2.8 / 13 / 20 ms; with ``workqueue`` the parallel driver took 3.0 / 6.0 /
-8.9 ms loaded and 2.9 / 4.0 / 6.3 ms idle. Scores are assumed finite: a NaN in the catalogue or
-the weights gives an unspecified ranking.
+This module sets no threading layer, and it matters: with ``omp``, a parallel search slows
+several times over while another process holds one of the cores, where ``workqueue`` slows far
+less (docs/measurements/benchmarks.md#threading-layer). Scores are assumed finite: a NaN in the
+catalogue or the weights gives an unspecified ranking.
 """
 
 from collections.abc import Sequence
@@ -90,11 +74,9 @@ CHUNK_ITEMS = 4096
 FEED_BLOCK = 64
 
 # A chunk with at most this fraction of its items allowed by a filter has only those scored
-# (gathers), instead of whole row slices. Measured on 2,000,000 items, 10 non-zeros, the serial
-# driver, medians of 11 (a machine loaded by other work: compare within a row): no filter 26-33
-# ms; allowing 0.1% of the items 0.4-0.5 ms (chunks skipped), 1% 8-12 ms, 2% 19-20 ms, 3% 25-34
-# ms by gathers against 28-36 ms whole; from 3% on whole chunks (with the filter applied as they
-# are fed) cost what no filter costs.
+# (gathers), instead of whole row slices: gathers cost about as much as whole slices from a few
+# percent of the items on, and whole chunks, with the filter applied as they are fed, cost what
+# no filter costs (docs/measurements/benchmarks.md#the-search-kernels-design-measured).
 SPARSE_CHUNK_FRACTION = 1 / 50
 
 # Groups per thread in the parallel driver: a thread slowed by another process holds up less.
@@ -111,7 +93,7 @@ def accumulate_chunk(projected, atoms, weights, lo, hi, buf):
 
     Each row is read as one contiguous slice ``projected[a, lo:hi]``, so the loops vectorise,
     four rows per pass over the buffer (then two, then one for the rest): fewer passes over the
-    buffer and more rows streaming at once were 15-20% faster than one row per pass here.
+    buffer, and more rows streaming at once, than one row per pass.
     Every item sees the same sequence of operations, so equal columns give equal scores.
 
     Parameters
