@@ -48,9 +48,10 @@ from service.api.jobs import DONE, RESTORE, SNAPSHOT, Claim, JobKind, JobRecords
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
-from service.api.registry import ModelRegistry, ModelSnapshot
+from service.api.registry import ModelRegistry
 from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
+from service.api.versions import ModelSnapshot
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
 from service.model.errors import ArtifactChangedError, ArtifactError, brief, located
 from service.model.inputs.words import Vocabulary

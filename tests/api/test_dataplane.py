@@ -13,7 +13,8 @@ from service.api import Settings
 from service.api.dataplane import DataPlane, Placement
 from service.api.errors import OverloadedError
 from service.api.machinery.limits import WorkLimiter
-from service.api.registry import ModelRegistry, Repository
+from service.api.registry import ModelRegistry
+from service.api.repository import Repository
 from service.model import InvalidInputError
 from service.model.search import SearchQuery
 

@@ -26,7 +26,6 @@ from service.api.errors import WorkTimeoutError, documented_errors
 from service.api.jobs import RESTORE, SNAPSHOT, Claim, JobKind
 from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
-from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
     CatalogueDeleteRequest,
     CatalogueInfo,
@@ -44,6 +43,7 @@ from service.api.rest.schemas import (
     SnapshotResponse,
     SnapshotStatus,
 )
+from service.api.versions import ModelSnapshot
 from service.model.search import Filter, UpdateResult
 from service.model.search.snapshots import Snapshot
 

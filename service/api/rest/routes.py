@@ -18,7 +18,6 @@ from service.api.dataplane import MAX_FACET_VALUES, MAX_STRONGEST_ATOMS, DataPla
 from service.api.errors import documented_errors, is_protocol_route
 from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
-from service.api.registry import ModelSnapshot
 from service.api.rest.schemas import (
     AliasRequest,
     AtomResponse,
@@ -36,6 +35,7 @@ from service.api.rest.schemas import (
     VocabularyInfo,
 )
 from service.api.settings import Settings
+from service.api.versions import ModelSnapshot
 from service.model import ModelNotReadyError
 from service.model.errors import located
 from service.model.predictor import Answer
