@@ -10,9 +10,10 @@ import time
 import pytest
 
 from service.api import Settings
-from service.api.dataplane import DataPlane, Placement
+from service.api.dataplane import DataPlane
 from service.api.errors import OverloadedError
 from service.api.machinery.limits import WorkLimiter
+from service.api.placement import Placement
 from service.api.registry import ModelRegistry
 from service.api.repository import Repository
 from service.model import InvalidInputError

@@ -14,7 +14,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from service.api.dataplane import MAX_FACET_VALUES, MAX_STRONGEST_ATOMS, DataPlane
+from service.api.catalogue_plane import MAX_FACET_VALUES
+from service.api.dataplane import MAX_STRONGEST_ATOMS, DataPlane
 from service.api.errors import documented_errors, is_protocol_route
 from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
