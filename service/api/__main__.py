@@ -24,7 +24,8 @@ from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
 from service.api.machinery.auth import PROBE_PATHS, KeyFileError, KeyStore
-from service.api.machinery.connections import ConnectionLimits, limited_config
+from service.api.machinery.connections import ConnectionLimits
+from service.api.machinery.http_protocols import limited_config
 from service.api.machinery.metrics import forget_worker, multiprocess_directory
 from service.api.machinery.observability import logging_config
 from service.api.machinery.payloads import PayloadLogError, check_destination

@@ -43,7 +43,7 @@ from service.model.threads import available_cpus
 
 if TYPE_CHECKING:
     from service.api.dataplane import DataPlane
-    from service.api.registry import ModelSnapshot
+    from service.api.versions import ModelSnapshot
 
 # The file of a model's serving settings, beside its manifest.
 SERVING_FILE = "serving.json"

@@ -56,7 +56,8 @@ from service.model import ModelNotReadyError, NotFoundError
 from service.model.errors import brief
 
 if TYPE_CHECKING:
-    from service.api.registry import ModelEntry, ModelSnapshot
+    from service.api.registry import ModelEntry
+    from service.api.versions import ModelSnapshot
     from service.model.predictor import Answer
 
 logger = logging.getLogger("service.api")

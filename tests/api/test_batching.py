@@ -23,7 +23,8 @@ from service.api.batching import SERVING_FILE, BatchingPolicy
 from service.api.dataplane import DataPlane
 from service.api.errors import WorkTimeoutError
 from service.api.machinery.metrics import Metrics
-from service.api.registry import ModelRegistry, ModelState, Repository
+from service.api.registry import ModelRegistry, ModelState
+from service.api.repository import Repository
 from service.model import InvalidInputError, Predictor
 from tests.api.conftest import server_process
 

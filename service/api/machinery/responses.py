@@ -25,7 +25,7 @@ from service.api.errors import (
 )
 from service.api.machinery.headers import first_header
 from service.api.machinery.limits import DECODED_BYTES_PER_VALUE, HOLD_KEY, json_values
-from service.api.registry import ModelSnapshot
+from service.api.versions import ModelSnapshot
 from service.model.errors import brief
 
 VERSION_HEADER = "x-model-version"
