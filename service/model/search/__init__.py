@@ -73,14 +73,8 @@ from service.model.search.model import (
     feature_space_for,
     search_features,
 )
-from service.model.search.store import (
-    DEFAULT_SHARD_ITEMS,
-    CatalogueUpdate,
-    ShardItems,
-    UpdateResult,
-    build_catalogue,
-    rows_filler,
-)
+from service.model.search.store import DEFAULT_SHARD_ITEMS, CatalogueUpdate, build_catalogue
+from service.model.search.versions import ShardItems, UpdateResult, rows_filler
 
 __all__ = [
     "CATALOGUE_DIR",

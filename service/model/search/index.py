@@ -30,6 +30,7 @@ from service.model.kernels.search import search_many_bytes, search_runs_serially
 from service.model.predictor import Predictor
 from service.model.search.catalogue import Catalogue, Ranking, RankRequest
 from service.model.search.codes import SparseCode, sparse_svm_code
+from service.model.search.copies import NO_PROGRESS, Progress
 from service.model.search.filters import AttributeLimits, Filter
 from service.model.search.layout import catalogue_dir, search_dir
 from service.model.search.model import UnionOfSubspacesModel, prepared_search_features
@@ -40,15 +41,8 @@ from service.model.search.snapshots import (
     restore_model_catalogue,
     snapshot_model_catalogue,
 )
-from service.model.search.store import (
-    NO_PROGRESS,
-    CatalogueUpdate,
-    CommitGate,
-    Progress,
-    UpdateResult,
-    check_ids,
-    rows_filler,
-)
+from service.model.search.store import CatalogueUpdate, CommitGate
+from service.model.search.versions import UpdateResult, check_ids, rows_filler
 
 # Bound on a client code's values and bias: with float32 catalogue entries (at most 3.4e38) and
 # at most A terms, no score can overflow to infinity (which JSON cannot carry).

@@ -10,7 +10,7 @@
                             tombstones-*.npy, negatives-*.npy, shards/<name>/...
 
 A snapshot is taken from the newest version on disk while searches and updates go on: under
-the catalogue's writer lock (:func:`service.model.search.store.catalogue_lock`) the version's
+the catalogue's writer lock (:func:`service.model.search.versions.catalogue_lock`) the version's
 files are hard-linked into a directory beside the catalogue (they are never rewritten in place,
 only unlinked once two newer versions exist), which takes milliseconds; the lock is let go and
 the files are copied from the links at leisure, each hashed as it is read and checked against
@@ -26,7 +26,7 @@ A restore (:func:`restore_snapshot`) first verifies the whole snapshot: the docu
 checksum, every file it lists (present, of its size and sha256), and that it lists every file
 the version's manifests name; a damaged or partial snapshot is refused, the file named, and
 nothing is written. The version is then made the catalogue's newest (see
-:func:`service.model.search.store.restore_version`). Nothing is pickled: the files are the
+:func:`service.model.search.copies.restore_version`). Nothing is pickled: the files are the
 catalogue's own ``.npy`` and JSON.
 """
 
@@ -62,18 +62,17 @@ from service.model.errors import (
     SnapshotRefusedError,
     brief,
 )
-from service.model.search.layout import catalogue_dir, search_dir
-from service.model.search.store import (
+from service.model.search.copies import (
     NO_PROGRESS,
     Progress,
-    UpdateResult,
-    catalogue_lock,
     copy_checked,
     copy_files,
     file_sha256,
     restore_version,
     version_files,
 )
+from service.model.search.layout import catalogue_dir, search_dir
+from service.model.search.versions import UpdateResult, catalogue_lock
 
 SNAPSHOT_MANIFEST = "snapshot.json"
 SNAPSHOT_FORMAT = "besvm-catalogue-snapshot"
@@ -418,7 +417,7 @@ def restore_snapshot(
 ) -> tuple[Snapshot, UpdateResult]:
     """Verify the snapshot at ``snapshot`` (see :func:`read_snapshot`), then make its version
     the newest of the catalogue at ``path`` (see
-    :func:`service.model.search.store.restore_version`), telling ``progress`` of both stages.
+    :func:`service.model.search.copies.restore_version`), telling ``progress`` of both stages.
 
     Raises
     ------
