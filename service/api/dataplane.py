@@ -52,9 +52,9 @@ from service.api.registry import ModelRegistry, ModelSnapshot
 from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
 from service.model import BatchTooLargeError, InvalidInputError, ModelNotReadyError, NotFoundError
+from service.model.answers import Answer, ClassifyCall
 from service.model.errors import ArtifactChangedError, ArtifactError, brief, located
 from service.model.inputs.words import Vocabulary
-from service.model.predictor import Answer, ClassifyCall
 from service.model.search import (
     Catalogue,
     Filter,

@@ -37,8 +37,8 @@ from service.api.rest.schemas import (
 )
 from service.api.settings import Settings
 from service.model import ModelNotReadyError
+from service.model.answers import Answer
 from service.model.errors import located
-from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
 router = APIRouter()
