@@ -10,7 +10,8 @@ from typing import Any, Self
 
 import numpy as np
 
-from service.model.artifact import FORMAT_KEYS, manifest_fields, read_typed_artifact, write_artifact
+from service.model.artifact import FORMAT_KEYS, manifest_fields, read_typed_artifact
+from service.model.artifact_writing import write_artifact
 from service.model.inputs.base import MANIFEST_KEYS
 from service.model.inputs.kinds import input_arrays, read_inputs
 from service.model.similarity import parse_specs

@@ -15,14 +15,12 @@ import numpy as np
 
 from service.model.artifact import (
     MANIFEST_NAME,
-    fsync_directory,
-    install_directory,
-    locked_staging,
     manifest_fields,
     open_regular,
     read_manifest,
     read_typed_artifact,
 )
+from service.model.artifact_writing import fsync_directory, install_directory, locked_staging
 from service.model.errors import ArtifactError, ArtifactIntegrityError
 from service.model.search.catalogue import (
     CATALOGUE_TYPE,

@@ -15,8 +15,8 @@ files are hard-linked into a directory beside the catalogue (they are never rewr
 only unlinked once two newer versions exist), which takes milliseconds; the lock is let go and
 the files are copied from the links at leisure, each hashed as it is read and checked against
 its manifest, into a staging directory beside the snapshot, renamed into place once complete
-(:func:`service.model.artifact.locked_staging`). Where the search model's directory cannot be
-written (a server's read-only mount of the models), no link can be made beside the catalogue:
+(:func:`service.model.artifact_writing.locked_staging`). Where the search model's directory cannot
+be written (a server's read-only mount of the models), no link can be made beside the catalogue:
 the version is then copied while the writer lock is held, so a writer elsewhere (a trainer with
 the same files mounted for writing) waits for the copy. Whatever serves the catalogue, this
 process's memory maps or a cluster's actors, a snapshot is the same files: it reads the disk
@@ -45,14 +45,11 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from service.model.artifact import (
-    MAX_MANIFEST_BYTES,
+from service.model.artifact import MAX_MANIFEST_BYTES, manifest_digest, open_regular, read_manifest
+from service.model.artifact_writing import (
     fsync_directory,
     install_directory,
     locked_staging,
-    manifest_digest,
-    open_regular,
-    read_manifest,
     remove_stale_staging,
 )
 from service.model.errors import (
@@ -378,7 +375,7 @@ _STAGED = re.compile(r"\.(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.(?:tmp|old)
 def remove_unfinished(directory: str | os.PathLike) -> list[Path]:
     """Remove what snapshot writers that died left in ``directory``: their staging
     directories, which no live writer holds locked (see
-    :func:`service.model.artifact.remove_stale_staging`). Returns those removed."""
+    :func:`service.model.artifact_writing.remove_stale_staging`). Returns those removed."""
     directory = Path(directory)
     removed: list[Path] = []
     try:

@@ -3,8 +3,8 @@
 Every change is a new version, written beside the one served: new shards in directories of
 their own (staged, then renamed into ``shards/``), the version's tombstones and negatives in
 files of their own, then the manifest, written beside and renamed over the old one (see
-:func:`service.model.artifact.replace_manifest`). A change returns, and is acknowledged, only
-once all of it is on disk. A process killed at any point leaves the old version or the new one
+:func:`service.model.artifact_writing.replace_manifest`). A change returns, and is acknowledged,
+only once all of it is on disk. A process killed at any point leaves the old version or the new one
 in place, never a mix, and loses no change it acknowledged; what a killed writer left half
 done (staged files, shards no manifest names) is removed by the next writer.
 
@@ -28,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from service.model.artifact import (
-    MANIFEST_NAME,
+from service.model.artifact import MANIFEST_NAME, manifest_digest, read_manifest
+from service.model.artifact_writing import (
     fsync_directory,
     install_directory,
     locked_staging,
-    manifest_digest,
-    read_manifest,
     writing,
 )
 from service.model.errors import ArtifactError, InvalidInputError, ModelError

@@ -17,12 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from service.model.artifact import (
-    FORMAT_KEYS,
-    MANIFEST_NAME,
+from service.model.artifact import FORMAT_KEYS, MANIFEST_NAME, manifest_digest
+from service.model.artifact_writing import (
     complete_manifest,
     fsync_directory,
-    manifest_digest,
     replace_manifest,
     write_array_file,
 )
