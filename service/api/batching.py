@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.model import ArtifactError, ModelNotReadyError
+from service.model.answers import Answer, ClassifyCall
 from service.model.errors import ArtifactChangedError
-from service.model.predictor import Answer, ClassifyCall
 from service.model.threads import available_cpus
 
 if TYPE_CHECKING:

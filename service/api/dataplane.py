@@ -26,9 +26,9 @@ from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
 from service.api.versions import ModelSnapshot
 from service.model import BatchTooLargeError, InvalidInputError, NotFoundError
+from service.model.answers import Answer, ClassifyCall
 from service.model.errors import brief, located
 from service.model.inputs.words import Vocabulary
-from service.model.predictor import Answer, ClassifyCall
 from service.model.search import SearchQuery, SearchResult
 from service.model.search.filters import AttributeLimits
 

@@ -58,7 +58,7 @@ from service.model.errors import brief
 if TYPE_CHECKING:
     from service.api.registry import ModelEntry
     from service.api.versions import ModelSnapshot
-    from service.model.predictor import Answer
+    from service.model.answers import Answer
 
 logger = logging.getLogger("service.api")
 shadow_logger = logging.getLogger("service.api.shadow")

@@ -33,8 +33,8 @@ from service.api.rest.schemas.search import (
 from service.api.settings import Settings
 from service.api.versions import ModelSnapshot
 from service.model import ModelNotReadyError
+from service.model.answers import Answer
 from service.model.errors import located
-from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
 router = APIRouter()

@@ -12,6 +12,11 @@ r"""Every numba kernel of the model, one module per kind of item:
 - :mod:`~service.model.kernels.bof`: the bof transform's descriptors, visual words and pyramid
   counts (images as bags of visual words);
 - :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code;
+  its steps in :mod:`~service.model.kernels.search_scan` (a chunk scored and fed),
+  :mod:`~service.model.kernels.search_heap` (the bounded top-k) and
+  :mod:`~service.model.kernels.search_bitmap` (filters), its drivers in
+  :mod:`~service.model.kernels.search_single` (one query) and
+  :mod:`~service.model.kernels.search_batch` (many queries in one pass);
 - :mod:`~service.model.kernels.l1svm`: the l1 squared-hinge SVM path that learns a code from
   examples (a solver: Newton steps on small dense problems, no parallel driver).
 
