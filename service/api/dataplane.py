@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.batching import Batcher, BatchingPolicy
+from service.api.batching import Batcher
 from service.api.catalogue_plane import CataloguePlane
 from service.api.jobs import Jobs
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
@@ -22,6 +22,7 @@ from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
 from service.api.placement import WorkPlacement
 from service.api.registry import ModelRegistry
+from service.api.serving_file import BatchingPolicy
 from service.api.settings import Settings
 from service.api.traffic import Shadow, ShadowRunner
 from service.api.versions import ModelSnapshot

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from service.api.machinery.limits import WorkLimiter
+from service.api.machinery.metrics import Metrics
 from service.api.registry import ModelRegistry
 from service.api.versions import ModelSnapshot
 from service.model.errors import ArtifactChangedError
@@ -68,6 +69,7 @@ class WorkPlacement:
 
     registry: ModelRegistry
     work: WorkLimiter
+    metrics: Metrics
     inline_budget_s: float
     inline_body_bytes: int
     _costs: weakref.WeakKeyDictionary[ModelSnapshot, dict[str, float]]

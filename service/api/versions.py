@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.api.batching import BatchingPolicy, read_serving_file
+from service.api.serving_file import BatchingPolicy, read_serving_file
 from service.model import ArtifactError, ModelNotReadyError, NotFoundError, Predictor
 from service.model.artifact import manifest_digest
 from service.model.search import SearchIndex, catalogue_dir, search_dir
