@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
+
 from training.estimator.diagnostics import eigen_diagnostics
 from training.estimator.expansion import BasisExpansion
 from training.estimator.solver import training_design
