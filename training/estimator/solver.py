@@ -492,10 +492,11 @@ def minimize_squared_hinge(
 
 
 # Dense designs of at most this many columns (the bias included) are solved by Newton's method
-# with exact steps (ExactNewton); wider ones, and sparse ones, by trust-region Newton-CG. Below
-# it a problem's Hessian (a product of its active rows, BLAS-3) costs no more than a few dozen
-# of the conjugate gradients' Hessian products, and the exact method's steps do not depend on
-# the features' conditioning (docs/measurements/model-selection.md, the solver stall).
+# with exact steps (ExactNewton); wider ones, and sparse ones, by trust-region Newton-CG. Up to
+# about a thousand columns the exact method is as fast on well-conditioned features and many
+# times faster on badly conditioned ones (its steps do not depend on the conditioning); a little
+# wider, on well-conditioned features of many classes, its Hessians already cost more than
+# Newton-CG's products (docs/measurements/model-selection.md, the solver stall, fixed).
 EXACT_NEWTON_MAX_COLUMNS = 1024
 # Rows of the design read at a time for a Hessian (its active rows are copied: 32 MiB at most).
 EXACT_NEWTON_ROWS = 4096
