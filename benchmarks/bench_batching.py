@@ -46,7 +46,8 @@ from serving import HOST, SESSIONS, service_env, serving, session_cpu_seconds
 
 from service.api import Settings
 from service.api.dataplane import DataPlane
-from service.api.registry import ModelRegistry, Repository
+from service.api.registry import ModelRegistry
+from service.api.repository import Repository
 from service.model import Predictor
 from service.model.threads import limit_threads
 from training import BasisExpandingSVC

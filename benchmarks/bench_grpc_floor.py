@@ -1,6 +1,7 @@
 """What grpcio's two server shapes cost a call before any of ours: a trivial ModelInfer (a fixed
-answer, no model, no interceptor) on grpcio's asyncio server (on uvloop, as the service's loop
-was) and on its thread-pool server (with 2, 4 and 8 threads), in the same run.
+answer, no model, no interceptor) on grpcio's asyncio server (on uvloop, the loop uvicorn runs
+the service on where it is installed) and on its thread-pool server (with 2, 4 and 8 threads),
+in the same run.
 
     .venv/bin/python benchmarks/bench_grpc_floor.py [--concurrency 8,64] [--seconds 1.5]
         [--repeats 4]
@@ -9,7 +10,7 @@ Each server is its own process (``python benchmarks/bench_grpc_floor.py --serve 
 PORT``); benchmarks/loadgen.py drives each in turn with the digit message bench_http.py sends,
 --repeats times, and the server's CPU microseconds a call (its process's CPU time over the cell
 by the calls answered) are printed with req/s, medians over repeats. Compare them with REST
-/classify's whole request in bench_http.py (about 200 us on 2 shared cores).
+/classify's whole request in bench_http.py.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Methods:
 - ``ours-exact``: the same with the exact Newton method on every dense design, however wide
   (to place ``EXACT_NEWTON_MAX_COLUMNS``);
 - ``ours-ladder``: Newton-CG along C / 100, C / 10, C, each rung warm-started from the one
-  before (issue 34: on the shuttle-like shape's chosen features fewer Newton steps than cold);
+  before (against cold starts: the Newton steps a warm start saves);
 - ``linearsvc``: ``LinearSVC(C=1, dual=False)`` (liblinear's primal trust-region Newton, the
   same problem; scikit-learn's ``dual="auto"`` picks it where items outnumber features);
 - ``linearsvc-dual``: ``LinearSVC(C=1, dual=True)`` (dual coordinate descent), only on shapes
@@ -37,7 +37,8 @@ Shapes (``--shapes``, comma-separated):
 - ``digits``: the embedded set (first 1,000 train), the default measure rbf(gamma=1) on 25
   bases a class;
 - ``text-sensing1``, ``text-sensing2``: fortunes (Debian's packages), ``sensing1(n=150)`` and
-  ``sensing2(n_words=150)`` on 250 bases a class, the README's text settings (sparse designs).
+  ``sensing2(n_words=150)`` on 250 bases a class, the text settings of
+  docs/measurements/results.md (sparse designs).
 - ``shuttle-like``: issue 34's solver stall: 43,500 items of 9 numbers on scales 1 to 100, 7
   classes of 34,108, 37, 132, 6,748, 2,458, 6 and 11 items (one 78% of them, two under 20),
   each class a few tight clusters, separable (1-NN: 100% in 3-fold CV); features as

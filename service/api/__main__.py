@@ -24,7 +24,8 @@ from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
 from service.api.machinery.auth import PROBE_PATHS, KeyFileError, KeyStore
-from service.api.machinery.connections import ConnectionLimits, limited_config
+from service.api.machinery.connections import ConnectionLimits
+from service.api.machinery.http_protocols import limited_config
 from service.api.machinery.metrics import forget_worker, multiprocess_directory
 from service.api.machinery.observability import logging_config
 from service.api.machinery.payloads import PayloadLogError, check_destination
@@ -33,7 +34,7 @@ from service.api.settings import Settings
 from service.model.threads import worker_environment
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
-# importing its libraries on a busy host (5 s killed them again and again), short because the
+# importing its libraries on a busy host (uvicorn's default, 5 s, is not), short because the
 # supervisor waits this long, restarting nothing meanwhile, on a worker killed as it was pinged
 # (its pipe never reports the end: the supervisor holds the other side too).
 WORKER_HEALTHCHECK_S = 15

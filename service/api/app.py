@@ -31,7 +31,8 @@ from service.api.machinery.tracing import (
 )
 from service.api.protocol import rest as protocol_rest
 from service.api.protocol.grpc import InferenceServicer, drain_on_signals, start_grpc_server
-from service.api.registry import ModelRegistry, Repository, off_loop
+from service.api.registry import ModelRegistry, off_loop
+from service.api.repository import Repository
 from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.search.remote import CatalogueSource, SearchCluster

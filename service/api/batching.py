@@ -29,89 +29,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
-import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from service.model import ArtifactError, ModelNotReadyError
+from service.api.placement import WorkPlacement
+from service.api.serving_file import BatchingPolicy
+from service.api.versions import ModelSnapshot
+from service.model import ModelNotReadyError
+from service.model.answers import Answer, ClassifyCall
 from service.model.errors import ArtifactChangedError
-from service.model.predictor import Answer, ClassifyCall
 from service.model.threads import available_cpus
-
-if TYPE_CHECKING:
-    from service.api.dataplane import DataPlane
-    from service.api.registry import ModelSnapshot
-
-# The file of a model's serving settings, beside its manifest.
-SERVING_FILE = "serving.json"
-# Its largest size: a few settings.
-SERVING_FILE_MAX_BYTES = 64 * 1024
-
-
-@dataclass(frozen=True)
-class BatchingPolicy:
-    """How one model's requests are batched.
-
-    Parameters
-    ----------
-    max_instances : int
-        Most instances computed together; 0 or 1: no batching.
-    max_delay_s : float
-        How long a batch of fewer may wait for more, from its oldest request's arrival.
-    """
-
-    max_instances: int = 0
-    max_delay_s: float = 0.0
-
-    @property
-    def enabled(self) -> bool:
-        return self.max_instances > 1
-
-
-def read_serving_file(model_dir: Path) -> BatchingPolicy | None:
-    """The batching policy of the model at ``model_dir``'s ``serving.json``, or None when it
-    has none (the server's settings apply).
-
-    The file is a JSON object; its ``dynamic_batching`` entry, if any, holds
-    ``max_instances`` (an integer >= 0) and ``max_delay_ms`` (a number >= 0, default 0).
-
-    Raises
-    ------
-    ArtifactError
-        The file cannot be read, or is not of that form: the version is refused, saying why.
-    """
-    path = model_dir / SERVING_FILE
-    try:
-        with open(path, "rb") as file:
-            raw = file.read(SERVING_FILE_MAX_BYTES + 1)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise ArtifactError(f"{path}: cannot be read: {error}") from None
-    if len(raw) > SERVING_FILE_MAX_BYTES:
-        raise ArtifactError(f"{path}: larger than {SERVING_FILE_MAX_BYTES:,} bytes")
-    try:
-        document = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ArtifactError(f"{path}: not JSON: {error}") from None
-    if not isinstance(document, dict):
-        raise ArtifactError(f"{path}: must be a JSON object")
-    batching = document.get("dynamic_batching")
-    if batching is None:
-        return None
-    if not isinstance(batching, dict) or set(batching) - {"max_instances", "max_delay_ms"}:
-        raise ArtifactError(
-            f"{path}: dynamic_batching must be an object of max_instances and max_delay_ms"
-        )
-    instances, delay = batching.get("max_instances", 0), batching.get("max_delay_ms", 0)
-    if type(instances) is not int or instances < 0:
-        raise ArtifactError(f"{path}: dynamic_batching.max_instances must be an integer >= 0")
-    if type(delay) not in (int, float) or not math.isfinite(delay) or delay < 0:
-        raise ArtifactError(f"{path}: dynamic_batching.max_delay_ms must be a number >= 0")
-    return BatchingPolicy(instances, delay / 1000.0)
 
 
 @dataclass(slots=True, eq=False)
@@ -130,13 +58,15 @@ class Batcher:
 
     Parameters
     ----------
-    plane : DataPlane
+    plane : WorkPlacement
         Its work limit, placement, executors and cost estimates; told of each batch's time.
     snapshot : ModelSnapshot
     policy : BatchingPolicy
     """
 
-    def __init__(self, plane: DataPlane, snapshot: ModelSnapshot, policy: BatchingPolicy) -> None:
+    def __init__(
+        self, plane: WorkPlacement, snapshot: ModelSnapshot, policy: BatchingPolicy
+    ) -> None:
         self.plane = plane
         self.snapshot = snapshot
         self.policy = policy

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
-from service.api.rest.schemas import ErrorResponse
+from service.api.rest.schemas.common import ErrorResponse
 from service.model.errors import (
     ArtifactError,
     BatchTooLargeError,

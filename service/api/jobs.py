@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 
 from service.api.errors import JobInProgressError, status_of
 from service.model.errors import ModelError, NotFoundError, brief
+from service.model.search.copies import Progress
 from service.model.search.snapshots import SNAPSHOT_NAME
-from service.model.search.store import Progress
 
 logger = logging.getLogger("service.api.jobs")
 

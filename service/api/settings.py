@@ -145,7 +145,8 @@ class Settings(BaseSettings):
         description="Request bytes this process holds at once, over all requests: bodies as "
         "they arrive (counted twice: the chunks and the joined body) and what they decode into "
         "(MAX_BUFFERED_BYTES). A request beyond it gets 503 with Retry-After; the first 64 KiB "
-        "of each request are not counted. Bounds the process's memory: see the README.",
+        "of each request are not counted. Bounds the process's memory: see "
+        "docs/operating/limits.md#memory.",
     )
     max_json_values: int = Field(
         262_144,

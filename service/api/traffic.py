@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -56,11 +56,24 @@ from service.model import ModelNotReadyError, NotFoundError
 from service.model.errors import brief
 
 if TYPE_CHECKING:
-    from service.api.registry import ModelEntry, ModelSnapshot
-    from service.model.predictor import Answer
+    from service.api.versions import ModelSnapshot
+    from service.model.answers import Answer
 
 logger = logging.getLogger("service.api")
 shadow_logger = logging.getLogger("service.api.shadow")
+
+
+class ModelEntry(Protocol):
+    """What the policies read of a model's entry in the registry
+    (:class:`service.api.registry.ModelEntry`)."""
+
+    @property
+    def snapshot(self) -> ModelSnapshot | None:
+        """The version it serves; None while none is ready."""
+
+    def not_ready_message(self) -> str:
+        """Why it serves no version."""
+
 
 TRAFFIC_FILE_NAME = "traffic.json"
 # Shadow comparisons queued or under way at once; a request beyond them is not shadowed.

@@ -14,143 +14,27 @@ overhead dominates at batch size 1).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from service.model.artifact import (
-    FORMAT_KEYS,
-    manifest_fields,
-    read_typed_artifact,
-    write_artifact,
-)
+from service.model.answers import Answer, Contribution, Explanation
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, SpecError
-from service.model.features import NORMALIZATIONS, expand, raw_similarities
-from service.model.inputs.base import MANIFEST_KEYS, InputKind, join_items
-from service.model.inputs.kinds import input_arrays, read_inputs
+from service.model.features import NORMALIZATIONS, expand
+from service.model.inputs.base import InputKind, join_items
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import InputTransform
 from service.model.inputs.words import Documents, Vocabulary
-from service.model.kernels.scores import affine_rows, top_contributions
-from service.model.similarity import SimilaritySpec, format_spec, parse_specs
-from service.model.threads import (
-    SCORES_BLAS_MIN_MULTIPLY_ADDS,
-    SCORES_BLAS_MIN_SAMPLES,
-    SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS,
-)
-
-MODEL_TYPE = "besvm"
-
-
-@dataclass(slots=True)
-class Answer:
-    """The answer for one instance: the label, the best classes with scores, every class's
-    score in the model's order of classes, and for documents how many of its words the
-    vocabulary knows (0: the model answered an empty document).
-
-    Made for every instance answered: slotted, not frozen (a frozen dataclass sets each field
-    through ``object.__setattr__``, four times the cost of making it)."""
-
-    label: str
-    ranked: list[tuple[str, float]]
-    scores: list[float]
-    known_words: int | None = None
-    explanation: Explanation | None = None
-
-
-@dataclass(slots=True)
-class Contribution:
-    """What one basis item adds to a class's score: over every measure m,
-    ``(raw similarity - offset) * folded weight`` (see :meth:`Predictor.explain`).
-
-    Parameters
-    ----------
-    basis_index : int
-        Its row in the basis.
-    id : int or None
-        Its id as the artifact keeps it (the row of the training set it was chosen from);
-        None for artifacts written before ids were kept.
-    label : str
-        Its class.
-    contribution : float
-        What it adds to the score, the sum of ``measures``.
-    share : float or None
-        ``contribution / (score - intercept)``: the shares of every basis item sum to 1.
-        None when ``score == intercept``.
-    measures : list of float
-        Its contribution through each measure, in the model's order of measures.
-    """
-
-    basis_index: int
-    id: int | None
-    label: str
-    contribution: float
-    share: float | None
-    measures: list[float]
-
-
-@dataclass(slots=True)
-class Explanation:
-    """Why a class got its score: the basis items that added most to it.
-
-    ``score == intercept + sum(item.contribution for item in items) + rest``, up to rounding.
-
-    Parameters
-    ----------
-    label : str
-        The class explained (the predicted one).
-    score : float
-    intercept : float
-        The class's SVM intercept b_k.
-    items : list of Contribution
-        The k items with the largest contributions, largest first.
-    rest : float
-        The contributions of every other basis item, summed.
-    """
-
-    label: str
-    score: float
-    intercept: float
-    items: list[Contribution]
-    rest: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """The explanation as plain data (the service's JSON answers write it so)."""
-        return {
-            "label": self.label,
-            "score": self.score,
-            "intercept": self.intercept,
-            "items": [
-                {
-                    "basis_index": item.basis_index,
-                    "id": item.id,
-                    "label": item.label,
-                    "contribution": item.contribution,
-                    "share": item.share,
-                    "measures": item.measures,
-                }
-                for item in self.items
-            ],
-            "rest": self.rest,
-        }
-
-
-@dataclass(slots=True)
-class ClassifyCall:
-    """One request's part of :meth:`Predictor.classify_many`: what :meth:`Predictor.classify`
-    takes (a caller with a default of its own may hold None in ``top_k`` until it applies
-    it)."""
-
-    instances: Any = None
-    texts: Any = None
-    top_k: int | None = 3
-    explain: int = 0
+from service.model.kernels.scores import top_contributions
+from service.model.predictor_artifact import PredictorArtifact
+from service.model.scoring import Scorer, best_first, check_top_k, rank_classes
+from service.model.similarity import SimilaritySpec, format_spec
+from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 
 
 @dataclass(frozen=True, eq=False)
-class Predictor:
+class Predictor(PredictorArtifact):
     """A Basis Expanding SVM ready to predict.
 
     Parameters
@@ -217,7 +101,7 @@ class Predictor:
         object.__setattr__(self, "_measures", measures)
         object.__setattr__(self, "_scorer", self._build_scorer(measures))
 
-    def _build_scorer(self, measures) -> _Scorer:
+    def _build_scorer(self, measures) -> Scorer:
         """The hot path's plan: the normalisation folded into the weights, and measures that
         are linear in the input folded further into weights on the input."""
         weights, intercept = self._fold_normalization()
@@ -233,7 +117,7 @@ class Predictor:
                 positions.append(m)
             else:
                 on_inputs.append((measure, input_weights))
-        return _Scorer(
+        return Scorer(
             tuple(computed),
             np.ascontiguousarray(np.concatenate(computed_rows)) if computed else None,
             tuple(on_inputs),
@@ -485,7 +369,7 @@ class Predictor:
         -------
         indices, top_scores : ndarray of shape (n_samples, min(k, K))
         """
-        order = _best_first(scores, k)
+        order = best_first(scores, k)
         return order, np.take_along_axis(scores, order, axis=1)
 
     def classify(
@@ -547,7 +431,7 @@ class Predictor:
         valid = []
         for i, call in enumerate(calls):
             try:
-                _check_top_k(call.top_k)
+                check_top_k(call.top_k)
                 valid.append((i, call, *self._parsed(call.instances, call.texts, call.explain)))
             except InvalidInputError as error:
                 outcomes[i] = error
@@ -587,7 +471,7 @@ class Predictor:
         """The answers of one request's ``scores`` (its rows of ``similarities`` and its
         ``items`` for explanations)."""
         rows = scores.tolist()
-        rankings = _rankings(scores, rows, top_k)
+        rankings = rank_classes(scores, rows, top_k)
         known = self.inputs.known_words(batch)
         classes = self.classes
         answers = [
@@ -698,177 +582,5 @@ class Predictor:
             self.decision_function(self.inputs.warm_up_batch(rows))
         self.explain(self.inputs.warm_up_batch(1), 1)
 
-    # -- artifact form ---------------------------------------------------------------------
-
-    def save(self, path: str | os.PathLike, overwrite: bool = False):
-        """Write this model as an artifact directory; see :mod:`service.model.artifact`."""
-        manifest = {
-            "model_type": MODEL_TYPE,
-            "name": self.name,
-            **self.inputs.manifest(),
-            "classes": list(self.classes),
-            "similarities": self.similarity_names,
-            "normalization": self.normalization,
-            **{k: v for k, v in self.metadata.items() if k not in _RESERVED},
-        }
-        arrays = {
-            **self.inputs.arrays(),
-            "basis_labels": self.basis_labels.astype(np.int64),
-            "feature_offset": self.feature_offset,
-            "feature_scale": self.feature_scale,
-            "coef": self.coef,
-            "intercept": self.intercept,
-        }
-        if self.feature_projection is not None:
-            arrays["feature_projection"] = self.feature_projection
-        if self.basis_ids is not None:
-            arrays["basis_ids"] = np.asarray(self.basis_ids, dtype=np.int64)
-        return write_artifact(path, manifest, arrays, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> Predictor:
-        """Load and verify an artifact written by :meth:`save`.
-
-        Raises
-        ------
-        ArtifactError
-            Missing, tampered, truncated, inconsistent or newer-schema artifacts.
-        """
-        artifact = read_typed_artifact(path, MODEL_TYPE, _required_arrays, _RESERVED)
-        m, arrays = artifact.manifest, artifact.arrays
-        with manifest_fields(artifact.path):
-            inputs = read_inputs(m, arrays, artifact.path)
-            specs = parse_specs(m["similarities"])
-            classes = tuple(str(c) for c in m["classes"])
-            normalization = m["normalization"]
-        return cls(
-            name=str(m.get("name", artifact.path.name)),
-            inputs=inputs,
-            classes=classes,
-            specs=specs,
-            normalization=normalization,
-            basis_labels=arrays["basis_labels"],
-            feature_offset=arrays["feature_offset"],
-            feature_scale=arrays["feature_scale"],
-            coef=arrays["coef"],
-            intercept=arrays["intercept"],
-            feature_projection=arrays.get("feature_projection"),
-            basis_ids=arrays.get("basis_ids"),
-            metadata=artifact.metadata,
-        )
-
-
-@dataclass(frozen=True, eq=False)
-class _Scorer:
-    """Scores of prepared items: ``raw similarities @ weights + inputs @ input weights +
-    intercept``, with every normalisation folded in (see :meth:`Predictor._build_scorer`).
-
-    Parameters
-    ----------
-    computed : tuple of BoundSimilarity
-        The measures whose similarities are computed.
-    computed_weights : ndarray of shape (len(computed) * B, K), or None when there are none
-    on_inputs : tuple of (BoundSimilarity, ndarray of shape (d, K))
-        Measures linear in the input, with their weights on the items they read.
-    intercept : ndarray of shape (K,)
-    computed_positions : tuple of int
-        Where each of ``computed`` stands in the model's order of measures.
-    weights : ndarray of shape (M * B, K)
-        The folded weights of every measure, in the model's order (what explanations read).
-    """
-
-    computed: tuple
-    computed_weights: np.ndarray | None
-    on_inputs: tuple
-    intercept: np.ndarray
-    computed_positions: tuple = ()
-    weights: np.ndarray | None = None
-
-    def __call__(self, items, basis) -> np.ndarray:
-        return self.scored(items, basis)[0]
-
-    def scored(self, items, basis) -> tuple[np.ndarray, np.ndarray | None]:
-        """The scores, shape (n_samples, K), and the raw similarities of :attr:`computed`,
-        shape (n_samples, len(computed) * B) (None when none is computed)."""
-        n_samples, n_classes = len(items), self.intercept.shape[0]
-        similarities = None
-        if not self.computed:
-            scores = np.tile(self.intercept, (n_samples, 1))
-        elif (
-            n_samples < SCORES_BLAS_MIN_SAMPLES
-            and n_samples * self.computed_weights.size < SCORES_BLAS_MIN_MULTIPLY_ADDS
-        ):
-            similarities = raw_similarities(items, basis, self.computed)
-            scores = np.empty((n_samples, n_classes))
-            affine_rows(similarities, self.computed_weights, self.intercept, scores)
-        else:
-            similarities = raw_similarities(items, basis, self.computed)
-            scores = similarities @ self.computed_weights
-            scores += self.intercept
-        for measure, input_weights in self.on_inputs:
-            scores += measure.items_of(items) @ input_weights
-        return scores, similarities
-
-    def all_similarities(self, items, basis, computed: np.ndarray | None, measures) -> np.ndarray:
-        """The raw similarities of every measure, shape (n_samples, M * B) in the model's order:
-        those of :attr:`computed` taken from ``computed`` (rows of :meth:`scored`'s), the
-        others (folded into weights on the input) computed here."""
-        if len(self.computed) == len(measures):  # every measure computed, in the model's order
-            return computed
-        n_basis = len(basis)
-        out = np.empty((len(items), len(measures) * n_basis))
-        at = dict(zip(self.computed_positions, range(len(self.computed)), strict=True))
-        for m, measure in enumerate(measures):
-            block = out[:, m * n_basis : (m + 1) * n_basis]
-            if m in at:
-                block[...] = computed[:, at[m] * n_basis : (at[m] + 1) * n_basis]
-            else:
-                measure.compute(basis, items, block)
-        return out
-
-
-# Up to this many scores in a batch, classify ranks them in Python: a sort of a few numbers
-# costs less than the array calls around numpy's (negation, argsort, slice, conversion).
-PYTHON_RANKING_MAX_SCORES = 256
-
-
-def _rankings(scores: np.ndarray, rows: list[list[float]], k: int) -> list[list[int]]:
-    """:func:`_best_first` as lists, one per row of ``scores`` (``rows``: the same as lists):
-    the same order, ties to the lower index."""
-    n_samples, n_classes = scores.shape
-    if n_samples * n_classes > PYTHON_RANKING_MAX_SCORES:
-        return _best_first(scores, k).tolist()
-    _check_top_k(k)
-    columns, kept = range(n_classes), min(k, n_classes)
-    if kept == 1:  # max keeps the first of equal scores, as the stable sort does
-        return [[max(columns, key=row.__getitem__)] for row in rows]
-    # sorted is stable, reverse=True too: equal scores keep their columns' order.
-    return [sorted(columns, key=row.__getitem__, reverse=True)[:kept] for row in rows]
-
-
-def _best_first(scores: np.ndarray, k: int) -> np.ndarray:
-    """Column indices of the ``k`` largest scores of each row, best first (ties: lower index),
-    shape (n_samples, min(k, K))."""
-    _check_top_k(k)
-    if k == 1:  # argmax keeps the first of equal scores, as the stable sort does
-        return scores.argmax(axis=1)[:, None]
-    return np.argsort(-scores, axis=1, kind="stable")[:, : min(k, scores.shape[1])]
-
-
-def _check_top_k(k: int) -> None:
-    if k < 1:
-        raise InvalidInputError(f"top_k must be at least 1, got {k}")
-
-
-def _required_arrays(manifest: dict[str, Any]) -> frozenset[str]:
-    """Every array a BE-SVM artifact with this manifest must hold."""
-    return _ARRAY_NAMES | input_arrays(manifest)
-
-
-_ARRAY_NAMES = frozenset({"basis_labels", "feature_offset", "feature_scale", "coef", "intercept"})
-# Manifest keys the model reads itself (with its input kind's): never metadata.
-_RESERVED = (
-    frozenset({"name", "classes", "similarities", "normalization"}) | MANIFEST_KEYS | FORMAT_KEYS
-)
 
 _FLOAT_ARRAYS = ("feature_offset", "feature_scale", "coef", "intercept")

@@ -30,8 +30,9 @@ from threadpoolctl import threadpool_limits
 # no throughput.
 PARALLEL_REGION = threading.Lock()
 
-# Let LLVM reorder the float64 sums so it can vectorise them (3-4x on the rbf driver here);
-# no flag that assumes finite values: inputs are validated, but a kernel must not rely on it.
+# Let LLVM reorder the float64 sums so it can vectorise them (several times faster on the rbf
+# driver); no flag that assumes finite values: inputs are validated, but a kernel must not rely
+# on it.
 # numba takes a set (not a frozenset) and keeps the object: never mutate it.
 FASTMATH = {"reassoc", "contract"}
 
@@ -49,16 +50,16 @@ SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS = 200_000
 # one matrix product, see service.model.kernels.dense) rather than the serial pair kernels; below it
 # numpy's per-call overheads cost more than the product saves. Work above the parallel threshold
 # still runs in numba's parallel drivers when at least SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
-# numba threads share it: BLAS on one thread is about twice as fast as a pair kernel thread
-# (rbf, 1,000 bases of 64 features, 1,000 inputs: 2.8 against 7.0 ms, benchmarks/bench_classify.py),
-# so two threads only tie.
+# numba threads share it: BLAS on one thread is two to three times as fast as a pair kernel
+# thread (docs/measurements/benchmarks.md#prediction-and-kernels-make-bench), so two threads
+# only tie.
 SIMILARITY_BLAS_MIN_SAMPLES = 16
 SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
 
 # Batches of fewer inputs than this, and of fewer multiply-adds (n_samples * columns * classes)
 # than the second, are scored (similarities times weights) by the compiled loop of
 # service.model.kernels.scores, others by BLAS: for one digit the loop saves numpy's dispatch and
-# BLAS's entry, run cold between requests (12 µs of the model's time in the server); past a few
+# BLAS's entry, run cold between requests, which cost more than the arithmetic; past a few
 # hundred thousand multiply-adds BLAS's blocking wins.
 SCORES_BLAS_MIN_SAMPLES = 16
 SCORES_BLAS_MIN_MULTIPLY_ADDS = 200_000
@@ -68,21 +69,20 @@ SCORES_BLAS_MIN_MULTIPLY_ADDS = 200_000
 DOCUMENT_PAIR_MULTIPLY_ADDS = 32
 
 # The HOG transform (service.model.kernels.hog, BoundTransform.apply): below this many pixel
-# values (n_samples * height * width * channels) a batch runs on the calling thread. The kernels
-# cost about 55 ns a grey pixel (one atan2 and one hypot; colour adds a hypot per channel):
-# 3.4 us an 8 x 8 digit, so this is 32 digits, about 110 us, where a parallel region's start (tens
-# of microseconds idle, far more when another process holds a core) is small beside the work.
-# Measured on 2 idle cores, parallel over serial: 1.8x from 4 digits up.
+# values (n_samples * height * width * channels) a batch runs on the calling thread. A grey pixel
+# costs one atan2 and one hypot (colour adds a hypot per channel), so this is 32 digits of 8 x 8,
+# about a hundred microseconds of work, where a parallel region's start (tens of microseconds
+# idle, far more when another process holds a core) is small beside it
+# (docs/measurements/benchmarks.md#the-kernels-thresholds-measured).
 HOG_PARALLEL_MIN_VALUES = 2_048
 
 # The /search kernel (search_top_k): at or above this many catalogue entries read
 # (max(nnz, 1) * N, float32 each) a search runs in parallel, else on the calling thread. Counted
 # in entries read, not arithmetic, because the search is bound by memory bandwidth (one
 # multiply-add per entry read), which is also why it differs from the similarity threshold.
-# Measured on 2 idle cores (omp layer), parallel over serial: 0.7-1.0x below 50k, about 1.05x at
-# 250k, 1.3-1.5x at 500k, 1.6-2x from 1M up. The threshold sits above break-even because a
-# parallel region is far slower when another process holds a core (see
-# service.model.kernels.search), where the serial driver only shares its own core.
+# On idle cores parallel breaks even near half this; the threshold sits above break-even
+# because a parallel region is far slower when another process holds a core, where the serial
+# driver only shares its own (docs/measurements/benchmarks.md#the-kernels-thresholds-measured).
 SEARCH_PARALLEL_MIN_ENTRIES = 500_000
 
 

@@ -19,11 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.serving import free_port
 from service.api import Settings
-from service.api.batching import SERVING_FILE, BatchingPolicy
 from service.api.dataplane import DataPlane
 from service.api.errors import WorkTimeoutError
 from service.api.machinery.metrics import Metrics
-from service.api.registry import ModelRegistry, ModelState, Repository
+from service.api.registry import ModelRegistry, ModelState
+from service.api.repository import Repository
+from service.api.serving_file import SERVING_FILE, BatchingPolicy
 from service.model import InvalidInputError, Predictor
 from tests.api.conftest import server_process
 

@@ -28,7 +28,7 @@ from fastapi.testclient import TestClient
 
 from service.api import Settings, create_app
 from service.model.search import catalogue_dir, search_dir
-from service.model.search.store import catalogue_lock
+from service.model.search.versions import catalogue_lock
 from tests.api.conftest import server_process, serving
 from tests.api.test_catalogue_api import (
     AUTH,

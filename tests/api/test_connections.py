@@ -17,8 +17,8 @@ import time
 import pytest
 import uvicorn
 
-from service.api.machinery.connections import (
-    ConnectionLimits,
+from service.api.machinery.connections import ConnectionLimits
+from service.api.machinery.http_protocols import (
     HeadWithBody,
     LimitedH11Protocol,
     LimitedHttpToolsProtocol,

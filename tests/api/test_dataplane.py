@@ -10,10 +10,12 @@ import time
 import pytest
 
 from service.api import Settings
-from service.api.dataplane import DataPlane, Placement
+from service.api.dataplane import DataPlane
 from service.api.errors import OverloadedError
 from service.api.machinery.limits import WorkLimiter
-from service.api.registry import ModelRegistry, Repository
+from service.api.placement import Placement
+from service.api.registry import ModelRegistry
+from service.api.repository import Repository
 from service.model import InvalidInputError
 from service.model.search import SearchQuery
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from service.model import Predictor
-from service.model.artifact import exchange_paths, manifest_digest
+from service.model.artifact import manifest_digest
+from service.model.artifact_writing import exchange_paths
 from service.model.search import SearchIndex, SearchQuery, catalogue_dir
 from tests.api.conftest import serving
 from training.cli.main import main

@@ -18,7 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.api.registry import ModelRegistry, ModelState, Repository
+from service.api.registry import ModelRegistry, ModelState
+from service.api.repository import Repository
 from tests.api.conftest import server_process
 
 pytestmark = pytest.mark.slow

@@ -140,13 +140,28 @@ def test_fit_from_the_command_line_on_shards_writes_the_model(
             dask_cluster.scheduler_address,
             "--out",
             str(tmp_path / "model"),
-            "--quiet",
         ]
     )
     assert status == 0
-    assert "3 shards, 900 items" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "3 shards, 900 items" in printed.out
+    # The cluster fit's progress lines reach the command line (they were logged to no handler).
+    assert "cluster fit: features on 80 basis items" in printed.err
     served = Predictor.load(tmp_path / "model")
     np.testing.assert_array_equal(served.predict(X_test), one_process.predict(X_test).astype(str))
+
+    # The shards are never loaded whole: evaluate scores the model on --test-data alone (it
+    # passed the recorded shards to the file reader, a TypeError).
+    X_all, y_all = load_digits(return_X_y=True)
+    np.savez(tmp_path / "test.npz", X=X_all[1000:1300], y=y_all[1000:1300])
+    evaluate = ["evaluate", "--model", str(tmp_path / "model")]
+    assert main([*evaluate, "--test-data", str(tmp_path / "test.npz"), "--repeats", "1"]) == 0
+    printed = capsys.readouterr()
+    accuracy = (served.predict(X_all[1000:1300]) == y_all[1000:1300].astype(str)).mean()
+    assert f"{100 * accuracy:.2f}" in printed.out
+    assert "no training split" in printed.err
+    assert main(evaluate) == 2
+    assert "pass --test-data FILE" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -14,13 +14,8 @@ from service.model import (
     ArtifactVersionError,
     Predictor,
 )
-from service.model.artifact import (
-    SCHEMA_VERSION,
-    exchange_paths,
-    read_artifact,
-    read_typed_artifact,
-    write_artifact,
-)
+from service.model.artifact import SCHEMA_VERSION, read_artifact, read_typed_artifact
+from service.model.artifact_writing import exchange_paths, write_artifact
 
 
 @pytest.fixture
@@ -131,7 +126,7 @@ def test_a_pickled_array_is_never_loaded(model_copy):
     # Even with a matching checksum (an attacker rewrote the manifest), no pickle is unpickled.
     np.save(model_copy / "coef.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
     manifest = _manifest(model_copy)
-    from service.model.artifact import _sha256
+    from service.model.artifact_writing import _sha256
 
     manifest["arrays"]["coef"]["sha256"] = _sha256(model_copy / "coef.npy")
     _write_manifest(model_copy, manifest)
@@ -195,7 +190,8 @@ def test_a_manifest_without_its_input_entry_is_malformed(model_copy):
 
 
 def test_replacing_an_artifact_keeps_readers_memory_maps_and_leaves_no_debris(tmp_path):
-    from service.model.artifact import read_artifact, write_artifact
+    from service.model.artifact import read_artifact
+    from service.model.artifact_writing import write_artifact
 
     path = tmp_path / "model"
     old = np.arange(1000, dtype=np.float32)

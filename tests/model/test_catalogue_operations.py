@@ -24,6 +24,7 @@ from service.model.errors import (
     VersionConflictError,
 )
 from service.model.search import SearchIndex, SearchQuery, catalogue_dir, search_dir
+from service.model.search.copies import Progress
 from service.model.search.snapshots import (
     SNAPSHOT_MANIFEST,
     list_snapshots,
@@ -33,7 +34,6 @@ from service.model.search.snapshots import (
     snapshot_in,
     snapshot_model_catalogue,
 )
-from service.model.search.store import Progress
 from tests.catalogues import SOURCES, attributes_of, rebuild_catalogue
 from training.cli.main import main
 
@@ -448,7 +448,7 @@ def test_a_read_only_catalogue_is_snapshotted_under_the_writers_lock(
 ):
     """No link can be made beside a read-only catalogue (the compose file mounts the models
     read-only): the version is copied under the writer lock instead, the same files."""
-    from service.model.search.store import catalogue_lock
+    from service.model.search.versions import catalogue_lock
 
     taken = snapshot_model_catalogue(read_only_model, tmp_path / "snap")
     assert taken.checksums == snapshot_model_catalogue(model, tmp_path / "rw").checksums

@@ -22,6 +22,7 @@ from service.model.search import (
     search_dir,
 )
 from service.model.search import store as store_module
+from service.model.search import versions as versions_module
 from tests.catalogues import attributes_of, rebuild_catalogue
 
 PREVIOUS = Path(__file__).resolve().parents[1] / "fixtures" / "previous-layout"
@@ -245,7 +246,7 @@ def test_a_writer_killed_before_its_manifest_leaves_the_old_version(
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # stands for SIGKILL between the new shard and its manifest
 
-    monkeypatch.setattr(store_module, "replace_manifest", killed)
+    monkeypatch.setattr(versions_module, "replace_manifest", killed)
     with pytest.raises(KeyboardInterrupt):
         index.upsert(["lost"], image)
     monkeypatch.undo()

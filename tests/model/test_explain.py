@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from service.model import InvalidInputError, Predictor
+from service.model.answers import ClassifyCall
 from service.model.features import NORMALIZATIONS, expand
 from service.model.inputs.spec import InputSpec
-from service.model.predictor import ClassifyCall
 from training.data.datasets import Dataset
 from training.fitting import fit_dataset
 

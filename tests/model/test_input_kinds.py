@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from service.model import ArtifactIntegrityError, InvalidInputError, Predictor, SpecError
-from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
+from service.model.artifact import FORMAT_KEYS, read_artifact
+from service.model.artifact_writing import write_artifact
 from service.model.inputs.dense import MAX_INPUT_DISTANCE, DenseInputs
 from service.model.inputs.documents import DocumentInputs
 from service.model.inputs.kinds import input_kind_for

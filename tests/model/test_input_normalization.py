@@ -12,7 +12,8 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from service.model import ArtifactIntegrityError, Predictor
-from service.model.artifact import FORMAT_KEYS, read_artifact, write_artifact
+from service.model.artifact import FORMAT_KEYS, read_artifact
+from service.model.artifact_writing import write_artifact
 from service.model.inputs.spec import InputSpec
 from tests.api.conftest import serving
 from training.data.datasets import Dataset

@@ -26,7 +26,8 @@ from service.model.kernels import hog as hog_kernels
 from service.model.kernels import inputs as inputs_kernels
 from service.model.kernels import l1svm as l1svm_kernels
 from service.model.kernels import scores as scores_kernels
-from service.model.kernels import search as search_kernels
+from service.model.kernels import search_batch as search_batch_kernels
+from service.model.kernels import search_single as search_single_kernels
 from service.model.kernels import sparse as sparse_kernels
 from service.model.similarity import SIMILARITY_KINDS
 from service.model.threads import SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS
@@ -205,10 +206,10 @@ def serving_drivers() -> list[str]:
     names += [_name(dense_kernels.rbf_exponent_from_products)]  # inside the rbf BLAS driver
     names += [_name(inputs_kernels.all_finite), _name(inputs_kernels.normalize_rows)]
     names += [_name(scores_kernels.affine_rows)]
-    names += [_name(search_kernels.search_shards_serial)]
-    names += [_name(search_kernels.search_shards_parallel)]
-    names += [_name(search_kernels.search_shards_many_serial)]
-    names += [_name(search_kernels.search_shards_many_parallel)]
+    names += [_name(search_single_kernels.search_shards_serial)]
+    names += [_name(search_single_kernels.search_shards_parallel)]
+    names += [_name(search_batch_kernels.search_shards_many_serial)]
+    names += [_name(search_batch_kernels.search_shards_many_parallel)]
     names += [_name(l1svm_kernels.l1_svm_path)]
     names += [_name(hog_kernels.hog_cells), _name(hog_kernels.hog_cells_serial)]
     names += [_name(bof_kernels.bof_words), _name(bof_kernels.bof_words_serial)]

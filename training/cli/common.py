@@ -10,7 +10,7 @@ from pathlib import Path
 
 from service.model import Predictor
 from service.model.search import FEATURE_SPACES
-from training.data.datasets import DIGITS, FORTUNES, load_dataset, with_test_data
+from training.data.datasets import DIGITS, FORTUNES, as_test_set, load_dataset, with_test_data
 from training.data.packaged import PACKAGED_SETS
 from training.data.readers import DatasetError
 
@@ -133,9 +133,26 @@ def load_data(args: argparse.Namespace, default_source=None):
 
 
 def model_dataset(args: argparse.Namespace, predictor: Predictor):
+    """The data set of ``--data``, else the one the model records (with ``--test-data`` as its
+    test split); a model trained on shards, which are never loaded whole, takes ``--test-data``
+    alone as a test set (no training split)."""
     recorded = predictor.metadata.get("training", {}).get("dataset")
     if args.data is None and recorded is None:
         raise DatasetError(f"{args.model} records no training data set: pass --data")
+    if args.data is None and "shards" in recorded:
+        if args.test_data is None:
+            raise DatasetError(
+                f"{args.model} was trained on the shards at {recorded['path']}, which are never "
+                "loaded whole: pass --test-data FILE (or --data FILE)"
+            )
+        return as_test_set(
+            load_dataset(
+                args.test_data,
+                test_fraction=0.0,
+                input_shape=args.input_shape,
+                label_column=args.label_column,
+            )
+        )
     return load_data(args, default_source=recorded)
 
 

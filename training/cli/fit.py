@@ -49,6 +49,11 @@ FIT_OPTIONS = {
     "extra_help": {
         "similarity": "the options that fix what 'auto' chooses need a fixed --similarity",
     },
+    "help_text": {
+        "cluster": "train on a Dask cluster (docs/using/cluster.md): 'local:N' starts N worker "
+        "processes for the fit, an address such as tcp://host:8786 uses a running scheduler; "
+        "each worker expands its own rows, and the model is the one-process fit's",
+    },
 }
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from service.model import ModelError
@@ -52,11 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _progress_lines(show: bool) -> logging.Handler | None:
+    """A handler printing the ``training`` loggers' INFO lines (such as a cluster fit's steps)
+    on this call's standard error (``show``, i.e. no --quiet), attached to them; None if not."""
+    if not show:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    trainer = logging.getLogger("training")
+    trainer.addHandler(handler)
+    trainer.setLevel(logging.INFO)
+    trainer.propagate = False
+    return handler
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
+    # Attached for this command only: the stream it holds may be gone after it (a test's).
+    progress = _progress_lines(not getattr(args, "quiet", False))
     try:
         return args.handler(args)
     except (DatasetError, ModelError, ValueError, ClusterError) as error:
@@ -66,4 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{error.strerror or error}", file=sys.stderr)
     except MemoryError:
         print("error: out of memory: the data is too large for this machine", file=sys.stderr)
+    finally:
+        if progress is not None:
+            logging.getLogger("training").removeHandler(progress)
     return 2

@@ -45,7 +45,14 @@ def parameter_docs(cls: type) -> dict[str, str]:
             docs[name] = []
         elif name is not None and line.strip():
             docs[name].append(line.strip())
-    return {key: " ".join(lines) for key, lines in docs.items()}
+    return {key: plain_text(" ".join(lines)) for key, lines in docs.items()}
+
+
+def plain_text(text: str) -> str:
+    """``text`` without reStructuredText markup: ``` ``code`` ``` as code, a role such as
+    ``:class:`~a.b.C``` as its target's last name."""
+    text = re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", text)
+    return re.sub(r"``([^`]*)``", r"\1", text)
 
 
 def _kind(constraints: list[Any]) -> tuple[type | None, list[str] | None, bool]:
@@ -108,6 +115,7 @@ def add_estimator_arguments(
     defaults: Mapping[str, Any] | None = None,
     default_help: Mapping[str, str] | None = None,
     extra_help: Mapping[str, str] | None = None,
+    help_text: Mapping[str, str] | None = None,
 ) -> list[DerivedOption]:
     """Add one option per parameter of ``cls`` to ``group`` (a parser or an argument group).
 
@@ -128,6 +136,9 @@ def add_estimator_arguments(
         How the help names a default that is no value a user would type (None, -1).
     extra_help : mapping of str to str, optional
         Text appended to a parameter's help.
+    help_text : mapping of str to str, optional
+        A parameter's help in place of its docstring's (where the Python API's words do not
+        fit a command line).
 
     Returns
     -------
@@ -136,7 +147,7 @@ def add_estimator_arguments(
     """
     aliases, defaults = aliases or {}, defaults or {}
     default_help, extra_help = default_help or {}, extra_help or {}
-    docs = parameter_docs(cls)
+    docs = {**parameter_docs(cls), **(help_text or {})}
     constraints = getattr(cls, "_parameter_constraints", {})
     added = []
     for name, parameter in inspect.signature(cls.__init__).parameters.items():

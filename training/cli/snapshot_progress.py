@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from tqdm.auto import tqdm
 
-from service.model.search.store import Progress
+from service.model.search.copies import Progress
 
 
 class ProgressBars(Progress):
-    """A :class:`~service.model.search.store.Progress` shown as tqdm bars.
+    """A :class:`~service.model.search.copies.Progress` shown as tqdm bars.
 
     Parameters
     ----------

@@ -247,7 +247,7 @@ def connect(
                 dashboard_address="127.0.0.1:0",
                 env=_ONE_THREAD,
                 # Each worker imports the fitting code as it starts, in parallel with the
-                # others, rather than inside the fit's first tasks (3 s on 2 cores).
+                # others, rather than inside the fit's first tasks (seconds on a small machine).
                 preload=[WORKER_PRELOAD],
                 timeout=LOCAL_START_TIMEOUT_S,
             )

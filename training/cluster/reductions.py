@@ -9,7 +9,7 @@ from collections.abc import Sequence
 # Partial sums are added in groups of this many per task, level by level, until at most this
 # many are left, which the driver fetches and adds: the driver receives at most this many
 # (n_features + 1) x k blocks a call, however many shards. Each level costs a round trip through
-# the scheduler (15-50 ms measured on a loaded 2-core machine), so few shards skip the tree.
+# the scheduler (tens of milliseconds on a loaded machine), so few shards skip the tree.
 REDUCTION_FAN_IN = 16
 
 

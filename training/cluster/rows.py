@@ -19,8 +19,8 @@ import numpy as np
 from training.cluster.shards import ShardedData, read_shard
 
 # Shards and blocks are cut into row pieces so that each worker thread gets this many (a shard
-# as large as a 20,000-item set on one worker left the other idle), of MIN_PIECE_ROWS rows at
-# least: smaller pieces made a fresh cluster's first fit slower at 1,000-2,000 items.
+# whole on one worker leaves the others idle), of MIN_PIECE_ROWS rows at least: smaller pieces
+# cost a small set's fit more in tasks than they gain in balance.
 PIECES_PER_THREAD = 2
 
 

@@ -69,11 +69,10 @@ logger = logging.getLogger(__name__)
 # on a cluster of one machine, all of them. There it is chosen whenever the features fit
 # ONE_TASK_MEMORY_SHARE of a worker's memory limit (the task holds every block and their
 # concatenation, twice the features), since each product over shards costs a round trip
-# through the scheduler (10-15 ms here) and a fit makes 100-150 of them. Measured, local:2 on
-# 2 cores, B = 1,000, 50,000 items (400 MB): 1.15x one process's time in one task, 1.44x by
-# products. Products use every machine of a larger cluster, so there one task is chosen only
-# up to ONE_TASK_BYTES: on two one-thread workers one task on one thread was still the faster
-# at 400 MB (1.15x against 1.44x, before the task took its machine's threads).
+# through the scheduler and a fit makes 100-150 of them, which costs more than one task's lost
+# parallelism on a small cluster. Products use every machine of a larger cluster, so there one
+# task is chosen only up to ONE_TASK_BYTES, a size at which one task is faster even on one
+# thread (docs/measurements/benchmarks.md, "Cost curves").
 ONE_TASK_BYTES = 512 * 2**20
 ONE_TASK_MEMORY_SHARE = 0.25
 
@@ -173,7 +172,7 @@ class DistributedSquaredHinge(SquaredHingeLoss):
 
     def value_and_gradient(self, W, problems):
         # The (n_features + 1) x k blocks travel inside the tasks: scattering them first costs
-        # another round trip (measured: 50 ms against 30 ms a call).
+        # another round trip through the scheduler, more than the blocks' bytes.
         classes = self.classes[problems]
         states = self.client.map(_evaluate, self.blocks, W=W, classes=classes, C=self.C, pure=False)
         self._remember(states, W, problems)

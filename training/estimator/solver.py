@@ -61,8 +61,8 @@ __all__ = [
 
 # The SVM trains on sparse features when at most this fraction of them differ from their
 # column's median (document measures: most pairs share no word): the solver's products then run
-# several times faster (3.7x at 10% density on 11,000 x 800, one thread), on the same problem
-# up to the intercept, which is folded back exactly.
+# several times faster (docs/measurements/benchmarks.md, "The SVM solver against LinearSVC"), on
+# the same problem up to the intercept, which is folded back exactly.
 SPARSE_TRAINING_DENSITY = 0.25
 # Rows of the sample that tells dense features at once (see training_design).
 DENSITY_SAMPLE_ROWS = 1024
@@ -840,9 +840,10 @@ def fit_one_vs_rest(
     """LinearSVC's one-vs-rest problems (L2-regularised squared hinge, regularised bias), solved
     on the one shared feature matrix by the Newton method chosen for it
     (:func:`newton_method_for`), in ``n_jobs`` threads with one BLAS thread each (BLAS threads
-    spinning on busy cores cost 50x here): Newton-CG's products are each one pass over the items
-    for every class still iterating, its row blocks in the threads; the exact Newton method
-    solves the classes' problems side by side. The one in-memory solve:
+    spin-wait, which slows the products many times over on busy cores): Newton-CG's products
+    are each one pass over the items for every class still iterating, its row blocks in the
+    threads; the exact Newton method solves the classes' problems side by side. The one
+    in-memory solve:
     one process's fit, and a cluster's where the features fit one worker
     (:mod:`training.estimator.distributed_solver`).
 

@@ -29,7 +29,7 @@ from service.model.search import (
 )
 from service.model.search import build_catalogue as store_build_catalogue
 from service.model.search.filters import columns_from_records
-from service.model.search.store import ShardWriter, write_one_shard
+from service.model.search.versions import ShardWriter, write_one_shard
 from training.data.datasets import Dataset
 
 DEFAULT_CHUNK_SIZE = 4096

@@ -11,14 +11,15 @@ from __future__ import annotations
 import time
 
 # The selection's time budget grows with the items it cross-validates: digits (1,000 training
-# images) gets 40 s, a sample of 3,000 items 120 s (docs/how-it-works/model-selection.md has the
-# measurements).
+# images) gets 40 s, a sample of 3,000 items 120 s (docs/how-it-works/model-selection.md;
+# docs/measurements/model-selection.md has what such budgets reach).
 BUDGET_S_PER_1000_ITEMS = 40.0
 
 # The budget counts the fold fits' CPU time per core the selection uses, which other processes'
-# load does not change (at a load average of 20 a fold fit took 10 to 15 times its CPU time in
-# wall time, and a wall-clock budget scored a tenth of the selection); past this many times the
-# budget in wall time the selection stops all the same.
+# load does not change (on a loaded machine a fold fit takes many times its CPU time in wall
+# time, and a wall-clock budget would score a fraction of the selection,
+# docs/measurements/model-selection.md); past this many times the budget in wall time the
+# selection stops all the same.
 WALL_BACKSTOP = 10.0
 
 

@@ -98,12 +98,12 @@ def _score_fold(
     the fit and prediction took (the process's: its numba threads count)."""
     model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
     # A candidate whose features are ill-conditioned (a wide rbf on one dominant feature) can
-    # keep the solver for thousands of iterations (breast cancer, rbf(gamma=1/16), C = 10: 10,000
-    # in 26 s, where others converge in 7 to 400): scored as it stands after FOLD_MAX_ITER.
+    # keep the solver for thousands of iterations, where others converge in hundreds at most:
+    # scored as it stands after FOLD_MAX_ITER.
     model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
     # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
     # threads spin-wait, which costs far more than they save when another process holds a core
-    # (a 75 x 75 eigh took 90 ms with two threads on 2 busy cores, 1 ms with one).
+    # (docs/measurements/model-selection.md#the-selections-constants-measured).
     started = time.process_time()
     with limit_threads(numba_threads=threads, blas_threads=1), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)

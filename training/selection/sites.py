@@ -13,8 +13,8 @@ from service.model.threads import available_cpus
 
 # Selections of fewer numbers than this (items cross-validated times features) run their fold
 # fits in the calling process by default: starting worker processes (importing numpy,
-# scikit-learn, numba) costs more than their fits save, and on 2 cores at a load average of 20
-# it took the whole 40 s budget of wine's selection (one fold fit scored).
+# scikit-learn, numba) costs more than their fits save, and on a loaded machine it can take a
+# small set's whole budget (docs/measurements/model-selection.md#the-selections-constants-measured).
 PROCESSES_FROM_NUMBERS = 100_000
 
 
@@ -22,8 +22,7 @@ def fold_jobs(n_jobs: int | None, numbers: int, spec: InputSpec) -> tuple[int, i
     """Processes for the fold fits and numba threads for each: ``n_jobs`` as given sharing
     the cores, or by default one process per core, except for selections of fewer than
     :data:`PROCESSES_FROM_NUMBERS` numbers (documents never count as few), which run in the
-    calling process on one thread (their fits are too small for a parallel region to pay: on 2
-    loaded cores a wine fit took 0.47 s with two threads, 0.31 s with one)."""
+    calling process on one thread (their fits are too small for a parallel region to pay)."""
     cpus = available_cpus()
     if n_jobs is not None and n_jobs > 0:
         return int(n_jobs), max(1, cpus // int(n_jobs))

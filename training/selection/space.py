@@ -28,30 +28,29 @@ MAX_FEATURES = 1000
 MIN_BASIS_PER_CLASS = 5
 
 # Documents: their measures read sparse tf-idf or word-frequency vectors, cheap per basis item,
-# and accuracy keeps growing with the basis far beyond 1,000 items
-# (docs/measurements/reports/fortunes: from
-# 25 to 250 quotes per class, +6 to +8 points for every measure but sensing0).
+# and accuracy keeps growing with the basis far beyond 1,000 items, for every measure but
+# sensing0 (docs/measurements/results.md#fortunes).
 MAX_DOCUMENT_FEATURES = 6400
 
 # The similarity normalisation for documents. The ``auto`` rule's nystroem(square) for tf-idf
-# linear made the SVM 5x slower on fortunes (50 quotes per class: 85 s against 16 s) for no
-# accuracy (40.1% against 40.3%); the report's fortunes results are all ``besvm``.
+# linear makes the SVM several times slower on fortunes for no accuracy
+# (docs/measurements/model-selection.md#the-selections-constants-measured); the report's
+# fortunes results are all ``besvm``.
 DOCUMENT_NORMALIZATION = "besvm"
 
 # Dense inputs selected on a sample: the basis the folds chose grows with the split (as for
 # documents) up to this many basis items times measures, and to at most MAX_GROWN_SHARE of the
 # training items. The selection's own cap (MAX_FEATURES) bounds what its folds cost; the final fit
-# affords more, and accuracy keeps growing with the basis on large splits (synthetic, 100,000
-# items: 90.55% at B = 1,000, 93.15% at 4,000), but not past a share of the items (10,000
-# items: 83.75% at 1,000, 83.85% at 2,000, 80.15% at 4,000; docs/how-it-works/model-selection.md).
+# affords more, and accuracy keeps growing with the basis on large splits, but not past a share
+# of the items, where the SVM overfits (docs/how-it-works/model-selection.md has the figures).
 MAX_GROWN_FEATURES = 4000
 
 MAX_GROWN_SHARE = 0.2
 
-# The work of a HOG transform per input pixel, in multiply-adds: about 3 µs for an 8 x 8 digit
-# on one thread, where an rbf against 250 bases of 64 numbers (16,000 multiply-adds) takes
-# about 1 µs (docs/how-it-works/model-selection.md). Only compared between candidates (ties go to
-# the cheaper).
+# The work of a HOG transform per input pixel, in multiply-adds: an 8 x 8 digit's transform
+# costs about three times an rbf against 250 bases of 64 numbers (16,000 multiply-adds)
+# (docs/measurements/model-selection.md#the-selections-constants-measured). Only compared
+# between candidates (ties go to the cheaper).
 HOG_WORK_PER_PIXEL = 800.0
 
 START_MEASURE = "rbf(gamma=1)"
@@ -115,7 +114,7 @@ SCALES = {scale.kind: scale for scale in (RBF_SCALE, SENSING_SCALE, RIGID_SCALE)
 C_LADDER = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
 
 # Kernel measures' features are weak one by one when the kernel is narrow, and pay with a larger
-# C (the tuned SVC's best C was 10 to 100 on the sets whose best width was narrow); the linear
+# C (the tuned SVC's best C is 10 to 100 on the sets whose best width is narrow); the linear
 # measure's, with a smaller one.
 COARSE_C = (1.0, 10.0, 100.0)
 
@@ -309,7 +308,7 @@ DOCUMENT_RULES = KindRules(
     max_features=MAX_DOCUMENT_FEATURES,
     grown_max_features=MAX_DOCUMENT_FEATURES,
     grow_unsampled=True,
-    grown_max_share=None,  # measured on fortunes only, where accuracy grew up to the budget
+    grown_max_share=None,  # on fortunes (the document set measured) accuracy grows to the budget
     input_normalizations=(GLOBAL_NORMALIZATION,),  # documents are not input-normalised
     documents=True,
 )

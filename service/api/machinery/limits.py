@@ -50,7 +50,8 @@ CONCURRENT_REQUESTS_PER_CPU = 64
 # Headers a browser script may read from an answer when CORS is on.
 EXPOSED_HEADERS = ["X-Model-Version", "X-Request-ID", "Retry-After"]
 # Bytes of each request that MAX_BUFFERED_BYTES does not count: a small request never waits on
-# the memory of large ones (the README's bound counts these per connection instead).
+# the memory of large ones (the bound of docs/operating/limits.md#memory counts these per
+# connection instead).
 UNCOUNTED_BYTES = 64 * 1024
 # A body is counted twice as it arrives: the chunks received, and the body joined from them.
 BODY_COPIES = 2
@@ -66,8 +67,8 @@ CONNECTION_BYTES = 512 * 1024
 # Where a request's scope carries its RequestHold (for what its decoding adds).
 HOLD_KEY = "besvm.hold"
 # Memory that decoding one JSON value may take at its peak (pydantic's parse tree and the Python
-# objects it builds, then their conversion to arrays): 118 bytes measured for the worst shapes
-# (empty arrays, short strings), with room to spare.
+# objects it builds, then their conversion to arrays): the worst shapes (empty arrays, short
+# strings) take about 120 bytes a value, with room to spare.
 DECODED_BYTES_PER_VALUE = 160
 # Bytes of a body scanned at once when its values are counted outside strings.
 _SCAN_CHUNK = 256 * 1024

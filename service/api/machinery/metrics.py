@@ -44,7 +44,8 @@ MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PREFIX = "besvm"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# From a one-digit /classify (about 50 us in process) to a search learning a code (seconds).
+# From a one-digit /classify (tens of microseconds in process) to a search learning a code
+# (seconds).
 LATENCY_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0, 30.0,

@@ -448,10 +448,9 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 # one wake-up, one format loop and one write for tens of lines, short enough that the event loop
 # never waits long for the interpreter while the writer makes them. Each batch costs the server
 # more in thread switches (the writer taking the interpreter from the loop, and again after its
-# write) than in formatting. Measured on a one-digit request (paired runs, 2 cores): against
-# 5 ms, 10 ms saved 5-7 µs of CPU a request and gave 3-4% more req/s, with the p99 at one
-# client 0.56 against 0.51 ms; 20 ms saved 7-9 µs but its p99 at one client was 0.70 ms; at
-# 50 ms it grew by half.
+# write) than in formatting, so fewer batches save CPU, while a longer gathering raises the p99
+# at one client (docs/measurements/benchmarks-operations.md, "The log writer's thread
+# switches").
 LOG_FLUSH_INTERVAL_S = 0.010
 
 
@@ -467,16 +466,13 @@ class BackgroundStreamHandler(logging.StreamHandler):
     (``logging.shutdown``, at exit) writes what is still queued; a process killed outright
     loses the lines of its last moments.
 
-    Formatting records moved here from the writer thread by measurement: queued records
-    (objects with a dictionary each, a busy server's hundreds of them at a time) rode through
-    the collector's young generations and cost the event loop about 28 µs a request at 8
-    concurrent clients, more than formatting them (the whole access line cost about 48 µs then,
-    20 µs with strings queued; docs/measurements/benchmarks-operations.md). Access lines went back
-    to the
-    writer thread as flat tuples of their values (:meth:`write_later`): nothing for the
-    collector to walk, and formatted hundreds at a time, warm, they cost a fraction of what
-    formatting each one among a request's other work did (about 12 µs of a one-digit request
-    in process, 4 µs in a loop of them).
+    Records are formatted by the thread that logs, not queued: queued records (objects with a
+    dictionary each, a busy server's hundreds of them at a time) would ride through the
+    collector's young generations and cost the event loop more than formatting them. Access
+    lines are the exception, queued as flat tuples of their values (:meth:`write_later`):
+    nothing for the collector to walk, and formatted hundreds at a time on the writer thread,
+    warm, they cost a fraction of what formatting each one among a request's other work would
+    (docs/measurements/benchmarks-operations.md has the figures).
     """
 
     def __init__(self, stream=None, max_pending: int | None = None) -> None:

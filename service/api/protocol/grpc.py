@@ -202,9 +202,9 @@ class CallGate(aio.ServerInterceptor):
     waited for at most ``message_timeout_s`` and counted in the process's
     :class:`MemoryBudget` as it arrives, before it is parsed.
 
-    grpcio's own limit (``maximum_concurrent_rpcs``) took a slot as a call's headers arrived,
-    before anything could look at them, and held it while the message trickled in: 128 calls
-    sending a byte every few seconds, with no key, turned every call away, health included.
+    grpcio's own limit (``maximum_concurrent_rpcs``) takes a slot as a call's headers arrive,
+    before anything can look at them, and holds it while the message trickles in: slow calls
+    without a key, as many as the limit, would turn every call away, health included.
     Here each unary method is served as a stream of one message, so that the handler runs
     before the message is read; a call refused (no valid key, no slot) never has its message
     read, and a slot is held only by a call with a key (when keys are required) and only until
@@ -643,7 +643,7 @@ async def start_grpc_server(
     served = (servicer or InferenceServicer)(plane, policy, metrics, payloads)
     # Each call's message is held by the gRPC library while it arrives, before it can be
     # counted: the calls under way are bounded as the process's work is, by the gate (grpcio's
-    # own bound, maximum_concurrent_rpcs, took its slots before any key was seen).
+    # own bound, maximum_concurrent_rpcs, takes its slots before any key is seen).
     gate = CallGate(budget, served, concurrency_bound(settings), settings.body_timeout_s)
     server = aio.server(interceptors=[gate], options=options)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(served, server)

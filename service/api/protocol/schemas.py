@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeVar
 import orjson
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.api.rest.schemas import VERSION_DESCRIPTION
+from service.api.rest.schemas.common import VERSION_DESCRIPTION
 
 T = TypeVar("T")
 

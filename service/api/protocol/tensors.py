@@ -37,11 +37,12 @@ import orjson
 
 from service.api.protocol.schemas import ProtocolInput, ProtocolRequest
 from service.model import BatchTooLargeError, InvalidInputError
+from service.model.answers import Answer
 from service.model.errors import brief
 from service.model.inputs.base import InputKind
 from service.model.inputs.dense import DenseInputs
 from service.model.inputs.documents import DocumentInputs
-from service.model.predictor import Answer, Predictor
+from service.model.predictor import Predictor
 
 # The numeric datatypes of the protocol, by name: their values are read as this dtype, then
 # computed with in float64.

@@ -24,7 +24,7 @@ from service.api.errors import (
 )
 from service.api.machinery.responses import ModelName, json_answer, read_body
 from service.api.registry import ModelRegistry, ModelState
-from service.api.rest.schemas import (
+from service.api.rest.schemas.admin import (
     AliasInfo,
     AliasList,
     AliasRequest,

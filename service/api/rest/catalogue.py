@@ -26,8 +26,7 @@ from service.api.errors import WorkTimeoutError, documented_errors
 from service.api.jobs import RESTORE, SNAPSHOT, Claim, JobKind
 from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
-from service.api.registry import ModelSnapshot
-from service.api.rest.schemas import (
+from service.api.rest.schemas.catalogue import (
     CatalogueDeleteRequest,
     CatalogueInfo,
     CatalogueItem,
@@ -39,11 +38,12 @@ from service.api.rest.schemas import (
     FacetResponse,
     RestoreResponse,
     RestoreStatus,
-    SearchFilter,
     SnapshotList,
     SnapshotResponse,
     SnapshotStatus,
 )
+from service.api.rest.schemas.search import SearchFilter
+from service.api.versions import ModelSnapshot
 from service.model.search import Filter, UpdateResult
 from service.model.search.snapshots import Snapshot
 

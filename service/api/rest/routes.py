@@ -14,31 +14,27 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from service.api.dataplane import MAX_FACET_VALUES, MAX_STRONGEST_ATOMS, DataPlane
+from service.api.catalogue_plane import MAX_FACET_VALUES
+from service.api.dataplane import MAX_STRONGEST_ATOMS, DataPlane
 from service.api.errors import documented_errors, is_protocol_route
 from service.api.machinery.limits import HOLD_KEY
 from service.api.machinery.responses import ModelName, json_answer, read_body
-from service.api.registry import ModelSnapshot
-from service.api.rest.schemas import (
-    AliasRequest,
+from service.api.rest.schemas.admin import AliasRequest, RepositoryIndexRequest
+from service.api.rest.schemas.classify import ClassifyRequest, ClassifyResponse
+from service.api.rest.schemas.models import Health, ModelInfo, ModelList, VocabularyInfo
+from service.api.rest.schemas.search import (
     AtomResponse,
-    ClassifyRequest,
-    ClassifyResponse,
-    Health,
-    ModelInfo,
-    ModelList,
-    RepositoryIndexRequest,
     SearchBatchRequest,
     SearchBatchResponse,
     SearchBody,
     SearchRequest,
     SearchResponse,
-    VocabularyInfo,
 )
 from service.api.settings import Settings
+from service.api.versions import ModelSnapshot
 from service.model import ModelNotReadyError
+from service.model.answers import Answer
 from service.model.errors import located
-from service.model.predictor import Answer
 from service.model.search import SearchQuery, SearchResult
 
 router = APIRouter()

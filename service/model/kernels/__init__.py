@@ -12,6 +12,11 @@ r"""Every numba kernel of the model, one module per kind of item:
 - :mod:`~service.model.kernels.bof`: the bof transform's descriptors, visual words and pyramid
   counts (images as bags of visual words);
 - :mod:`~service.model.kernels.search`: the top-k scan of a catalogue for a sparse code;
+  its steps in :mod:`~service.model.kernels.search_scan` (a chunk scored and fed),
+  :mod:`~service.model.kernels.search_heap` (the bounded top-k) and
+  :mod:`~service.model.kernels.search_bitmap` (filters), its drivers in
+  :mod:`~service.model.kernels.search_single` (one query) and
+  :mod:`~service.model.kernels.search_batch` (many queries in one pass);
 - :mod:`~service.model.kernels.l1svm`: the l1 squared-hinge SVM path that learns a code from
   examples (a solver: Newton steps on small dense problems, no parallel driver).
 
@@ -21,7 +26,7 @@ Each module keeps the same layout: small pure kernels on one pair (or one input 
 both writing into a preallocated output. Accumulators are float64 and everything compiles with
 ``cache=True``. (A driver taking the row kernel as an argument would serve every measure, but
 numba caches such a driver only for an explicit signature, one dtype and layout per kernel:
-without one it recompiled at every process start, 1.5 s per driver.) The search kernel's serial
+without one it would recompile at every process start.) The search kernel's serial
 and parallel drivers are two algorithms (one heap, or a heap per range then a merge), not one
 loop. Callers never pick a driver themselves: :class:`service.model.similarity.
 BoundSimilarity` (measures), :class:`service.model.inputs.transforms.BoundTransform` (HOG),

@@ -135,9 +135,9 @@ rbf_similarities, rbf_similarities_serial = row_drivers(rbf_similarities, fastma
 # A batch of inputs against the basis is a matrix product: ``X @ basis.T`` for linear, and for
 # rbf the squared distances ``|x|^2 + |b|^2 - 2 x . b`` from it. BLAS's blocked product reuses
 # each loaded value across many pairs, where the pair kernels above load both items per pair, and
-# numpy's exp is vectorised, where numba's calls libm once per value: on one core of this
-# project's machine, rbf on 1,000 bases of 64 features for 1,000 inputs takes 2.8 ms this way
-# against 7.0 ms through rbf_similarities_serial (benchmarks/bench_classify.py).
+# numpy's exp is vectorised, where numba's calls libm once per value: on one core, rbf for a
+# batch takes this way less than half the time of rbf_similarities_serial
+# (benchmarks/bench_classify.py; docs/measurements/benchmarks.md#prediction-and-kernels-make-bench).
 
 
 @numba.njit(cache=True, nogil=True, fastmath=FASTMATH)

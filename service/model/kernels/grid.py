@@ -124,7 +124,7 @@ def _max_dots(basis, copies, spans, floor):
         m0 = m1 = m2 = m3 = floor
         for t in range(spans.shape[0]):
             # Slices, so that the loop index starts at 0: numba wraps an index it cannot prove
-            # non-negative, and LLVM then gathers instead of loading (2.5x slower).
+            # non-negative, and LLVM then gathers instead of loading (several times slower).
             lo, hi = spans[t, 0], spans[t, 1]
             s0 = copies[_SHIFT_TILE * t, lo:hi]
             s1 = copies[_SHIFT_TILE * t + 1, lo:hi]

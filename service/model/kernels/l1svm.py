@@ -22,9 +22,10 @@ condition (:func:`l1_violation`); the model :math:`\tfrac12 d^\top H_{WW} d + g_
 \|w_W + d\|_1` is minimised exactly by feature-sign search (:func:`lasso_qp`, Lee et al.,
 NIPS 2006), and an Armijo line search on :math:`F_C` takes the step. The squared hinge is
 piecewise quadratic, so once the margin-violating samples stop changing a step is exact: 1 to 5
-steps per point of the path on digits. Coordinate descent, liblinear's own method, needed
-10\ :sup:`2` to 10\ :sup:`5` sweeps per point on the same problems (a 64-atom dictionary's
-projections are strongly correlated), which is why scikit-learn's path took 200-600 ms there.
+steps per point of the path on digits. Coordinate descent, liblinear's own method, needs
+hundreds to tens of thousands of sweeps per point on the same problems (a 64-atom dictionary's
+projections are strongly correlated; docs/measurements/benchmarks.md, "Codes from
+examples").
 
 **Path** (:func:`l1_svm_path`): :math:`C_t = C_0 f^t`, each point warm-started from the last,
 keeping the last solution with at most k non-zero weights (the bias not counted), and

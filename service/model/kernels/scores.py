@@ -1,9 +1,10 @@
 r"""The linear layer of a few inputs compiled with numba: their similarities times the folded
 weights, plus the intercepts; and an explanation's contributions of the basis items.
 
-For a batch of one, numpy's product and sum cost a request more than their arithmetic: a
-measured 12 µs of a one-digit request's model in the server (its dispatch, BLAS's entry and the
-addition, each run cold between requests) against under 2 µs here. Larger batches go to BLAS
+For a batch of one, numpy's product and sum cost a request more than their arithmetic (its
+dispatch, BLAS's entry and the addition, each run cold between requests), several times what
+this loop costs (docs/measurements/benchmarks-operations.md, "The model's product"). Larger
+batches go to BLAS
 (:class:`service.model.predictor.Predictor` picks by
 :data:`service.model.threads.SCORES_BLAS_MIN_SAMPLES` and
 :data:`~service.model.threads.SCORES_BLAS_MIN_MULTIPLY_ADDS`).

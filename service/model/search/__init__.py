@@ -37,6 +37,11 @@ catalogue
 store
     Writing versions: :func:`build_catalogue` (a whole build), :class:`CatalogueUpdate`
     (upserts, deletions, compaction), under one writer lock, acknowledged once on disk.
+versions
+    What every writer shares: the writer lock, checked ids, a shard's items, one version's
+    files written.
+copies
+    Whole versions copied file by file against their checksums, and restored.
 filters
     Item attributes and :class:`Filter` (Qdrant's shape), applied in the kernel as bitmaps;
     the counts and facets they allow.
@@ -44,9 +49,11 @@ pages
     :class:`~service.model.search.pages.Cursor`: pages of a ranking within a version.
 snapshots
     Snapshots of a catalogue version (checksummed copies) and their restore.
+queries
+    :class:`SearchQuery`, :class:`SearchResult`: a search as a client asks it, and its answer.
 index
-    :class:`SearchQuery`, :class:`SearchResult`, :class:`SearchIndex` (answers queries, one
-    or a batch, writes updates, takes and restores snapshots).
+    :class:`SearchIndex` (answers queries, one or a batch, writes updates, takes and restores
+    snapshots).
 """
 
 from service.model.search.catalogue import (
@@ -58,13 +65,7 @@ from service.model.search.catalogue import (
 )
 from service.model.search.codes import LEARN_C_FACTOR, LEARN_C_STEPS, SparseCode, sparse_svm_code
 from service.model.search.filters import Filter
-from service.model.search.index import (
-    ITEMS_PER_ATOM,
-    AtomReport,
-    SearchIndex,
-    SearchQuery,
-    SearchResult,
-)
+from service.model.search.index import ITEMS_PER_ATOM, SearchIndex
 from service.model.search.layout import CATALOGUE_DIR, SEARCH_DIR, catalogue_dir, search_dir
 from service.model.search.model import (
     FEATURE_SPACES,
@@ -73,14 +74,9 @@ from service.model.search.model import (
     feature_space_for,
     search_features,
 )
-from service.model.search.store import (
-    DEFAULT_SHARD_ITEMS,
-    CatalogueUpdate,
-    ShardItems,
-    UpdateResult,
-    build_catalogue,
-    rows_filler,
-)
+from service.model.search.queries import AtomReport, SearchQuery, SearchResult
+from service.model.search.store import DEFAULT_SHARD_ITEMS, CatalogueUpdate, build_catalogue
+from service.model.search.versions import ShardItems, UpdateResult, rows_filler
 
 __all__ = [
     "CATALOGUE_DIR",

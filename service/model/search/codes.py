@@ -16,17 +16,9 @@ from service.model.kernels.l1svm import first_entry_c, l1_svm_path
 
 # The regularisation path of learned codes: from the smallest C with a non-zero weight (without
 # class weights: the weighted one is larger), C doubles for at most 7 points (up to 64 times the
-# start). Solved exactly, points beyond fit a few positives too closely: mean top-20 precision on
-# a digits catalogue of the training split, 6 draws of each class's positives, by the last point
-# allowed (chosen there, then measured on the test split by benchmarks/bench_codes.py):
-#
-#   points         5      6      7      8     10     12     24
-#   1 positive   0.926  0.914  0.920  0.909  0.863  0.780  0.600
-#   2 positives  0.954  0.976  0.978  0.972  0.941  0.898  0.825
-#   5 positives  0.988  0.997  0.997  0.996  0.990  0.985  0.984
-#
-# scikit-learn's solver, stopped by its iteration limit on the later points, never reached their
-# exact solutions: it walked 24 points.
+# start). Solved exactly, points beyond fit a few positives too closely: the top-20 precision on
+# a digits catalogue of the training split holds up to 7 points and falls beyond them
+# (docs/measurements/benchmarks.md, "Codes from examples").
 LEARN_C_FACTOR = 2.0
 LEARN_C_STEPS = 7
 # Each point is solved until its summed optimality violation is this fraction of the one at
@@ -87,10 +79,9 @@ def sparse_svm_code(X: np.ndarray, y: np.ndarray, n_nonzero: int) -> SparseCode:
     The path starts at scikit-learn's ``l1_min_c`` (the smallest C at which, without class
     weights, a weight leaves zero) and doubles C for at most :data:`LEARN_C_STEPS` points, each
     warm-started from the last (:func:`service.model.kernels.l1svm.l1_svm_path`); the code is
-    the last point with at most ``n_nonzero`` non-zeros. Pruning one l1 model to 5 non-zeros
-    after the fact was much worse on digits: with 5 positives of each class, the top 20 held
-    72% of the class against 97% along the path (36% against 92% with an untuned dictionary),
-    because the large weights of a dense solution partly cancel each other. Classes are
+    the last point with at most ``n_nonzero`` non-zeros. Pruning one l1 model to a few
+    non-zeros after the fact ranks far worse (docs/measurements/benchmarks.md, "Codes from
+    examples"), because the large weights of a dense solution partly cancel each other. Classes are
     balanced: a few positives face many negatives. Each point solves scikit-learn's
     ``LinearSVC(penalty="l1", dual=False, class_weight="balanced")`` at that C (the bias
     penalised as a feature of value 1, as liblinear does).

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from service.model.artifact import manifest_digest, read_typed_artifact, write_artifact
+from service.model.artifact import manifest_digest, read_typed_artifact
+from service.model.artifact_writing import write_artifact
 from service.model.errors import ArtifactIntegrityError, InvalidInputError, brief
 from service.model.predictor import Predictor
 from service.model.search.codes import SparseCode

@@ -21,14 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from service.model.artifact import (
-    MappedFile,
-    StreamedArray,
-    manifest_digest,
-    manifest_fields,
-    read_typed_artifact,
-    write_artifact,
-)
+from service.model.artifact import MappedFile, manifest_digest, manifest_fields, read_typed_artifact
+from service.model.artifact_writing import StreamedArray, write_artifact
 from service.model.errors import ArtifactChangedError, ArtifactIntegrityError
 from service.model.search.filters import (
     ATTRIBUTE_KINDS,
@@ -240,7 +234,7 @@ def write_shard(
     metadata: dict[str, Any] | None = None,
 ) -> str:
     """Write a shard (staged and renamed into place, see
-    :func:`service.model.artifact.write_artifact`); return its manifest's sha256.
+    :func:`service.model.artifact_writing.write_artifact`); return its manifest's sha256.
 
     Parameters
     ----------

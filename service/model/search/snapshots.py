@@ -10,13 +10,13 @@
                             tombstones-*.npy, negatives-*.npy, shards/<name>/...
 
 A snapshot is taken from the newest version on disk while searches and updates go on: under
-the catalogue's writer lock (:func:`service.model.search.store.catalogue_lock`) the version's
+the catalogue's writer lock (:func:`service.model.search.versions.catalogue_lock`) the version's
 files are hard-linked into a directory beside the catalogue (they are never rewritten in place,
 only unlinked once two newer versions exist), which takes milliseconds; the lock is let go and
 the files are copied from the links at leisure, each hashed as it is read and checked against
 its manifest, into a staging directory beside the snapshot, renamed into place once complete
-(:func:`service.model.artifact.locked_staging`). Where the search model's directory cannot be
-written (a server's read-only mount of the models), no link can be made beside the catalogue:
+(:func:`service.model.artifact_writing.locked_staging`). Where the search model's directory cannot
+be written (a server's read-only mount of the models), no link can be made beside the catalogue:
 the version is then copied while the writer lock is held, so a writer elsewhere (a trainer with
 the same files mounted for writing) waits for the copy. Whatever serves the catalogue, this
 process's memory maps or a cluster's actors, a snapshot is the same files: it reads the disk
@@ -26,7 +26,7 @@ A restore (:func:`restore_snapshot`) first verifies the whole snapshot: the docu
 checksum, every file it lists (present, of its size and sha256), and that it lists every file
 the version's manifests name; a damaged or partial snapshot is refused, the file named, and
 nothing is written. The version is then made the catalogue's newest (see
-:func:`service.model.search.store.restore_version`). Nothing is pickled: the files are the
+:func:`service.model.search.copies.restore_version`). Nothing is pickled: the files are the
 catalogue's own ``.npy`` and JSON.
 """
 
@@ -45,14 +45,11 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from service.model.artifact import (
-    MAX_MANIFEST_BYTES,
+from service.model.artifact import MAX_MANIFEST_BYTES, manifest_digest, open_regular, read_manifest
+from service.model.artifact_writing import (
     fsync_directory,
     install_directory,
     locked_staging,
-    manifest_digest,
-    open_regular,
-    read_manifest,
     remove_stale_staging,
 )
 from service.model.errors import (
@@ -62,18 +59,17 @@ from service.model.errors import (
     SnapshotRefusedError,
     brief,
 )
-from service.model.search.layout import catalogue_dir, search_dir
-from service.model.search.store import (
+from service.model.search.copies import (
     NO_PROGRESS,
     Progress,
-    UpdateResult,
-    catalogue_lock,
     copy_checked,
     copy_files,
     file_sha256,
     restore_version,
     version_files,
 )
+from service.model.search.layout import catalogue_dir, search_dir
+from service.model.search.versions import UpdateResult, catalogue_lock
 
 SNAPSHOT_MANIFEST = "snapshot.json"
 SNAPSHOT_FORMAT = "besvm-catalogue-snapshot"
@@ -379,7 +375,7 @@ _STAGED = re.compile(r"\.(?P<name>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.(?:tmp|old)
 def remove_unfinished(directory: str | os.PathLike) -> list[Path]:
     """Remove what snapshot writers that died left in ``directory``: their staging
     directories, which no live writer holds locked (see
-    :func:`service.model.artifact.remove_stale_staging`). Returns those removed."""
+    :func:`service.model.artifact_writing.remove_stale_staging`). Returns those removed."""
     directory = Path(directory)
     removed: list[Path] = []
     try:
@@ -418,7 +414,7 @@ def restore_snapshot(
 ) -> tuple[Snapshot, UpdateResult]:
     """Verify the snapshot at ``snapshot`` (see :func:`read_snapshot`), then make its version
     the newest of the catalogue at ``path`` (see
-    :func:`service.model.search.store.restore_version`), telling ``progress`` of both stages.
+    :func:`service.model.search.copies.restore_version`), telling ``progress`` of both stages.
 
     Raises
     ------

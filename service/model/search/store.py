@@ -3,8 +3,8 @@
 Every change is a new version, written beside the one served: new shards in directories of
 their own (staged, then renamed into ``shards/``), the version's tombstones and negatives in
 files of their own, then the manifest, written beside and renamed over the old one (see
-:func:`service.model.artifact.replace_manifest`). A change returns, and is acknowledged, only
-once all of it is on disk. A process killed at any point leaves the old version or the new one
+:func:`service.model.artifact_writing.replace_manifest`). A change returns, and is acknowledged,
+only once all of it is on disk. A process killed at any point leaves the old version or the new one
 in place, never a mix, and loses no change it acknowledged; what a killed writer left half
 done (staged files, shards no manifest names) is removed by the next writer.
 
@@ -18,127 +18,48 @@ files until they let go).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
-import hashlib
 import os
 import shutil
 import threading
-import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from service.model.artifact import (
-    FORMAT_KEYS,
-    MANIFEST_NAME,
-    complete_manifest,
+from service.model.artifact import MANIFEST_NAME, manifest_digest, read_manifest
+from service.model.artifact_writing import (
     fsync_directory,
     install_directory,
     locked_staging,
-    manifest_digest,
-    manifest_fields,
-    open_regular,
-    read_manifest,
-    read_typed_artifact,
-    replace_manifest,
-    write_array_file,
     writing,
 )
-from service.model.errors import (
-    ArtifactError,
-    ArtifactIntegrityError,
-    InvalidInputError,
-    ModelError,
-    brief,
-)
+from service.model.errors import ArtifactError, InvalidInputError, ModelError
 from service.model.search.catalogue import (
-    CATALOGUE_TYPE,
     DEFAULT_NEGATIVES,
     SHARDED_LAYOUT,
     SHARDS_DIR,
     Catalogue,
     read_catalogue,
-    sample_live_positions,
 )
-from service.model.search.filters import (
-    NUL,
-    AttributeLimits,
-    Column,
-    NumberColumn,
-    StringColumn,
-    columns_from_records,
-    merged_schema,
+from service.model.search.filters import AttributeLimits, columns_from_records, merged_schema
+from service.model.search.shards import Shard
+from service.model.search.versions import (
+    ShardItems,
+    ShardWriter,
+    UpdateResult,
+    catalogue_lock,
+    check_ids,
+    merged_items,
+    remove_unreferenced,
+    write_one_shard,
+    write_shards_here,
+    write_version,
 )
-from service.model.search.shards import Shard, narrow_strings, write_shard
 
-LOCK_NAME = ".catalogue.lock"
 # Items per shard of a build, and what compaction merges small shards into.
 DEFAULT_SHARD_ITEMS = 1_000_000
-# Longest item id.
-MAX_ID_LENGTH = 512
-# Items copied at a time when shards are merged.
-COPY_CHUNK = 65_536
-# Manifest keys a version writes itself (the rest, such as where the items came from, carry
-# over from version to version).
-_VERSION_KEYS = frozenset(
-    {"model_type", "layout", "version", "n_items", "n_positions", "n_atoms", "shards",
-     "attributes", "search_manifest_sha256", "negatives_seed", "n_negatives", "created",
-     "versions"}
-)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ShardItems:
-    """Items of a shard to write: their ids, what fills their rows, and optional labels and
-    attribute columns.
-
-    Parameters
-    ----------
-    ids : ndarray of shape (n,)
-    fill : callable
-        ``fill(block, start)`` writes ``D^T x`` of items ``start .. start + n_s`` (n_s =
-        ``block.shape[1]``) into the (A, n_s) float32 block: a shard may be written in parts.
-    columns : dict of key to Column
-    labels : ndarray of shape (n,), optional
-    """
-
-    ids: np.ndarray
-    fill: Callable[[np.ndarray, int], None]
-    columns: Mapping[str, Column] = field(default_factory=dict)
-    labels: np.ndarray | None = None
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """What a change did.
-
-    Parameters
-    ----------
-    version : int
-        The version written.
-    n_items : int
-        Live items in it.
-    written : int
-        Items of the new shard (upserts).
-    replaced : int
-        Of them, ids that were in the catalogue (their old copies are removed).
-    deleted : int
-    missing : list of str
-        Ids asked to be deleted that no live item has.
-    n_shards : int
-    """
-
-    version: int
-    n_items: int
-    written: int = 0
-    replaced: int = 0
-    deleted: int = 0
-    missing: list[str] = field(default_factory=list)
-    n_shards: int = 0
 
 
 class ChangeAbandonedError(ModelError):
@@ -172,62 +93,6 @@ class CommitGate:
     def abandon(self) -> bool:
         """Whether the change is abandoned (False: it is committing)."""
         return self._settle("abandon")
-
-
-def rows_filler(rows: np.ndarray) -> Callable[[np.ndarray, int], None]:
-    """A :attr:`ShardItems.fill` for rows already computed, shape (n, A)."""
-
-    def fill(block: np.ndarray, start: int) -> None:
-        block[:] = rows[start : start + block.shape[1]].T
-
-    return fill
-
-
-def check_ids(ids: Sequence[Any], what: str = "ids") -> np.ndarray:
-    """Item ids as strings: non-empty, at most :data:`MAX_ID_LENGTH` characters, without NUL
-    (see :data:`~service.model.search.filters.NUL`), distinct; InvalidInputError naming the
-    first bad one."""
-    texts = [i if isinstance(i, str) else str(i) for i in ids]
-    for i, text in enumerate(texts):
-        if not text:
-            raise InvalidInputError(f"{what}[{i}] is empty: an id has at least one character")
-        if len(text) > MAX_ID_LENGTH:
-            raise InvalidInputError(f"{what}[{i}] is longer than {MAX_ID_LENGTH} characters")
-        if NUL in text:
-            raise InvalidInputError(f"{what}[{i}] holds a NUL character (U+0000): ids hold none")
-    array = narrow_strings(np.asarray(texts, dtype=str)) if texts else np.zeros(0, "<U1")
-    order = np.sort(array)
-    repeated = np.flatnonzero(order[1:] == order[:-1])
-    if repeated.size:
-        raise InvalidInputError(f"{what}: {brief(str(order[repeated[0]]))} is given twice")
-    return array
-
-
-@contextlib.contextmanager
-def catalogue_lock(search_path: str | os.PathLike, reader: bool = False) -> Iterator[None]:
-    """Hold the catalogue's writer lock (exclusive, across processes) inside the block.
-
-    ``reader``: for one that only reads, on a file system it may not write (a server's
-    read-only mount of the models): the lock file is opened for reading (a lock needs no more),
-    and where there is none (no writer ever took the lock there) the block runs without it.
-    """
-    lock = Path(search_path) / LOCK_NAME
-    try:
-        handle = open(lock, "a+b")  # noqa: SIM115
-    except OSError:
-        if not reader:
-            raise
-        try:
-            handle = open(lock, "rb")  # noqa: SIM115
-        except FileNotFoundError:
-            yield
-            return
-    with handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def build_catalogue(
@@ -281,9 +146,6 @@ def build_catalogue(
         )  # fmt: skip
 
 
-ShardWriter = Callable[[Path, Sequence[ShardItems], int], list[tuple[str, str, int]]]
-
-
 def _build_locked(
     path: Path,
     search_path: str | os.PathLike,
@@ -305,7 +167,7 @@ def _build_locked(
         (staging / SHARDS_DIR).mkdir()
         written = write_shards(staging / SHARDS_DIR, shards, n_atoms)
         fsync_directory(staging / SHARDS_DIR)
-        manifest = _write_version(
+        manifest = write_version(
             staging, search_path, 1, n_atoms, written, np.zeros(0, dtype=np.int64), schema,
             n_negatives, seed, metadata,
         )  # fmt: skip
@@ -313,74 +175,6 @@ def _build_locked(
             commit()
         install_directory(staging, path)
     return int(manifest["n_items"])
-
-
-def write_shards_here(
-    directory: Path, shards: Sequence[ShardItems], n_atoms: int
-) -> list[tuple[str, str, int]]:
-    """Write ``shards`` into ``directory``, one after the other; (name, manifest sha256,
-    items) of each."""
-    return [write_one_shard(directory, items, n_atoms) for items in shards]
-
-
-def write_one_shard(directory: Path, items: ShardItems, n_atoms: int) -> tuple[str, str, int]:
-    """Write one shard into ``directory`` under a new name; (name, manifest sha256, items)."""
-    name = f"shard-{uuid.uuid4().hex[:12]}"
-    digest = write_shard(
-        directory / name, n_atoms, items.ids, lambda block: items.fill(block, 0),
-        items.columns, items.labels,
-    )  # fmt: skip
-    return name, digest, len(items.ids)
-
-
-def _write_version(
-    directory: Path,
-    search_path: str | os.PathLike,
-    version: int,
-    n_atoms: int,
-    shards: Sequence[tuple[str, str, int]],
-    tombstones: np.ndarray,
-    schema: Mapping[str, str],
-    n_negatives: int,
-    seed: int,
-    metadata: Mapping[str, Any],
-    commit: Callable[[], None] | None = None,
-    negatives: np.ndarray | None = None,
-) -> dict[str, Any]:
-    """Write a version's files and, last, its manifest into ``directory`` (``commit()`` just
-    before, which may raise to leave the version unwritten); return the manifest. The
-    negatives sample is drawn (``n_negatives``, ``seed``) unless given."""
-    n_positions = sum(n for _, _, n in shards)
-    if negatives is None:
-        negatives = sample_live_positions(n_positions, tombstones, n_negatives, seed)
-    entries = {
-        "tombstones": write_array_file(directory, f"tombstones-{version:06d}.npy", tombstones),
-        "negatives": write_array_file(directory, f"negatives-{version:06d}.npy", negatives),
-    }
-    manifest = complete_manifest(
-        {
-            "model_type": CATALOGUE_TYPE,
-            "layout": SHARDED_LAYOUT,
-            "version": version,
-            "n_items": n_positions - int(tombstones.size),
-            "n_positions": n_positions,
-            "n_atoms": n_atoms,
-            "search_manifest_sha256": manifest_digest(search_path),
-            "negatives_seed": seed,
-            "n_negatives": n_negatives,
-            "attributes": dict(sorted(schema.items())),
-            "shards": [
-                {"name": name, "manifest_sha256": digest, "n_items": n}
-                for name, digest, n in shards
-            ],
-            **{k: v for k, v in metadata.items() if k not in _VERSION_KEYS | FORMAT_KEYS},
-        },
-        entries,
-    )
-    if commit is not None:
-        commit()
-    replace_manifest(directory, manifest)
-    return manifest
 
 
 def _writes(change: Callable[..., UpdateResult]) -> Callable[..., UpdateResult]:
@@ -641,332 +435,11 @@ class CatalogueUpdate:
         assert self.current is not None
         assert self.manifest is not None
         previous = self.manifest
-        manifest = _write_version(
+        manifest = write_version(
             self.path, self.search_path, self.current.version + 1, self.n_atoms, shards,
             tombstones, schema, int(previous.get("n_negatives", DEFAULT_NEGATIVES)),
             int(previous.get("negatives_seed", 0)), previous, self._committing,
         )  # fmt: skip
-        _remove_unreferenced(self.path, [previous, manifest])
+        remove_unreferenced(self.path, [previous, manifest])
         self._stale = True  # read again only if this update goes on (the CLI's several changes)
         return manifest
-
-
-def _remove_unreferenced(path: Path, manifests: Sequence[Mapping[str, Any]]) -> None:
-    """Remove what none of ``manifests`` names: older versions' files and shards, and what a
-    writer killed half-way left (staged files, shards no manifest names)."""
-    files = {MANIFEST_NAME} | {
-        str(entry["file"]) for m in manifests for entry in m.get("arrays", {}).values()
-    }
-    shards = {str(entry["name"]) for m in manifests for entry in m.get("shards", [])}
-    for entry in os.scandir(path):
-        if entry.name == SHARDS_DIR and entry.is_dir():
-            continue
-        if entry.is_dir(follow_symlinks=False):
-            if entry.name.startswith("."):
-                shutil.rmtree(entry.path, ignore_errors=True)
-        elif entry.name not in files:
-            os.unlink(entry.path)
-    shards_dir = path / SHARDS_DIR
-    if shards_dir.is_dir():
-        for entry in os.scandir(shards_dir):
-            if entry.name not in shards:
-                shutil.rmtree(entry.path, ignore_errors=True)
-    fsync_directory(path)
-
-
-# -- copies of whole versions (snapshots, see service.model.search.snapshots) -------------------
-
-# Bytes read at a time when a file is copied and hashed.
-COPY_BLOCK = 1 << 20
-# Largest file a copy reads (a bound on what a damaged copy could make it read, not a limit of
-# catalogues: a shard of 10,000,000 items of 1,024 atoms is 41 GB).
-MAX_COPIED_BYTES = 1 << 40
-
-
-class Progress:
-    """What long work on a version's files (a snapshot, its verification, a restore) reports as
-    it goes: each stage as it begins, with its files and bytes, then the bytes and files done.
-    This one reports nothing; a progress bar or a job's record overrides both methods. Called
-    from the thread that does the work."""
-
-    def begin(self, stage: str, n_files: int, n_bytes: int) -> None:
-        """A stage begins: ``stage`` (a word: copying, verifying, restoring) will read
-        ``n_files`` files of ``n_bytes`` bytes in all."""
-
-    def advance(self, n_bytes: int = 0, n_files: int = 0) -> None:
-        """``n_bytes`` more bytes read, ``n_files`` more files done."""
-
-
-NO_PROGRESS = Progress()
-
-
-def file_sha256(
-    path: Path, max_bytes: int = MAX_COPIED_BYTES, progress: Progress = NO_PROGRESS
-) -> str:
-    """sha256 of a regular file's content, of at most ``max_bytes`` (see
-    :func:`service.model.artifact.open_regular`); the bytes read are told to ``progress``."""
-    digest = hashlib.sha256()
-    with open_regular(path, max_bytes) as handle:
-        while block := handle.read(COPY_BLOCK):
-            digest.update(block)
-            progress.advance(len(block))
-    return digest.hexdigest()
-
-
-def copy_checked(
-    source: Path,
-    target: Path,
-    expected: str | None = None,
-    named: Path | None = None,
-    progress: Progress = NO_PROGRESS,
-) -> tuple[str, int]:
-    """Copy one regular file to ``target`` (which must not exist), synced to disk; return the
-    sha256 and size of what was copied (the bytes read are told to ``progress``).
-
-    Raises
-    ------
-    ArtifactIntegrityError
-        ``expected`` is given and what was read does not hash to it (the message names
-        ``named``, default ``source``; the target is removed).
-    """
-    digest, size = hashlib.sha256(), 0
-    with open_regular(source, MAX_COPIED_BYTES) as reader, open(target, "xb") as writer:
-        while block := reader.read(COPY_BLOCK):
-            digest.update(block)
-            writer.write(block)
-            size += len(block)
-            progress.advance(len(block))
-        writer.flush()
-        os.fsync(writer.fileno())
-    if expected is not None and digest.hexdigest() != expected:
-        target.unlink()
-        raise ArtifactIntegrityError(
-            f"{named or source} does not match its checksum (the file was modified, truncated "
-            "or replaced): refused"
-        )
-    return digest.hexdigest(), size
-
-
-def version_files(path: Path) -> dict[str, str | None]:
-    """Every file of the catalogue version at ``path`` (its manifest, its arrays, each shard's
-    manifest and arrays), by path relative to ``path`` with ``/``, the manifest first; each
-    with the sha256 the manifests record for it (None for the catalogue's manifest itself).
-
-    Raises
-    ------
-    ArtifactError, ArtifactIntegrityError
-        No catalogue there, or a malformed manifest.
-    """
-    manifest = read_manifest(path)
-    files: dict[str, str | None] = {MANIFEST_NAME: None}
-    with manifest_fields(path):
-        files.update(_array_checksums(manifest, ""))
-        shards = manifest.get("shards", []) if manifest.get("layout") == SHARDED_LAYOUT else []
-        named = [(_plain_name(entry["name"]), str(entry["manifest_sha256"])) for entry in shards]
-    for name, digest in named:
-        prefix = f"{SHARDS_DIR}/{name}/"
-        files[prefix + MANIFEST_NAME] = digest
-        shard = read_manifest(path / SHARDS_DIR / name)
-        with manifest_fields(path / SHARDS_DIR / name):
-            files.update(_array_checksums(shard, prefix))
-    return files
-
-
-def _array_checksums(manifest: Mapping[str, Any], prefix: str) -> dict[str, str]:
-    return {
-        prefix + _plain_name(entry["file"]): str(entry["sha256"])
-        for entry in manifest["arrays"].values()
-    }
-
-
-def _plain_name(name: Any) -> str:
-    """A file or directory name of a manifest: plain, never a path or a hidden name."""
-    if not isinstance(name, str) or not name or Path(name).name != name or name.startswith("."):
-        raise ValueError(f"{name!r} is not a plain name")
-    return name
-
-
-def _readable_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest of the catalogue at ``path``, or None where there is none or it cannot be
-    read (a restore replaces such a catalogue whole)."""
-    try:
-        return read_manifest(path)
-    except ArtifactError:
-        return None
-
-
-def restore_version(
-    path: str | os.PathLike,
-    search_path: str | os.PathLike,
-    source: Path,
-    checksums: Mapping[str, str],
-    progress: Progress = NO_PROGRESS,
-) -> UpdateResult:
-    """Make the catalogue version in ``source`` (a whole version's files, each to hash to its
-    entry of ``checksums``) the catalogue at ``path``, under the writer lock; its files, copied
-    or found intact, are told to ``progress`` (stage ``restoring``).
-
-    Over a sharded catalogue it is a new version (the next number): the shards it names that
-    are there and intact are kept, the others copied into ``shards/``, then the version's
-    tombstones, negatives and manifest written (see :func:`_write_version`), so that servers
-    see an ordinary new version and the previous one stays on disk. Where there is no
-    catalogue, one that cannot be read, or either is of the layout before shards, the version
-    is copied whole (staged, then renamed into place) with its own number.
-
-    Parameters
-    ----------
-    path : path-like
-        The catalogue's directory.
-    search_path : path-like
-        The search model's directory (the caller checked the version was built for it).
-    source : Path
-        The version's directory.
-    checksums : mapping of str to str
-        sha256 of each file, by path relative to ``source`` (see :func:`version_files`).
-
-    Raises
-    ------
-    ArtifactIntegrityError
-        A file that does not hash to its checksum (named; nothing is put in place).
-    """
-    path = Path(path)
-    wanted = read_manifest(source)
-    sizes = {rel: os.stat(source / rel).st_size for rel in checksums}
-    progress.begin("restoring", len(sizes), sum(sizes.values()))
-    with catalogue_lock(search_path):
-        current = _readable_manifest(path)
-        sharded = wanted.get("layout") == SHARDED_LAYOUT
-        if current is None or current.get("layout") != SHARDED_LAYOUT or not sharded:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with locked_staging(path) as staging:
-                copy_files(source, staging, checksums, progress=progress)
-                install_directory(staging, path)
-            return UpdateResult(
-                version=int(wanted.get("version", 0)), n_items=int(wanted.get("n_items", 0)),
-                n_shards=len(wanted.get("shards", [])) or 1,
-            )  # fmt: skip
-        (path / SHARDS_DIR).mkdir(exist_ok=True)
-        shards = []
-        with manifest_fields(source):
-            entries = [(_plain_name(e["name"]), str(e["manifest_sha256"]), int(e["n_items"]))
-                       for e in wanted["shards"]]  # fmt: skip
-        for name, digest, n_items in entries:
-            prefix = f"{SHARDS_DIR}/{name}/"
-            files = {
-                rel[len(prefix) :]: sha for rel, sha in checksums.items() if rel.startswith(prefix)
-            }
-            target = path / SHARDS_DIR / name
-            if all(_holds(target / file, sha) for file, sha in files.items()):
-                progress.advance(sum(sizes[prefix + file] for file in files), len(files))
-            else:
-                with locked_staging(target) as staging:
-                    copy_files(source / SHARDS_DIR / name, staging, files, progress=progress)
-                    install_directory(staging, target)
-            shards.append((name, digest, n_items))
-        fsync_directory(path / SHARDS_DIR)
-        artifact = read_typed_artifact(
-            source, CATALOGUE_TYPE, {"negatives", "tombstones"}, {"shards", "attributes"}
-        )
-        with manifest_fields(source):
-            manifest = _write_version(
-                path, search_path, int(current["version"]) + 1, int(wanted["n_atoms"]), shards,
-                artifact.arrays["tombstones"].astype(np.int64), dict(wanted["attributes"]),
-                int(wanted.get("n_negatives", DEFAULT_NEGATIVES)),
-                int(wanted.get("negatives_seed", 0)), wanted,
-                negatives=artifact.arrays["negatives"].astype(np.int64),
-            )  # fmt: skip
-        _remove_unreferenced(path, [current, manifest])
-    # The version's own files (manifest, tombstones, negatives), written rather than copied.
-    written = [rel for rel in sizes if not rel.startswith(f"{SHARDS_DIR}/")]
-    progress.advance(sum(sizes[rel] for rel in written), len(written))
-    return UpdateResult(
-        version=manifest["version"], n_items=manifest["n_items"], n_shards=len(shards)
-    )
-
-
-def _holds(file: Path, sha256: str) -> bool:
-    """Whether ``file`` is there, a regular file whose content hashes to ``sha256``."""
-    try:
-        return file_sha256(file) == sha256
-    except (OSError, ArtifactError):
-        return False
-
-
-def copy_files(
-    source: Path,
-    target: Path,
-    checksums: Mapping[str, str | None],
-    named: Path | None = None,
-    progress: Progress = NO_PROGRESS,
-) -> dict[str, tuple[str, int]]:
-    """Copy the files of ``checksums`` (paths relative to ``source``) into ``target``, each
-    checked against its sha256 (where not None) as it is read (see :func:`copy_checked`; a
-    mismatch names the file under ``named``, default ``source``), then sync the directories;
-    return each file's sha256 and size (the bytes and files told to ``progress``)."""
-    copied = {}
-    directories = {target}
-    for rel, sha256 in checksums.items():
-        destination = target / rel
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        directories.add(destination.parent)
-        named_as = (named or source) / rel
-        copied[rel] = copy_checked(source / rel, destination, sha256, named_as, progress)
-        progress.advance(n_files=1)
-    for directory in sorted(directories, key=lambda d: len(d.parts), reverse=True):
-        fsync_directory(directory)
-    return copied
-
-
-def merged_items(
-    parts: Sequence[tuple[Shard, np.ndarray]], schema: Mapping[str, str]
-) -> ShardItems:
-    """The items at local positions of shards, in order, as one shard's items: rows copied in
-    chunks, ids, labels (if every part has them) and attribute columns."""
-    ids = np.concatenate([shard.ids[positions] for shard, positions in parts])
-    labels = None
-    if all(shard.labels is not None for shard, _ in parts):
-        labels = np.concatenate([shard.labels[positions] for shard, positions in parts])
-    columns: dict[str, Column] = {}
-    for key in sorted({key for shard, _ in parts for key in shard.columns}):
-        column = _merged_column([(shard.columns.get(key), p) for shard, p in parts],
-                                schema.get(key) or _kind(parts, key))  # fmt: skip
-        if column.any_held():  # a key none of these items has any more is left out
-            columns[key] = column
-
-    def fill(block: np.ndarray, start: int) -> None:
-        at = 0
-        for shard, positions in parts:
-            rows = shard.readable()
-            for lo in range(0, len(positions), COPY_CHUNK):
-                chunk = positions[lo : lo + COPY_CHUNK]
-                block[:, at : at + len(chunk)] = rows[:, chunk]
-                at += len(chunk)
-
-    return ShardItems(ids, fill, columns, labels)
-
-
-def _kind(parts: Sequence[tuple[Shard, np.ndarray]], key: str) -> str:
-    return next(shard.columns[key].kind for shard, _ in parts if key in shard.columns)
-
-
-def _merged_column(parts: Sequence[tuple[Column | None, np.ndarray]], kind: str) -> Column:
-    if kind == "number":
-        return NumberColumn(
-            np.concatenate(
-                [np.full(len(p), np.nan) if c is None else c.values[p] for c, p in parts]
-            )
-        )
-    texts, present = [], []
-    for column, positions in parts:
-        if column is None:
-            texts.append(np.full(len(positions), "", dtype="<U1"))
-            present.append(np.zeros(len(positions), dtype=bool))
-            continue
-        codes = column.codes[positions]
-        texts.append(np.where(codes >= 0, column.values[np.maximum(codes, 0)], ""))
-        present.append(codes >= 0)
-    text, held = np.concatenate(texts), np.concatenate(present)
-    values, codes = np.unique(text[held], return_inverse=True)
-    all_codes = np.full(len(text), -1, dtype=np.int32)
-    all_codes[held] = codes
-    return StringColumn(all_codes, narrow_strings(values) if values.size else np.zeros(0, "<U1"))

@@ -5,16 +5,10 @@ import pytest
 
 from service.model import threads
 from service.model.kernels import search as search_kernels
-from service.model.kernels.search import (
-    ShardSet,
-    accumulate_chunk,
-    accumulate_picked,
-    count_allowed,
-    search_shards,
-    search_shards_parallel,
-    search_shards_serial,
-    search_top_k,
-)
+from service.model.kernels.search import ShardSet, search_shards, search_top_k
+from service.model.kernels.search_bitmap import count_allowed
+from service.model.kernels.search_scan import accumulate_chunk, accumulate_picked
+from service.model.kernels.search_single import search_shards_parallel, search_shards_serial
 
 SMALL_CHUNK = 64  # so that a catalogue of a thousand items spans many chunks
 
