@@ -14,7 +14,11 @@ Methods:
 - ``ours``: ``fit_one_vs_rest(n_jobs=1)`` at its default ``tol`` (1e-8, liblinear's rule);
 - ``ours-tol1e-4``: the same at LinearSVC's default ``tol``, like for like;
 - ``ours-2``: ``n_jobs=2`` (classes in groups side by side), default ``tol``;
-- ``ours-ladder``: the solver along C / 100, C / 10, C, each rung warm-started from the one
+- ``ours-cg``: the same with trust-region Newton-CG on every design (the exact Newton method's
+  baseline where ``ours`` picks that; the same as ``ours`` elsewhere);
+- ``ours-exact``: the same with the exact Newton method on every dense design, however wide
+  (to place ``EXACT_NEWTON_MAX_COLUMNS``);
+- ``ours-ladder``: Newton-CG along C / 100, C / 10, C, each rung warm-started from the one
   before (against cold starts: the Newton steps a warm start saves);
 - ``linearsvc``: ``LinearSVC(C=1, dual=False)`` (liblinear's primal trust-region Newton, the
   same problem; scikit-learn's ``dual="auto"`` picks it where items outnumber features);
@@ -41,8 +45,17 @@ Shapes (``--shapes``, comma-separated):
   ``BasisExpandingSVC(rbf(gamma=1), per-feature inputs, 400 a class, nystroem(square))``
   computes them (1,343 basis items). Run it with ``--C 100`` as well as the default 1.
 
+``--default-fit`` measures issue 34's acceptance instead: the default model (``model_for("auto",
+n_jobs=1)``, the command line's ``--similarity auto``) fitted on the shuttle-like set's training
+split (75%, stratified, seed 0), once with the solver's own choice of Newton method (``chosen``)
+and once with trust-region Newton-CG on every design (``newton-cg``, the solver before the exact
+method), each in a child process, the two interleaved ``--repeats`` times. Printed: the whole
+fit's seconds, the search's, the final refit's solver seconds and Newton steps, the configuration
+chosen and the test accuracy.
+
 Run: ``.venv/bin/python benchmarks/bench_solver.py [--shapes rbf-6000,digits] [--repeats 1]
-[--methods ours,linearsvc] [--C 1] [--timeout 1800] [--json out.json]``.
+[--methods ours,linearsvc] [--C 1] [--timeout 1800] [--json out.json]``, or
+``.venv/bin/python benchmarks/bench_solver.py --default-fit [--repeats 1]``.
 """
 
 from __future__ import annotations
@@ -60,7 +73,17 @@ from pathlib import Path
 import numpy as np
 from memory import peak_rss_bytes
 
-METHODS = ("ours", "ours-tol1e-4", "ours-2", "ours-ladder", "linearsvc", "linearsvc-dual")
+METHODS = (
+    "ours",
+    "ours-cg",
+    "ours-exact",
+    "ours-tol1e-4",
+    "ours-2",
+    "ours-ladder",
+    "linearsvc",
+    "linearsvc-dual",
+)
+DEFAULT_FIT_METHODS = ("chosen", "newton-cg")
 DEFAULT_SHAPES = "digits,rbf-6000,curve-1000,curve-10000,text-sensing1"
 
 
@@ -188,12 +211,99 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
     return coef, intercept, int(steps.max())
 
 
+def _exact_newton_up_to(columns: int) -> None:
+    """Make this process's solver use the exact Newton method on dense designs of fewer than
+    ``columns`` columns (0: trust-region Newton-CG on every design, the exact method's
+    baseline), to measure either in the same run."""
+    from training.estimator import solver
+
+    solver.EXACT_NEWTON_MAX_COLUMNS = columns
+
+
+def _default_fit(method: str, out: str) -> None:
+    """The default model fitted once in this process on the shuttle-like training split; the
+    numbers written to ``out``."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.model_selection import train_test_split
+
+    from training.fitting import model_for
+
+    if method == "newton-cg":
+        _exact_newton_up_to(0)
+    X, y = shuttle_like()
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=0.25, random_state=0, stratify=y
+    )
+    model = model_for("auto", n_jobs=1)
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model.fit(X_train, y_train)
+    seconds = time.perf_counter() - started
+    best, chosen = model.best_estimator_, model.best_params_
+    Path(out + ".json").write_text(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "search_seconds": model.seconds_,
+                "refit_solver_seconds": best.timings_["svm_seconds"],
+                "refit_expand_seconds": best.timings_["expand_seconds"],
+                "n_iter": int(best.n_iter_),
+                "accuracy": float(model.score(X_test, y_test)),
+                "warnings": sorted({str(w.message)[:120] for w in caught}),
+                "chosen": ", ".join(
+                    [
+                        chosen["similarity"],
+                        chosen["input_normalization"],
+                        f"{chosen['basis_per_class']} a class",
+                        chosen["normalization"],
+                        f"C {chosen['C']:g}",
+                    ]
+                ),
+            }
+        )
+    )
+
+
+def _default_fits(repeats: int, timeout: float) -> list[dict]:
+    """:func:`_default_fit` for each of :data:`DEFAULT_FIT_METHODS`, interleaved, in children."""
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for repeat in range(repeats):
+            for method in DEFAULT_FIT_METHODS:
+                out = str(Path(scratch) / f"{method}-{repeat}")
+                command = [sys.executable, __file__, "--default-fit-one", method, out]
+                try:
+                    subprocess.run(command, check=True, timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"{method:<10} repeat {repeat}: not done in {timeout:g} s", flush=True)
+                    continue
+                row = {
+                    "method": method,
+                    "repeat": repeat,
+                    **json.loads(Path(out + ".json").read_text()),
+                }
+                rows.append(row)
+                print(
+                    f"{method:<10} fit {row['seconds']:7.1f} s, search "
+                    f"{row['search_seconds']:6.1f} s, refit solver "
+                    f"{row['refit_solver_seconds']:6.1f} s ({row['n_iter']} Newton steps), "
+                    f"expansion {row['refit_expand_seconds']:5.1f} s, test accuracy "
+                    f"{100 * row['accuracy']:.2f}%; {row['chosen']}; warnings: {row['warnings']}",
+                    flush=True,
+                )
+    return rows
+
+
 def _run_one(method: str, path: str, out: str, C: float) -> None:
     """Train once in this process on the features saved at ``path``; write the numbers and the
     test scores to ``out``."""
     from sklearn.svm import LinearSVC
 
     from training.estimator.solver import TOLERANCE, fit_one_vs_rest
+
+    if method in ("ours-cg", "ours-exact"):
+        _exact_newton_up_to(0 if method == "ours-cg" else sys.maxsize)
 
     with np.load(path, allow_pickle=False) as saved:
         F_train, y_train = saved["F_train"], saved["y_train"]
@@ -249,10 +359,24 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per training run")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--C", type=float, default=1.0, help="the SVM's C for every method")
+    parser.add_argument(
+        "--default-fit",
+        action="store_true",
+        help="the default model on the shuttle-like set, each Newton method (issue 34)",
+    )
     parser.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # child: method, data, out
+    parser.add_argument("--default-fit-one", nargs=2, help=argparse.SUPPRESS)  # method, out
     args = parser.parse_args()
     if args.one:
         _run_one(*args.one, args.C)
+        return
+    if args.default_fit_one:
+        _default_fit(*args.default_fit_one)
+        return
+    if args.default_fit:
+        rows = _default_fits(args.repeats, args.timeout)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
         return
     from sklearn.model_selection import train_test_split
 

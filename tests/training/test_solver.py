@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 from scipy.optimize import check_grad
 from sklearn.datasets import make_classification
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.model_selection import train_test_split
 from sklearn.svm import LinearSVC
 
+from training import BasisExpandingSVC
 from training.estimator.solver import (
+    EXACT_NEWTON_MAX_COLUMNS,
+    EXACT_NEWTON_ROWS,
+    ExactNewton,
     InMemorySquaredHinge,
+    TrustRegionNewtonCG,
+    exact_newton,
     fit_one_vs_rest,
     liblinear_tolerance,
     minimize_squared_hinge,
+    newton_method_for,
     one_vs_rest_weights,
+    problem_signs,
     problem_weights,
     training_design,
 )
@@ -233,3 +245,140 @@ def test_problem_weights_undo_one_vs_rest_weights():
     for n_classes, n_problems in ((4, 4), (2, 1)):
         W = rng.standard_normal((6, n_problems))
         np.testing.assert_array_equal(problem_weights(*one_vs_rest_weights(W, n_classes)), W)
+
+
+def _gradient_norms_at_zero(X, signs, C):
+    _, g0 = InMemorySquaredHinge(X, signs, C).value_and_gradient(
+        np.zeros((X.shape[1] + 1, signs.shape[1])), np.arange(signs.shape[1])
+    )
+    return np.linalg.norm(g0, axis=0)
+
+
+@pytest.mark.parametrize("method", [ExactNewton(), TrustRegionNewtonCG()], ids=lambda m: m.name)
+@pytest.mark.parametrize("C", [0.1, 10.0, 1000.0])
+def test_each_newton_method_scores_as_linear_svc(problem, method, C):
+    """Either method, from zero or from another C's solution, is LinearSVC's optimum (liblinear
+    to 1e-10) within what the stopping rules allow."""
+    X, y = problem
+    signs = _signs(y, [0, 1, 2, 3])
+    reference = LinearSVC(C=C, dual=False, tol=1e-10, max_iter=1_000_000).fit(X, y)
+    cold = method.solve(X, signs, C, 1000, 1e-10, None, 1)
+    warm = method.solve(X, signs, C, 1000, 1e-10, cold.W * 0.5, 1)
+    for solution in (cold, warm):
+        assert solution.converged.all()
+        coef, intercept = one_vs_rest_weights(solution.W, 4)
+        np.testing.assert_allclose(
+            X @ coef.T + intercept, reference.decision_function(X), rtol=1e-5, atol=1e-5
+        )
+
+
+def test_exact_newton_and_newton_cg_reach_the_same_optimum(problem):
+    """f is 1-strongly convex, so two points whose gradients are below the stopping norms lie
+    within their sum of each other; the exact method takes fewer steps."""
+    X, y = problem
+    signs = _signs(y, [0, 1, 2, 3])
+    tolerance = 1e-8
+    exact = exact_newton(X, signs, 3.0, 1000, tolerance)
+    newton_cg = minimize_squared_hinge(InMemorySquaredHinge(X, signs, 3.0), 1000, tolerance)
+    assert exact.converged.all()
+    assert newton_cg.converged.all()
+    bound = 2 * tolerance * _gradient_norms_at_zero(X, signs, 3.0)
+    assert (np.linalg.norm(exact.W - newton_cg.W, axis=0) <= bound + 1e-12).all()
+    assert exact.n_iter.max() < newton_cg.n_iter.max()
+
+
+@pytest.mark.parametrize("classes", [[0, 1, 2, 3], [1]])
+def test_exact_newton_does_not_depend_on_the_threads(classes):
+    """Problems side by side (four), or one problem's Hessians over blocks of rows in threads
+    (more blocks than threads), to the bit."""
+    X, y = make_classification(
+        n_samples=3 * EXACT_NEWTON_ROWS + 100,
+        n_features=20,
+        n_classes=4,
+        n_informative=6,
+        random_state=1,
+    )
+    signs = _signs(y, classes)
+    one = exact_newton(X, signs, 1.0, 1000, n_threads=1)
+    two = exact_newton(X, signs, 1.0, 1000, n_threads=2)
+    assert one.converged.all()
+    np.testing.assert_array_equal(one.W, two.W)
+    np.testing.assert_array_equal(one.n_iter, two.n_iter)
+
+
+def test_exact_newton_reports_a_problem_stopped_at_max_iter(problem):
+    X, y = problem
+    signs = _signs(y, [0, 1, 2, 3])
+    stopped = exact_newton(X, signs, 100.0, 1)
+    assert not stopped.converged.any()
+    np.testing.assert_array_equal(stopped.n_iter, 1)
+    with pytest.warns(ConvergenceWarning, match="max_iter=1"):
+        fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1, n_jobs=1)
+
+
+def test_the_method_is_chosen_by_the_design():
+    """Exact Newton on narrow dense designs; Newton-CG on wide and on sparse ones."""
+    narrow = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS - 1))
+    wide = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS))
+    assert isinstance(newton_method_for(narrow), ExactNewton)
+    assert isinstance(newton_method_for(wide), TrustRegionNewtonCG)
+    assert isinstance(newton_method_for(sp.csr_matrix(narrow)), TrustRegionNewtonCG)
+
+
+# Issue 34's stalled set, scaled down: one class 78% of the items, two of 6, separable, whole
+# numbers on scales 1 to 100 (benchmarks/bench_solver.py's shuttle-like shape at a tenth).
+SMALL_SHUTTLE_COUNTS = (3400, 6, 13, 670, 245, 6, 11)
+# The kind of configuration the default chose on the full-size set (218 bases a class there).
+SMALL_SHUTTLE_MODEL = {
+    "similarity": "rbf(gamma=0.25)",
+    "basis_per_class": 50,
+    "input_normalization": "per-feature",
+    "normalization": "nystroem(square)",
+    "n_jobs": 1,
+}
+
+
+def _small_shuttle_like():
+    rng = np.random.default_rng(0)
+    scales = np.geomspace(1, 100, 9)
+    centres = rng.normal(size=(len(SMALL_SHUTTLE_COUNTS), 9)) * 6
+    X, y = [], []
+    for label, count in enumerate(SMALL_SHUTTLE_COUNTS):
+        clusters = centres[label] + rng.normal(size=(3, 9)) * 1.5
+        X.append(clusters[rng.integers(0, 3, count)] + rng.normal(size=(count, 9)) * 0.5)
+        y += [label] * count
+    return np.round(np.vstack(X) * scales), np.asarray(y)
+
+
+def test_a_separable_very_unbalanced_set_at_large_C_ends_in_few_steps():
+    """Issue 34's stall: on nystroem(square) features of separable, very unbalanced data at
+    C = 10, Newton-CG's steps shrink with its trust region (up to 30 steps here, 149 on the
+    full-size set); the exact Newton method converges in at most 10, to the same optimum, and
+    classifies the held-out items as well."""
+    X, y = _small_shuttle_like()
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=0.25, random_state=0, stratify=y
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        # max_iter=1: only the expansion is wanted, its solver's warning ignored.
+        expansion = BasisExpandingSVC(**SMALL_SHUTTLE_MODEL, max_iter=1).fit(X_train, y_train)
+    features, test_features = (expansion.predictor_.features(x) for x in (X_train, X_test))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        coef, intercept, n_iter, train_accuracy = fit_one_vs_rest(
+            features.copy(), y_train, 7, C=10.0, max_iter=15, n_jobs=1
+        )
+    assert n_iter <= 15
+    assert train_accuracy == 1.0
+    assert np.mean((test_features @ coef.T + intercept).argmax(axis=1) == y_test) == 1.0
+    signs = problem_signs(y_train, np.arange(7))
+    tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), 1e-8)
+    newton_cg = TrustRegionNewtonCG().solve(features, signs, 10.0, 1000, tolerance, None, 1)
+    assert newton_cg.converged.all()
+    assert newton_cg.n_iter.max() > 15
+    np.testing.assert_allclose(
+        features @ coef.T + intercept,
+        features @ newton_cg.W[:-1] + newton_cg.W[-1],
+        atol=1e-5 * np.abs(features @ coef.T).max(),
+    )
