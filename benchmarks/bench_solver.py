@@ -186,16 +186,14 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
     (one thread, the default tolerance): the coefficients, intercepts and the most Newton steps
     of a problem, summed over the rungs."""
     from service.model.threads import limit_threads
+    from training.estimator.newton_cg import TOLERANCE, liblinear_tolerance, minimize_squared_hinge
     from training.estimator.solver import (
-        TOLERANCE,
-        InMemorySquaredHinge,
-        liblinear_tolerance,
-        minimize_squared_hinge,
         one_vs_rest_problems,
         one_vs_rest_weights,
         problem_signs,
         training_design,
     )
+    from training.estimator.squared_hinge import InMemorySquaredHinge
 
     design, shift = training_design(features)
     signs = problem_signs(codes, one_vs_rest_problems(n_classes))
@@ -300,7 +298,8 @@ def _run_one(method: str, path: str, out: str, C: float) -> None:
     test scores to ``out``."""
     from sklearn.svm import LinearSVC
 
-    from training.estimator.solver import TOLERANCE, fit_one_vs_rest
+    from training.estimator.newton_cg import TOLERANCE
+    from training.estimator.solver import fit_one_vs_rest
 
     if method in ("ours-cg", "ours-exact"):
         _exact_newton_up_to(0 if method == "ours-cg" else sys.maxsize)

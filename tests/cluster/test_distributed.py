@@ -27,7 +27,9 @@ from training.estimator.distributed_solver import (
     one_task_limit,
     uniform_by_row,
 )
-from training.estimator.solver import InMemorySquaredHinge, fit_one_vs_rest, liblinear_tolerance
+from training.estimator.newton_cg import liblinear_tolerance
+from training.estimator.solver import fit_one_vs_rest
+from training.estimator.squared_hinge import InMemorySquaredHinge
 
 TOL = 1e-8
 

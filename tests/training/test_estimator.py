@@ -19,7 +19,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from service.model import ArtifactError, Predictor
 from tests.api.conftest import serving
 from training import BasisExpandingSVC, ForwardSelectionCV
-from training.estimator import solver
+from training.estimator import exact_newton, squared_hinge
 from training.estimator.expansion import BasisExpansion
 from training.estimator.preprocessing import InputNormalizer
 from training.selection import folds as selection_folds
@@ -86,7 +86,9 @@ def test_one_core_and_every_core_train_the_same_model(digits_arrays, digits_mode
 
 def test_row_blocks_solved_in_threads_give_the_model_of_one_core(digits_arrays, monkeypatch):
     X, y, X_test, _ = digits_arrays
-    monkeypatch.setattr(solver, "ROWS_PER_BLOCK", 100)  # 6 blocks of rows
+    # 6 blocks of rows, for either Newton method the design's shape picks
+    monkeypatch.setattr(squared_hinge, "ROWS_PER_BLOCK", 100)
+    monkeypatch.setattr(exact_newton, "EXACT_NEWTON_ROWS", 100)
     models = [BasisExpandingSVC(basis_per_class=8, n_jobs=n).fit(X, y) for n in (1, 2)]
     scores = [model.decision_function(X_test) for model in models]
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-9)

@@ -14,22 +14,23 @@ from sklearn.model_selection import train_test_split
 from sklearn.svm import LinearSVC
 
 from training import BasisExpandingSVC
-from training.estimator.solver import (
+from training.estimator.exact_newton import (
     EXACT_NEWTON_MAX_COLUMNS,
     EXACT_NEWTON_ROWS,
-    ExactNewton,
-    InMemorySquaredHinge,
-    TrustRegionNewtonCG,
     exact_newton,
+)
+from training.estimator.newton_cg import liblinear_tolerance, minimize_squared_hinge
+from training.estimator.solver import (
+    ExactNewton,
+    TrustRegionNewtonCG,
     fit_one_vs_rest,
-    liblinear_tolerance,
-    minimize_squared_hinge,
     newton_method_for,
     one_vs_rest_weights,
     problem_signs,
     problem_weights,
     training_design,
 )
+from training.estimator.squared_hinge import InMemorySquaredHinge
 
 
 @pytest.fixture(scope="module")

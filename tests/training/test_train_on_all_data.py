@@ -13,12 +13,9 @@ from sklearn.datasets import load_digits
 from service.model import Predictor
 from training.cli.main import main
 from training.data.datasets import load_dataset
-from training.estimator.solver import (
-    TOLERANCE,
-    InMemorySquaredHinge,
-    liblinear_tolerance,
-    problem_signs,
-)
+from training.estimator.newton_cg import TOLERANCE, liblinear_tolerance
+from training.estimator.solver import problem_signs
+from training.estimator.squared_hinge import InMemorySquaredHinge
 
 
 def _blobs(n_per_class: int, seed: int, dim: int = 6):

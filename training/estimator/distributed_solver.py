@@ -2,8 +2,8 @@ r"""The squared-hinge solver on feature blocks held by Dask workers.
 
 Features that one worker holds with room to spare (:func:`one_task_limit`) are solved in one
 task by the one in-memory solve (:func:`training.estimator.solver.fit_one_vs_rest`). Larger ones
-are solved by :class:`DistributedSquaredHinge`, the :class:`~training.estimator.solver.
-SquaredHingeLoss` that :func:`training.estimator.solver.minimize_squared_hinge` minimises:
+are solved by :class:`DistributedSquaredHinge`, the :class:`~training.estimator.squared_hinge.
+SquaredHingeLoss` that :func:`training.estimator.newton_cg.minimize_squared_hinge` minimises:
 every value, gradient and Hessian product is a sum over the blocks, each term computed by a
 task on the worker that holds the block (the same kernels as in one process,
 :mod:`training.estimator.hessian_kernels`), for every problem still iterating at once, and the
@@ -34,21 +34,21 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from training.cluster.reductions import tree_sum
+from training.estimator.newton_cg import TOLERANCE, liblinear_tolerance, minimize_squared_hinge
 from training.estimator.solver import (
-    TOLERANCE,
-    SquaredHingeLoss,
-    active_items,
     correct_predictions,
     fit_one_vs_rest,
-    liblinear_tolerance,
-    minimize_squared_hinge,
     one_vs_rest_problems,
     one_vs_rest_weights,
     problem_signs,
     problem_weights,
+    warn_unconverged,
+)
+from training.estimator.squared_hinge import (
+    SquaredHingeLoss,
+    active_items,
     squared_hinge_hessian_product,
     squared_hinge_terms,
-    warn_unconverged,
 )
 
 __all__ = [
@@ -134,7 +134,7 @@ def _value_part(evaluation: _Evaluation) -> tuple[np.ndarray, np.ndarray]:
 
 
 class DistributedSquaredHinge(SquaredHingeLoss):
-    """:class:`~training.estimator.solver.SquaredHingeLoss` over feature shards held by Dask
+    """:class:`~training.estimator.squared_hinge.SquaredHingeLoss` over feature shards held by Dask
     workers.
 
     Parameters
