@@ -63,7 +63,7 @@ logger = logging.getLogger("service.api")
 shadow_logger = logging.getLogger("service.api.shadow")
 
 
-class ModelEntry(Protocol):
+class ServedEntry(Protocol):
     """What the policies read of a model's entry in the registry
     (:class:`service.api.registry.ModelEntry`)."""
 
@@ -173,7 +173,7 @@ class AliasPolicy:
     # -- the request path --------------------------------------------------------------------
 
     def route(
-        self, alias: str, entries: Mapping[str, ModelEntry], version: str | None
+        self, alias: str, entries: Mapping[str, ServedEntry], version: str | None
     ) -> tuple[ModelSnapshot, Shadow | None]:
         """The snapshot that answers one classification, and its shadow (if drawn).
 
@@ -195,7 +195,7 @@ class AliasPolicy:
         return snapshot, Shadow(alias, shadow.model, None if entry is None else entry.snapshot)
 
     def primary(
-        self, alias: str, entries: Mapping[str, ModelEntry], version: str | None = None
+        self, alias: str, entries: Mapping[str, ServedEntry], version: str | None = None
     ) -> ModelSnapshot:
         """The snapshot of the alias's model (or of its canary, when that serves ``version``).
 
@@ -416,7 +416,7 @@ def refusal(
     alias: str,
     policy: AliasPolicy,
     current: AliasPolicy | None,
-    entries: Mapping[str, ModelEntry],
+    entries: Mapping[str, ServedEntry],
 ) -> str | None:
     """Why ``policy`` may not replace ``current`` for ``alias`` now (None: it may).
 
@@ -440,7 +440,7 @@ def refusal(
 def apply_policies(
     wanted: Mapping[str, AliasPolicy],
     current: Mapping[str, AliasPolicy],
-    entries: Mapping[str, ModelEntry],
+    entries: Mapping[str, ServedEntry],
 ) -> tuple[dict[str, AliasPolicy], dict[str, str]]:
     """The policies to serve: each of ``wanted`` that may replace the ``current`` one (see
     :func:`refusal`), else the current one kept; and the reasons of the refused, by alias."""
@@ -458,7 +458,7 @@ def apply_policies(
 
 
 def describe_policy(
-    alias: str, policy: AliasPolicy, entries: Mapping[str, ModelEntry], reason: str | None
+    alias: str, policy: AliasPolicy, entries: Mapping[str, ServedEntry], reason: str | None
 ) -> dict[str, Any]:
     """An alias as the admin routes list it: its policy, each model's version served (None
     while it has none) and the reason its last change was refused (None)."""

@@ -10,7 +10,13 @@ from pathlib import Path
 
 from service.model import Predictor
 from service.model.search import FEATURE_SPACES
-from training.data.datasets import DIGITS, FORTUNES, as_test_set, load_dataset, with_test_data
+from training.data.datasets import (
+    DIGITS,
+    FORTUNES,
+    load_dataset,
+    load_test_set,
+    with_test_data,
+)
 from training.data.packaged import PACKAGED_SETS
 from training.data.readers import DatasetError
 
@@ -145,13 +151,8 @@ def model_dataset(args: argparse.Namespace, predictor: Predictor):
                 f"{args.model} was trained on the shards at {recorded['path']}, which are never "
                 "loaded whole: pass --test-data FILE (or --data FILE)"
             )
-        return as_test_set(
-            load_dataset(
-                args.test_data,
-                test_fraction=0.0,
-                input_shape=args.input_shape,
-                label_column=args.label_column,
-            )
+        return load_test_set(
+            args.test_data, input_shape=args.input_shape, label_column=args.label_column
         )
     return load_data(args, default_source=recorded)
 

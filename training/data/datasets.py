@@ -250,12 +250,7 @@ def with_test_data(
     DatasetError
         The test data cannot be loaded, or its inputs differ from the training inputs.
     """
-    if isinstance(test_source, dict):
-        test = load_dataset(test_source)
-    else:
-        test = load_dataset(
-            test_source, test_fraction=0.0, input_shape=input_shape, label_column=label_column
-        )
+    test = load_test_set(test_source, input_shape=input_shape, label_column=label_column)
     if test.input_spec.is_documents != dataset.input_spec.is_documents or (
         not dataset.input_spec.is_documents
         and test.input_spec.n_features != dataset.input_spec.n_features
@@ -264,13 +259,45 @@ def with_test_data(
             f"test data {test.name} has input {test.input_spec}, the training data "
             f"{dataset.name} {dataset.input_spec}"
         )
-    X_test = np.concatenate([test.X_train, test.X_test])
-    y_test = np.concatenate([test.y_train, test.y_test])
-    if len(y_test) == 0:
+    if len(test.y_test) == 0:
         raise DatasetError(f"test data {test.name} holds no items")
     source = {**dataset.source, "test_data": test.source}
     return Dataset(
-        dataset.name, dataset.input_spec, dataset.X_train, dataset.y_train, X_test, y_test, source
+        dataset.name,
+        dataset.input_spec,
+        dataset.X_train,
+        dataset.y_train,
+        test.X_test,
+        test.y_test,
+        source,
+    )
+
+
+def load_test_set(
+    test_source: str | dict[str, Any],
+    *,
+    input_shape: str | None = None,
+    label_column: str = "label",
+) -> Dataset:
+    """Every item of a data set as a test split, and no training split.
+
+    Parameters
+    ----------
+    test_source : str or dict
+        A data set as :func:`load_dataset` takes it (a file's own test split included).
+    input_shape, label_column
+        How to read a file, as :func:`load_dataset` takes them.
+
+    Raises
+    ------
+    DatasetError
+    """
+    if isinstance(test_source, dict):
+        return as_test_set(load_dataset(test_source))
+    return as_test_set(
+        load_dataset(
+            test_source, test_fraction=0.0, input_shape=input_shape, label_column=label_column
+        )
     )
 
 

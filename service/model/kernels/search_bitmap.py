@@ -5,7 +5,8 @@ of their own (see :mod:`service.model.kernels.search`).
 import numba
 import numpy as np
 
-_ONE = np.uint64(1)
+# One bit, as the bitmaps' words are typed.
+ONE = np.uint64(1)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -22,7 +23,7 @@ def popcount(word):
     -------
     uint64
     """
-    x = word - ((word >> _ONE) & np.uint64(0x5555555555555555))
+    x = word - ((word >> ONE) & np.uint64(0x5555555555555555))
     x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
     x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
     return (x * np.uint64(0x0101010101010101)) >> np.uint64(56)
@@ -44,7 +45,7 @@ def bit_is_set(allowed, base, j):
     -------
     bool
     """
-    return (allowed[base + (j >> 6)] >> np.uint64(j & 63)) & _ONE != 0
+    return (allowed[base + (j >> 6)] >> np.uint64(j & 63)) & ONE != 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -66,8 +67,8 @@ def count_allowed(allowed, base, lo, hi):
     for w in range(lo >> 6, (hi + 63) >> 6):
         word = allowed[base + w]
         if w == lo >> 6:
-            word &= ~((_ONE << np.uint64(lo & 63)) - _ONE)  # the bits before lo
+            word &= ~((ONE << np.uint64(lo & 63)) - ONE)  # the bits before lo
         if w == (hi - 1) >> 6 and hi & 63:
-            word &= (_ONE << np.uint64(hi & 63)) - _ONE  # the bits from hi on
+            word &= (ONE << np.uint64(hi & 63)) - ONE  # the bits from hi on
         count += np.int64(popcount(word))
     return count

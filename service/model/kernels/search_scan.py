@@ -7,12 +7,9 @@ step through a catalogue with :func:`scan_chunk`.
 import numba
 import numpy as np
 
-from service.model.kernels.search_bitmap import bit_is_set, count_allowed, popcount
+from service.model.kernels.search_bitmap import ONE, bit_is_set, count_allowed, popcount
 from service.model.kernels.search_heap import is_worse, offer_after, sift_down
 from service.model.threads import FASTMATH
-
-_ONE = np.uint64(1)
-
 
 # Items whose scores are tested against the heap's threshold at once, in one vectorised count.
 FEED_BLOCK = 64
@@ -231,8 +228,8 @@ def feed_sparse(
     for w in range(lo >> 6, (hi + 63) >> 6):
         word = allowed[base + w]
         while word != 0:
-            low = word & (~word + _ONE)
-            j = w * 64 + np.int64(popcount(low - _ONE))
+            low = word & (~word + ONE)
+            j = w * 64 + np.int64(popcount(low - ONE))
             word ^= low
             if j < lo:
                 continue
