@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 
 from service.model import ModelError
 from training.cli import (
@@ -53,18 +55,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _progress_lines(show: bool) -> logging.Handler | None:
-    """A handler printing the ``training`` loggers' INFO lines (such as a cluster fit's steps)
-    on this call's standard error (``show``, i.e. no --quiet), attached to them; None if not."""
+@contextlib.contextmanager
+def _progress_lines(show: bool) -> Iterator[None]:
+    """While the command runs, the ``training`` loggers' INFO lines (such as a cluster fit's
+    steps) on this call's standard error (``show``, i.e. no --quiet); the loggers as they were
+    after it (the stream may be gone then: a test's)."""
     if not show:
-        return None
+        yield
+        return
+    trainer = logging.getLogger("training")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    trainer = logging.getLogger("training")
+    level, propagate = trainer.level, trainer.propagate
     trainer.addHandler(handler)
     trainer.setLevel(logging.INFO)
     trainer.propagate = False
-    return handler
+    try:
+        yield
+    finally:
+        trainer.removeHandler(handler)
+        trainer.setLevel(level)
+        trainer.propagate = propagate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv
-    # Attached for this command only: the stream it holds may be gone after it (a test's).
-    progress = _progress_lines(not getattr(args, "quiet", False))
+    with _progress_lines(not getattr(args, "quiet", False)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's exit status; an error it raises printed as one line, and 2."""
     try:
         return args.handler(args)
     except (DatasetError, ModelError, ValueError, ClusterError) as error:
@@ -83,7 +98,4 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{error.strerror or error}", file=sys.stderr)
     except MemoryError:
         print("error: out of memory: the data is too large for this machine", file=sys.stderr)
-    finally:
-        if progress is not None:
-            logging.getLogger("training").removeHandler(progress)
     return 2
