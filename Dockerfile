@@ -80,11 +80,14 @@ USER 10001:10001
 # tmpfs in a read-only container), so that neither the server nor the trainer compiles on start.
 RUN NUMBA_CACHE_DIR=/var/cache/besvm/numba-seed python -m service.model.warmup
 
-# 8000: HTTP; 8081: gRPC, when GRPC_PORT=8081 (docker-compose.yml sets it)
-EXPOSE 8000 8081
-# /readyz: 200 once the models are loaded. The probe prints nothing when it succeeds.
+# 8000: HTTP; 8081: gRPC, when GRPC_PORT=8081; 8082: the probes, when PROBE_PORT=8082
+# (docker-compose.yml sets both)
+EXPOSE 8000 8081 8082
+# /readyz: 200 once the models are loaded, on PROBE_PORT when it is set (answered at once under
+# any load, plain HTTP even when the service port speaks TLS), else on PORT. The probe prints
+# nothing when it succeeds.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PORT', '8000')}/readyz\", timeout=4)"]
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f\"http://127.0.0.1:{os.environ.get('PROBE_PORT') or os.environ.get('PORT', '8000')}/readyz\", timeout=4)"]
 
 ENTRYPOINT ["besvm-entrypoint"]
 CMD ["python", "-m", "service.api"]

@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.loadgen import http_request, run_load
-from benchmarks.serving import server_process, service_env
+from benchmarks.serving import free_port, server_process, service_env
 
 HOST = "127.0.0.1"
 PROBES = ("/healthz", "/readyz")
@@ -70,10 +70,17 @@ def loop_thread_times(pid: int | None) -> tuple[float, float]:
 
 
 def measure(
-    port: int, clients: int, instances: int, seconds: float, interval: float, pid: int | None = None
+    port: int,
+    clients: int,
+    instances: int,
+    seconds: float,
+    interval: float,
+    pid: int | None = None,
+    probe_port: int | None = None,
 ) -> dict:
     """Run the load for ``seconds`` (after a second's warm-up) and probe meanwhile; with the
-    server's ``pid``, also what its event loop's thread ran and waited for a CPU."""
+    server's ``pid``, also what its event loop's thread ran and waited for a CPU; with its
+    ``probe_port`` (PROBE_PORT), the probes on that port too, in turn with the service port's."""
     digits = np.random.default_rng(0).integers(0, 17, size=(instances, 8, 8)).tolist()
     body = json.dumps({"instances": digits}).encode()
     request = http_request(HOST, port, "/classify", body)
@@ -88,15 +95,18 @@ def measure(
     load_before = Path("/proc/loadavg").read_text().split()[0]
     thread.start()
     time.sleep(2.0)  # the load's connections made and under way
-    times: dict[str, list[float]] = {path: [] for path in PROBES}
-    statuses: dict[str, dict[str, int]] = {path: {} for path in PROBES}
+    targets = [(path, port, path) for path in PROBES]
+    if probe_port is not None:
+        targets += [(f"PROBE_PORT {path}", probe_port, path) for path in PROBES]
+    times: dict[str, list[float]] = {label: [] for label, _, _ in targets}
+    statuses: dict[str, dict[str, int]] = {label: {} for label, _, _ in targets}
     end = time.monotonic() + seconds - 2.0
     i = 0
     while time.monotonic() < end:
-        path = PROBES[i % len(PROBES)]
-        took, status = probe_once(port, path)
-        times[path].append(took)
-        statuses[path][status] = statuses[path].get(status, 0) + 1
+        label, target_port, path = targets[i % len(targets)]
+        took, status = probe_once(target_port, path)
+        times[label].append(took)
+        statuses[label][status] = statuses[label].get(status, 0) + 1
         i += 1
         time.sleep(interval)
     thread.join()
@@ -119,11 +129,11 @@ def measure(
             "errors": dict(result.errors),
         },
     }
-    for path in PROBES:
-        values = np.asarray(times[path]) * 1000
-        summary[path] = {
+    for label in times:
+        values = np.asarray(times[label]) * 1000
+        summary[label] = {
             "probes": len(values),
-            "statuses": statuses[path],
+            "statuses": statuses[label],
             **{f"p{q}_ms": round(float(np.percentile(values, q)), 1) for q in (50, 90, 99)},
             "max_ms": round(float(values.max()), 1),
         }
@@ -161,27 +171,36 @@ def main() -> None:
         "and this one, each with a server of its own, and the medians over rounds are printed",
     )
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--probe-port",
+        action="store_true",
+        help="serve the probes on PROBE_PORT too (a process of their own) and time them there, "
+        "in turn with the service port's, in the same run",
+    )
     args = parser.parse_args()
     run = (args.clients, args.instances, args.seconds, args.probe_interval)
     if args.port is not None:
         print(json.dumps(measure(args.port, *run), indent=2))
         return
-    env = service_env(args.model.resolve(), WORKERS=str(args.workers))
+    probe_port = free_port() if args.probe_port else None
+    extra = {} if probe_port is None else {"PROBE_PORT": str(probe_port)}
+    env = service_env(args.model.resolve(), WORKERS=str(args.workers), **extra)
     trees = {"this": None} if args.baseline is None else {"baseline": args.baseline, "this": None}
     rounds: dict[str, list[dict]] = {name: [] for name in trees}
     for r in range(args.rounds):
         for name in trees if r % 2 == 0 else reversed(list(trees)):
             with server_process(server_command(trees[name]), env) as server:
-                result = measure(server.port, *run, pid=server.process.pid)
+                result = measure(server.port, *run, pid=server.process.pid, probe_port=probe_port)
             rounds[name].append(result)
             print(json.dumps({"round": r, "server": name, **result}))
     for name, results in rounds.items():
+        labels = [label for label in results[0] if label.endswith(PROBES)]
         medians = {
-            path: {
-                key: float(np.median([result[path][key] for result in results]))
+            label: {
+                key: float(np.median([result[label][key] for result in results]))
                 for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms")
             }
-            for path in PROBES
+            for label in labels
         }
         print(json.dumps({"server": name, "rounds": len(results), "medians": medians}))
 

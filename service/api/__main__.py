@@ -15,6 +15,7 @@ the one given, else a private one for this run): see :mod:`service.api.machinery
 from __future__ import annotations
 
 import faulthandler
+import logging.config
 import os
 import signal
 import ssl
@@ -32,6 +33,7 @@ from service.api.machinery.payloads import PayloadLogError, check_destination
 from service.api.machinery.tls import TlsFileError, TlsFiles
 from service.api.settings import Settings
 from service.model.threads import worker_environment
+from service.probes import bind_probe_socket, probe_process
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
 # importing its libraries on a busy host (uvicorn's default, 5 s, is not), short because the
@@ -104,6 +106,7 @@ def main() -> None:
         if tls is not None:
             tls.ssl_context()
         check_destination(settings)
+        probe_socket = bind_probe_socket(settings.host, settings.probe_port)
     except (KeyFileError, TlsFileError, PayloadLogError, OSError, ssl.SSLError) as error:
         raise SystemExit(f"cannot start: {error}") from None
     options = dict(
@@ -131,6 +134,13 @@ def main() -> None:
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    logging.config.dictConfig(options["log_config"])  # uvicorn applies it later, for its own
+    with probe_process(probe_socket, settings.probe_stale_s) as heartbeat_dir:
+        serve(settings.model_copy(update={"probe_heartbeat_dir": heartbeat_dir}), options)
+
+
+def serve(settings: Settings, options: dict) -> None:
+    """Run uvicorn with ``options``: in this process for one worker, else its supervisor."""
     if settings.workers == 1:
         # uvicorn drains on SIGTERM, then raises the signal again for the handler it found:
         # a drained shutdown is a success, exit status 0 (not death by SIGTERM).
@@ -139,8 +149,9 @@ def main() -> None:
             signal.signal(signal.SIGTERM, lambda signum, frame: None)
             server.run()
         return
-    # Worker processes import the factory by name and read the same environment, which sizes
-    # their thread pools so that together they do not oversubscribe the cores.
+    # Worker processes import the factory by name and read the same environment (the heartbeat
+    # directory included), which sizes their thread pools so that together they do not
+    # oversubscribe the cores.
     os.environ.update(worker_environment(settings.workers))
     with multiprocess_directory(settings.workers, settings.prometheus_multiproc_dir) as metrics_dir:
         config = limited_config(

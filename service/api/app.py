@@ -37,6 +37,7 @@ from service.api.rest import admin, catalogue, routes
 from service.api.settings import DEFAULT_MODEL_DIR, Settings
 from service.model.search.remote import CatalogueSource, SearchCluster
 from service.model.threads import limit_threads
+from service.probes import Heartbeat
 
 logger = logging.getLogger("service.api")
 
@@ -111,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             CatalogueSource(cluster),
         )
         plane = app.state.dataplane = plane_class(registry, settings, metrics)
+        heartbeat = start_heartbeat(settings, plane)
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
         # final matrix product, and linear/rbf similarities of batches) stays single-threaded
         # instead of fighting them; that is also what makes a BLAS similarity call serial.
@@ -138,6 +140,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             finally:
                 if grpc_service is not None:
                     await grpc_service.stop()
+                if heartbeat is not None:
+                    heartbeat.cancel()
                 plane.close()
                 if payloads is not None:
                     payloads.close()
@@ -319,6 +323,19 @@ class Rescans:
                 await self.registry.sync()
             except Exception:  # a failed rescan must not end the rescans
                 logger.exception("rescanning the %s failed", self.registry.repository.describe())
+
+
+def start_heartbeat(settings: Settings, plane: DataPlane) -> asyncio.Task | None:
+    """This worker's heartbeat for the probe process (:mod:`service.probes`), beating on the
+    running loop from now until the task is cancelled; not ready from a SIGTERM on (the drain).
+    None without a probe port."""
+    if settings.probe_heartbeat_dir is None:
+        return None
+    heartbeat = Heartbeat(settings.probe_heartbeat_dir)
+    drain_on_signals(heartbeat.drain)
+    return asyncio.get_running_loop().create_task(
+        heartbeat.run(lambda: plane.readiness()[0]), name="heartbeat"
+    )
 
 
 class GrpcService:

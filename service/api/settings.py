@@ -311,6 +311,29 @@ class Settings(BaseSettings):
         "(GRPC_PORT; unset: off; MLServer's is 8081). Every worker serves it.",
     )
 
+    probe_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Answer the health probes (/healthz, /readyz, /v2/health/live, "
+        "/v2/health/ready) on this port too, on HOST, from a process of their own that "
+        "holds no model and shares no lock with the workers, so that they are answered at once "
+        "under any load (PROBE_PORT; unset: off; plain HTTP). Point the orchestrator's probes "
+        "here (docs/operating/limits.md#health-probes-under-load).",
+    )
+    probe_stale_s: float = Field(
+        10.0,
+        gt=0,
+        description="On PROBE_PORT, a worker whose event loop has not written its heartbeat "
+        "(every 0.25 s) for this long is stuck: not live, not ready (PROBE_STALE_S).",
+    )
+    probe_heartbeat_dir: Path | None = Field(
+        None,
+        description="Where the workers write their heartbeats for the probe process "
+        "(PROBE_HEARTBEAT_DIR): set by the server for its workers when PROBE_PORT is; leave it "
+        "unset.",
+    )
+
     grpc_max_streams: int = Field(
         100,
         ge=1,
@@ -330,6 +353,8 @@ class Settings(BaseSettings):
         "tls_key_file",
         "tls_client_ca_file",
         "grpc_port",
+        "probe_port",
+        "probe_heartbeat_dir",
         "prometheus_multiproc_dir",
         "traffic_file",
         mode="before",
@@ -364,4 +389,6 @@ class Settings(BaseSettings):
             raise ValueError("METRICS_REQUIRE_KEY needs keys: set API_KEYS_FILE (or ADMIN_TOKEN)")
         if self.grpc_port is not None and self.grpc_port == self.port:
             raise ValueError(f"GRPC_PORT must differ from PORT ({self.port})")
+        if self.probe_port is not None and self.probe_port in (self.port, self.grpc_port):
+            raise ValueError(f"PROBE_PORT must differ from PORT and GRPC_PORT ({self.probe_port})")
         return self
