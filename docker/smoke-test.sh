@@ -140,6 +140,9 @@ until [ "$(docker inspect --format '{{.State.Health.Status}}' "$api")" = healthy
     sleep 2
 done
 log "api healthy at $(elapsed)"
+# The healthcheck asked PROBE_PORT: the probe process answers there, inside the container.
+docker exec "$api" python -c "import json, urllib.request; assert json.load(urllib.request.urlopen('http://127.0.0.1:8082/readyz', timeout=4))['status'] == 'ready'"
+log "the probe port (8082) answers ready"
 
 # 4. From outside the container: the answers, checked against the data set.
 "$PYTHON" docker/smoke_check.py "http://127.0.0.1:$PORT" "127.0.0.1:$GRPC_HOST_PORT"
