@@ -69,6 +69,27 @@ def loop_thread_times(pid: int | None) -> tuple[float, float]:
     return int(ran) / 1e9, int(waited) / 1e9
 
 
+def probe_process_rss_mib(server_pid: int | None) -> float | None:
+    """The resident memory of the server's probe process (PROBE_PORT), in MiB; None if it
+    has none."""
+    if server_pid is None:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == server_pid and b"service.probes" in command:
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    return None
+
+
 def measure(
     port: int,
     clients: int,
@@ -121,6 +142,7 @@ def measure(
             float(Path("/proc/loadavg").read_text().split()[0]),
         ],
         "loop_thread_s": {"ran": round(ran, 2), "waited_for_a_cpu": round(waited, 2)},
+        **({"probe_process_rss_mib": probe_process_rss_mib(pid)} if probe_port is not None else {}),
         "load": {
             "answers_per_s": round(len(result.latencies_ns) / result.seconds, 1),
             "p50_ms": round(float(np.percentile(result.latencies_ns, 50)) / 1e6, 1)
@@ -178,6 +200,8 @@ def main() -> None:
         "in turn with the service port's, in the same run",
     )
     args = parser.parse_args()
+    if args.probe_port and (args.baseline is not None or args.port is not None):
+        parser.error("--probe-port starts its own server: not with --baseline or --port")
     run = (args.clients, args.instances, args.seconds, args.probe_interval)
     if args.port is not None:
         print(json.dumps(measure(args.port, *run), indent=2))

@@ -15,17 +15,20 @@ The heartbeat
 
 The answers
     live (``/healthz``, ``/v2/health/live``)
-        every worker's heartbeat is fresh; a server none of whose workers has written one yet is
-        starting, and live (its start is bounded by the supervisor's health check and the
-        orchestrator's start-up probe).
+        no worker's heartbeat is stale, and some worker has beaten within ``PROBE_STALE_S`` (or
+        none ever has: the server is starting, its start bounded by the supervisor's health
+        check and the orchestrator's start-up probe).
     ready (``/readyz``, ``/v2/health/ready``)
-        at least one worker has written one, and every worker's is fresh and ready.
+        no worker's heartbeat is stale, and at least one says ready (uvicorn gives a worker no
+        connection before its models are loaded, so a worker that is still loading, e.g. one
+        replacing a worker that died, takes no requests and counts against nothing; during a
+        drain every worker says not ready).
 
-A worker's file is removed as it stops; the file of a worker that died (a pid that no longer
-exists) is removed when a probe reads it.
+A worker's file is removed as it stops, by the supervisor when it sees a worker exit, and by a
+probe that finds its process gone.
 
 This module imports nothing of the service (and nothing beyond the standard library): the probe
-process starts in a fraction of a second and holds a few MiB.
+process starts in a fraction of a second and holds about 20 MiB.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,26 +60,36 @@ logger = logging.getLogger("service.probes")
 # The variable through which a server's workers learn where to write their heartbeats.
 HEARTBEAT_DIR_ENV = "PROBE_HEARTBEAT_DIR"
 
-# Seconds between a worker's beats: well under any staleness worth declaring.
+# Seconds between a worker's beats: well under any staleness worth declaring (PROBE_STALE_S is
+# at least MIN_STALE_S).
 BEAT_S = 0.25
+MIN_STALE_S = 1.0
 
-# One float64, little-endian, at offset 0 of the file: an aligned 8-byte store, which a reader
-# never sees half written.
+# One float64, little-endian, at offset 0 of the file. Neither the writer nor the reader is
+# guaranteed a single 8-byte access, so a reader reads until two reads agree.
 _BEAT = struct.Struct("<d")
+_READS = 3
 
 LIVE_PATHS = frozenset({"/healthz", "/v2/health/live"})
 READY_PATHS = frozenset({"/readyz", "/v2/health/ready"})
+PROBE_PATHS = LIVE_PATHS | READY_PATHS
 
 # The probe listener's own limits: a request head of at most MAX_HEAD_BYTES, within
-# HEAD_TIMEOUT_S, and at most MAX_CONNECTIONS at once, the oldest unfinished one closed to
-# admit a new one (a prober that sends its request at once is never locked out by sockets that
-# do not).
+# HEAD_TIMEOUT_S; at most MAX_CONNECTIONS at once, and MAX_CONNECTIONS_PER_PEER from one
+# address, the oldest unfinished one (of that address, else of all) closed to admit a new one:
+# sockets that send nothing cannot hold the probe port against a prober that sends its request
+# at once, unless they come faster than the prober's own round trip.
 MAX_HEAD_BYTES = 8192
 HEAD_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 256
+MAX_CONNECTIONS_PER_PEER = 32
+BACKLOG = 1024
 
 # How often the probe process checks that the server that started it still runs.
 PARENT_CHECK_S = 1.0
+
+# A probe process that ends without being asked is started again after this long.
+RESTART_DELAY_S = 1.0
 
 
 class Heartbeat:
@@ -84,7 +98,7 @@ class Heartbeat:
     Parameters
     ----------
     directory : path
-        The server's heartbeat directory (:func:`heartbeat_directory`).
+        The server's heartbeat directory (:func:`open_probe_port`).
     """
 
     def __init__(self, directory: str | os.PathLike) -> None:
@@ -109,7 +123,7 @@ class Heartbeat:
         self._map.close()
         self.path.unlink(missing_ok=True)
 
-    async def run(self, readiness) -> None:
+    async def run(self, readiness: Callable[[], bool]) -> None:
         """Beat every :data:`BEAT_S` on the running loop, ready as ``readiness()`` says, until
         cancelled (then the file is removed)."""
         try:
@@ -118,6 +132,13 @@ class Heartbeat:
                 await asyncio.sleep(BEAT_S)
         finally:
             self.close()
+
+
+def forget_worker(pid: int, directory: str | os.PathLike | None) -> None:
+    """Remove the heartbeat of worker ``pid``, which has exited (its supervisor saw it)."""
+    if directory is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(Path(directory) / f"{pid}.beat")
 
 
 @dataclass(frozen=True)
@@ -139,63 +160,88 @@ def read_beats(directory: str | os.PathLike) -> list[Beat]:
     now = time.monotonic()
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
-            if not entry.name.endswith(".beat"):
+            name, suffix = os.path.splitext(entry.name)
+            if suffix != ".beat" or not name.isdigit():
                 continue
-            pid = int(entry.name.removesuffix(".beat"))
-            if not _process_exists(pid):
+            pid = int(name)
+            if not _process_runs(pid):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                 continue
-            try:
-                with open(entry.path, "rb") as file:
-                    data = file.read(_BEAT.size)
-            except FileNotFoundError:  # the worker stopped meanwhile
-                continue
-            if len(data) < _BEAT.size:
-                continue
-            (value,) = _BEAT.unpack(data)
-            if value == 0.0 or not math.isfinite(value):
-                continue  # created, not beaten yet
+            value = _read_beat(entry.path)
+            if value is None or value == 0.0 or not math.isfinite(value):
+                continue  # gone meanwhile, or created and not beaten yet
             beats.append(Beat(pid, max(0.0, now - abs(value)), value > 0))
     return beats
 
 
-def _process_exists(pid: int) -> bool:
+def _read_beat(path: str) -> float | None:
+    """A heartbeat file's value, read until two reads agree (None if it is gone)."""
+    previous = None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(path, "rb") as file:
+            for _ in range(_READS):
+                data = os.pread(file.fileno(), _BEAT.size, 0)
+                if len(data) < _BEAT.size:
+                    return None
+                if data == previous:
+                    break
+                previous = data
+    except FileNotFoundError:
+        return None
+    return _BEAT.unpack(previous)[0]
+
+
+def _process_runs(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except FileNotFoundError:
         return False
-    except PermissionError:  # someone else's process: exists
+    except OSError:  # no /proc here: whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
         return True
-    return True
+    return stat.rsplit(b")", 1)[-1].split()[:1] != [b"Z"]
 
 
-def judge(path: str, beats: list[Beat], stale_s: float) -> tuple[int, dict]:
-    """The status and body answering GET ``path`` given the workers' ``beats``."""
+def judge(
+    path: str, beats: list[Beat], stale_s: float, silent_s: float | None = None
+) -> tuple[int, dict]:
+    """The status and body answering GET ``path`` given the workers' ``beats``, and how long
+    ago a heartbeat was last seen (``silent_s``; None: never)."""
     stale = [beat.pid for beat in beats if not beat.fresh(stale_s)]
+    stuck = (
+        f"worker(s) {stale} wrote no heartbeat for over {stale_s:g} s (PROBE_STALE_S)"
+        if stale
+        else None
+    )
+    if not beats and silent_s is not None and silent_s > stale_s:
+        stuck = (
+            f"no worker has written a heartbeat for {silent_s:.0f} s (PROBE_STALE_S {stale_s:g})"
+        )
     if path in LIVE_PATHS:
-        if stale:
-            detail = f"worker(s) {stale} wrote no heartbeat for over {stale_s:g} s (PROBE_STALE_S)"
-            return 503, {"status": "not live", "detail": detail}
-        return 200, {"status": "ok", "detail": None if beats else "starting"}
+        if stuck:
+            return 503, {"status": "not live", "detail": stuck}
+        return 200, {"status": "ok", "detail": None if beats or silent_s else "starting"}
     if path in READY_PATHS:
+        if stuck:
+            return 503, {"status": "not ready", "detail": stuck}
         if not beats:
-            return 503, {"status": "not ready", "detail": "starting: no worker has loaded yet"}
-        if stale:
-            detail = f"worker(s) {stale} wrote no heartbeat for over {stale_s:g} s (PROBE_STALE_S)"
+            detail = "starting" if silent_s is None else "no worker is running"
             return 503, {"status": "not ready", "detail": detail}
-        waiting = [beat.pid for beat in beats if not beat.ready]
-        if waiting:
+        if not any(beat.ready for beat in beats):
             detail = (
-                f"worker(s) {waiting} not ready (loading or draining; the service port's "
-                "/readyz says why)"
+                f"worker(s) {[beat.pid for beat in beats]} not ready (loading or draining; the "
+                "service port's /readyz says why)"
             )
             return 503, {"status": "not ready", "detail": detail}
         return 200, {"status": "ready", "detail": None}
-    return 404, {
-        "status": "not found",
-        "detail": f"this port answers {sorted(LIVE_PATHS | READY_PATHS)}",
-    }
+    return 404, {"status": "not found", "detail": f"this port answers {sorted(PROBE_PATHS)}"}
 
 
 _REASONS = {
@@ -203,11 +249,12 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
     503: "Service Unavailable",
 }
 
 
-def _response(status: int, body: dict, head_only: bool) -> bytes:
+def _response(status: int, body: dict, head_only: bool = False) -> bytes:
     payload = json.dumps(body).encode()
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
@@ -216,44 +263,97 @@ def _response(status: int, body: dict, head_only: bool) -> bytes:
     return head if head_only else head + payload
 
 
+class HeadTooLarge(Exception):
+    pass
+
+
+async def read_head(reader: asyncio.StreamReader) -> bytes:
+    """A request's head, its lines ended by CRLF or a bare LF, up to the blank line.
+
+    Raises
+    ------
+    HeadTooLarge
+        Beyond :data:`MAX_HEAD_BYTES`.
+    asyncio.IncompleteReadError
+        The client closed first.
+    """
+    lines = []
+    size = 0
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError:
+            raise HeadTooLarge from None
+        size += len(line)
+        if size > MAX_HEAD_BYTES:
+            raise HeadTooLarge
+        if line in (b"\r\n", b"\n"):
+            return b"".join(lines)
+        lines.append(line)
+
+
 class ProbeListener:
     """The probe process's server: one request a connection, answered from the heartbeats."""
 
     def __init__(self, directory: str | os.PathLike, stale_s: float) -> None:
         self.directory = directory
         self.stale_s = stale_s
-        self._unfinished: OrderedDict[asyncio.StreamWriter, None] = OrderedDict()
+        self._unfinished: OrderedDict[asyncio.StreamWriter, object] = OrderedDict()
         self._open = 0
+        self._by_peer: dict[object, int] = {}
+        self._last_beat: float | None = None
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._open += 1
-        if self._open > MAX_CONNECTIONS and self._unfinished:
-            oldest, _ = self._unfinished.popitem(last=False)
-            oldest.close()
-        self._unfinished[writer] = None
+        peer = (writer.get_extra_info("peername") or ("?",))[0]
+        self._admit(writer, peer)
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
+            try:
+                head = await asyncio.wait_for(read_head(reader), HEAD_TIMEOUT_S)
+                answer = self.answer(head)
+            except HeadTooLarge:
+                answer = _response(431, {"status": "too large", "detail": "8 KiB at most"})
             self._unfinished.pop(writer, None)
-            writer.write(self.answer(head))
+            writer.write(answer)
             await asyncio.wait_for(writer.drain(), HEAD_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
+        except (asyncio.IncompleteReadError, TimeoutError, OSError):
             pass
         finally:
             self._open -= 1
+            self._by_peer[peer] -= 1
+            if not self._by_peer[peer]:
+                del self._by_peer[peer]
             self._unfinished.pop(writer, None)
             writer.close()
 
+    def _admit(self, writer: asyncio.StreamWriter, peer: object) -> None:
+        """Count the new connection; over a limit, close the oldest unfinished one of its
+        address, else of all."""
+        self._open += 1
+        self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
+        victim = None
+        if self._by_peer[peer] > MAX_CONNECTIONS_PER_PEER:
+            victim = next((w for w, p in self._unfinished.items() if p == peer), None)
+        elif self._open > MAX_CONNECTIONS:
+            victim = next(iter(self._unfinished), None)
+        if victim is not None:
+            del self._unfinished[victim]
+            victim.close()
+        self._unfinished[writer] = peer
+
     def answer(self, head: bytes) -> bytes:
         """The response to a request ``head`` (its request line and headers)."""
-        parts = head.split(b"\r\n", 1)[0].split(b" ")
+        parts = head.split(b"\n", 1)[0].rstrip(b"\r").split(b" ")
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            return _response(
-                400, {"status": "bad request", "detail": "not an HTTP/1 request"}, False
-            )
+            return _response(400, {"status": "bad request", "detail": "not an HTTP/1 request"})
         method, target = parts[0], parts[1].decode("latin-1").split("?", 1)[0]
         if method not in (b"GET", b"HEAD"):
-            return _response(405, {"status": "method not allowed", "detail": "GET or HEAD"}, False)
-        status, body = judge(target, read_beats(self.directory), self.stale_s)
+            return _response(405, {"status": "method not allowed", "detail": "GET or HEAD"})
+        beats = read_beats(self.directory)
+        now = time.monotonic()
+        if beats:
+            self._last_beat = now - min(beat.age_s for beat in beats)
+        silent_s = None if self._last_beat is None else now - self._last_beat
+        status, body = judge(target, beats, self.stale_s, silent_s)
         return _response(status, body, method == b"HEAD")
 
 
@@ -263,6 +363,8 @@ async def _serve(sock: socket.socket, directory: str, stale_s: float, parent: in
     async with server:
         while os.getppid() == parent:
             await asyncio.sleep(PARENT_CHECK_S)
+    # The server is gone without removing what it made (SIGKILL): remove it here.
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -282,9 +384,23 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(_serve(sock, args.directory, args.stale_s, args.parent))
 
 
-def bind_probe_socket(host: str, port: int | None) -> socket.socket | None:
-    """The probe port's listening socket (None when ``port`` is None: no probe port), bound
-    by the server, so that a port in use stops its start (OSError), not the probe process's."""
+@dataclass
+class ProbePort:
+    """The probe port's listening socket and the heartbeat directory its answers read."""
+
+    sock: socket.socket
+    directory: str
+
+    @property
+    def url(self) -> str:
+        host, port = self.sock.getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def open_probe_port(host: str, port: int | None) -> ProbePort | None:
+    """The probe port's listening socket, bound, and a fresh heartbeat directory (None when
+    ``port`` is None: no probe port). Made by the server before anything starts, so that a
+    port in use stops its start (OSError)."""
     if port is None:
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -292,47 +408,85 @@ def bind_probe_socket(host: str, port: int | None) -> socket.socket | None:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(BACKLOG)
+        directory = tempfile.mkdtemp(prefix="besvm-probes-")
     except OSError as error:
         sock.close()
-        raise OSError(f"PROBE_PORT {host}:{port}: {error.strerror}") from None
-    return sock
+        raise OSError(f"PROBE_PORT {host}:{port}: {error.strerror or error}") from None
+    return ProbePort(sock, directory)
+
+
+class ProbeProcess:
+    """``python -m service.probes`` on a :class:`ProbePort`, started again when it ends
+    without being asked (a crash, the OOM killer), so that the probes never fail for want of
+    it while the server runs."""
+
+    def __init__(self, port: ProbePort, stale_s: float) -> None:
+        self.port = port
+        self.stale_s = stale_s
+        self._stopping = threading.Event()
+        self.process = self._start()
+        self._watcher = threading.Thread(target=self._watch, name="probe-process", daemon=True)
+        self._watcher.start()
+
+    def _start(self) -> subprocess.Popen:
+        fd = self.port.sock.fileno()
+        command = [
+            sys.executable, "-m", "service.probes", "--fd", str(fd), "--directory",
+            self.port.directory, "--stale-s", repr(self.stale_s), "--parent", str(os.getpid()),
+        ]  # fmt: skip
+        # A fresh interpreter that imports this module alone, not a fork of a server whose
+        # threads (numba's, grpcio's) a fork would copy mid-operation. This process keeps its
+        # copy of the socket: the listening queue survives a restart of the probe process.
+        return subprocess.Popen(command, pass_fds=(fd,), stdin=subprocess.DEVNULL)
+
+    def _watch(self) -> None:
+        while True:
+            status = self.process.wait()
+            if self._stopping.wait(0.0):
+                return
+            logger.error(
+                "the probe process (pid %d) ended with status %s: starting it again in %g s",
+                self.process.pid,
+                status,
+                RESTART_DELAY_S,
+            )
+            if self._stopping.wait(RESTART_DELAY_S):
+                return
+            self.process = self._start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+        self._watcher.join(5)
 
 
 @contextlib.contextmanager
-def probe_process(sock: socket.socket | None, stale_s: float) -> Iterator[str | None]:
-    """Within the ``with``, the probe process answering on the listening socket ``sock``
-    (:func:`bind_probe_socket`; closed here), and the heartbeat directory its workers write to
-    (exported in ``PROBE_HEARTBEAT_DIR`` for worker processes started inside the ``with``), or
-    None when ``sock`` is None."""
-    if sock is None:
+def probe_process(port: ProbePort | None, stale_s: float) -> Iterator[str | None]:
+    """Within the ``with``, the probe process answering on ``port`` (:func:`open_probe_port`;
+    its socket closed and directory removed at the end), and the heartbeat directory the
+    workers write to (exported in ``PROBE_HEARTBEAT_DIR`` for worker processes started inside
+    the ``with``); None without a port."""
+    if port is None:
+        os.environ.pop(HEARTBEAT_DIR_ENV, None)  # no worker writes heartbeats nobody reads
         yield None
         return
-    host, port = sock.getsockname()[:2]
-    directory = tempfile.mkdtemp(prefix="besvm-probes-")
-    command = [
-        sys.executable, "-m", "service.probes", "--fd", str(sock.fileno()),
-        "--directory", directory, "--stale-s", repr(stale_s), "--parent", str(os.getpid()),
-    ]  # fmt: skip
-    # A fresh interpreter that imports this module alone, not a fork of a server whose threads
-    # (numba's, grpcio's) a fork would copy mid-operation.
-    process = subprocess.Popen(command, pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL)
-    sock.close()
-    os.environ[HEARTBEAT_DIR_ENV] = directory
+    process = ProbeProcess(port, stale_s)
+    os.environ[HEARTBEAT_DIR_ENV] = port.directory
     logger.info(
-        "health probes on http://%s:%d, answered by a process of their own (pid %d)",
-        host,
-        port,
-        process.pid,
+        "health probes on %s, answered by a process of their own (pid %d)",
+        port.url,
+        process.process.pid,
     )
     try:
-        yield directory
+        yield port.directory
     finally:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(5)
+        process.stop()
+        port.sock.close()
         os.environ.pop(HEARTBEAT_DIR_ENV, None)
-        shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(port.directory, ignore_errors=True)
 
 
 if __name__ == "__main__":

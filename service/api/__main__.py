@@ -33,7 +33,8 @@ from service.api.machinery.payloads import PayloadLogError, check_destination
 from service.api.machinery.tls import TlsFileError, TlsFiles
 from service.api.settings import Settings
 from service.model.threads import worker_environment
-from service.probes import bind_probe_socket, probe_process
+from service.probes import HEARTBEAT_DIR_ENV, open_probe_port, probe_process
+from service.probes import forget_worker as forget_heartbeat
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
 # importing its libraries on a busy host (uvicorn's default, 5 s, is not), short because the
@@ -76,11 +77,14 @@ class RescanningSupervisor(Multiprocess):
 
     def _forget_exited_workers(self) -> None:
         """Mark the metrics of workers that have exited (and been replaced) dead: live gauges
-        (requests in flight, versions served) then count live workers only."""
+        (requests in flight, versions served) then count live workers only; remove their
+        heartbeats for the probe process."""
         pids = {process.pid for process in self.processes if process.pid is not None}
-        if self.metrics_dir is not None:
-            for pid in self._worker_pids - pids:
+        for pid in self._worker_pids - pids:
+            if self.metrics_dir is not None:
                 forget_worker(pid, self.metrics_dir)
+            # Its heartbeat goes with it: a later process given its pid is not it.
+            forget_heartbeat(pid, os.environ.get(HEARTBEAT_DIR_ENV))
         self._worker_pids = pids
 
     def _deliver_hangups(self) -> None:
@@ -106,7 +110,7 @@ def main() -> None:
         if tls is not None:
             tls.ssl_context()
         check_destination(settings)
-        probe_socket = bind_probe_socket(settings.host, settings.probe_port)
+        probe_port = open_probe_port(settings.probe_host or settings.host, settings.probe_port)
     except (KeyFileError, TlsFileError, PayloadLogError, OSError, ssl.SSLError) as error:
         raise SystemExit(f"cannot start: {error}") from None
     options = dict(
@@ -135,7 +139,7 @@ def main() -> None:
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.config.dictConfig(options["log_config"])  # uvicorn applies it later, for its own
-    with probe_process(probe_socket, settings.probe_stale_s) as heartbeat_dir:
+    with probe_process(probe_port, settings.probe_stale_s) as heartbeat_dir:
         serve(settings.model_copy(update={"probe_heartbeat_dir": heartbeat_dir}), options)
 
 

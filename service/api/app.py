@@ -112,7 +112,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             CatalogueSource(cluster),
         )
         plane = app.state.dataplane = plane_class(registry, settings, metrics)
-        heartbeat = start_heartbeat(settings, plane)
+        async with beating(settings, plane), serving(registry, plane, cluster):
+            yield
+
+    @asynccontextmanager
+    async def serving(registry: ModelRegistry, plane: DataPlane, cluster: SearchCluster | None):
+        """The models loaded and served (and gRPC, and the rescans) within the ``async with``;
+        everything closed at its end."""
         # The server owns its threads: numba's parallel kernels use the cores, so BLAS (the
         # final matrix product, and linear/rbf similarities of batches) stays single-threaded
         # instead of fighting them; that is also what makes a BLAS similarity call serial.
@@ -140,8 +146,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             finally:
                 if grpc_service is not None:
                     await grpc_service.stop()
-                if heartbeat is not None:
-                    heartbeat.cancel()
                 plane.close()
                 if payloads is not None:
                     payloads.close()
@@ -325,17 +329,25 @@ class Rescans:
                 logger.exception("rescanning the %s failed", self.registry.repository.describe())
 
 
-def start_heartbeat(settings: Settings, plane: DataPlane) -> asyncio.Task | None:
-    """This worker's heartbeat for the probe process (:mod:`service.probes`), beating on the
-    running loop from now until the task is cancelled; not ready from a SIGTERM on (the drain).
-    None without a probe port."""
+@asynccontextmanager
+async def beating(settings: Settings, plane: DataPlane):
+    """This worker's heartbeat for the probe process (:mod:`service.probes`) within the
+    ``async with``, beating on the running loop, ready as the data plane says; not ready from
+    a SIGTERM on (the drain). Nothing without a probe port."""
     if settings.probe_heartbeat_dir is None:
-        return None
+        yield
+        return
     heartbeat = Heartbeat(settings.probe_heartbeat_dir)
     drain_on_signals(heartbeat.drain)
-    return asyncio.get_running_loop().create_task(
+    task = asyncio.get_running_loop().create_task(
         heartbeat.run(lambda: plane.readiness()[0]), name="heartbeat"
     )
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class GrpcService:

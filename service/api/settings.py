@@ -321,11 +321,18 @@ class Settings(BaseSettings):
         "under any load (PROBE_PORT; unset: off; plain HTTP). Point the orchestrator's probes "
         "here (docs/operating/limits.md#health-probes-under-load).",
     )
+    probe_host: str | None = Field(
+        None,
+        description="The interface of PROBE_PORT (PROBE_HOST; default: HOST), e.g. one only "
+        "the orchestrator reaches.",
+    )
     probe_stale_s: float = Field(
-        10.0,
-        gt=0,
+        20.0,
+        ge=1.0,
         description="On PROBE_PORT, a worker whose event loop has not written its heartbeat "
-        "(every 0.25 s) for this long is stuck: not live, not ready (PROBE_STALE_S).",
+        "(every 0.25 s) for this long is stuck: not live, not ready (PROBE_STALE_S). Longer "
+        "than the 15 s in which the supervisor (WORKERS > 1) replaces a worker that does not "
+        "answer it, so that it acts first.",
     )
     probe_heartbeat_dir: Path | None = Field(
         None,
@@ -354,6 +361,7 @@ class Settings(BaseSettings):
         "tls_client_ca_file",
         "grpc_port",
         "probe_port",
+        "probe_host",
         "probe_heartbeat_dir",
         "prometheus_multiproc_dir",
         "traffic_file",

@@ -45,6 +45,7 @@ from service.api.machinery.observability import current_request
 from service.api.settings import Settings
 from service.model.artifact import open_regular
 from service.model.errors import ArtifactError
+from service.probes import PROBE_PATHS
 
 logger = logging.getLogger("service.api")
 
@@ -370,8 +371,8 @@ _KEY_HEADERS = {
 }
 
 
-# Routes every client and orchestrator may call without a key.
-PROBE_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"})
+# Routes every client and orchestrator may call without a key: the probes (service.probes'
+# PROBE_PATHS, answered on PROBE_PORT too).
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 ADMIN_PREFIX = "/v2/repository/"
 # The catalogue's updates (POST); reading the catalogue and its items needs what /search needs.
