@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_defaults.py [--budget S] [--n-jobs 2] [--synthetic]
         [--large] [--digits-cv] [--fortunes] [--sets digits,wine,breast_cancer,...]
         [--svc-grid full|small] [--no-tuned-svc] [--models default,svc,linear]
-        [--svc-fixed C=2,gamma=1]
+        [--svc-fixed C=2,gamma=1] [--prefer accuracy|cost]
 
 For each data set and split, in the same run:
 
@@ -70,6 +70,7 @@ from service.model.threads import limit_threads
 from training.data.datasets import Dataset, load_dataset, load_digits_dataset
 from training.evaluation.held_out import describe_tuned_svc, median_seconds, tuned_svc
 from training.fitting import fit_dataset
+from training.selection.state import DEFAULT_PREFERENCE, PREFERENCES
 
 BATCH = 1000
 MODELS = {"default": "default (auto)", "svc": "tuned SVC(RBF)", "linear": "LinearSVC"}
@@ -179,6 +180,7 @@ def _default(dataset: Dataset, args) -> dict:
             "default",
             similarity="auto",
             selection_budget=args.budget,
+            selection_prefer=args.prefer,
             n_jobs=args.n_jobs,
             diagnostics=False,
         )
@@ -255,6 +257,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--budget", type=float, default=None, help="the selection's seconds (default: scaled)"
+    )
+    parser.add_argument(
+        "--prefer",
+        choices=PREFERENCES,
+        default=DEFAULT_PREFERENCE,
+        help="the selection's preference within the noise (fit --prefer)",
     )
     parser.add_argument("--n-jobs", type=int, default=-1, help="default: as fit does")
     parser.add_argument("--repeats", type=int, default=5, help="timing runs at batch 1,000")

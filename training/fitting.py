@@ -20,12 +20,14 @@ from training.cluster.shards import ShardedData
 from training.data.datasets import Dataset
 from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC
 from training.selection.forward_selection import ForwardSelectionCV
+from training.selection.state import DEFAULT_PREFERENCE
 
 
 def model_for(
     similarity: str | None = None,
     *,
     selection_budget: float | None = None,
+    selection_prefer: str = DEFAULT_PREFERENCE,
     **params: Any,
 ) -> BasisExpandingSVC | ForwardSelectionCV:
     """The unfitted model that ``params`` ask for.
@@ -39,6 +41,9 @@ def model_for(
     selection_budget : float or None, default=None
         With ``"auto"``: the selection's ``budget`` in seconds (None: it grows with the data);
         unused otherwise.
+    selection_prefer : {"cost", "accuracy"}, default="cost"
+        With ``"auto"``: the selection's ``prefer`` (what wins within the noise); unused
+        otherwise.
     **params
         :class:`BasisExpandingSVC`'s other parameters.
 
@@ -54,6 +59,7 @@ def model_for(
     return ForwardSelectionCV(
         estimator,
         budget=selection_budget,
+        prefer=selection_prefer,
         n_jobs=estimator.n_jobs,
         random_state=0 if estimator.random_state is None else estimator.random_state,
         verbose=estimator.verbose,

@@ -219,6 +219,8 @@ def test_model_options_are_the_estimators_parameters(capsys):
     assert (args.C, args.basis_per_class, args.stop_words) == (2.0, 3, "none")
     assert args.input_transform == "x"  # --transform is the old name of --input-transform
     assert args.budget is None  # unset: the selection's default applies
+    assert args.prefer is None  # unset: the selection's default (cost) applies
+    assert parser.parse_args(["fit", "--prefer", "accuracy"]).prefer == "accuracy"
     with pytest.raises(SystemExit):
         parser.parse_args(["fit", "--basis-strategy", "sideways"])
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
@@ -228,6 +230,7 @@ def test_model_options_are_the_estimators_parameters(capsys):
     for parameter, doc in [
         ("--basis-per-class", "Basis items taken from each class"),
         ("--selection-budget", "Seconds the selection may take"),
+        ("--prefer {accuracy,cost}", "What wins within the noise"),
         ("--input-normalization {global,per-feature}", "standardised per feature first"),
         ("--n-jobs", "Cores training may use"),
     ]:
@@ -237,10 +240,11 @@ def test_model_options_are_the_estimators_parameters(capsys):
 
 def test_fit_selects_by_default_and_records_the_path(tmp_path, capsys):
     out = tmp_path / "auto"
-    assert main(["fit", "--out", str(out), "--budget", "8", "--quiet"]) == 0
+    assert main(["fit", "--out", str(out), "--budget", "8", "--prefer", "accuracy", "--quiet"]) == 0
     summary = capsys.readouterr().out
     assert "selection path (CV accuracy on the training split):" in summary
     selection = json.loads((out / "manifest.json").read_text())["training"]["selection"]
+    assert selection["prefer"] == "accuracy"
     path = [step["cv_accuracy"] for step in selection["path"]]
     assert path == sorted(path)
     chosen = selection["chosen"]

@@ -232,33 +232,82 @@ def test_the_paired_gain_is_a_paired_t_statistic():
     assert error == pytest.approx(expected.std(ddof=1) / np.sqrt(500))
 
 
-def test_only_real_gains_change_the_model_and_ties_go_to_the_cheaper():
-    current = np.zeros((1, 1000), dtype=bool)
-    current[0, :900] = True
+def _scored(n_right: int, n: int = 1000) -> tuple[np.ndarray, callable]:
+    current = np.zeros((1, n), dtype=bool)
+    current[0, :n_right] = True
 
-    def fixed(n, broken=0):
+    def fixed(more, broken=0):
         right = current.copy()
-        right[0, 900 : 900 + n] = True
+        right[0, n_right : n_right + more] = True
         right[0, :broken] = False
         return right
 
+    return current, fixed
+
+
+def test_with_prefer_cost_only_real_gains_change_the_model_and_ties_go_to_the_cheaper():
+    current, fixed = _scored(900)
     # One item more of 1,000: within the noise, not taken.
-    assert take(current, 10.0, [(fixed(1), 10.0)], 1.0) is None
+    assert take(current, 10.0, [(fixed(1), 10.0)], 1.0, "cost") is None
     # Ten more and none lost: taken.
-    assert take(current, 10.0, [(fixed(10), 10.0)], 1.0)[::3] == (0, "gain")
+    assert take(current, 10.0, [(fixed(10), 10.0)], 1.0, "cost")[::3] == (0, "gain")
     # Eight more but eight others lost: no gain at all.
-    assert take(current, 10.0, [(fixed(8, broken=8), 10.0)], 1.0) is None
+    assert take(current, 10.0, [(fixed(8, broken=8), 10.0)], 1.0, "cost") is None
     # As accurate and cheaper wins; as accurate and dearer does not.
-    assert take(current, 10.0, [(current.copy(), 5.0)], 1.0) == (
+    assert take(current, 10.0, [(current.copy(), 5.0)], 1.0, "cost") == (
         0,
         0.0,
         0.0,
         "cheaper, as accurate",
     )
-    assert take(current, 10.0, [(current.copy(), 20.0)], 1.0) is None
+    assert take(current, 10.0, [(current.copy(), 20.0)], 1.0, "cost") is None
     # Among real gains the largest, and a cheaper one among equals.
-    choice = take(current, 10.0, [(fixed(10), 10.0), (fixed(20), 30.0), (fixed(20), 20.0)], 1.0)
+    choice = take(
+        current, 10.0, [(fixed(10), 10.0), (fixed(20), 30.0), (fixed(20), 20.0)], 1.0, "cost"
+    )
     assert choice[0] == 2
+
+
+def test_with_prefer_accuracy_the_better_held_out_score_wins_within_the_noise():
+    current, fixed = _scored(900)
+    # One item more of 1,000, dearer: within the noise, and taken.
+    assert take(current, 10.0, [(fixed(1), 20.0)], 1.0, "accuracy") == (
+        0,
+        pytest.approx(0.001),
+        pytest.approx(np.sqrt(0.001 * 0.999 / 999)),
+        "more accurate, within the noise",
+    )
+    # A cheaper candidate as accurate loses to a dearer, more accurate one ...
+    choice = take(current, 10.0, [(current.copy(), 1.0), (fixed(2), 50.0)], 1.0, "accuracy")
+    assert choice[0] == 1
+    # ... and wins over the current configuration alone; a dearer one as accurate does not.
+    assert take(current, 10.0, [(current.copy(), 1.0)], 1.0, "accuracy")[3] == (
+        "cheaper, as accurate"
+    )
+    assert take(current, 10.0, [(current.copy(), 20.0)], 1.0, "accuracy") is None
+    # No better mean: nothing changes.
+    assert take(current, 10.0, [(fixed(8, broken=8), 10.0)], 1.0, "accuracy") is None
+    # A gain beyond the noise is named so.
+    assert take(current, 10.0, [(fixed(10), 10.0)], 1.0, "accuracy")[3] == "gain"
+    with pytest.raises(ValueError, match="prefer"):
+        take(current, 10.0, [], 1.0, "speed")
+
+
+def test_prefer_accuracy_steps_on_better_scores_and_is_recorded():
+    """The same wine split selected both ways: with ``accuracy`` every step the path takes is
+    a gain or a better held-out score (never a cheaper one at a loss), and the record says
+    which preference chose."""
+    dataset = _wine(1)
+    for prefer in ("accuracy", "cost"):
+        search = select(dataset, prefer=prefer, budget=10)
+        assert search.record()["prefer"] == prefer
+        whys = {step["why"] for step in search.path_[1:]}
+        allowed = {"gain", "cheaper, as accurate"}
+        if prefer == "accuracy":
+            allowed.add("more accurate, within the noise")
+        assert whys <= allowed, whys
+        path = [step["cv_accuracy"] for step in search.path_]
+        assert path == sorted(path)
 
 
 def test_the_test_split_is_never_read():

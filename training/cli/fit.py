@@ -57,10 +57,11 @@ FIT_OPTIONS = {
 }
 
 
-# The one option of the selection's: its budget (the others follow the model's options).
+# The selection's own options: its budget and what wins within the noise (the others follow the
+# model's options).
 SELECTION_OPTIONS = {
     "cls": ForwardSelectionCV,
-    "skip": tuple(set(inspect.signature(ForwardSelectionCV).parameters) - {"budget"}),
+    "skip": tuple(set(inspect.signature(ForwardSelectionCV).parameters) - {"budget", "prefer"}),
     "aliases": {"budget": ("--selection-budget",)},
 }
 
@@ -153,7 +154,7 @@ def _model_params(args: argparse.Namespace) -> dict:
     own defaults; refused before anything is loaded: options that the selection would silently
     override."""
     params = estimator_params(args, args.model_options, FIT_OPTIONS["defaults"])
-    budget = estimator_params(args, args.selection_options).get("budget")
+    selection = estimator_params(args, args.selection_options)
     argv = sys.argv[1:] if args.argv is None else args.argv
     fixed = [
         option.as_written(argv)
@@ -169,7 +170,10 @@ def _model_params(args: argparse.Namespace) -> dict:
         )
     params["cluster"] = cluster_named(params.get("cluster"))
     seed_and_progress = {"random_state": args.seed, "verbose": not args.quiet}
-    return {**params, **seed_and_progress, "selection_budget": budget}
+    chosen = {
+        f"selection_{name}": selection[name] for name in ("budget", "prefer") if name in selection
+    }
+    return {**params, **seed_and_progress, **chosen}
 
 
 @dataclass

@@ -31,7 +31,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clo
 
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
 # theirs with these, and the pinned version is checked by the estimator checks in the tests.
-from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
@@ -64,7 +64,12 @@ from training.selection.space import (
     transform_candidates,
 )
 from training.selection.stages import run_stages
-from training.selection.state import DEFAULT_MIN_GAIN_SE, SelectionState
+from training.selection.state import (
+    DEFAULT_MIN_GAIN_SE,
+    DEFAULT_PREFERENCE,
+    PREFERENCES,
+    SelectionState,
+)
 
 # The selection cross-validates on at most this many training items (a stratified sample).
 MAX_SELECTION_ITEMS = 3000
@@ -102,9 +107,14 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         thread, where starting workers costs more than it saves. Each process gets
         ``cores // n_jobs`` numba threads and one BLAS thread.
     min_gain_se : float, default=1.0
-        A step is taken when its gain in cross-validated accuracy exceeds this many standard
-        errors of the paired difference (:func:`paired_gain`); a candidate cheaper to predict
-        and at least as accurate wins without it.
+        A gain in cross-validated accuracy beyond this many standard errors of the paired
+        difference (:func:`paired_gain`) is always taken; within it, ``prefer`` decides.
+    prefer : {"cost", "accuracy"}, default="cost"
+        What wins within the noise: ``cost`` keeps the current configuration unless a
+        candidate is cheaper to predict and at least as accurate (smaller, faster models);
+        ``accuracy`` takes the candidate with the better held-out score across the repeats (the
+        cheaper to predict among equals), as a grid search does. Neither won on the held-back
+        sets measured (docs/measurements/model-selection.md).
     max_items : int, default=MAX_SELECTION_ITEMS
         Larger training sets are cross-validated on a stratified sample of this many items.
     random_state : int, default=0
@@ -127,9 +137,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     path_ : list of dict
         The start, then the steps taken, in order: ``step``, ``stage``, ``change`` (the
         candidate, in words), ``similarity``, ``cv_accuracy`` (a fraction), ``gain`` over the
-        step before and its ``standard_error``, ``why`` (``start``, ``gain``, or ``cheaper,
-        as accurate``), ``candidates`` (how many its stage offered), ``elapsed_s``. Plain
-        JSON, for the manifest. ``cv_accuracy`` never decreases along it.
+        step before and its ``standard_error``, ``why`` (``start``, ``gain``, ``cheaper, as
+        accurate`` or ``more accurate, within the noise``), ``candidates`` (how many its stage
+        offered), ``elapsed_s``. Plain JSON, for the manifest. ``cv_accuracy`` never decreases
+        along it.
     stages_ : list of dict
         Every stage run, in order: ``stage``, ``candidates``, ``scored`` (on every fold),
         ``raced_out``, ``cut`` (the budget ended it before its candidates were scored) and
@@ -169,6 +180,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         "repeats": [Interval(Integral, 1, None, closed="left"), None],
         "n_jobs": [Integral, None],
         "min_gain_se": [Interval(Real, 0, None, closed="left")],
+        "prefer": [StrOptions(set(PREFERENCES))],
         "max_items": [Interval(Integral, 2, None, closed="left")],
         "random_state": [Interval(Integral, 0, None, closed="left")],
         "refit": ["boolean"],
@@ -184,6 +196,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         repeats=None,
         n_jobs=None,
         min_gain_se=DEFAULT_MIN_GAIN_SE,
+        prefer=DEFAULT_PREFERENCE,
         max_items=MAX_SELECTION_ITEMS,
         random_state=0,
         refit=True,
@@ -195,6 +208,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.repeats = repeats
         self.n_jobs = n_jobs
         self.min_gain_se = min_gain_se
+        self.prefer = prefer
         self.max_items = max_items
         self.random_state = random_state
         self.refit = refit
@@ -370,6 +384,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             self.min_gain_se,
             started,
             lambda params: prediction_work(params, spec, n_classes),
+            self.prefer,
         )
         run_stages(state, spec, n_classes, fold_largest, rules, transforms)
         self.best_params_ = self._final_params(
@@ -454,7 +469,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         return {
             "method": "forward selection, stratified k-fold cross-validation on the training "
             "split, steps taken on a gain above min_gain_se standard errors of the paired "
-            "difference",
+            "difference, and within them as prefer says",
             "folds": self.n_splits_,
             "repeats": self.n_repeats_,
             "n_items": self.n_items_,
@@ -467,6 +482,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "budget_clock": "the fold fits' CPU seconds per core used; at most "
             f"{WALL_BACKSTOP:g} times the budget in wall time",
             "min_gain_se": float(self.min_gain_se),
+            "prefer": self.prefer,
             "seconds": round(self.seconds_, 2),
             "cpu_seconds": round(self.cpu_seconds_, 2),
             "fits": self.n_fits_,
