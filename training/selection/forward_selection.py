@@ -43,6 +43,8 @@ from training.cluster.shards import ShardedData
 from training.estimator.cluster_fit import fit_on_cluster
 from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC
 from training.estimator.preparation import preparation_for
+from service.model.threads import available_cpus
+from training.selection.basis_ladder import climb_basis_ladder
 from training.selection.budget import (
     BUDGET_S_PER_1000_ITEMS,
     WALL_BACKSTOP,
@@ -311,7 +313,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             raise ValueError(
                 f"a classifier needs at least two classes in y, got 1 class: {labels[0]!r}"
             )
-        if class_counts is None:
+        whole_split = class_counts is None
+        if whole_split:
             class_counts = np.unique(labels, return_counts=True)[1]
         n_validated = min(len(labels), self.max_items)
         jobs, threads = fold_jobs(
@@ -372,9 +375,27 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             lambda params: prediction_work(params, spec, n_classes),
         )
         run_stages(state, spec, n_classes, fold_largest, rules, transforms)
+        self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.best_params_ = self._final_params(
             state.current, fold_largest, len(folds[0].y_train), class_counts, n_items, rules
         )
+        self.ladder_ = None
+        if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
+            # From the grown size, the basis doubles while the hold-out of the whole split says
+            # it pays, under a budget of its own as large as the selection's, counted the same way.
+            ladder = climb_basis_ladder(
+                base,
+                self.best_params_,
+                X_checked,
+                labels,
+                start=self.best_params_["basis_per_class"],
+                weight=basis_weight(state.current["similarity"]),
+                min_gain_se=self.min_gain_se,
+                budget=SelectionBudget(self.budget_s_, _fit_cores(base.get_params()["n_jobs"])),
+                random_state=self.random_state,
+            )
+            self.ladder_ = ladder.record()
+            self.best_params_ = {**self.best_params_, "basis_per_class": ladder.basis_per_class}
         self.best_score_ = state.accuracy
         self.path_ = state.path
         self.stages_ = state.stages
@@ -385,7 +406,6 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.n_splits_ = len(folds) // repeats
         self.n_repeats_ = repeats
         self.n_items_ = n_items
-        self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
 
@@ -477,6 +497,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "searched_basis_per_class": self.searched_basis_per_class_,
             "path": self.path_,
             "stages": self.stages_,
+            **({"basis_ladder": self.ladder_} if getattr(self, "ladder_", None) else {}),
             **({"C_path_on_shards": self.C_path_} if hasattr(self, "C_path_") else {}),
         }
 
@@ -520,6 +541,11 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 + ", ".join(f"{e['C']:g} {100 * e['held_out_accuracy']:.2f}%" for e in self.C_path_)
             )
         return "\n".join(lines)
+
+
+def _fit_cores(n_jobs: int | None) -> int:
+    """Cores an estimator fit with ``n_jobs`` uses: the budget's count of them."""
+    return int(n_jobs) if n_jobs is not None and n_jobs > 0 else available_cpus()
 
 
 def _C_path(C: float) -> list[float]:
