@@ -197,6 +197,18 @@ def _default(dataset: Dataset, args) -> dict:
     selection = result.selection
     chosen = selection.best_params_
     cut = [stage["stage"] for stage in selection.stages_ if stage["cut"]]
+    ladder = getattr(selection, "ladder_", None)
+    rungs = (
+        ", ladder: "
+        + " ".join(
+            f"{rung['basis_per_class']}:{100 * rung['held_out_accuracy']:.2f}%"
+            + ("" if rung["taken"] else "(no)")
+            for rung in ladder["path"]
+        )
+        + f" {ladder['seconds']:.0f} s"
+        if ladder
+        else ""
+    )
     return {
         "accuracy": accuracy,
         "seconds": seconds,
@@ -205,7 +217,7 @@ def _default(dataset: Dataset, args) -> dict:
         "note": f"{chosen['similarity']}, {chosen['input_transform'] or 'inputs'}, "
         f"{chosen['input_normalization']}, B/class {chosen['basis_per_class']}, C {chosen['C']:g}, "
         f"CV {100 * selection.best_score_:.2f}%, search {selection.seconds_:.0f} s of "
-        f"{selection.budget_s_:.0f}" + (f", cut: {', '.join(cut)}" if cut else ""),
+        f"{selection.budget_s_:.0f}" + (f", cut: {', '.join(cut)}" if cut else "") + rungs,
     }
 
 

@@ -214,9 +214,8 @@ def climb_basis_ladder(
             continue
         untaken += 1
         if not rising or untaken >= MAX_UNTAKEN_RUNGS:
-            result.stopped = (
-                "gain below min_gain_se standard errors, "
-                + ("falling" if not rising else f"{untaken} rungs in a row")
+            result.stopped = "gain below min_gain_se standard errors, " + (
+                "no longer rising" if not rising else f"{untaken} rungs in a row"
             )
             break
     else:

@@ -37,13 +37,13 @@ from sklearn.utils.validation import check_is_fitted
 
 from service.model import Predictor
 from service.model.inputs.dense import GLOBAL_NORMALIZATION
+from service.model.threads import available_cpus
 from training.cluster.connection import client_for, enclosing_client, in_process_client
 from training.cluster.rows import draw_sample
 from training.cluster.shards import ShardedData
 from training.estimator.cluster_fit import fit_on_cluster
 from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC
 from training.estimator.preparation import preparation_for
-from service.model.threads import available_cpus
 from training.selection.basis_ladder import climb_basis_ladder
 from training.selection.budget import (
     BUDGET_S_PER_1000_ITEMS,
@@ -120,7 +120,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     ----------
     best_params_ : dict
         The chosen :data:`SELECTED_PARAMETERS`, the basis grown to the whole set where the
-        rules say so.
+        rules say so (along the validated ladder, ``ladder_``, where it runs).
     best_score_ : float
         Cross-validated accuracy of the chosen configuration on the folds (NaN if the budget
         ran out before the start was scored).
@@ -141,7 +141,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     stopped_ : str
         Why the selection ended.
     seconds_ : float
-        The selection's wall time (the refit not counted).
+        The selection's wall time, the basis ladder's included (the refit not counted).
     cpu_seconds_ : float
         Its fold fits' CPU time, all cores together (what the budget counts, per core).
     n_fits_ : int
@@ -157,6 +157,12 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         out), ``newton_steps``; ``best_params_["C"]`` is the best of them.
     searched_basis_per_class_ : int
         The basis size per class chosen on the folds, before it grew.
+    ladder_ : dict or None
+        Dense inputs selected on a sample of a split held in this process: the basis ladder on
+        the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
+        (``basis_per_class``, ``n_basis``, ``held_out_accuracy``, ``gain``,
+        ``standard_error``, ``taken``, ``seconds``), why it ``stopped``, its hold-out and
+        memory bound; the record's ``basis_ladder``. None elsewhere.
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)
@@ -534,6 +540,16 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 + ", ".join(
                     f"{s['stage']} ({s['scored']} of {s['candidates']} scored)" for s in cut
                 )
+            )
+        if getattr(self, "ladder_", None):
+            lines.append(
+                "  basis ladder on the split (per class, held-out accuracy): "
+                + ", ".join(
+                    f"{e['basis_per_class']} {100 * e['held_out_accuracy']:.2f}%"
+                    + ("" if e["taken"] else " (not taken)")
+                    for e in self.ladder_["path"]
+                )
+                + f"; {self.ladder_['stopped']}"
             )
         if hasattr(self, "C_path_"):
             lines.append(
