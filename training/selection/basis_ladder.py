@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sklearn.base import clone
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import train_test_split
 
 from training.selection.budget import SelectionBudget
-from training.selection.folds import paired_gain
+from training.selection.folds import FOLD_MAX_ITER, paired_gain
 
 # The share of the training split held out to score each rung (stratified), at most
 # MAX_HOLDOUT_ITEMS: 2,000 held-out items give a paired standard error of about 0.3 points.
@@ -186,7 +188,13 @@ def climb_basis_ladder(
             break
         cpu, wall = time.process_time(), time.monotonic()
         model = clone(estimator).set_params(**{**params, "basis_per_class": size})
-        model.fit(X[fit_positions], y_fit)
+        # A rung is a validation fit, as a fold fit is: an ill-conditioned basis (nystroem's at
+        # a large size) can keep the solver for thousands of iterations, scored as it stands
+        # after FOLD_MAX_ITER (the final fit keeps the estimator's max_iter).
+        model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(X[fit_positions], y_fit)
         correct = (model.predict(X[held_positions]) == y_held)[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
