@@ -2,6 +2,7 @@
 while a larger basis pays on the hold-out, stops when the gain is within its standard error,
 keeps its bounds (every item, memory, time), and lists its path in the selection's record."""
 
+import json
 import math
 
 import numpy as np
@@ -164,6 +165,7 @@ def test_a_selection_on_a_sample_records_its_ladder():
     selection.fit(X, y.astype(str))
     ladder = selection.record()["basis_ladder"]
     assert ladder == selection.ladder_
+    assert json.loads(json.dumps(selection.record()))["basis_ladder"] == ladder  # for the manifest
     path = ladder["path"]
     assert path[0]["taken"]
     assert {"basis_per_class", "held_out_accuracy", "seconds"} <= set(path[0])
@@ -181,3 +183,13 @@ def test_a_selection_on_every_item_has_no_ladder():
     ).fit(X, y)
     assert selection.ladder_ is None
     assert "basis_ladder" not in selection.record()
+
+
+def test_a_class_of_one_item_stays_in_the_fit_part():
+    X, y = _digits()
+    keep = np.flatnonzero(y != "9")
+    one_nine = np.flatnonzero(y == "9")[:1]
+    positions = np.concatenate([keep, one_nine])
+    result = _climb(X[positions], y[positions], "rbf(gamma=1)", 4, budget=0.05)
+    assert result.fit_items + result.holdout_items == len(positions)
+    assert result.path[0]["held_out_accuracy"] > 0.8

@@ -112,6 +112,20 @@ class LadderResult:
         }
 
 
+def _hold_out(y: np.ndarray, random_state: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions to fit on and to hold out: a stratified :data:`HOLDOUT_SHARE` of the items
+    (at most :data:`MAX_HOLDOUT_ITEMS`), a class of a single item always in the fit part."""
+    _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
+    single = counts[codes] < 2
+    splittable = np.flatnonzero(~single)
+    n_split_classes = int(np.sum(counts >= 2))
+    holdout = min(MAX_HOLDOUT_ITEMS, max(n_split_classes, round(HOLDOUT_SHARE * len(y))))
+    fit, held = train_test_split(
+        splittable, test_size=holdout, stratify=y[splittable], random_state=random_state
+    )
+    return np.concatenate([fit, np.flatnonzero(single)]), held
+
+
 def climb_basis_ladder(
     estimator,
     params: dict[str, Any],
@@ -160,11 +174,8 @@ def climb_basis_ladder(
     started = time.monotonic()
     X = np.asarray(X)
     y = np.asarray(y)
+    fit_positions, held_positions = _hold_out(y, random_state)
     n_classes = len(np.unique(y))
-    holdout = min(MAX_HOLDOUT_ITEMS, max(n_classes, round(HOLDOUT_SHARE * len(y))))
-    fit_positions, held_positions = train_test_split(
-        np.arange(len(y)), test_size=holdout, stratify=y, random_state=random_state
-    )
     y_fit, y_held = y[fit_positions], y[held_positions]
     fit_largest = int(np.unique(y_fit, return_counts=True)[1].max())
     split_largest = int(np.unique(y, return_counts=True)[1].max())
