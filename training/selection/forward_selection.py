@@ -37,12 +37,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from service.model import Predictor
 from service.model.inputs.dense import GLOBAL_NORMALIZATION
+from service.model.threads import available_cpus
 from training.cluster.connection import client_for, enclosing_client, in_process_client
 from training.cluster.rows import draw_sample
 from training.cluster.shards import ShardedData
 from training.estimator.cluster_fit import fit_on_cluster
 from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC
 from training.estimator.preparation import preparation_for
+from training.selection.basis_ladder import climb_basis_ladder
 from training.selection.budget import (
     BUDGET_S_PER_1000_ITEMS,
     WALL_BACKSTOP,
@@ -128,7 +130,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     ----------
     best_params_ : dict
         The chosen :data:`SELECTED_PARAMETERS`, the basis grown to the whole set where the
-        rules say so.
+        rules say so (along the validated ladder, ``ladder_``, where it runs).
     best_score_ : float
         Cross-validated accuracy of the chosen configuration on the folds (NaN if the budget
         ran out before the start was scored).
@@ -150,7 +152,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     stopped_ : str
         Why the selection ended.
     seconds_ : float
-        The selection's wall time (the refit not counted).
+        The selection's wall time, the basis ladder's included (the refit not counted).
     cpu_seconds_ : float
         Its fold fits' CPU time, all cores together (what the budget counts, per core).
     n_fits_ : int
@@ -166,6 +168,12 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         out), ``newton_steps``; ``best_params_["C"]`` is the best of them.
     searched_basis_per_class_ : int
         The basis size per class chosen on the folds, before it grew.
+    ladder_ : dict or None
+        Dense inputs selected on a sample of a split held in this process: the basis ladder on
+        the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
+        (``basis_per_class``, ``n_basis``, ``held_out_accuracy``, ``gain``,
+        ``standard_error``, ``taken``, ``seconds``), why it ``stopped``, its hold-out and
+        memory bound; the record's ``basis_ladder``. None elsewhere.
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)
@@ -325,7 +333,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             raise ValueError(
                 f"a classifier needs at least two classes in y, got 1 class: {labels[0]!r}"
             )
-        if class_counts is None:
+        whole_split = class_counts is None
+        if whole_split:
             class_counts = np.unique(labels, return_counts=True)[1]
         n_validated = min(len(labels), self.max_items)
         jobs, threads = fold_jobs(
@@ -387,9 +396,27 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             self.prefer,
         )
         run_stages(state, spec, n_classes, fold_largest, rules, transforms)
+        self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.best_params_ = self._final_params(
             state.current, fold_largest, len(folds[0].y_train), class_counts, n_items, rules
         )
+        self.ladder_ = None
+        if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
+            # From the grown size, the basis doubles while the hold-out of the whole split says
+            # it pays, under a budget of its own as large as the selection's, counted the same way.
+            ladder = climb_basis_ladder(
+                base,
+                self.best_params_,
+                X_checked,
+                labels,
+                start=self.best_params_["basis_per_class"],
+                weight=basis_weight(state.current["similarity"]),
+                min_gain_se=self.min_gain_se,
+                budget=SelectionBudget(self.budget_s_, _fit_cores(base.get_params()["n_jobs"])),
+                random_state=self.random_state,
+            )
+            self.ladder_ = ladder.record()
+            self.best_params_ = {**self.best_params_, "basis_per_class": ladder.basis_per_class}
         self.best_score_ = state.accuracy
         self.path_ = state.path
         self.stages_ = state.stages
@@ -400,7 +427,6 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.n_splits_ = len(folds) // repeats
         self.n_repeats_ = repeats
         self.n_items_ = n_items
-        self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
 
@@ -493,6 +519,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "searched_basis_per_class": self.searched_basis_per_class_,
             "path": self.path_,
             "stages": self.stages_,
+            **({"basis_ladder": self.ladder_} if getattr(self, "ladder_", None) else {}),
             **({"C_path_on_shards": self.C_path_} if hasattr(self, "C_path_") else {}),
         }
 
@@ -530,12 +557,27 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                     f"{s['stage']} ({s['scored']} of {s['candidates']} scored)" for s in cut
                 )
             )
+        if getattr(self, "ladder_", None):
+            lines.append(
+                "  basis ladder on the split (per class, held-out accuracy): "
+                + ", ".join(
+                    f"{e['basis_per_class']} {100 * e['held_out_accuracy']:.2f}%"
+                    + ("" if e["taken"] else " (not taken)")
+                    for e in self.ladder_["path"]
+                )
+                + f"; {self.ladder_['stopped']}"
+            )
         if hasattr(self, "C_path_"):
             lines.append(
                 "  C on every shard (held-out accuracy): "
                 + ", ".join(f"{e['C']:g} {100 * e['held_out_accuracy']:.2f}%" for e in self.C_path_)
             )
         return "\n".join(lines)
+
+
+def _fit_cores(n_jobs: int | None) -> int:
+    """Cores an estimator fit with ``n_jobs`` uses: the budget's count of them."""
+    return int(n_jobs) if n_jobs is not None and n_jobs > 0 else available_cpus()
 
 
 def _C_path(C: float) -> list[float]:

@@ -275,6 +275,15 @@ class KindRules:
     grow_unsampled: bool  # grow the basis even when the selection saw every training item
     input_normalizations: tuple[str, ...]  # chosen with the widths and C
     documents: bool
+    basis_ladder: bool  # a basis selected on a sample grows along the validated ladder
+
+    def climbs_ladder(
+        self, validated_items: int, n_train: int, whole_split: bool, this_machine: bool
+    ) -> bool:
+        """Whether the basis grows along the validated ladder
+        (:mod:`training.selection.basis_ladder`): dense inputs selected on a sample of a split
+        held in this process (on a cluster, or from shards, it grows by its share)."""
+        return self.basis_ladder and whole_split and this_machine and validated_items < n_train
 
     def grows_basis(self, validated_items: int, n_train: int) -> bool:
         """Whether the chosen basis grows from the folds to the whole split."""
@@ -301,6 +310,7 @@ DENSE_RULES = KindRules(
     grown_max_share=MAX_GROWN_SHARE,
     input_normalizations=(GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION),
     documents=False,
+    basis_ladder=True,
 )
 
 DOCUMENT_RULES = KindRules(
@@ -311,6 +321,7 @@ DOCUMENT_RULES = KindRules(
     grown_max_share=None,  # on fortunes (the document set measured) accuracy grows to the budget
     input_normalizations=(GLOBAL_NORMALIZATION,),  # documents are not input-normalised
     documents=True,
+    basis_ladder=False,  # fortunes' accuracy grows to the feature budget (MAX_DOCUMENT_FEATURES)
 )
 
 

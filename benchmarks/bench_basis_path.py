@@ -1,0 +1,76 @@
+"""Test accuracy of fixed configurations against the basis size (issue 34: can the model gain
+from a larger basis, and under which normalisation, width and C?).
+
+    .venv/bin/python benchmarks/bench_basis_path.py --set phoneme --seed 0 \\
+        --similarity "rbf(gamma=1)" --input-normalization global --C 1,10 \\
+        --normalization auto,besvm --sizes 200,400,800,1600,4000
+
+For every combination of the listed normalisations, C and basis sizes (per class; a size past a
+class takes every item of it), a :class:`~training.BasisExpandingSVC` is fitted on the set's
+training split (as ``bench_defaults.py`` splits it: 25% test, stratified, the seed given) on one
+thread, and its test and training accuracy, fit seconds and basis size are printed, one line
+each. The estimator's own ``max_iter`` (10,000) is kept, so a fit that stalls shows its time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import numpy as np
+from sklearn.exceptions import ConvergenceWarning
+
+from training import BasisExpandingSVC
+from training.data.datasets import load_dataset
+
+
+def _floats(text: str) -> list[float]:
+    return [float(value) for value in text.split(",")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", default="phoneme", help="a data set load_dataset knows")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--test-fraction", type=float, default=0.25)
+    parser.add_argument("--similarity", default="rbf(gamma=1)")
+    parser.add_argument(
+        "--input-normalization", default="global", choices=("global", "per-feature")
+    )
+    parser.add_argument("--normalization", default="auto", help="comma separated")
+    parser.add_argument("--C", default="1", help="comma separated")
+    parser.add_argument("--sizes", default="200,400,800,1600", help="basis per class, comma sep.")
+    args = parser.parse_args()
+    data = load_dataset(args.set, test_fraction=args.test_fraction, seed=args.seed)
+    counts = np.unique(data.y_train, return_counts=True)[1]
+    print(f"# {args.set} seed {args.seed}: {len(data.y_train)} training items, classes {counts}")
+    for normalization in args.normalization.split(","):
+        for C in _floats(args.C):
+            for size in [int(s) for s in args.sizes.split(",")]:
+                model = BasisExpandingSVC(
+                    similarity=args.similarity,
+                    input_normalization=args.input_normalization,
+                    normalization=normalization,
+                    C=C,
+                    basis_per_class=size,
+                    n_jobs=1,
+                )
+                started = time.perf_counter()
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always", ConvergenceWarning)
+                    model.fit(data.X_train, data.y_train)
+                seconds = time.perf_counter() - started
+                accuracy = float(np.mean(model.predict(data.X_test) == data.y_test))
+                stalled = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+                print(
+                    f"{args.similarity} {args.input_normalization} {normalization} C={C:g} "
+                    f"per class {size}: B = {model.expansion_.basis_.shape[0]}, "
+                    f"test {100 * accuracy:.2f}%, train {100 * model.train_accuracy_:.2f}%, "
+                    f"{seconds:.1f} s" + (" (stopped at max_iter)" if stalled else ""),
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

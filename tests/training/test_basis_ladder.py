@@ -1,0 +1,195 @@
+"""The basis ladder on the whole training split (training/selection/basis_ladder.py): it grows
+while a larger basis pays on the hold-out, stops when the gain is within its standard error,
+keeps its bounds (every item, memory, time), and lists its path in the selection's record."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits, load_wine, make_classification
+from sklearn.model_selection import train_test_split
+
+from service.model.inputs.spec import InputSpec
+from training import BasisExpandingSVC, ForwardSelectionCV
+from training.selection.basis_ladder import (
+    HOLDOUT_SHARE,
+    MEMORY_SHARE,
+    climb_basis_ladder,
+    ladder_sizes,
+    memory_bound_per_class,
+)
+from training.selection.budget import SelectionBudget
+from training.selection.folds import paired_gain
+
+pytestmark = pytest.mark.slow
+
+GENEROUS = 600.0
+
+
+def _digits():
+    X, y = load_digits(return_X_y=True)
+    return X.astype(np.float64), y.astype(str)
+
+
+def _wine():
+    X, y = load_wine(return_X_y=True)
+    return X, y.astype(str)
+
+
+def _climb(X, y, similarity, start, *, budget=GENEROUS, available_bytes=None, C=10.0):
+    return climb_basis_ladder(
+        BasisExpandingSVC(n_jobs=1),
+        {"similarity": similarity, "C": C},
+        X,
+        y,
+        start=start,
+        weight=1.0,
+        min_gain_se=1.0,
+        budget=SelectionBudget(budget, 1),
+        available_bytes=available_bytes,
+    )
+
+
+def test_the_ladder_grows_while_a_larger_basis_pays():
+    X, y = _digits()
+    result = _climb(X, y, "rbf(gamma=1)", 2)
+    sizes = [rung["basis_per_class"] for rung in result.path]
+    assert sizes == [2 * 2**k for k in range(len(sizes))]  # doubling from the start
+    # Two images a class are far from enough for ten digits: the ladder climbs.
+    assert result.basis_per_class >= 8
+    taken = [rung for rung in result.path if rung["taken"]]
+    assert taken[0]["basis_per_class"] == 2
+    assert taken[-1]["basis_per_class"] == result.basis_per_class
+    for rung in taken[1:]:  # each step up is a real gain
+        assert rung["gain"] > rung["standard_error"] > 0
+    assert result.path[-1]["held_out_accuracy"] > result.path[0]["held_out_accuracy"] + 0.03
+    # The hold-out is a stratified fifth of the split, never fitted on.
+    assert result.holdout_items == round(HOLDOUT_SHARE * len(y))
+    assert result.fit_items + result.holdout_items == len(y)
+
+
+def test_the_held_out_accuracy_is_that_of_a_model_fitted_without_the_hold_out():
+    X, y = _digits()
+    result = _climb(X, y, "rbf(gamma=1)", 4, budget=0.05)  # one rung
+    X_fit, X_held, y_fit, y_held = train_test_split(
+        X, y, test_size=result.holdout_items, stratify=y, random_state=0
+    )
+    model = BasisExpandingSVC(n_jobs=1, similarity="rbf(gamma=1)", C=10.0, basis_per_class=4)
+    expected = float(np.mean(model.fit(X_fit, y_fit).predict(X_held) == y_held))
+    assert result.path[0]["held_out_accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_ladder_stops_when_the_gain_is_within_its_standard_error():
+    # A linear measure on wine's 13 numbers has rank 13 at most: 8 bases a class span what 16
+    # do, and the held-out predictions do not change.
+    X, y = _wine()
+    result = _climb(X, y, "linear", 8, C=1.0)
+    assert [rung["basis_per_class"] for rung in result.path] == [8, 16]
+    last = result.path[-1]
+    assert not last["taken"]
+    assert last["gain"] <= last["standard_error"]
+    assert result.basis_per_class == 8
+    assert result.stopped.startswith("gain below min_gain_se standard errors")
+
+
+def test_the_gain_and_its_error_are_the_paired_difference_on_the_hold_out():
+    rng = np.random.default_rng(0)
+    reference = rng.random((1, 400)) < 0.8
+    candidate = reference | (rng.random((1, 400)) < 0.1)
+    gain, error = paired_gain(candidate, reference)
+    differences = candidate[0].astype(float) - reference[0]
+    assert gain == pytest.approx(differences.mean())
+    assert error == pytest.approx(differences.std(ddof=1) / math.sqrt(400))
+
+
+def test_every_item_of_the_largest_class_is_the_top_rung():
+    X, y = _wine()
+    fit_largest = 57  # 71 items of the largest class, less its fifth held out
+    result = _climb(X, y, "rbf(gamma=1)", 100)
+    assert [rung["basis_per_class"] for rung in result.path] == [fit_largest]
+    assert result.stopped == "every item of the largest class"
+    # The final fit takes every item of the split's largest class.
+    assert result.basis_per_class == 71
+
+
+def test_the_memory_bound_caps_the_ladder():
+    X, y = _digits()
+    # Memory for 6 bases a class (60 features on 1,797 items) and not 7.
+    features = 60
+    available = math.ceil(8 * (len(y) * features + 3 * features**2) / MEMORY_SHARE)
+    assert memory_bound_per_class(len(y), 10, 1.0, available) == 6
+    result = _climb(X, y, "rbf(gamma=1)", 2, available_bytes=available)
+    assert result.memory_bound_per_class == 6
+    assert max(rung["basis_per_class"] for rung in result.path) <= 6
+    if all(rung["taken"] for rung in result.path):
+        assert result.stopped == "memory bound"
+        assert result.path[-1]["basis_per_class"] == 6
+
+
+@pytest.mark.parametrize(
+    ("n_train", "n_classes", "weight", "available"),
+    [(1797, 10, 1.0, 2**30), (60_000, 10, 1.0, 16 * 2**30), (5000, 2, 9.0, 10**8)],
+)
+def test_the_memory_bound_is_the_largest_basis_that_fits(n_train, n_classes, weight, available):
+    per_class = memory_bound_per_class(n_train, n_classes, weight, available)
+
+    def needed(per_class):
+        features = per_class * n_classes * weight
+        return 8 * (n_train * features + 3 * features**2)
+
+    assert needed(per_class) <= MEMORY_SHARE * available
+    assert needed(per_class + 1) > MEMORY_SHARE * available
+
+
+def test_the_time_budget_stops_the_ladder_after_its_first_rung():
+    X, y = _digits()
+    result = _climb(X, y, "rbf(gamma=1)", 2, budget=0.05)
+    assert len(result.path) == 1
+    assert result.stopped == "time budget spent"
+    assert result.basis_per_class == 2
+
+
+def test_ladder_sizes_double_to_the_top():
+    assert ladder_sizes(100, 1000) == [100, 200, 400, 800, 1000]
+    assert ladder_sizes(100, 400) == [100, 200, 400]
+    assert ladder_sizes(500, 400) == [500]
+
+
+def test_a_selection_on_a_sample_records_its_ladder():
+    X, y = make_classification(
+        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
+    )
+    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    selection = ForwardSelectionCV(estimator, budget=GENEROUS, n_jobs=1, max_items=300, refit=False)
+    selection.fit(X, y.astype(str))
+    ladder = selection.record()["basis_ladder"]
+    assert ladder == selection.ladder_
+    assert json.loads(json.dumps(selection.record()))["basis_ladder"] == ladder  # for the manifest
+    path = ladder["path"]
+    assert path[0]["taken"]
+    assert {"basis_per_class", "held_out_accuracy", "seconds"} <= set(path[0])
+    # The first rung is the basis grown from the folds; the choice is the last rung taken.
+    assert path[0]["basis_per_class"] >= selection.searched_basis_per_class_
+    taken = [rung["basis_per_class"] for rung in path if rung["taken"]]
+    assert selection.best_params_["basis_per_class"] in (taken[-1], 400)  # 400: every item
+    assert "basis ladder on the split" in selection.describe()
+
+
+def test_a_selection_on_every_item_has_no_ladder():
+    X, y = _wine()
+    selection = ForwardSelectionCV(
+        BasisExpandingSVC(n_jobs=1), budget=GENEROUS, n_jobs=1, repeats=1, refit=False
+    ).fit(X, y)
+    assert selection.ladder_ is None
+    assert "basis_ladder" not in selection.record()
+
+
+def test_a_class_of_one_item_stays_in_the_fit_part():
+    X, y = _digits()
+    keep = np.flatnonzero(y != "9")
+    one_nine = np.flatnonzero(y == "9")[:1]
+    positions = np.concatenate([keep, one_nine])
+    result = _climb(X[positions], y[positions], "rbf(gamma=1)", 4, budget=0.05)
+    assert result.fit_items + result.holdout_items == len(positions)
+    assert result.path[0]["held_out_accuracy"] > 0.8
