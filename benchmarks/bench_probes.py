@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # run as a script: the repository's root on the p
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.loadgen import http_request, run_load
-from benchmarks.serving import free_port, server_process, service_env
+from benchmarks.serving import child_pids, free_port, server_process, service_env
 
 HOST = "127.0.0.1"
 PROBES = ("/healthz", "/readyz")
@@ -74,19 +74,10 @@ def probe_process_rss_mib(server_pid: int | None) -> float | None:
     has none."""
     if server_pid is None:
         return None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == server_pid and b"service.probes" in command:
-            for line in (entry / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+    for pid in child_pids(server_pid, b"service.probes"):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
     return None
 
 

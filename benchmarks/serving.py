@@ -42,6 +42,23 @@ def session_cpu_seconds(session: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def child_pids(parent: int, command_part: bytes) -> list[int]:
+    """Processes whose parent is ``parent`` and whose command line holds ``command_part``
+    (Linux's /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and command_part in command:
+            pids.append(int(entry.name))
+    return pids
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))

@@ -69,6 +69,7 @@ MIN_STALE_S = 1.0
 # guaranteed a single 8-byte access, so a reader reads until two reads agree.
 _BEAT = struct.Struct("<d")
 _READS = 3
+BEAT_SUFFIX = ".beat"
 
 LIVE_PATHS = frozenset({"/healthz", "/v2/health/live"})
 READY_PATHS = frozenset({"/readyz", "/v2/health/ready"})
@@ -102,7 +103,7 @@ class Heartbeat:
     """
 
     def __init__(self, directory: str | os.PathLike) -> None:
-        self.path = Path(directory) / f"{os.getpid()}.beat"
+        self.path = heartbeat_path(directory, os.getpid())
         with open(self.path, "w+b") as file:
             file.write(_BEAT.pack(0.0))
             file.flush()
@@ -134,11 +135,15 @@ class Heartbeat:
             self.close()
 
 
-def forget_worker(pid: int, directory: str | os.PathLike | None) -> None:
+def heartbeat_path(directory: str | os.PathLike, pid: int) -> Path:
+    """The heartbeat file of worker ``pid``."""
+    return Path(directory) / f"{pid}{BEAT_SUFFIX}"
+
+
+def forget_heartbeat(pid: int, directory: str | os.PathLike | None) -> None:
     """Remove the heartbeat of worker ``pid``, which has exited (its supervisor saw it)."""
     if directory is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(Path(directory) / f"{pid}.beat")
+        heartbeat_path(directory, pid).unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,7 @@ def read_beats(directory: str | os.PathLike) -> list[Beat]:
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
             name, suffix = os.path.splitext(entry.name)
-            if suffix != ".beat" or not name.isdigit():
+            if suffix != BEAT_SUFFIX or not name.isdigit():
                 continue
             pid = int(name)
             if not _process_runs(pid):

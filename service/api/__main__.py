@@ -33,8 +33,7 @@ from service.api.machinery.payloads import PayloadLogError, check_destination
 from service.api.machinery.tls import TlsFileError, TlsFiles
 from service.api.settings import Settings
 from service.model.threads import worker_environment
-from service.probes import HEARTBEAT_DIR_ENV, open_probe_port, probe_process
-from service.probes import forget_worker as forget_heartbeat
+from service.probes import forget_heartbeat, open_probe_port, probe_process
 
 # Seconds a worker process has to answer its supervisor's health check. Long enough for a worker
 # importing its libraries on a busy host (uvicorn's default, 5 s, is not), short because the
@@ -52,10 +51,17 @@ class RescanningSupervisor(Multiprocess):
     the change that the SIGHUP announces.
     """
 
-    def __init__(self, config: uvicorn.Config, sockets: list, metrics_dir: str | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        sockets: list,
+        metrics_dir: str | None,
+        heartbeat_dir: os.PathLike | None = None,
+    ) -> None:
         super().__init__(config, sockets)
         self.hangups_due: list = []
         self.metrics_dir = metrics_dir
+        self.heartbeat_dir = heartbeat_dir
         self._worker_pids: set[int] = set()
 
     def terminate_all(self) -> None:
@@ -84,7 +90,7 @@ class RescanningSupervisor(Multiprocess):
             if self.metrics_dir is not None:
                 forget_worker(pid, self.metrics_dir)
             # Its heartbeat goes with it: a later process given its pid is not it.
-            forget_heartbeat(pid, os.environ.get(HEARTBEAT_DIR_ENV))
+            forget_heartbeat(pid, self.heartbeat_dir)
         self._worker_pids = pids
 
     def _deliver_hangups(self) -> None:
@@ -161,7 +167,9 @@ def serve(settings: Settings, options: dict) -> None:
         config = limited_config(
             "service.api.app:create_app", factory=True, workers=settings.workers, **options
         )
-        RescanningSupervisor(config, [config.bind_socket()], metrics_dir).run()
+        RescanningSupervisor(
+            config, [config.bind_socket()], metrics_dir, settings.probe_heartbeat_dir
+        ).run()
 
 
 if __name__ == "__main__":

@@ -316,7 +316,7 @@ class Settings(BaseSettings):
         ge=1,
         le=65535,
         description="Answer the health probes (/healthz, /readyz, /v2/health/live, "
-        "/v2/health/ready) on this port too, on HOST, from a process of their own that "
+        "/v2/health/ready) on this port too, on PROBE_HOST, from a process of their own that "
         "holds no model and shares no lock with the workers, so that they are answered at once "
         "under any load (PROBE_PORT; unset: off; plain HTTP). Point the orchestrator's probes "
         "here (docs/operating/limits.md#health-probes-under-load).",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.serving import ServerNotReady
+from benchmarks.serving import ServerNotReady, child_pids
 from benchmarks.serving import server_process as start_server
 from service.api import Settings, create_app
 
@@ -103,17 +103,7 @@ def key_file(directory: Path, *lines: str) -> Path:
 
 def worker_pids(supervisor: int) -> list[int]:
     """Processes started by ``supervisor`` through multiprocessing (uvicorn's workers)."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == supervisor and "spawn_main" in cmdline:
-            pids.append(int(pid))
-    return pids
+    return child_pids(supervisor, b"spawn_main")
 
 
 @pytest.fixture(scope="module")

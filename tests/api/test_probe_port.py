@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.serving import free_port
+from benchmarks.serving import child_pids, free_port
 from service.api import Settings
 from service.probes import Beat, Heartbeat, ProbeListener, judge, read_beats
 from tests.api.conftest import REPO, refused_start, server_process, worker_pids
@@ -174,18 +174,9 @@ def _raw(port: int, request: bytes) -> bytes:
 
 
 def _probe_pid(server_pid: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                command = (entry / "cmdline").read_bytes()
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if b"service.probes" in command and int(stat.rsplit(")", 1)[1].split()[1]) == (
-                server_pid
-            ):
-                return int(entry.name)
-    pytest.fail("no probe process")
+    pids = child_pids(server_pid, b"service.probes")
+    assert len(pids) == 1, pids
+    return pids[0]
 
 
 def _heartbeat_dirs() -> set[Path]:

@@ -59,9 +59,12 @@ FIT_OPTIONS = {
 
 # The selection's own options: its budget and what wins within the noise (the others follow the
 # model's options).
+SELECTION_PARAMETERS = ("budget", "prefer")
 SELECTION_OPTIONS = {
     "cls": ForwardSelectionCV,
-    "skip": tuple(set(inspect.signature(ForwardSelectionCV).parameters) - {"budget", "prefer"}),
+    "skip": tuple(
+        set(inspect.signature(ForwardSelectionCV).parameters) - set(SELECTION_PARAMETERS)
+    ),
     "aliases": {"budget": ("--selection-budget",)},
 }
 
@@ -170,9 +173,7 @@ def _model_params(args: argparse.Namespace) -> dict:
         )
     params["cluster"] = cluster_named(params.get("cluster"))
     seed_and_progress = {"random_state": args.seed, "verbose": not args.quiet}
-    chosen = {
-        f"selection_{name}": selection[name] for name in ("budget", "prefer") if name in selection
-    }
+    chosen = {f"selection_{name}": value for name, value in selection.items()}
     return {**params, **seed_and_progress, **chosen}
 
 

@@ -53,8 +53,9 @@ FALLBACK_AVAILABLE_BYTES = 4 * 2**30
 
 
 def available_memory_bytes() -> int:
-    """Memory available to this process now (Linux: MemAvailable), or
-    :data:`FALLBACK_AVAILABLE_BYTES` where the platform does not say."""
+    """Memory free now (``SC_AVPHYS_PAGES``: Linux's MemFree, which leaves out the page cache
+    the kernel would give back, so the bound errs small), or :data:`FALLBACK_AVAILABLE_BYTES`
+    where the platform does not say."""
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
