@@ -58,6 +58,9 @@ SQUARE_MATRICES = 3
 
 MEMINFO = Path("/proc/meminfo")
 
+# /proc/meminfo's "kB" is 1,024 bytes (proc(5)).
+MEMINFO_UNIT = 2**10
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -98,8 +101,10 @@ def available_memory_bytes(meminfo: Path = MEMINFO) -> int:
             name, _, value = line.partition(":")
             if name == "MemAvailable":
                 number, unit = value.split()
-                return int(number) * _UNITS[unit.lower()]
-    except (OSError, ValueError, KeyError):
+                if unit != "kB":
+                    raise ValueError(f"MemAvailable in {unit!r}")
+                return int(number) * MEMINFO_UNIT
+    except (OSError, ValueError):
         pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))

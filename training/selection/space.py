@@ -246,7 +246,8 @@ def grown_basis_per_class(
     fold's training part (``validated_items`` items) in proportion to the items: the basis keeps
     the same share of each class. Bounded by the largest class and by each of
     ``feature_limits`` (a name and its most basis items times the measures' ``weight``), never
-    below ``per_class``.
+    below ``per_class`` unless the memory budget (the limit :data:`GROWN_WITHIN_MEMORY`, if
+    given) is smaller: that one is a bound on the final fit, not on the growth.
 
     For documents, and for dense inputs selected on a sample: there the selection runs on folds
     far smaller than the split, and accuracy keeps growing with the basis, so the size the
@@ -260,10 +261,13 @@ def grown_basis_per_class(
             for name, features in feature_limits.items()
         },
     }
+    memory = sizes.pop(GROWN_WITHIN_MEMORY, None)
     bound = min(sizes, key=sizes.__getitem__)
-    if sizes[bound] <= per_class:
-        return GrownBasis(per_class, GROWN_NOT)
-    return GrownBasis(sizes[bound], bound)
+    grown = GrownBasis(sizes[bound], bound) if sizes[bound] > per_class else None
+    grown = grown or GrownBasis(per_class, GROWN_NOT)
+    if memory is not None and memory < grown.per_class:
+        return GrownBasis(memory, GROWN_WITHIN_MEMORY)
+    return grown
 
 
 def prediction_work(params: dict[str, Any], input_spec: InputSpec, n_classes: int) -> float:
