@@ -23,15 +23,11 @@ import time
 import warnings
 
 import numpy as np
+from bench_basis_path import grid_models
 from sklearn.exceptions import ConvergenceWarning
 
-from training import BasisExpandingSVC
 from training.data.datasets import load_dataset
 from training.estimator.solver import fit_one_vs_rest
-
-
-def _floats(text: str) -> list[float]:
-    return [float(value) for value in text.split(",")]
 
 
 def _solve(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float):
@@ -57,46 +53,34 @@ def main() -> None:
     for name in args.sets.split(","):
         data = load_dataset(name, seed=args.seed)
         print(f"# {name} seed {args.seed}: {len(data.y_train)} train, {len(data.y_test)} test")
-        for normalization in args.normalization.split(","):
-            for C in _floats(args.C):
-                for size in [int(s) for s in args.sizes.split(",")]:
-                    model = BasisExpandingSVC(
-                        similarity=args.similarity,
-                        input_normalization=args.input_normalization,
-                        normalization=normalization,
-                        C=C,
-                        basis_per_class=size,
-                        n_jobs=1,
-                    )
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", ConvergenceWarning)
-                        model.fit(data.X_train, data.y_train)
-                    predictor = model.predictor_
-                    classes = np.asarray(predictor.classes)
-                    codes = np.searchsorted(classes, np.asarray(data.y_train).astype(str))
-                    train = predictor.features(data.X_train)
-                    test = predictor.features(data.X_test)
-                    rounded = train.astype(np.float32).astype(np.float64)
-                    coef64, b64, steps64, seconds64 = _solve(train, codes, len(classes), C)
-                    coef32, b32, steps32, _ = _solve(rounded, codes, len(classes), C)
-                    coef_raw, _, _, seconds_raw = _solve(
-                        train.astype(np.float32), codes, len(classes), C
-                    )
-                    predicted64 = classes[(test @ coef64.T + b64).argmax(axis=1)]
-                    predicted32 = classes[(test @ coef32.T + b32).argmax(axis=1)]
-                    accuracy64 = float(np.mean(predicted64 == data.y_test))
-                    accuracy32 = float(np.mean(predicted32 == data.y_test))
-                    relative = float(np.abs(coef32 - coef64).max() / np.abs(coef64).max())
-                    print(
-                        f"{name} {args.similarity} {normalization} C={C:g} per class {size} "
-                        f"(B = {train.shape[1]}): test float64 {100 * accuracy64:.2f}%, "
-                        f"float32 {100 * accuracy32:.2f}%, "
-                        f"{int(np.sum(predicted64 != predicted32))} of {len(test)} predictions "
-                        f"differ; coef max diff {relative:.1e} of the largest; Newton steps "
-                        f"{steps64} / {steps32}; solver on a float32 array: coef "
-                        f"{coef_raw.dtype}, {seconds_raw:.2f} s against {seconds64:.2f} s",
-                        flush=True,
-                    )
+        for normalization, C, size, model in grid_models(args):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                model.fit(data.X_train, data.y_train)
+            predictor = model.predictor_
+            classes = np.asarray(predictor.classes)
+            codes = np.searchsorted(classes, np.asarray(data.y_train).astype(str))
+            train = predictor.features(data.X_train)
+            test = predictor.features(data.X_test)
+            rounded = train.astype(np.float32).astype(np.float64)
+            coef64, b64, steps64, seconds64 = _solve(train, codes, len(classes), C)
+            coef32, b32, steps32, _ = _solve(rounded, codes, len(classes), C)
+            coef_raw, _, _, seconds_raw = _solve(train.astype(np.float32), codes, len(classes), C)
+            predicted64 = classes[(test @ coef64.T + b64).argmax(axis=1)]
+            predicted32 = classes[(test @ coef32.T + b32).argmax(axis=1)]
+            accuracy64 = float(np.mean(predicted64 == data.y_test))
+            accuracy32 = float(np.mean(predicted32 == data.y_test))
+            relative = float(np.abs(coef32 - coef64).max() / np.abs(coef64).max())
+            print(
+                f"{name} {args.similarity} {normalization} C={C:g} per class {size} "
+                f"(B = {train.shape[1]}): test float64 {100 * accuracy64:.2f}%, "
+                f"float32 {100 * accuracy32:.2f}%, "
+                f"{int(np.sum(predicted64 != predicted32))} of {len(test)} predictions "
+                f"differ; coef max diff {relative:.1e} of the largest; Newton steps "
+                f"{steps64} / {steps32}; solver on a float32 array: coef "
+                f"{coef_raw.dtype}, {seconds_raw:.2f} s against {seconds64:.2f} s",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
