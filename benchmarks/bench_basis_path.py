@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -27,6 +28,28 @@ from training.data.datasets import load_dataset
 
 def _floats(text: str) -> list[float]:
     return [float(value) for value in text.split(",")]
+
+
+def grid_models(args: argparse.Namespace) -> Iterator[tuple[str, float, int, BasisExpandingSVC]]:
+    """Every combination of ``args``' comma-separated normalisations, C and basis sizes per
+    class, with the model of it (``args.similarity``, ``args.input_normalization``, one
+    thread)."""
+    for normalization in args.normalization.split(","):
+        for C in _floats(args.C):
+            for size in [int(s) for s in args.sizes.split(",")]:
+                yield (
+                    normalization,
+                    C,
+                    size,
+                    BasisExpandingSVC(
+                        similarity=args.similarity,
+                        input_normalization=args.input_normalization,
+                        normalization=normalization,
+                        C=C,
+                        basis_per_class=size,
+                        n_jobs=1,
+                    ),
+                )
 
 
 def main() -> None:
@@ -45,31 +68,21 @@ def main() -> None:
     data = load_dataset(args.set, test_fraction=args.test_fraction, seed=args.seed)
     counts = np.unique(data.y_train, return_counts=True)[1]
     print(f"# {args.set} seed {args.seed}: {len(data.y_train)} training items, classes {counts}")
-    for normalization in args.normalization.split(","):
-        for C in _floats(args.C):
-            for size in [int(s) for s in args.sizes.split(",")]:
-                model = BasisExpandingSVC(
-                    similarity=args.similarity,
-                    input_normalization=args.input_normalization,
-                    normalization=normalization,
-                    C=C,
-                    basis_per_class=size,
-                    n_jobs=1,
-                )
-                started = time.perf_counter()
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always", ConvergenceWarning)
-                    model.fit(data.X_train, data.y_train)
-                seconds = time.perf_counter() - started
-                accuracy = float(np.mean(model.predict(data.X_test) == data.y_test))
-                stalled = any(issubclass(w.category, ConvergenceWarning) for w in caught)
-                print(
-                    f"{args.similarity} {args.input_normalization} {normalization} C={C:g} "
-                    f"per class {size}: B = {model.expansion_.basis_.shape[0]}, "
-                    f"test {100 * accuracy:.2f}%, train {100 * model.train_accuracy_:.2f}%, "
-                    f"{seconds:.1f} s" + (" (stopped at max_iter)" if stalled else ""),
-                    flush=True,
-                )
+    for normalization, C, size, model in grid_models(args):
+        started = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            model.fit(data.X_train, data.y_train)
+        seconds = time.perf_counter() - started
+        accuracy = float(np.mean(model.predict(data.X_test) == data.y_test))
+        stalled = any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        print(
+            f"{args.similarity} {args.input_normalization} {normalization} C={C:g} "
+            f"per class {size}: B = {model.expansion_.basis_.shape[0]}, "
+            f"test {100 * accuracy:.2f}%, train {100 * model.train_accuracy_:.2f}%, "
+            f"{seconds:.1f} s" + (" (stopped at max_iter)" if stalled else ""),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ def model_for(
     *,
     selection_budget: float | None = None,
     selection_prefer: str = DEFAULT_PREFERENCE,
+    selection_memory_budget: int | None = None,
     **params: Any,
 ) -> BasisExpandingSVC | ForwardSelectionCV:
     """The unfitted model that ``params`` ask for.
@@ -44,6 +45,9 @@ def model_for(
     selection_prefer : {"cost", "accuracy"}, default="cost"
         With ``"auto"``: the selection's ``prefer`` (what wins within the noise); unused
         otherwise.
+    selection_memory_budget : int or None, default=None
+        With ``"auto"``: the selection's ``memory_budget`` in bytes (None: a share of the
+        memory available); unused otherwise.
     **params
         :class:`BasisExpandingSVC`'s other parameters.
 
@@ -60,6 +64,7 @@ def model_for(
         estimator,
         budget=selection_budget,
         prefer=selection_prefer,
+        memory_budget=selection_memory_budget,
         n_jobs=estimator.n_jobs,
         random_state=0 if estimator.random_state is None else estimator.random_state,
         verbose=estimator.verbose,

@@ -12,15 +12,10 @@ from sklearn.model_selection import train_test_split
 
 from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
-from training.selection.basis_ladder import (
-    HOLDOUT_SHARE,
-    MEMORY_SHARE,
-    climb_basis_ladder,
-    ladder_sizes,
-    memory_bound_per_class,
-)
+from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, ladder_sizes
 from training.selection.budget import SelectionBudget
 from training.selection.folds import paired_gain
+from training.selection.memory import basis_per_class_within
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +32,7 @@ def _wine():
     return X, y.astype(str)
 
 
-def _climb(X, y, similarity, start, *, budget=GENEROUS, available_bytes=None, C=10.0):
+def _climb(X, y, similarity, start, *, budget=GENEROUS, memory_budget=None, C=10.0):
     return climb_basis_ladder(
         BasisExpandingSVC(n_jobs=1),
         {"similarity": similarity, "C": C},
@@ -47,7 +42,7 @@ def _climb(X, y, similarity, start, *, budget=GENEROUS, available_bytes=None, C=
         weight=1.0,
         min_gain_se=1.0,
         budget=SelectionBudget(budget, 1),
-        available_bytes=available_bytes,
+        memory_budget=memory_budget,
     )
 
 
@@ -113,33 +108,18 @@ def test_every_item_of_the_largest_class_is_the_top_rung():
     assert result.basis_per_class == 71
 
 
-def test_the_memory_bound_caps_the_ladder():
+def test_the_memory_budget_caps_the_ladder():
     X, y = _digits()
-    # Memory for 6 bases a class (60 features on 1,797 items) and not 7.
-    features = 60
-    available = math.ceil(8 * (len(y) * features + 3 * features**2) / MEMORY_SHARE)
-    assert memory_bound_per_class(len(y), 10, 1.0, available) == 6
-    result = _climb(X, y, "rbf(gamma=1)", 2, available_bytes=available)
+    # Memory for 6 bases a class (60 features on 1,797 items: 8 * (1,797 * 60 + 3 * 60^2)
+    # bytes) and not 7.
+    budget = 8 * (len(y) * 60 + 3 * 60**2)
+    assert basis_per_class_within(len(y), 10, 1.0, budget) == 6
+    result = _climb(X, y, "rbf(gamma=1)", 2, memory_budget=budget)
     assert result.memory_bound_per_class == 6
     assert max(rung["basis_per_class"] for rung in result.path) <= 6
     if all(rung["taken"] for rung in result.path):
         assert result.stopped == "memory bound"
         assert result.path[-1]["basis_per_class"] == 6
-
-
-@pytest.mark.parametrize(
-    ("n_train", "n_classes", "weight", "available"),
-    [(1797, 10, 1.0, 2**30), (60_000, 10, 1.0, 16 * 2**30), (5000, 2, 9.0, 10**8)],
-)
-def test_the_memory_bound_is_the_largest_basis_that_fits(n_train, n_classes, weight, available):
-    per_class = memory_bound_per_class(n_train, n_classes, weight, available)
-
-    def needed(per_class):
-        features = per_class * n_classes * weight
-        return 8 * (n_train * features + 3 * features**2)
-
-    assert needed(per_class) <= MEMORY_SHARE * available
-    assert needed(per_class + 1) > MEMORY_SHARE * available
 
 
 def test_the_time_budget_stops_the_ladder_after_its_first_rung():

@@ -28,6 +28,7 @@ from training.selection.budget import budget_for
 from training.selection.folds import paired_gain, repeats_for
 from training.selection.space import (
     RBF_SCALE,
+    GrownBasis,
     basis_size_candidates,
     grown_basis_per_class,
     measure_candidates,
@@ -386,14 +387,23 @@ def test_dense_inputs_searched_on_a_sample_start_the_ladder_at_the_grown_basis()
 
 
 def test_a_grown_basis_keeps_each_class_share_within_its_caps():
+    cap = {"the feature cap": 6400}
     # 25 of a fold's 2,000 items: the same share of 11,000 is 137.5 per class.
-    assert grown_basis_per_class(25, 2000, 11000, 500, 1, 32, 6400) == 138
+    assert grown_basis_per_class(25, 2000, 11000, 500, 1, 32, cap) == GrownBasis(
+        138, "in proportion to the items"
+    )
     # The feature budget: 6,400 features for 2 measures and 32 classes leave 100 per class.
-    assert grown_basis_per_class(25, 2000, 11000, 500, 2, 32, 6400) == 100
+    assert grown_basis_per_class(25, 2000, 11000, 500, 2, 32, cap) == GrownBasis(
+        100, "the feature cap"
+    )
     # No class has more than 60 items to give.
-    assert grown_basis_per_class(25, 2000, 11000, 60, 1, 32, 6400) == 60
+    assert grown_basis_per_class(25, 2000, 11000, 60, 1, 32, cap) == GrownBasis(
+        60, "every item of the largest class"
+    )
     # It never shrinks below what the folds chose.
-    assert grown_basis_per_class(25, 2000, 1500, 500, 1, 32, 6400) == 25
+    assert grown_basis_per_class(25, 2000, 1500, 500, 1, 32, cap) == GrownBasis(
+        25, "the size the folds chose"
+    )
     # The documents' feature budget admits bases that the dense one (1,000) refuses.
     assert basis_size_candidates(5000, 1, 10, 6400) == [10, 25, 50, 100, 200, 400, 640]
 

@@ -29,6 +29,7 @@ from training.estimator.diagnostics import format_ratio
 from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC
 from training.fitting import FitResult, fit_dataset, fit_shards
 from training.selection.forward_selection import ForwardSelectionCV
+from training.selection.memory import MEMORY_SHARE, default_allowance, parse_bytes
 from training.selection.space import SELECTED_PARAMETERS
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
@@ -59,14 +60,32 @@ FIT_OPTIONS = {
 
 # The selection's own options: its budget and what wins within the noise (the others follow the
 # model's options).
-SELECTION_PARAMETERS = ("budget", "prefer")
+SELECTION_PARAMETERS = ("budget", "prefer", "memory_budget")
 SELECTION_OPTIONS = {
     "cls": ForwardSelectionCV,
     "skip": tuple(
         set(inspect.signature(ForwardSelectionCV).parameters) - set(SELECTION_PARAMETERS)
     ),
     "aliases": {"budget": ("--selection-budget",)},
+    "types": {"memory_budget": parse_bytes},
+    "help_text": {
+        "memory_budget": "Bytes the final fit's training features may take (n x F float64 "
+        "numbers and the nystroem normalisation's F x F matrices), e.g. 8GiB, 500MiB, 8GB or "
+        "plain bytes: it bounds the basis grown for the whole training split and the basis "
+        "ladder; beyond one machine's memory, train on a cluster (--cluster)",
+    },
 }
+
+
+def _memory_budget_help() -> dict[str, dict[str, str]]:
+    """What the help says of --memory-budget's default: the rule, and what it allows on this
+    machine now (:func:`~training.selection.memory.default_allowance`)."""
+    return {
+        "default_help": {
+            "memory_budget": f"{MEMORY_SHARE:.0%} of the memory available at the start: on this "
+            f"machine now {default_allowance()}"
+        }
+    }
 
 
 def _fit_epilog() -> str:
@@ -108,7 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     selection = parser.add_argument_group(
         "selection", "with --similarity auto (training.ForwardSelectionCV, which wraps the model)"
     )
-    parser.set_defaults(selection_options=add_estimator_arguments(selection, **SELECTION_OPTIONS))
+    parser.set_defaults(
+        selection_options=add_estimator_arguments(
+            selection, **SELECTION_OPTIONS, **_memory_budget_help()
+        )
+    )
     output = parser.add_argument_group("output")
     output.add_argument(
         "--out", type=Path, help="artifact directory to write (default: models/<name>)"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -116,6 +116,7 @@ def add_estimator_arguments(
     default_help: Mapping[str, str] | None = None,
     extra_help: Mapping[str, str] | None = None,
     help_text: Mapping[str, str] | None = None,
+    types: Mapping[str, Callable[[str], Any]] | None = None,
 ) -> list[DerivedOption]:
     """Add one option per parameter of ``cls`` to ``group`` (a parser or an argument group).
 
@@ -139,6 +140,9 @@ def add_estimator_arguments(
     help_text : mapping of str to str, optional
         A parameter's help in place of its docstring's (where the Python API's words do not
         fit a command line).
+    types : mapping of str to callable, optional
+        How a parameter's text is read, in place of the type its constraints give (a
+        ``ValueError``'s message is the command line's error).
 
     Returns
     -------
@@ -148,12 +152,15 @@ def add_estimator_arguments(
     aliases, defaults = aliases or {}, defaults or {}
     default_help, extra_help = default_help or {}, extra_help or {}
     docs = {**parameter_docs(cls), **(help_text or {})}
+    types = types or {}
     constraints = getattr(cls, "_parameter_constraints", {})
     added = []
     for name, parameter in inspect.signature(cls.__init__).parameters.items():
         if parameter.kind is not inspect.Parameter.KEYWORD_ONLY or name in skip:
             continue
         value_type, choices, allows_none = _kind(constraints.get(name, []))
+        if name in types:
+            value_type = _argument_type(types[name])
         if value_type is None:
             raise TypeError(f"{cls.__name__}.{name}: no option type can be derived")
         none_choice = choices is not None and allows_none
@@ -175,6 +182,20 @@ def add_estimator_arguments(
         )
         added.append(DerivedOption(name, flags, none_choice))
     return added
+
+
+def _argument_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse type whose ``ValueError`` says what was wrong (argparse would
+    replace its message with "invalid value")."""
+
+    def read(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    read.__name__ = parse.__name__
+    return read
 
 
 def estimator_params(

@@ -9,13 +9,12 @@ hold-out; a rung is taken only when its gain over the rung before exceeds ``min_
 standard errors of the paired difference (the selection's own rule, :func:`paired_gain`) over
 the last rung taken. It stops when a rung's gain is within its standard error and held-out
 accuracy falls (or :data:`MAX_UNTAKEN_RUNGS` rungs in a row gain within their error), at every
-item of the largest class, at the memory bound (:func:`memory_bound_per_class`), or when its
+item of the largest class, at the memory budget (:mod:`training.selection.memory`), or when its
 time budget is spent. Every rung fitted is in the path, for the training record.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from sklearn.model_selection import train_test_split
 
 from training.selection.budget import SelectionBudget
 from training.selection.folds import FOLD_MAX_ITER, paired_gain
+from training.selection.memory import basis_per_class_within, default_memory_budget
 
 # The share of the training split held out to score each rung (stratified), at most
 # MAX_HOLDOUT_ITEMS: 2,000 held-out items give a paired standard error of about 0.3 points.
@@ -42,38 +42,6 @@ RUNG_FACTOR = 2
 # while held-out accuracy still rises, for at most this many rungs in a row: one doubling's gain
 # is often within the error of a hold-out of a few thousand items where two doublings' is not.
 MAX_UNTAKEN_RUNGS = 2
-
-# The share of the memory available at the start of the ladder that the training features (n x B
-# float64 numbers, and a B x B Gram matrix and its eigenvectors for the nystroem normalisation)
-# may take: the rest is the inputs, the solver's working vectors and everything else running.
-MEMORY_SHARE = 0.25
-
-# Where the platform does not say how much memory is available.
-FALLBACK_AVAILABLE_BYTES = 4 * 2**30
-
-
-def available_memory_bytes() -> int:
-    """Memory free now (``SC_AVPHYS_PAGES``: Linux's MemFree, which leaves out the page cache
-    the kernel would give back, so the bound errs small), or :data:`FALLBACK_AVAILABLE_BYTES`
-    where the platform does not say."""
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return FALLBACK_AVAILABLE_BYTES
-
-
-def memory_bound_per_class(
-    n_train: int, n_classes: int, weight: float, available_bytes: int | None = None
-) -> int:
-    """The largest basis per class whose training features fit :data:`MEMORY_SHARE` of the
-    available memory: ``8 * (n_train * F + 3 * F**2)`` bytes for F features (the basis items
-    times the measures' ``weight``), F the largest that fits, over ``weight`` and the classes.
-    """
-    available = available_memory_bytes() if available_bytes is None else available_bytes
-    budget = MEMORY_SHARE * available / 8
-    # 3 F^2 + n F - budget = 0
-    features = (-n_train + np.sqrt(float(n_train) ** 2 + 12 * budget)) / 6
-    return max(1, int(features // (max(weight, 1e-9) * max(1, n_classes))))
 
 
 def ladder_sizes(start: int, top: int, factor: int = RUNG_FACTOR) -> list[int]:
@@ -138,7 +106,7 @@ def climb_basis_ladder(
     min_gain_se: float,
     budget: SelectionBudget,
     random_state: int = 0,
-    available_bytes: int | None = None,
+    memory_budget: int | None = None,
 ) -> LadderResult:
     """Grow the basis of ``params`` on (X, y) along :func:`ladder_sizes` from ``start``.
 
@@ -163,8 +131,9 @@ def climb_basis_ladder(
         one that would spend it at twice the cost of the rung before.
     random_state : int, default=0
         Seed of the hold-out.
-    available_bytes : int or None
-        Memory the bound is derived from (None: what is available now).
+    memory_budget : int or None
+        Bytes the training features may take, which bound the top rung
+        (:mod:`training.selection.memory`; None: its default now).
 
     Returns
     -------
@@ -180,7 +149,8 @@ def climb_basis_ladder(
     y_fit, y_held = y[fit_positions], y[held_positions]
     fit_largest = int(np.unique(y_fit, return_counts=True)[1].max())
     split_largest = int(np.unique(y, return_counts=True)[1].max())
-    bound = memory_bound_per_class(len(y), n_classes, weight, available_bytes)
+    budget_bytes = default_memory_budget() if memory_budget is None else memory_budget
+    bound = basis_per_class_within(len(y), n_classes, weight, budget_bytes)
     top = min(fit_largest, bound)
     result = LadderResult(
         basis_per_class=min(start, bound),

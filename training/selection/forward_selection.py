@@ -52,8 +52,10 @@ from training.selection.budget import (
     budget_for,
 )
 from training.selection.folds import FoldScorer, make_folds, repeats_for
+from training.selection.memory import MEMORY_SHARE, default_memory_budget, describe_bytes
 from training.selection.sites import OnCluster, ThisMachine, fold_jobs
 from training.selection.space import (
+    GROWN_WITHIN_MEMORY,
     START_BASIS_PER_CLASS,
     START_MEASURE,
     basis_cap,
@@ -119,6 +121,11 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         sets measured (docs/measurements/model-selection.md).
     max_items : int, default=MAX_SELECTION_ITEMS
         Larger training sets are cross-validated on a stratified sample of this many items.
+    memory_budget : int or None, default=None
+        Bytes the final fit's training features may take (:mod:`training.selection.memory`:
+        n x F float64 numbers and the nystroem normalisation's F x F matrices): it bounds the
+        basis grown for the whole split and the basis ladder's top rung. None: a quarter of the
+        memory available when the selection starts (Linux's MemAvailable).
     random_state : int, default=0
         Seed of the folds and the sample.
     refit : bool, default=True
@@ -168,6 +175,13 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         out), ``newton_steps``; ``best_params_["C"]`` is the best of them.
     searched_basis_per_class_ : int
         The basis size per class chosen on the folds, before it grew.
+    memory_budget_ : int
+        The memory budget the basis was sized within, in bytes.
+    grown_bound_ : str or None
+        What bounded the basis grown for the whole split (the ladder's first rung): ``in
+        proportion to the items``, ``every item of the largest class``, ``the memory budget``,
+        ``the share of the items``, ``the feature cap`` (documents) or ``the size the folds
+        chose``; None when it did not grow.
     ladder_ : dict or None
         Dense inputs selected on a sample of a split held in this process: the basis ladder on
         the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
@@ -190,6 +204,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         "min_gain_se": [Interval(Real, 0, None, closed="left")],
         "prefer": [StrOptions(set(PREFERENCES))],
         "max_items": [Interval(Integral, 2, None, closed="left")],
+        "memory_budget": [Interval(Integral, 1, None, closed="left"), None],
         "random_state": [Interval(Integral, 0, None, closed="left")],
         "refit": ["boolean"],
         "verbose": ["boolean"],
@@ -206,6 +221,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         min_gain_se=DEFAULT_MIN_GAIN_SE,
         prefer=DEFAULT_PREFERENCE,
         max_items=MAX_SELECTION_ITEMS,
+        memory_budget=None,
         random_state=0,
         refit=True,
         verbose=False,
@@ -218,6 +234,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.min_gain_se = min_gain_se
         self.prefer = prefer
         self.max_items = max_items
+        self.memory_budget = memory_budget
         self.random_state = random_state
         self.refit = refit
         self.verbose = verbose
@@ -319,6 +336,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         grows for a set of ``class_counts`` items per class (default: y's own, X being the
         whole set; else X is a sample of it)."""
         started = time.monotonic()
+        self.memory_budget_ = (
+            default_memory_budget() if self.memory_budget is None else int(self.memory_budget)
+        )
         preparation = preparation_for(X, self._estimator())
         probe = clone(self._estimator())
         X_checked, y_checked = preparation.validate_fit(probe, X, y)
@@ -397,8 +417,14 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         )
         run_stages(state, spec, n_classes, fold_largest, rules, transforms)
         self.searched_basis_per_class_ = state.current["basis_per_class"]
-        self.best_params_ = self._final_params(
-            state.current, fold_largest, len(folds[0].y_train), class_counts, n_items, rules
+        self.best_params_, self.grown_bound_ = self._final_params(
+            state.current,
+            fold_largest,
+            len(folds[0].y_train),
+            class_counts,
+            n_items,
+            rules,
+            self.memory_budget_,
         )
         self.ladder_ = None
         if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
@@ -414,6 +440,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 min_gain_se=self.min_gain_se,
                 budget=SelectionBudget(self.budget_s_, _fit_cores(base.get_params()["n_jobs"])),
                 random_state=self.random_state,
+                memory_budget=self.memory_budget_,
             )
             self.ladder_ = ladder.record()
             self.best_params_ = {**self.best_params_, "basis_per_class": ladder.basis_per_class}
@@ -432,30 +459,38 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
 
     @staticmethod
     def _final_params(
-        chosen, fold_largest: int, fold_items: int, class_counts, n_items: int, rules
-    ) -> dict[str, Any]:
+        chosen,
+        fold_largest: int,
+        fold_items: int,
+        class_counts,
+        n_items: int,
+        rules,
+        memory_budget: int,
+    ) -> tuple[dict[str, Any], str | None]:
         """The chosen parameters with the basis for the whole split (``class_counts`` items
-        of each class): grown in proportion where the rules say so (documents, a selection on a
-        sample), every item of each class when the folds chose every item of theirs, else as
-        the folds chose it."""
+        of each class), and what bounded it where it grew: grown in proportion where the rules
+        say so (documents, a selection on a sample) within their limits and ``memory_budget``
+        bytes, every item of each class when the folds chose every item of theirs, else as the
+        folds chose it."""
         chosen = dict(chosen)
         counts = np.asarray(class_counts)
         n_train = int(counts.sum())
         weight = basis_weight(chosen["similarity"])
         if rules.grows_basis(n_items, n_train):
-            chosen["basis_per_class"] = grown_basis_per_class(
+            grown = grown_basis_per_class(
                 chosen["basis_per_class"],
                 fold_items,
                 n_train,
                 int(counts.max()),
                 weight,
                 len(counts),
-                rules.grown_features(n_train),
+                rules.grown_feature_limits(n_train, memory_budget),
             )
-        elif chosen["basis_per_class"] >= fold_largest:
+            return {**chosen, "basis_per_class": grown.per_class}, grown.bound
+        if chosen["basis_per_class"] >= fold_largest:
             cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
             chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
-        return chosen
+        return chosen, None
 
     def predict(self, X):
         """Labels predicted by ``best_estimator_``."""
@@ -517,6 +552,15 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "cv_accuracy": None if np.isnan(self.best_score_) else self.best_score_,
             "chosen": dict(self.best_params_),
             "searched_basis_per_class": self.searched_basis_per_class_,
+            "memory_budget": {
+                "bytes": self.memory_budget_,
+                "rule": (
+                    f"{MEMORY_SHARE:.0%} of the memory available at the start"
+                    if self.memory_budget is None
+                    else "given"
+                ),
+                "grown_basis_bound": self.grown_bound_,
+            },
             "path": self.path_,
             "stages": self.stages_,
             **({"basis_ladder": self.ladder_} if getattr(self, "ladder_", None) else {}),
@@ -542,6 +586,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         grown = (
             f", grown from {searched} on the folds" if searched != chosen["basis_per_class"] else ""
         )
+        if self.grown_bound_ == GROWN_WITHIN_MEMORY:
+            grown += f", bounded by the memory budget of {describe_bytes(self.memory_budget_)}"
         lines.append(
             f"  chosen: {chosen['similarity']} on {chosen['input_transform'] or 'the inputs'}"
             + ("" if self.documents_ else f", {chosen['input_normalization']} input normalisation")

@@ -8,6 +8,7 @@ for documents is one :class:`KindRules` object, chosen once.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALI
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import parse_transform
 from service.model.similarity import parse_spec, split_specs
+from training.selection.memory import features_within
 
 MAX_MEASURES = 3
 
@@ -39,12 +41,12 @@ MAX_DOCUMENT_FEATURES = 6400
 DOCUMENT_NORMALIZATION = "besvm"
 
 # Dense inputs selected on a sample: the basis the folds chose grows with the split (as for
-# documents) up to this many basis items times measures, and to at most MAX_GROWN_SHARE of the
-# training items. The selection's own cap (MAX_FEATURES) bounds what its folds cost; the final fit
-# affords more, and accuracy keeps growing with the basis on large splits, but not past a share
-# of the items, where the SVM overfits (docs/how-it-works/model-selection.md has the figures).
-MAX_GROWN_FEATURES = 4000
-
+# documents) to at most this share of the training items (basis items times measures), and within
+# the fit's memory budget (training.selection.memory). The selection's own cap (MAX_FEATURES)
+# bounds what its folds cost; the final fit affords more, and accuracy keeps growing with the
+# basis on large splits, but not past a share of the items, where the SVM overfits: the grown size
+# is the basis ladder's first rung, which is taken unvalidated
+# (docs/how-it-works/model-selection.md has the figures).
 MAX_GROWN_SHARE = 0.2
 
 # The work of a HOG transform per input pixel, in multiply-adds: an 8 x 8 digit's transform
@@ -213,6 +215,24 @@ def basis_size_candidates(
     return [*sizes, cap]
 
 
+# What a grown basis may be bounded by, as the training record names it (besides the feature
+# limits of KindRules.grown_feature_limits).
+GROWN_IN_PROPORTION = "in proportion to the items"
+GROWN_EVERY_ITEM = "every item of the largest class"
+GROWN_NOT = "the size the folds chose"
+GROWN_WITHIN_MEMORY = "the memory budget"
+
+
+@dataclass(frozen=True)
+class GrownBasis:
+    """A basis grown to the whole training split: its size per class and what bounded it
+    (:data:`GROWN_IN_PROPORTION`, :data:`GROWN_EVERY_ITEM`, :data:`GROWN_NOT` or the name of a
+    feature limit)."""
+
+    per_class: int
+    bound: str
+
+
 def grown_basis_per_class(
     per_class: int,
     validated_items: int,
@@ -220,20 +240,34 @@ def grown_basis_per_class(
     largest_class: int,
     weight: float,
     n_classes: int,
-    max_features: int = MAX_DOCUMENT_FEATURES,
-) -> int:
+    feature_limits: Mapping[str, int],
+) -> GrownBasis:
     """The per-class basis size for the whole training split, grown from the one chosen on a
     fold's training part (``validated_items`` items) in proportion to the items: the basis keeps
-    the same share of each class. Capped by the largest class and by ``max_features`` over the
-    measures' ``weight``, never below ``per_class``.
+    the same share of each class. Bounded by the largest class and by each of
+    ``feature_limits`` (a name and its most basis items times the measures' ``weight``), never
+    below ``per_class`` unless the memory budget (the limit :data:`GROWN_WITHIN_MEMORY`, if
+    given) is smaller: that one is a bound on the final fit, not on the growth.
 
     For documents, and for dense inputs selected on a sample: there the selection runs on folds
     far smaller than the split, and accuracy keeps growing with the basis, so the size the
     folds support would leave most of the split's information out.
     """
-    grown = round(per_class * n_train / max(1, validated_items))
-    cap = max(1, int(max_features // (max(weight, 1e-9) * max(1, n_classes))))
-    return max(per_class, min(grown, largest_class, cap))
+    sizes = {
+        GROWN_IN_PROPORTION: round(per_class * n_train / max(1, validated_items)),
+        GROWN_EVERY_ITEM: largest_class,
+        **{
+            name: max(1, int(features // (max(weight, 1e-9) * max(1, n_classes))))
+            for name, features in feature_limits.items()
+        },
+    }
+    memory = sizes.pop(GROWN_WITHIN_MEMORY, None)
+    bound = min(sizes, key=sizes.__getitem__)
+    grown = GrownBasis(sizes[bound], bound) if sizes[bound] > per_class else None
+    grown = grown or GrownBasis(per_class, GROWN_NOT)
+    if memory is not None and memory < grown.per_class:
+        return GrownBasis(memory, GROWN_WITHIN_MEMORY)
+    return grown
 
 
 def prediction_work(params: dict[str, Any], input_spec: InputSpec, n_classes: int) -> float:
@@ -270,7 +304,7 @@ class KindRules:
 
     normalization: str  # the similarity normalisation every candidate uses
     max_features: int  # basis items times the measures' weight, in the selection
-    grown_max_features: int  # the same for the final fit, when its basis grows ...
+    grown_max_features: int | None  # the same for the final fit, when its basis grows ...
     grown_max_share: float | None  # ... and at most this share of the training items
     grow_unsampled: bool  # grow the basis even when the selection saw every training item
     input_normalizations: tuple[str, ...]  # chosen with the widths and C
@@ -289,11 +323,17 @@ class KindRules:
         """Whether the chosen basis grows from the folds to the whole split."""
         return self.grow_unsampled or validated_items < n_train
 
-    def grown_features(self, n_train: int) -> int:
-        """The feature budget of a grown basis on ``n_train`` training items."""
-        if self.grown_max_share is None:
-            return self.grown_max_features
-        return max(1, min(self.grown_max_features, int(self.grown_max_share * n_train)))
+    def grown_feature_limits(self, n_train: int, memory_budget: int) -> dict[str, int]:
+        """The limits on a grown basis of ``n_train`` training items, by name, in features
+        (basis items times the measures' weight): the features within ``memory_budget`` bytes
+        (:func:`~training.selection.memory.features_within`), the kind's own cap and share of
+        the items where it has them."""
+        limits = {GROWN_WITHIN_MEMORY: max(1, features_within(n_train, memory_budget))}
+        if self.grown_max_features is not None:
+            limits["the feature cap"] = self.grown_max_features
+        if self.grown_max_share is not None:
+            limits["the share of the items"] = max(1, int(self.grown_max_share * n_train))
+        return limits
 
     def coarse_C(self, measure: str) -> tuple[float, ...]:
         """The values of C the coarse grid tries with ``measure``."""
@@ -305,7 +345,7 @@ class KindRules:
 DENSE_RULES = KindRules(
     normalization="auto",
     max_features=MAX_FEATURES,
-    grown_max_features=MAX_GROWN_FEATURES,
+    grown_max_features=None,  # the memory budget bounds it
     grow_unsampled=False,
     grown_max_share=MAX_GROWN_SHARE,
     input_normalizations=(GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION),

@@ -1,0 +1,261 @@
+"""The memory budget for the training features (training/selection/memory.py, issue 34 item 2):
+its arithmetic against hand-computed numbers, the available memory against psutil's reading,
+``fit --memory-budget`` through the real command line, and a selection whose budget bounds the
+basis it grows for the whole split."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+from sklearn.datasets import load_digits
+
+from training import BasisExpandingSVC, ForwardSelectionCV
+from training.cli.main import main
+from training.selection.memory import (
+    MEMORY_SHARE,
+    available_memory_bytes,
+    basis_per_class_within,
+    default_allowance,
+    default_memory_budget,
+    describe_bytes,
+    feature_bytes,
+    features_within,
+    parse_bytes,
+)
+from training.selection.space import (
+    DENSE_RULES,
+    DOCUMENT_RULES,
+    MAX_DOCUMENT_FEATURES,
+    GrownBasis,
+    grown_basis_per_class,
+)
+
+GIB = 2**30
+
+
+def test_feature_bytes_count_the_features_and_three_square_matrices():
+    # 1,000 items x 100 features, and three 100 x 100 matrices, of 8 bytes.
+    assert feature_bytes(1000, 100) == 8 * (100_000 + 30_000) == 1_040_000
+    assert feature_bytes(60_000, 8_000) == 8 * (480_000_000 + 192_000_000)
+
+
+@pytest.mark.parametrize(
+    ("n_items", "budget", "expected"),
+    [
+        (1000, 1_040_000, 100),  # exactly 100 features' bytes
+        (1000, 1_039_999, 99),  # a byte short of them
+        (1000, 8 * (1000 * 99 + 3 * 99**2), 99),
+        (10**6, 8 * 10**6 * 1000 + 8 * 3 * 1000**2, 1000),
+        (1000, 7, 0),  # not one feature
+    ],
+)
+def test_features_within_is_the_largest_count_that_fits(n_items, budget, expected):
+    assert features_within(n_items, budget) == expected
+
+
+@pytest.mark.parametrize(
+    ("n_train", "n_classes", "weight", "budget"),
+    [(1797, 10, 1.0, GIB // 4), (60_000, 10, 1.0, 4 * GIB), (5000, 2, 9.0, 25 * 10**6)],
+)
+def test_the_basis_within_a_budget_is_the_largest_that_fits(n_train, n_classes, weight, budget):
+    per_class = basis_per_class_within(n_train, n_classes, weight, budget)
+
+    def needed(per_class):
+        features = per_class * n_classes * weight
+        return 8 * (n_train * features + 3 * features**2)
+
+    assert needed(per_class) <= budget
+    assert needed(per_class + 1) > budget
+
+
+def test_the_basis_within_a_budget_by_hand():
+    # 1,000 items, 10 classes: 100 features fit 1,040,000 bytes: 10 a class of an rbf, 5 of a
+    # pair of measures, and never less than 1.
+    assert basis_per_class_within(1000, 10, 1.0, 1_040_000) == 10
+    assert basis_per_class_within(1000, 10, 2.0, 1_040_000) == 5
+    assert basis_per_class_within(1000, 10, 1.0, 100) == 1
+
+
+def test_available_memory_is_memavailable(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  8000 kB\nMemFree:  1024 kB\nMemAvailable:  2048 kB\n")
+    assert available_memory_bytes(meminfo) == 2048 * 1024
+    # Without MemAvailable, the platform's free pages.
+    meminfo.write_text("MemTotal:  8000 kB\n")
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert available_memory_bytes(meminfo) == pytest.approx(free, abs=GIB // 2)
+    # This machine's, as psutil reads it (memory moves between the two readings).
+    assert available_memory_bytes() == pytest.approx(psutil.virtual_memory().available, abs=GIB)
+    assert default_memory_budget(8 * GIB) == MEMORY_SHARE * 8 * GIB
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8GiB", 8 * GIB),
+        ("500MiB", 500 * 2**20),
+        ("8GB", 8 * 10**9),
+        ("8g", 8 * GIB),
+        (" 1.5 gib ", 3 * GIB // 2),
+        ("4000000000", 4_000_000_000),
+        ("64KiB", 65_536),
+    ],
+)
+def test_sizes_parse(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "8 parsecs", "-1GiB", "0", "", "GiB", "1e9"])
+def test_bad_sizes_are_refused(text):
+    with pytest.raises(ValueError, match=r"not a size|at least one byte"):
+        parse_bytes(text)
+
+
+def test_describe_bytes():
+    assert describe_bytes(8 * GIB) == "8.0 GiB"
+    assert describe_bytes(1536 * 2**20) == "1.5 GiB"
+    assert describe_bytes(100) == "100 B"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("lots", "argument --memory-budget: 'lots' is not a size"),
+        ("0", "argument --memory-budget: '0': a memory budget must be at least one byte"),
+        ("-5MiB", "argument --memory-budget: '-5MiB' is not a size"),
+    ],
+)
+def test_fit_refuses_a_bad_memory_budget(text, message, tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training",
+            "fit",
+            f"--memory-budget={text}",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "e.g. 8GiB" in result.stderr or "at least one byte" in result.stderr
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_fit_help_says_what_the_default_budget_allows():
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "fit", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    text = " ".join(result.stdout.split())
+    found = re.search(
+        r"25% of the memory available at the start: on this machine now ([\d.]+) GiB, which holds "
+        r"([\d,]+) basis items a class at 10,000 training items, ([\d,]+) at 100,000, "
+        r"([\d,]+) at 1,000,000 \(10 classes, an rbf\)",
+        text,
+    )
+    assert found, text
+    # The figures are the module's for the budget shown (rounded to a tenth of a GiB).
+    budget = float(found.group(1)) * GIB
+    for n_items, shown in zip((10**4, 10**5, 10**6), found.groups()[1:], strict=True):
+        assert int(shown.replace(",", "")) == pytest.approx(
+            basis_per_class_within(n_items, 10, 1.0, int(budget)), rel=0.05
+        )
+    assert default_allowance(budget_bytes=8 * GIB).startswith("8.0 GiB, which holds ")
+
+
+def test_the_grown_basis_is_bounded_by_the_budget_and_the_share():
+    # Folds chose 25 a class of 2,000 items; the split has 60,000 (10 classes of 6,000): in
+    # proportion 750 a class. A fifth of the items is 12,000 features (1,200 a class).
+    assert DENSE_RULES.grown_feature_limits(60_000, 64 * GIB)["the share of the items"] == 12_000
+    roomy = grown_basis_per_class(
+        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 64 * GIB)
+    )
+    assert roomy == GrownBasis(750, "in proportion to the items")
+    # 5,000 features of 60,000 items take 8 * (3e8 + 7.5e7) = 3e9 bytes: 500 a class.
+    tight = grown_basis_per_class(
+        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 3 * 10**9)
+    )
+    assert tight == GrownBasis(500, "the memory budget")
+    # Documents keep their own cap unless the budget is smaller.
+    limits = DOCUMENT_RULES.grown_feature_limits(60_000, 64 * GIB)
+    assert limits["the feature cap"] == MAX_DOCUMENT_FEATURES
+    assert limits["the memory budget"] > MAX_DOCUMENT_FEATURES
+    documents = grown_basis_per_class(25, 2000, 60_000, 6000, 1.0, 10, limits)
+    assert documents == GrownBasis(MAX_DOCUMENT_FEATURES // 10, "the feature cap")
+    small = DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9)
+    assert grown_basis_per_class(25, 2000, 60_000, 6000, 1.0, 10, small).bound == (
+        "the memory budget"
+    )
+    # A budget bounds the final fit even below the size the folds chose (250 a class): 2,000
+    # features of 60,000 items (8 * (1.2e8 + 1.2e7) bytes) hold 200 a class of 10 classes.
+    below = DENSE_RULES.grown_feature_limits(60_000, 8 * (60_000 * 2000 + 3 * 2000**2))
+    assert grown_basis_per_class(250, 2000, 60_000, 6000, 1.0, 10, below) == GrownBasis(
+        200, "the memory budget"
+    )
+
+
+def _digits_selection(memory_budget):
+    X, y = load_digits(return_X_y=True)
+    selection = ForwardSelectionCV(
+        BasisExpandingSVC(n_jobs=1),
+        budget=4.0,
+        n_jobs=1,
+        max_items=400,
+        refit=False,
+        memory_budget=memory_budget,
+    )
+    return selection.fit(X.astype(np.float64), y.astype(str))
+
+
+@pytest.mark.slow
+def test_a_tiny_budget_grows_a_smaller_basis_and_the_record_names_it():
+    # 3 bases a class of digits' 1,797 items: 8 * (1,797 * 30 + 3 * 30^2) bytes.
+    tiny = 8 * (1797 * 30 + 3 * 30**2)
+    small = _digits_selection(tiny)
+    large = _digits_selection(4 * GIB)
+    assert small.best_params_["basis_per_class"] <= 3
+    assert large.best_params_["basis_per_class"] > small.best_params_["basis_per_class"]
+    record = json.loads(json.dumps(small.record()))  # plain JSON, for the manifest
+    assert record["memory_budget"]["bytes"] == tiny
+    assert record["memory_budget"]["rule"] == "given"
+    ladder = record["basis_ladder"]
+    assert ladder["memory_bound_per_class"] == 3
+    assert all(rung["basis_per_class"] <= 3 for rung in ladder["path"])
+    # The budget bounds the grown basis even below the size the folds chose.
+    assert record["memory_budget"]["grown_basis_bound"] == "the memory budget"
+    assert f"bounded by the memory budget of {describe_bytes(tiny)}" in small.describe()
+    assert large.record()["memory_budget"]["bytes"] == 4 * GIB
+
+
+def test_the_default_budget_is_a_share_of_what_is_available(capsys, tmp_path):
+    X, y = load_digits(return_X_y=True)
+    selection = ForwardSelectionCV(
+        BasisExpandingSVC(n_jobs=1), budget=0.5, n_jobs=1, repeats=1, refit=False
+    ).fit(X[:300].astype(np.float64), y[:300].astype(str))
+    recorded = selection.record()["memory_budget"]
+    assert recorded["rule"] == "25% of the memory available at the start"
+    assert recorded["bytes"] == pytest.approx(MEMORY_SHARE * available_memory_bytes(), rel=0.2)
+    # Every item was cross-validated: nothing grew.
+    assert recorded["grown_basis_bound"] is None
+
+
+@pytest.mark.slow
+def test_fit_records_the_memory_budget_given(tmp_path, capsys):
+    out = tmp_path / "m"
+    args = ["fit", "--out", str(out), "--budget", "2", "--memory-budget", "500MiB", "--quiet"]
+    assert main(args) == 0
+    selection = json.loads((out / "manifest.json").read_text())["training"]["selection"]
+    assert selection["memory_budget"]["bytes"] == 500 * 2**20
+    assert selection["memory_budget"]["rule"] == "given"

@@ -1,0 +1,215 @@
+r"""The memory arithmetic of a fit: how much memory this machine has available
+(:func:`available_memory_bytes`), the default budget for the training features
+(:func:`default_memory_budget`), what the features of n items take (:func:`feature_bytes`), and
+the largest basis that fits a budget (:func:`features_within`, :func:`basis_per_class_within`).
+
+The training features are an n x F matrix of float64 numbers (F = basis items x features per
+basis item), and the nystroem normalisation adds F x F matrices: the basis Gram matrix, its
+eigenvectors and the projection made of them. A budget of b bytes thus holds F features of n
+items when
+
+.. math::
+
+    8 (n F + 3 F^2) \le b.
+
+The selection sizes the final fit's basis with it (:mod:`training.selection.space`) and so does
+the basis ladder (:mod:`training.selection.basis_ladder`); the ``fit`` command parses
+``--memory-budget`` with :func:`parse_bytes` and states what the default allows
+(:func:`default_allowance`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+__all__ = [
+    "FALLBACK_AVAILABLE_BYTES",
+    "FEATURE_ITEMSIZE",
+    "MEMORY_SHARE",
+    "SQUARE_MATRICES",
+    "available_memory_bytes",
+    "basis_per_class_within",
+    "default_allowance",
+    "default_memory_budget",
+    "describe_bytes",
+    "feature_bytes",
+    "features_within",
+    "parse_bytes",
+]
+
+# The share of the memory available when a fit starts that its training features may take by
+# default: the rest holds the inputs, the solver's working vectors (a few n-vectors per class and,
+# for the exact Newton method, an F x F Hessian per thread) and everything else running.
+MEMORY_SHARE = 0.25
+
+# Where neither /proc/meminfo nor the platform says how much memory is available.
+FALLBACK_AVAILABLE_BYTES = 4 * 2**30
+
+# Bytes of one feature value: the expansion writes, and the solver reads, float64.
+FEATURE_ITEMSIZE = 8
+
+# The F x F matrices the nystroem normalisation holds beside the features: the basis Gram
+# matrix, its eigenvectors and the projection. Counted for every normalisation, so the bound
+# errs small for the others.
+SQUARE_MATRICES = 3
+
+MEMINFO = Path("/proc/meminfo")
+
+# /proc/meminfo's "kB" is 1,024 bytes (proc(5)).
+MEMINFO_UNIT = 2**10
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def available_memory_bytes(meminfo: Path = MEMINFO) -> int:
+    """Memory a new allocation can have now without swapping: Linux's ``MemAvailable`` (free
+    memory and the page cache the kernel gives back), else the platform's free pages
+    (``SC_AVPHYS_PAGES``, which leaves the cache out), else :data:`FALLBACK_AVAILABLE_BYTES`.
+
+    Parameters
+    ----------
+    meminfo : Path, default=/proc/meminfo
+        Where Linux says it.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    try:
+        for line in meminfo.read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name == "MemAvailable":
+                number, unit = value.split()
+                if unit != "kB":
+                    raise ValueError(f"MemAvailable in {unit!r}")
+                return int(number) * MEMINFO_UNIT
+    except (OSError, ValueError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return FALLBACK_AVAILABLE_BYTES
+
+
+def default_memory_budget(available_bytes: int | None = None) -> int:
+    """:data:`MEMORY_SHARE` of ``available_bytes`` (None: :func:`available_memory_bytes`)."""
+    available = available_memory_bytes() if available_bytes is None else available_bytes
+    return int(MEMORY_SHARE * available)
+
+
+def feature_bytes(n_items: int, n_features: int) -> int:
+    """Bytes of the training features of ``n_items`` items and ``n_features`` features: the
+    n x F matrix and :data:`SQUARE_MATRICES` F x F ones, of :data:`FEATURE_ITEMSIZE` bytes a
+    number."""
+    return FEATURE_ITEMSIZE * (n_items * n_features + SQUARE_MATRICES * n_features**2)
+
+
+def features_within(n_items: int, budget_bytes: int) -> int:
+    """The most features F of ``n_items`` items whose :func:`feature_bytes` fit
+    ``budget_bytes`` (0 when not even one does)."""
+    # The positive root of SQUARE_MATRICES F^2 + n F - budget / itemsize = 0, then corrected
+    # by a step for the root's rounding.
+    numbers = budget_bytes / FEATURE_ITEMSIZE
+    root = (-n_items + math.sqrt(n_items**2 + 4 * SQUARE_MATRICES * numbers)) / (
+        2 * SQUARE_MATRICES
+    )
+    features = max(0, int(root))
+    while features > 0 and feature_bytes(n_items, features) > budget_bytes:
+        features -= 1
+    while feature_bytes(n_items, features + 1) <= budget_bytes:
+        features += 1
+    return features
+
+
+def basis_per_class_within(
+    n_items: int, n_classes: int, features_per_basis_item: float, budget_bytes: int
+) -> int:
+    """The largest basis per class whose training features fit ``budget_bytes`` (at least 1).
+
+    Parameters
+    ----------
+    n_items : int
+        Training items the features are computed for.
+    n_classes : int
+    features_per_basis_item : float
+        Features per basis item: the measures' weight
+        (:func:`~training.selection.space.basis_weight`, 1 for an rbf), which is at least their
+        number, so that a costly measure's basis is bounded as its work is.
+    budget_bytes : int
+
+    Returns
+    -------
+    int
+    """
+    features = features_within(n_items, budget_bytes)
+    return max(1, int(features // (max(features_per_basis_item, 1e-9) * max(1, n_classes))))
+
+
+def parse_bytes(text: str) -> int:
+    """A size in bytes from text: a number with an optional unit, ``8GiB``, ``500MiB``, ``8GB``
+    (10^9), ``8G`` (2^30, as ``GiB``), ``4000000000``; units are case-insensitive.
+
+    Raises
+    ------
+    ValueError
+        Not such a size, or not at least one byte.
+    """
+    match = _SIZE.match(str(text))
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"{text!r} is not a size: give bytes as a number with an optional unit, e.g. "
+            "8GiB, 500MiB, 8GB or 4000000000"
+        )
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size < 1:
+        raise ValueError(f"{text!r}: a memory budget must be at least one byte")
+    return size
+
+
+def describe_bytes(size: float) -> str:
+    """``size`` bytes in words: ``8.0 GiB``, ``512.0 MiB``, ``100 B``."""
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{int(size)} B"
+
+
+def default_allowance(
+    n_items: tuple[int, ...] = (10**4, 10**5, 10**6),
+    n_classes: int = 10,
+    features_per_basis_item: float = 1.0,
+    budget_bytes: int | None = None,
+) -> str:
+    """What ``budget_bytes`` (None: :func:`default_memory_budget` now) allows, in words: the
+    basis items per class at each of ``n_items`` training items, for ``n_classes`` classes and
+    measures of ``features_per_basis_item`` (an rbf: 1)."""
+    budget = default_memory_budget() if budget_bytes is None else budget_bytes
+    sizes = [
+        f"{basis_per_class_within(n, n_classes, features_per_basis_item, budget):,} "
+        + ("basis items a class at " if i == 0 else "at ")
+        + f"{n:,}"
+        + (" training items" if i == 0 else "")
+        for i, n in enumerate(n_items)
+    ]
+    return f"{describe_bytes(budget)}, which holds {', '.join(sizes)} ({n_classes} classes, an rbf)"
