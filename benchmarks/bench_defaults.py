@@ -213,13 +213,23 @@ def _default(dataset: Dataset, args) -> dict:
         if ladder
         else ""
     )
+    large = (ladder or {}).get("large_basis")
+    if large:
+        best = max(large["candidates"], key=lambda e: e["held_out_accuracy"], default=None)
+        rungs += (
+            f", large basis: {len(large['candidates'])} scored"
+            + (f", best {100 * best['held_out_accuracy']:.2f}%" if best else "")
+            + (" taken" if large["chosen"] else " not taken")
+            + f" ({large['stopped']})"
+        )
     return {
         "accuracy": accuracy,
         "seconds": seconds,
         "us": 1e6 * per_sample,
         "kb": size / 1024,
         "note": f"{chosen['similarity']}, {chosen['input_transform'] or 'inputs'}, "
-        f"{chosen['input_normalization']}, B/class {chosen['basis_per_class']}, C {chosen['C']:g}, "
+        f"{chosen['input_normalization']}, {chosen['normalization']}, "
+        f"B/class {chosen['basis_per_class']}, C {chosen['C']:g}, "
         f"CV {100 * selection.best_score_:.2f}%, search {selection.seconds_:.0f} s of "
         f"{selection.budget_s_:.0f}" + (f", cut: {', '.join(cut)}" if cut else "") + rungs,
     }

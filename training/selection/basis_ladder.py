@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import StratifiedKFold, train_test_split
 
 from training.selection.budget import SelectionBudget
-from training.selection.folds import FOLD_MAX_ITER, paired_gain
+from training.selection.folds import FOLD_MAX_ITER, RACE_Z, paired_gain
 from training.selection.memory import basis_per_class_within, default_memory_budget
+from training.selection.space import Candidate, neighbour_candidates
+from training.selection.state import DEFAULT_PREFERENCE, take
 
 # The share of the training split held out to score each rung (stratified), at most
 # MAX_HOLDOUT_ITEMS: 2,000 held-out items give a paired standard error of about 0.3 points.
@@ -65,6 +68,12 @@ class LadderResult:
     fit_items: int = 0
     memory_bound_per_class: int = 0
     seconds: float = 0.0
+    # the large-basis search after the ladder: the configuration it chose (None: the ladder's),
+    # every candidate it scored, and why it ended
+    params: dict[str, Any] | None = None
+    large_basis: list[dict[str, Any]] = field(default_factory=list)
+    large_basis_stopped: str = ""
+    confirmation: dict[str, Any] | None = None  # a gain within the noise, tested on every item
 
     def record(self) -> dict[str, Any]:
         return {
@@ -78,21 +87,78 @@ class LadderResult:
             "stopped": self.stopped,
             "seconds": round(self.seconds, 2),
             "path": self.path,
+            **(
+                {
+                    "large_basis": {
+                        "chosen": self.params,
+                        "stopped": self.large_basis_stopped,
+                        "candidates": self.large_basis,
+                        "confirmation": self.confirmation,
+                    }
+                }
+                if self.large_basis_stopped
+                else {}
+            ),
         }
 
 
-def _hold_out(y: np.ndarray, random_state: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions to fit on and to hold out: a stratified :data:`HOLDOUT_SHARE` of the items
-    (at most :data:`MAX_HOLDOUT_ITEMS`), a class of a single item always in the fit part."""
-    _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
-    single = counts[codes] < 2
-    splittable = np.flatnonzero(~single)
-    n_split_classes = int(np.sum(counts >= 2))
-    holdout = min(MAX_HOLDOUT_ITEMS, max(n_split_classes, round(HOLDOUT_SHARE * len(y))))
-    fit, held = train_test_split(
-        splittable, test_size=holdout, stratify=y[splittable], random_state=random_state
-    )
-    return np.concatenate([fit, np.flatnonzero(single)]), held
+class HoldOut:
+    """The whole split less a stratified :data:`HOLDOUT_SHARE` (at most
+    :data:`MAX_HOLDOUT_ITEMS`; a class of a single item always in the fit part), and the
+    scoring of a configuration fitted on the rest."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, random_state: int) -> None:
+        _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
+        single = counts[codes] < 2
+        splittable = np.flatnonzero(~single)
+        n_split_classes = int(np.sum(counts >= 2))
+        holdout = min(MAX_HOLDOUT_ITEMS, max(n_split_classes, round(HOLDOUT_SHARE * len(y))))
+        fit, held = train_test_split(
+            splittable, test_size=holdout, stratify=y[splittable], random_state=random_state
+        )
+        self.fit = np.concatenate([fit, np.flatnonzero(single)])
+        self.held = held
+        self.X, self.y = X, y
+        self.fit_largest = int(np.unique(y[self.fit], return_counts=True)[1].max())
+
+    def score(self, estimator, params: dict[str, Any], budget: SelectionBudget):
+        """``estimator`` with ``params`` fitted on the fit part: its correctness on the hold-out
+        (shape (1, n_held)), the model, the wall seconds, and its CPU seconds per core, which
+        are added to ``budget``."""
+        return self._score(estimator, params, budget, self.fit, self.held)
+
+    def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The rest of the split in hold-outs of the same size: (fit, held) positions, each
+        held part a stratified share of the fit part, fitted on everything else; with the
+        hold-out they score every item once."""
+        n_parts = max(1, round(len(self.fit) / max(1, len(self.held))))
+        y_fit = self.y[self.fit]
+        if n_parts < 2 or np.unique(y_fit, return_counts=True)[1].min() < n_parts:
+            return []
+        parts = StratifiedKFold(n_splits=n_parts, shuffle=True, random_state=0).split(
+            self.fit, y_fit
+        )
+        everything = np.arange(len(self.y))
+        return [(np.setdiff1d(everything, self.fit[part]), self.fit[part]) for _, part in parts]
+
+    def score_on(self, estimator, params, budget, fit: np.ndarray, held: np.ndarray):
+        """As :meth:`score`, fitted on ``fit`` positions and scored on ``held`` ones."""
+        return self._score(estimator, params, budget, fit, held)
+
+    def _score(self, estimator, params, budget, fit: np.ndarray, held: np.ndarray):
+        cpu, wall = time.process_time(), time.monotonic()
+        model = clone(estimator).set_params(**params)
+        # Scored as a fold fit is: an ill-conditioned basis (nystroem's at a large size) can
+        # keep the solver for thousands of iterations, scored as it stands after FOLD_MAX_ITER
+        # (the final fit keeps the estimator's max_iter).
+        model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit(self.X[fit], self.y[fit])
+        correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
+        cpu = time.process_time() - cpu
+        budget.add(cpu)
+        return correct, model, time.monotonic() - wall, cpu / budget.cores
 
 
 def climb_basis_ladder(
@@ -107,8 +173,13 @@ def climb_basis_ladder(
     budget: SelectionBudget,
     random_state: int = 0,
     memory_budget: int | None = None,
+    large_basis: Callable[[int], list[Candidate]] | None = None,
+    large_basis_budget: SelectionBudget | None = None,
+    work: Callable[[dict[str, Any]], float] | None = None,
+    prefer: str = DEFAULT_PREFERENCE,
 ) -> LadderResult:
-    """Grow the basis of ``params`` on (X, y) along :func:`ladder_sizes` from ``start``.
+    """Grow the basis of ``params`` on (X, y) along :func:`ladder_sizes` from ``start``; then,
+    given ``large_basis``, search the configurations it offers at the top of the ladder.
 
     Parameters
     ----------
@@ -132,22 +203,37 @@ def climb_basis_ladder(
     random_state : int, default=0
         Seed of the hold-out.
     memory_budget : int or None
-        Bytes the training features may take, which bound the top rung
-        (:mod:`training.selection.memory`; None: its default now).
+        Bytes the training features may take (:mod:`training.selection.memory`; None: the
+        default, a share of the memory available now): it bounds the top rung.
+    large_basis : callable or None
+        Given a basis size per class, the candidate configurations of the large-basis search
+        (:func:`~training.selection.space.large_basis_candidates`): each is scored on the
+        hold-out at the ladder's top (every item of the fit part's largest class, or the
+        memory bound; halved while one fit would not fit ``large_basis_budget`` at the cost of
+        the last rung, scaled by the size), the best taken by the selection's rule
+        (:func:`~training.selection.state.take`) over the last rung taken, then its width and
+        C refined (:func:`~training.selection.space.neighbour_candidates`).
+    large_basis_budget : SelectionBudget or None
+        The large-basis search's time budget (required with ``large_basis``).
+    work : callable or None
+        A configuration's prediction work, for the rule's ties (None: all equal).
+    prefer : {"accuracy", "cost"}
+        What wins within the noise in the large-basis search
+        (:data:`~training.selection.state.PREFERENCES`).
 
     Returns
     -------
     LadderResult
         ``basis_per_class`` is the last rung taken, or the split's largest class when that
-        rung held every item of the fit part's largest class.
+        rung held every item of the fit part's largest class; ``params``, the configuration
+        the large-basis search chose, or None.
     """
     started = time.monotonic()
     X = np.asarray(X)
     y = np.asarray(y)
-    fit_positions, held_positions = _hold_out(y, random_state)
+    holdout = HoldOut(X, y, random_state)
     n_classes = len(np.unique(y))
-    y_fit, y_held = y[fit_positions], y[held_positions]
-    fit_largest = int(np.unique(y_fit, return_counts=True)[1].max())
+    fit_largest = holdout.fit_largest
     split_largest = int(np.unique(y, return_counts=True)[1].max())
     budget_bytes = default_memory_budget() if memory_budget is None else memory_budget
     bound = basis_per_class_within(len(y), n_classes, weight, budget_bytes)
@@ -155,34 +241,25 @@ def climb_basis_ladder(
     result = LadderResult(
         basis_per_class=min(start, bound),
         every_item=False,
-        holdout_items=len(held_positions),
-        fit_items=len(fit_positions),
+        holdout_items=len(holdout.held),
+        fit_items=len(holdout.fit),
         memory_bound_per_class=bound,
     )
     taken: np.ndarray | None = None  # the correctness of the last rung taken
     previous_accuracy = -1.0
     untaken = 0
-    last_cost = 0.0
+    last_cost, last_size = 0.0, 1
     sizes = ladder_sizes(min(start, top), top)
     for size in sizes:
         if budget.spent or (taken is not None and budget.used_s + 2 * last_cost > budget.seconds):
             result.stopped = "time budget spent"
             break
-        cpu, wall = time.process_time(), time.monotonic()
-        model = clone(estimator).set_params(**{**params, "basis_per_class": size})
-        # A rung is a validation fit, as a fold fit is: an ill-conditioned basis (nystroem's at
-        # a large size) can keep the solver for thousands of iterations, scored as it stands
-        # after FOLD_MAX_ITER (the final fit keeps the estimator's max_iter).
-        model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(X[fit_positions], y_fit)
-        correct = (model.predict(X[held_positions]) == y_held)[np.newaxis, :]
-        cpu = time.process_time() - cpu
-        budget.add(cpu)
-        last_cost = cpu / budget.cores
+        correct, model, seconds, last_cost = holdout.score(
+            estimator, {**params, "basis_per_class": size}, budget
+        )
+        last_size = size
         gain, error = (0.0, 0.0) if taken is None else paired_gain(correct, taken)
-        take = taken is None or (gain > 0 and gain > min_gain_se * error)
+        take_rung = taken is None or (gain > 0 and gain > min_gain_se * error)
         accuracy = float(correct.mean())
         result.path.append(
             {
@@ -191,13 +268,13 @@ def climb_basis_ladder(
                 "held_out_accuracy": accuracy,
                 "gain": gain,
                 "standard_error": error,
-                "taken": take,
-                "seconds": round(time.monotonic() - wall, 2),
+                "taken": take_rung,
+                "seconds": round(seconds, 2),
             }
         )
         rising = accuracy > previous_accuracy
         previous_accuracy = accuracy
-        if take:
+        if take_rung:
             taken, untaken = correct, 0
             result.basis_per_class = size
             result.every_item = size >= fit_largest
@@ -213,7 +290,191 @@ def climb_basis_ladder(
             result.stopped = "every item of the largest class"
         else:
             result.stopped = "memory bound"
+    if large_basis is not None and taken is not None:
+        if large_basis_budget is None:
+            raise ValueError("a large-basis search needs its own large_basis_budget")
+        # the cost of one fit grows about as the features, n x B
+        size = top
+        while size > result.basis_per_class and (
+            last_cost * size / last_size > large_basis_budget.seconds
+        ):
+            size //= 2
+        if size <= result.basis_per_class:
+            result.large_basis_stopped = "no larger basis fits its time budget"
+        else:
+            _search_large_basis(
+                holdout,
+                estimator,
+                {**params, "basis_per_class": result.basis_per_class},
+                taken,
+                large_basis(size),
+                result,
+                budget=large_basis_budget,
+                min_gain_se=min_gain_se,
+                work=work or (lambda _: 0.0),
+                prefer=prefer,
+            )
+            if result.params is not None:
+                result.basis_per_class = size
+                result.every_item = size >= fit_largest
     if result.every_item:
         result.basis_per_class = min(split_largest, bound)
     result.seconds = time.monotonic() - started
     return result
+
+
+# Rounds of width-and-C refinement after the large-basis search took a configuration.
+LARGE_BASIS_REFINEMENTS = 2
+
+# The share of the large-basis search's budget its first round leaves for testing a gain within
+# the hold-out's noise on the whole split (_confirm_on_the_split: the best candidate and the
+# ladder's choice fitted four more times each).
+CONFIRMATION_SHARE = 0.3
+
+# A candidate is confirmed only if its own fits, times this (for the ladder's choice, a smaller
+# basis and cheaper), fit in what is left of the budget.
+CONFIRMATION_OVERHEAD = 1.5
+
+
+def _search_large_basis(
+    holdout: HoldOut,
+    estimator,
+    current: dict[str, Any],
+    reference: np.ndarray,
+    candidates: list[Candidate],
+    result: LadderResult,
+    *,
+    budget: SelectionBudget,
+    min_gain_se: float,
+    work: Callable[[dict[str, Any]], float],
+    prefer: str,
+) -> None:
+    """Score ``candidates`` on the hold-out while ``budget`` lasts and take the best by the
+    selection's rule over ``current`` (whose correctness is ``reference``); then refine the
+    width and C of the one taken. Sets ``result.params`` when a candidate was taken."""
+    last_cost = 0.0
+    rounds = 0
+    while candidates:
+        scored: list[tuple[Candidate, np.ndarray]] = []
+        costs: list[float] = []  # each one's fit, CPU seconds per core
+        for candidate in candidates:
+            # the first round leaves a share of the budget to confirm its best on the split
+            reserve = CONFIRMATION_SHARE * budget.seconds if rounds == 0 else 0.0
+            if budget.spent or budget.used_s + last_cost > budget.seconds - reserve:
+                result.large_basis_stopped = "time budget spent"
+                break
+            if _behind(scored, _group(candidate)):
+                continue
+            correct, _, seconds, last_cost = holdout.score(estimator, candidate.params, budget)
+            gain, error = paired_gain(correct, reference)
+            scored.append((candidate, correct))
+            costs.append(last_cost)
+            result.large_basis.append(
+                {
+                    "change": candidate.change,
+                    "held_out_accuracy": float(correct.mean()),
+                    "gain": gain,
+                    "standard_error": error,
+                    "taken": False,
+                    "seconds": round(seconds, 2),
+                }
+            )
+        chosen = take(
+            reference,
+            work(current),
+            [(correct, work(candidate.params)) for candidate, correct in scored],
+            min_gain_se,
+            prefer,
+        )
+        if chosen is None and rounds == 0:
+            chosen = _confirm_on_the_split(
+                holdout, estimator, current, reference, scored, costs, result, budget, min_gain_se
+            )
+        if chosen is None:
+            result.large_basis_stopped = result.large_basis_stopped or (
+                "refined" if rounds else "no candidate gained"
+            )
+            return
+        index = chosen[0]
+        candidate, reference = scored[index]
+        current = candidate.params
+        result.params = current
+        result.large_basis[len(result.large_basis) - len(scored) + index]["taken"] = True
+        if result.large_basis_stopped or rounds == LARGE_BASIS_REFINEMENTS:
+            result.large_basis_stopped = result.large_basis_stopped or "refined"
+            return
+        rounds += 1
+        candidates = neighbour_candidates(current)
+    result.large_basis_stopped = result.large_basis_stopped or "refined"
+
+
+def _group(candidate: Candidate) -> tuple[Any, Any]:
+    """The normalisations a candidate is under: candidates that differ in width and C only
+    share one."""
+    return candidate.params.get("normalization"), candidate.params.get("input_normalization")
+
+
+def _behind(scored: list[tuple[Candidate, np.ndarray]], group: tuple[Any, Any]) -> bool:
+    """Whether the candidates of ``group`` scored so far (two at least) are all more than
+    :data:`~training.selection.folds.RACE_Z` standard errors behind the best scored: such a
+    pair of normalisations (spambase's global inputs under besvm, 20 points behind) is not
+    tried at the other widths."""
+    mine = [correct for candidate, correct in scored if _group(candidate) == group]
+    if len(mine) < 2:
+        return False
+    best = max((correct for _, correct in scored), key=lambda correct: correct.mean())
+    gain, error = paired_gain(best, max(mine, key=lambda correct: correct.mean()))
+    return gain > RACE_Z * error
+
+
+def _confirm_on_the_split(
+    holdout: HoldOut,
+    estimator,
+    current: dict[str, Any],
+    reference: np.ndarray,
+    scored: list[tuple[Candidate, np.ndarray]],
+    costs: list[float],
+    result: LadderResult,
+    budget: SelectionBudget,
+    min_gain_se: float,
+) -> tuple[int] | None:
+    """A gain on the hold-out within its standard error, tested on every item: the best
+    candidate and ``current`` fitted again on the rest of the split in hold-outs of the same
+    size (:meth:`HoldOut.folds_of_the_fit_part`), so that the paired difference is over the
+    whole split, with about a fifth of the hold-out's standard error squared. The candidate
+    tested is the best on the hold-out of those whose fits (``costs``, CPU seconds per core)
+    the rest of ``budget`` affords. Its index in ``scored`` when its gain over the whole split
+    exceeds ``min_gain_se`` standard errors, else None; ``result.confirmation`` records it."""
+    folds = holdout.folds_of_the_fit_part()
+    left = budget.seconds - budget.used_s
+    gains = [
+        (paired_gain(correct, reference)[0], -i)  # among equals, the earlier (more promising)
+        for i, (_, correct) in enumerate(scored)
+        # the candidate's fits and as many of the ladder's choice, each costing a fraction more
+        if len(folds) * costs[i] * CONFIRMATION_OVERHEAD <= left
+    ]
+    gain, index = max(gains, default=(0.0, 1))
+    if gain <= 0 or not folds:
+        return None
+    index = -index
+    candidate, correct = scored[index]
+    started = time.monotonic()
+    ours, theirs = [correct[0]], [reference[0]]
+    for fit, held in folds:
+        for params, into in ((candidate.params, ours), (current, theirs)):
+            if budget.spent:
+                result.confirmation = {"change": candidate.change, "stopped": "time budget spent"}
+                return None
+            right, *_ = holdout.score_on(estimator, params, budget, fit, held)
+            into.append(right[0])
+    gain, error = paired_gain(np.concatenate(ours)[None, :], np.concatenate(theirs)[None, :])
+    confirmed = gain > 0 and gain > min_gain_se * error
+    result.confirmation = {
+        "change": candidate.change,
+        "items": int(sum(len(part) for part in ours)),
+        "gain": gain,
+        "standard_error": error,
+        "taken": confirmed,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    return (index,) if confirmed else None

@@ -62,6 +62,7 @@ from training.selection.space import (
     basis_weight,
     grown_basis_per_class,
     ladder_around,
+    large_basis_candidates,
     learns_from_items,
     prediction_work,
     rules_for,
@@ -415,7 +416,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             lambda params: prediction_work(params, spec, n_classes),
             self.prefer,
         )
-        run_stages(state, spec, n_classes, fold_largest, rules, transforms)
+        run_stages(state, spec, n_classes, fold_largest, rules, transforms, n_items >= len(labels))
         self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.best_params_, self.grown_bound_ = self._final_params(
             state.current,
@@ -429,7 +430,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.ladder_ = None
         if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
             # From the grown size, the basis doubles while the hold-out of the whole split says
-            # it pays, under a budget of its own as large as the selection's, counted the same way.
+            # it pays, under a budget of its own as large as the selection's, counted the same way;
+            # then the large basis is searched at its top, under another such budget.
+            cores = _fit_cores(base.get_params()["n_jobs"])
             ladder = climb_basis_ladder(
                 base,
                 self.best_params_,
@@ -438,12 +441,21 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 start=self.best_params_["basis_per_class"],
                 weight=basis_weight(state.current["similarity"]),
                 min_gain_se=self.min_gain_se,
-                budget=SelectionBudget(self.budget_s_, _fit_cores(base.get_params()["n_jobs"])),
+                budget=SelectionBudget(self.budget_s_, cores),
                 random_state=self.random_state,
                 memory_budget=self.memory_budget_,
+                large_basis=lambda per_class: large_basis_candidates(
+                    self.best_params_, rules, per_class
+                ),
+                large_basis_budget=SelectionBudget(self.budget_s_, cores),
+                work=lambda params: prediction_work(params, spec, n_classes),
+                prefer=self.prefer,
             )
             self.ladder_ = ladder.record()
-            self.best_params_ = {**self.best_params_, "basis_per_class": ladder.basis_per_class}
+            self.best_params_ = {
+                **(ladder.params or self.best_params_),
+                "basis_per_class": ladder.basis_per_class,
+            }
         self.best_score_ = state.accuracy
         self.path_ = state.path
         self.stages_ = state.stages
@@ -613,6 +625,20 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 )
                 + f"; {self.ladder_['stopped']}"
             )
+            large = self.ladder_.get("large_basis")
+            if large:
+                scored = large["candidates"]
+                best = max(scored, key=lambda e: e["held_out_accuracy"]) if scored else None
+                lines.append(
+                    f"  large basis on the split: {len(scored)} scored"
+                    + (
+                        f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%"
+                        if best
+                        else ""
+                    )
+                    + ("; taken" if large["chosen"] else "; not taken")
+                    + f" ({large['stopped']})"
+                )
         if hasattr(self, "C_path_"):
             lines.append(
                 "  C on every shard (held-out accuracy): "

@@ -55,6 +55,16 @@ MAX_GROWN_SHARE = 0.2
 # between candidates (ties go to the cheaper).
 HOG_WORK_PER_PIXEL = 800.0
 
+# A large basis pays under the paper's normalisation, with a narrower kernel and a larger C than
+# the small one the folds choose: nystroem(square)'s features of a basis of thousands are
+# ill-conditioned (test accuracy falls past a few hundred a class and the solver runs to its
+# iteration cap), where besvm's keep gaining up to every training item (phoneme, spambase:
+# docs/measurements/model-selection.md#the-large-basis-search). The large-basis search tries the
+# chosen measure under it at every width of the coarse grid, each input normalisation, and these C.
+LARGE_BASIS_NORMALIZATION = "besvm"
+
+LARGE_BASIS_C = (10.0, 100.0)
+
 START_MEASURE = "rbf(gamma=1)"
 
 START_BASIS_PER_CLASS = 25
@@ -288,6 +298,114 @@ def prediction_work(params: dict[str, Any], input_spec: InputSpec, n_classes: in
         else:
             work += spec.work(1, n_basis, n_features) + n_basis * n_classes
     return work
+
+
+def scaled_measure(similarity: str) -> tuple[int, Scale, float] | None:
+    """The first measure of ``similarity`` that has a :class:`Scale`: its position among the
+    measures, the scale and its value; None if no measure has one."""
+    for position, measure in enumerate(measures(similarity)):
+        spec = parse_spec(measure)
+        scale = SCALES.get(spec.name)
+        if scale is not None:
+            return position, scale, dict(spec.params)[scale.parameter]
+    return None
+
+
+def with_scale(similarity: str, value: float) -> str | None:
+    """``similarity`` with its first scaled measure (:func:`scaled_measure`) at ``value``;
+    None where another of its measures is that one already (``rbf(gamma=1) + rbf(gamma=4)``
+    at gamma 4), which a similarity may not hold twice."""
+    found = scaled_measure(similarity)
+    if found is None:
+        return similarity
+    position, scale, _ = found
+    chosen = measures(similarity)
+    moved = scale.measure(value)
+    others = chosen[:position] + chosen[position + 1 :]
+    if parse_spec(moved).measure_name in {parse_spec(m).measure_name for m in others}:
+        return None
+    return " + ".join([*chosen[:position], moved, *chosen[position + 1 :]])
+
+
+def neighbour_candidates(params: dict[str, Any]) -> list[Candidate]:
+    """``params`` with the width of its first scaled measure one step either way on its
+    scale's ladder, C one step either way on :data:`C_LADDER`, and both together (at most 8)."""
+    found = scaled_measure(params["similarity"])
+    widths: list[tuple[str, str]] = [("", params["similarity"])]
+    if found is not None:
+        _, scale, value = found
+        widths += [
+            (f"{scale.parameter} {other:g}", moved)
+            for other in scale.neighbours(value)
+            if (moved := with_scale(params["similarity"], other)) is not None
+        ]
+    Cs = [("", params["C"])] + [(f"C = {C:g}", C) for C in ladder_around(params["C"], 1)]
+    return [
+        Candidate(", ".join(x for x in (width, c) if x), {**params, "similarity": s, "C": C})
+        for width, s in widths
+        for c, C in Cs
+        if width or c
+    ]
+
+
+def large_basis_candidates(
+    params: dict[str, Any],
+    rules: KindRules,
+    per_class: int,
+    normalizations: tuple[str, ...] = (LARGE_BASIS_NORMALIZATION,),
+) -> list[Candidate]:
+    """The configurations a large basis is tried under: ``params`` with ``per_class`` basis
+    items a class, under each of ``normalizations``, its first scaled measure at each width of
+    the scale's coarse grid, each input normalisation of ``rules`` (not for word counts) and
+    each C of :data:`LARGE_BASIS_C` (a similarity without a scaled measure, such as
+    ``linear``, is replaced by :data:`START_MEASURE`'s kernel). The most promising first, so
+    that a search the budget cuts has scored those: C large before small, the width one coarse
+    step narrower than the chosen one first (a large basis pays with a narrower kernel), then
+    outwards. None for documents, whose selection already uses besvm at the feature budget.
+    """
+    if rules.documents:
+        return []
+    similarity = params["similarity"]
+    if scaled_measure(similarity) is None:
+        # measures without a width (linear): the kernel a large basis is for, from the start
+        similarity = START_MEASURE
+    _, scale, value = scaled_measure(similarity)
+    # ranked by log distance from one coarse step narrower than the chosen width
+    steps = np.log(np.asarray(scale.coarse, dtype=float))
+    target = math.log(value) + (steps[1] - steps[0] if len(steps) > 1 else 0.0)
+    widths = [
+        (abs(step - target), moved)
+        for step, other in zip(steps, scale.coarse, strict=True)
+        if (moved := with_scale(similarity, other)) is not None
+    ]
+    inputs = rules.input_normalizations
+    if learns_from_items(params.get("input_transform")):
+        inputs = (GLOBAL_NORMALIZATION,)  # word counts are not normalised
+    ranked = []
+    for normalization in normalizations:
+        for distance, similarity in widths:
+            for input_normalization in inputs:
+                moved = input_normalization != params.get("input_normalization")
+                for c, C in enumerate(sorted(LARGE_BASIS_C, reverse=True)):
+                    ranked.append(
+                        (
+                            (distance, moved, c),
+                            len(ranked),
+                            Candidate(
+                                f"{similarity}, {normalization}, C = {C:g}, "
+                                f"{input_normalization}, {per_class} bases per class",
+                                {
+                                    **params,
+                                    "similarity": similarity,
+                                    "normalization": normalization,
+                                    "input_normalization": input_normalization,
+                                    "basis_per_class": per_class,
+                                    "C": C,
+                                },
+                            ),
+                        )
+                    )
+    return [candidate for *_, candidate in sorted(ranked, key=lambda r: r[:2])]
 
 
 def ladder_around(C: float, steps: int) -> list[float]:

@@ -20,6 +20,12 @@ searched together and revisited, not fixed one after the other:
    width is a candidate (the linear SVM then learns a combination of two kernels, which one SVC
    cannot be).
 6. **C** one step either way, then **the basis strategy** (``random``, ``kmedoids``).
+7. **Large basis**, with what is left of the budget, where the folds hold every training item
+   (small sets; larger ones search it on the whole split after the basis ladder,
+   :mod:`training.selection.basis_ladder`): the largest basis the folds allow under either
+   normalisation (``besvm`` beside ``auto``), at every width of the coarse grid, either input
+   normalisation and a large C (:func:`~training.selection.space.large_basis_candidates`),
+   then refined as in 4 if one was taken.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from service.model.inputs.dense import GLOBAL_NORMALIZATION
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_spec
 from training.selection.space import (
+    LARGE_BASIS_NORMALIZATION,
     MAX_MEASURES,
     MIN_BASIS_PER_CLASS,
     SCALES,
@@ -41,9 +48,11 @@ from training.selection.space import (
     basis_size_candidates,
     basis_weight,
     ladder_around,
+    large_basis_candidates,
     learns_from_items,
     measure_candidates,
     measures,
+    neighbour_candidates,
 )
 from training.selection.state import SelectionState
 
@@ -58,9 +67,12 @@ def run_stages(
     largest: int,
     rules: KindRules,
     transforms: list[str | None],
+    every_item: bool = False,
 ) -> None:
     """The stages of the module docstring, in order, on ``state``; ``largest`` is the
-    largest class of a fold's training part, ``transforms`` the input transforms to try."""
+    largest class of a fold's training part, ``transforms`` the input transforms to try;
+    ``every_item``: the folds hold every training item (no basis ladder follows), so the large
+    basis is searched on them."""
     if len(transforms) > 1:
         state.step(
             "inputs",
@@ -92,6 +104,23 @@ def run_stages(
     _add_measures(state, spec, n_classes, rules)
     state.vary("C", "C", _ladder_neighbours(state.current["C"]), lambda C: f"C = {C:g}")
     state.vary("basis strategy", "basis_strategy", STRATEGIES, lambda strategy: f"{strategy} basis")
+    if every_item and not rules.documents:
+        _large_basis(state, rules, sizes()[-1])
+
+
+def _large_basis(state: SelectionState, rules: KindRules, largest: int) -> None:
+    """What decides small sets, with what is left of the budget: the largest basis the folds
+    allow, under either normalisation, at every width of the coarse grid, either input
+    normalisation and a large C (:func:`large_basis_candidates`); then, if one was taken, its
+    width and C refined."""
+    candidates = large_basis_candidates(
+        state.current, rules, largest, (LARGE_BASIS_NORMALIZATION, rules.normalization)
+    )
+    if not state.step("large basis", candidates):
+        return
+    for _ in range(MAX_REFINEMENTS):
+        if not state.step("refine", neighbour_candidates(state.current)):
+            break
 
 
 def _with_measure(params: dict[str, Any], similarity: str, n_classes: int, max_features: int):
@@ -160,21 +189,7 @@ def _refinements(state: SelectionState, sizes: list[int]) -> list[Candidate]:
     """The current width and C one step either way, together, and the basis one size either
     way on ``sizes``."""
     current = state.current
-    chosen = measures(current["similarity"])
-    scaled = next(((i, s) for i, m in enumerate(chosen) if (s := _scaled(m))), None)
-    widths: list[tuple[str, str]] = [("", current["similarity"])]
-    if scaled is not None:
-        i, (scale, value) = scaled
-        for other in scale.neighbours(value):
-            changed = [*chosen[:i], scale.measure(other), *chosen[i + 1 :]]
-            widths.append((f"{scale.parameter} {other:g}", " + ".join(changed)))
-    Cs = [("", current["C"])] + [(f"C = {C:g}", C) for C in _ladder_neighbours(current["C"])]
-    candidates = [
-        Candidate(", ".join(x for x in (width, c) if x), {**current, "similarity": s, "C": C})
-        for width, s in widths
-        for c, C in Cs
-        if width or c
-    ]
+    candidates = neighbour_candidates(current)
     size = current["basis_per_class"]
     below = [s for s in sizes if s < size]
     above = [s for s in sizes if s > size]
