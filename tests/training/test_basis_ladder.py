@@ -12,6 +12,7 @@ from sklearn.model_selection import train_test_split
 
 from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
+from training.selection import forward_selection
 from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, ladder_sizes
 from training.selection.budget import SelectionBudget
 from training.selection.folds import paired_gain
@@ -173,3 +174,26 @@ def test_a_class_of_one_item_stays_in_the_fit_part():
     result = _climb(X[positions], y[positions], "rbf(gamma=1)", 4, budget=0.05)
     assert result.fit_items + result.holdout_items == len(positions)
     assert result.path[0]["held_out_accuracy"] > 0.8
+
+
+def test_the_first_rung_is_capped_and_the_ladder_climbs_from_there(monkeypatch):
+    # The grown basis would be 6 times the folds' share; the first rung, taken unvalidated,
+    # keeps within MAX_FIRST_RUNG_FEATURES (here 30 features: 10 a class for one measure and
+    # three classes), and the ladder doubles from it.
+    monkeypatch.setattr(forward_selection, "MAX_FIRST_RUNG_FEATURES", 30)
+    X, y = make_classification(
+        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
+    )
+    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    selection = ForwardSelectionCV(
+        estimator, budget=GENEROUS, n_jobs=1, max_items=300, refit=False
+    ).fit(X, y.astype(str))
+    measures = len(selection.best_params_["similarity"].split("+"))
+    searched = selection.searched_basis_per_class_
+    grown = max(searched, min(6 * searched, 400, 240 // (3 * measures)))
+    path = selection.ladder_["path"]
+    assert path[0]["basis_per_class"] == min(grown, 30 // (3 * measures)) < grown
+    assert [rung["basis_per_class"] for rung in path[:2]] in (
+        [path[0]["basis_per_class"]],
+        [path[0]["basis_per_class"], 2 * path[0]["basis_per_class"]],
+    )

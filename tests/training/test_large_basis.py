@@ -101,7 +101,12 @@ def _digits():
     return X.astype(np.float64), y.astype(str)
 
 
-def _climb(X, y, params, start, *, budget, large_budget):
+def _climb(X, y, params, start, *, budget, large_budget, min_gain_se=1.0, offered=None):
+    """The ladder from ``start`` and the large-basis search after it (``offered``: the
+    candidates at a size, by default all of :func:`large_basis_candidates`)."""
+    offered = offered or (lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class))
+    if not isinstance(large_budget, SelectionBudget):
+        large_budget = SelectionBudget(large_budget, 1)
     return climb_basis_ladder(
         BasisExpandingSVC(n_jobs=1),
         params,
@@ -109,10 +114,10 @@ def _climb(X, y, params, start, *, budget, large_budget):
         y,
         start=start,
         weight=1.0,
-        min_gain_se=1.0,
+        min_gain_se=min_gain_se,
         budget=SelectionBudget(budget, 1),
-        large_basis=lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class),
-        large_basis_budget=SelectionBudget(large_budget, 1),
+        large_basis=offered,
+        large_basis_budget=large_budget,
     )
 
 
@@ -179,9 +184,10 @@ def test_a_small_set_searches_the_large_basis_on_its_folds():
     ).fit(X, y.astype(str))
     stages = [stage for stage in selection.stages_ if stage["stage"] == "large basis"]
     assert len(stages) == 1
-    # two normalisations x five widths x two input normalisations x two C, less any that is
-    # the current configuration
-    assert stages[0]["candidates"] in (40, 39)
+    # two normalisations x five widths x two input normalisations x two C
+    # (wine's search ends at linear, which has no width: no candidate is the current one)
+    assert selection.path_[-1]["similarity"] == "linear" or stages[0]["taken"]
+    assert stages[0]["candidates"] == 40
     assert stages[0]["scored"] + stages[0]["raced_out"] == stages[0]["candidates"]
     assert selection.ladder_ is None
 
@@ -208,17 +214,15 @@ def test_a_gain_within_the_hold_outs_noise_is_tested_on_every_item():
     params = {**PARAMS, "C": 0.01, "basis_per_class": 2}
     # No gain passes a rule of a thousand standard errors: the best candidate of the hold-out
     # is fitted again on the rest of the split, beside the ladder's choice, and not taken.
-    result = climb_basis_ladder(
-        BasisExpandingSVC(n_jobs=1),
-        params,
+    result = _climb(
         X,
         y,
-        start=2,
-        weight=1.0,
+        params,
+        2,
+        budget=0.01,
+        large_budget=GENEROUS,
         min_gain_se=1000.0,
-        budget=SelectionBudget(0.01, 1),
-        large_basis=lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class)[:2],
-        large_basis_budget=SelectionBudget(GENEROUS, 1),
+        offered=lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class)[:2],
     )
     confirmation = result.record()["large_basis"]["confirmation"]
     assert result.params is None
@@ -247,3 +251,53 @@ def test_a_width_that_another_measure_has_already_is_not_offered():
     assert "rbf(gamma=1) + rbf(gamma=1)" not in offered
     assert len(offered) == len(RBF_SCALE.coarse) - 1
     BasisExpandingSVC(n_jobs=1, **{**two, "basis_per_class": 5}).fit(*_digits())
+
+
+@pytest.mark.slow
+def test_a_running_search_stops_when_its_time_budget_is_spent():
+    X, y = _digits()
+    params = {**PARAMS, "C": 0.01, "basis_per_class": 2}
+    budget = SelectionBudget(3.0, 1)
+    result = _climb(X, y, params, 2, budget=0.01, large_budget=budget)
+    scored = result.record()["large_basis"]["candidates"]
+    assert result.large_basis_stopped == "time budget spent"
+    assert 1 <= len(scored) < len(large_basis_candidates(params, DENSE_RULES, 10))
+    # no fit starts that the budget's rest would not cover at the cost of the one before; the
+    # first round keeps a share back for the confirmation
+    assert budget.used_s <= budget.seconds + max(entry["seconds"] for entry in scored)
+
+
+@pytest.mark.slow
+def test_a_pair_of_normalisations_far_behind_is_not_tried_at_the_other_widths():
+    X, y = _digits()
+    # One pixel a thousand times the others: under global input normalisation it is all an
+    # rbf sees; per feature, it is one of 64.
+    X[:, 20] *= 1000.0
+    params = {**PARAMS, "C": 0.01, "basis_per_class": 2}
+    result = _climb(X, y, params, 2, budget=0.01, large_budget=GENEROUS)
+    scored = result.record()["large_basis"]["candidates"]
+    first_round = scored[: len(scored) - sum(1 for e in scored if e["taken"]) + 1]
+    global_inputs = [e for e in first_round if ", global," in e["change"]]
+    per_feature = [e for e in first_round if ", per-feature," in e["change"]]
+    assert len(global_inputs) == 2  # the first width's two C, then dropped
+    assert len(per_feature) > 2
+    assert max(e["held_out_accuracy"] for e in global_inputs) < min(
+        e["held_out_accuracy"] for e in per_feature[:2]
+    )
+
+
+def test_more_hold_outs_leave_a_class_too_small_to_split_in_every_fit_part():
+    X, y = _digits()
+    keep = np.concatenate([np.flatnonzero(~np.isin(y, ["8", "9"])), np.flatnonzero(y == "8")[:3]])
+    keep = np.concatenate([keep, np.flatnonzero(y == "9")[:1]])
+    X, y = X[keep], y[keep]
+    holdout = HoldOut(X, y, 0)
+    folds = holdout.folds_of_the_fit_part()
+    assert len(folds) == 4
+    tiny = np.flatnonzero(np.isin(y, ["8", "9"]))
+    for fit, part in folds:
+        assert np.isin(tiny, fit).all()  # always fitted on
+        assert not np.isin(tiny, part).any()
+    held = np.concatenate([holdout.held, *[part for _, part in folds]])
+    assert len(held) == len(np.unique(held))
+    assert np.array_equal(np.sort(np.union1d(held, tiny)), np.arange(len(y)))

@@ -29,7 +29,7 @@ from training.estimator.diagnostics import format_ratio
 from training.estimator.estimator import AUTO_SIMILARITY, BasisExpandingSVC
 from training.fitting import FitResult, fit_dataset, fit_shards
 from training.selection.forward_selection import ForwardSelectionCV
-from training.selection.memory import MEMORY_SHARE, default_allowance, parse_bytes
+from training.selection.memory import DEFAULT_BUDGET_RULE, default_allowance, parse_bytes
 from training.selection.space import SELECTED_PARAMETERS
 
 # How `fit` derives its model options from BasisExpandingSVC's parameters: the ones other options
@@ -82,8 +82,7 @@ def _memory_budget_help() -> dict[str, dict[str, str]]:
     machine now (:func:`~training.selection.memory.default_allowance`)."""
     return {
         "default_help": {
-            "memory_budget": f"{MEMORY_SHARE:.0%} of the memory available at the start: on this "
-            f"machine now {default_allowance()}"
+            "memory_budget": f"{DEFAULT_BUDGET_RULE}: on this machine now {default_allowance()}"
         }
     }
 

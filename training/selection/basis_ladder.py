@@ -38,6 +38,9 @@ HOLDOUT_SHARE = 0.2
 
 MAX_HOLDOUT_ITEMS = 10_000
 
+# A gain within the hold-out's noise is tested on at most this many more hold-outs of its size.
+MAX_MORE_HOLDOUTS = 4
+
 # Each rung has this many times the basis of the rung before.
 RUNG_FACTOR = 2
 
@@ -120,32 +123,21 @@ class HoldOut:
         self.held = held
         self.X, self.y = X, y
         self.fit_largest = int(np.unique(y[self.fit], return_counts=True)[1].max())
+        self.random_state = random_state
 
-    def score(self, estimator, params: dict[str, Any], budget: SelectionBudget):
-        """``estimator`` with ``params`` fitted on the fit part: its correctness on the hold-out
-        (shape (1, n_held)), the model, the wall seconds, and its CPU seconds per core, which
-        are added to ``budget``."""
-        return self._score(estimator, params, budget, self.fit, self.held)
-
-    def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """The rest of the split in hold-outs of the same size: (fit, held) positions, each
-        held part a stratified share of the fit part, fitted on everything else; with the
-        hold-out they score every item once."""
-        n_parts = max(1, round(len(self.fit) / max(1, len(self.held))))
-        y_fit = self.y[self.fit]
-        if n_parts < 2 or np.unique(y_fit, return_counts=True)[1].min() < n_parts:
-            return []
-        parts = StratifiedKFold(n_splits=n_parts, shuffle=True, random_state=0).split(
-            self.fit, y_fit
-        )
-        everything = np.arange(len(self.y))
-        return [(np.setdiff1d(everything, self.fit[part]), self.fit[part]) for _, part in parts]
-
-    def score_on(self, estimator, params, budget, fit: np.ndarray, held: np.ndarray):
-        """As :meth:`score`, fitted on ``fit`` positions and scored on ``held`` ones."""
-        return self._score(estimator, params, budget, fit, held)
-
-    def _score(self, estimator, params, budget, fit: np.ndarray, held: np.ndarray):
+    def score(
+        self,
+        estimator,
+        params: dict[str, Any],
+        budget: SelectionBudget,
+        fit: np.ndarray | None = None,
+        held: np.ndarray | None = None,
+    ):
+        """``estimator`` with ``params`` fitted on the fit part (or the ``fit`` positions): its
+        correctness on the hold-out (or the ``held`` positions), of shape (1, n_held), the
+        model, the wall seconds, and its CPU seconds per core, which are added to ``budget``."""
+        fit = self.fit if fit is None else fit
+        held = self.held if held is None else held
         cpu, wall = time.process_time(), time.monotonic()
         model = clone(estimator).set_params(**params)
         # Scored as a fold fit is: an ill-conditioned basis (nystroem's at a large size) can
@@ -159,6 +151,28 @@ class HoldOut:
         cpu = time.process_time() - cpu
         budget.add(cpu)
         return correct, model, time.monotonic() - wall, cpu / budget.cores
+
+    def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """More hold-outs of the hold-out's size: (fit, held) positions, each held part a
+        stratified share of the fit part, fitted on everything else; with the hold-out they
+        score every item once (up to :data:`MAX_MORE_HOLDOUTS` of them: on splits larger
+        than about 60,000 items, a share of the items). A class with fewer items than there
+        are parts stays in every fit part; none when the fit part's classes are all that
+        small."""
+        n_parts = round(len(self.fit) / max(1, len(self.held)))
+        if n_parts < 2:
+            return []
+        y_fit = self.y[self.fit]
+        labels, counts = np.unique(y_fit, return_counts=True)
+        splittable = self.fit[np.isin(y_fit, labels[counts >= n_parts])]
+        if len(np.unique(self.y[splittable])) < 2:
+            return []
+        parts = StratifiedKFold(
+            n_splits=n_parts, shuffle=True, random_state=self.random_state
+        ).split(splittable, self.y[splittable])
+        everything = np.arange(len(self.y))
+        held_parts = [splittable[part] for _, part in parts][:MAX_MORE_HOLDOUTS]
+        return [(np.setdiff1d(everything, part), part) for part in held_parts]
 
 
 def climb_basis_ladder(
@@ -363,7 +377,7 @@ def _search_large_basis(
             if budget.spent or budget.used_s + last_cost > budget.seconds - reserve:
                 result.large_basis_stopped = "time budget spent"
                 break
-            if _behind(scored, _group(candidate)):
+            if _raced_out(scored, _normalisation_pair(candidate)):
                 continue
             correct, _, seconds, last_cost = holdout.score(estimator, candidate.params, budget)
             gain, error = paired_gain(correct, reference)
@@ -408,18 +422,18 @@ def _search_large_basis(
     result.large_basis_stopped = result.large_basis_stopped or "refined"
 
 
-def _group(candidate: Candidate) -> tuple[Any, Any]:
+def _normalisation_pair(candidate: Candidate) -> tuple[Any, Any]:
     """The normalisations a candidate is under: candidates that differ in width and C only
     share one."""
     return candidate.params.get("normalization"), candidate.params.get("input_normalization")
 
 
-def _behind(scored: list[tuple[Candidate, np.ndarray]], group: tuple[Any, Any]) -> bool:
+def _raced_out(scored: list[tuple[Candidate, np.ndarray]], group: tuple[Any, Any]) -> bool:
     """Whether the candidates of ``group`` scored so far (two at least) are all more than
     :data:`~training.selection.folds.RACE_Z` standard errors behind the best scored: such a
     pair of normalisations (spambase's global inputs under besvm, 20 points behind) is not
     tried at the other widths."""
-    mine = [correct for candidate, correct in scored if _group(candidate) == group]
+    mine = [correct for candidate, correct in scored if _normalisation_pair(candidate) == group]
     if len(mine) < 2:
         return False
     best = max((correct for _, correct in scored), key=lambda correct: correct.mean())
@@ -438,25 +452,33 @@ def _confirm_on_the_split(
     budget: SelectionBudget,
     min_gain_se: float,
 ) -> tuple[int] | None:
-    """A gain on the hold-out within its standard error, tested on every item: the best
-    candidate and ``current`` fitted again on the rest of the split in hold-outs of the same
-    size (:meth:`HoldOut.folds_of_the_fit_part`), so that the paired difference is over the
-    whole split, with about a fifth of the hold-out's standard error squared. The candidate
-    tested is the best on the hold-out of those whose fits (``costs``, CPU seconds per core)
-    the rest of ``budget`` affords. Its index in ``scored`` when its gain over the whole split
-    exceeds ``min_gain_se`` standard errors, else None; ``result.confirmation`` records it."""
+    """A gain on the hold-out within its standard error, tested on more items: the best
+    candidate and ``current`` fitted again on the rest of the split in more hold-outs of the
+    same size (:meth:`HoldOut.folds_of_the_fit_part`: four, on splits of up to about 60,000
+    items every item), so that the paired difference is over five times the items, with
+    about half the hold-out's standard error. The candidate tested is the best on the
+    hold-out of those whose fits (``costs``, CPU seconds per core) the rest of ``budget``
+    affords. Its index in ``scored`` when its gain over those items exceeds ``min_gain_se``
+    standard errors, else None; ``result.confirmation`` records the test, or why none ran."""
     folds = holdout.folds_of_the_fit_part()
+    if not folds:
+        result.confirmation = {"stopped": "no class large enough to hold out again"}
+        return None
     left = budget.seconds - budget.used_s
-    gains = [
-        (paired_gain(correct, reference)[0], -i)  # among equals, the earlier (more promising)
+    # the candidate's fits and as many of the ladder's choice, each costing a fraction more
+    affordable = [
+        (paired_gain(correct, reference)[0], i)
         for i, (_, correct) in enumerate(scored)
-        # the candidate's fits and as many of the ladder's choice, each costing a fraction more
         if len(folds) * costs[i] * CONFIRMATION_OVERHEAD <= left
     ]
-    gain, index = max(gains, default=(0.0, 1))
-    if gain <= 0 or not folds:
+    if not affordable:
+        result.confirmation = {"stopped": "no candidate's fits within the time budget"}
         return None
-    index = -index
+    # the best gain; among equals the earlier (more promising) candidate
+    gain, index = max(affordable, key=lambda entry: (entry[0], -entry[1]))
+    if gain <= 0:
+        result.confirmation = {"stopped": "no candidate gained on the hold-out"}
+        return None
     candidate, correct = scored[index]
     started = time.monotonic()
     ours, theirs = [correct[0]], [reference[0]]
@@ -465,7 +487,7 @@ def _confirm_on_the_split(
             if budget.spent:
                 result.confirmation = {"change": candidate.change, "stopped": "time budget spent"}
                 return None
-            right, *_ = holdout.score_on(estimator, params, budget, fit, held)
+            right, *_ = holdout.score(estimator, params, budget, fit, held)
             into.append(right[0])
     gain, error = paired_gain(np.concatenate(ours)[None, :], np.concatenate(theirs)[None, :])
     confirmed = gain > 0 and gain > min_gain_se * error

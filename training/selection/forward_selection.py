@@ -52,10 +52,16 @@ from training.selection.budget import (
     budget_for,
 )
 from training.selection.folds import FoldScorer, make_folds, repeats_for
-from training.selection.memory import MEMORY_SHARE, default_memory_budget, describe_bytes
+from training.selection.memory import (
+    DEFAULT_BUDGET_RULE,
+    basis_per_class_within,
+    default_memory_budget,
+    describe_bytes,
+)
 from training.selection.sites import OnCluster, ThisMachine, fold_jobs
 from training.selection.space import (
     GROWN_WITHIN_MEMORY,
+    MAX_FIRST_RUNG_FEATURES,
     START_BASIS_PER_CLASS,
     START_MEASURE,
     basis_cap,
@@ -99,7 +105,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         as its fold fits' CPU time per core (so that other processes' load does not cut it; at
         most 10 times as much wall time; it may overrun by about one fold fit); None: it grows
         with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
-        120 s from 3,000, the most it samples).
+        120 s from 3,000, the most it samples). A selection on a sample then grows its basis
+        along the ladder and searches the large basis on the whole split, each under a budget
+        as large again: up to 3 times ``budget`` in all.
     cv : int, default=3
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
     repeats : int or None, default=None
@@ -140,8 +148,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         The chosen :data:`SELECTED_PARAMETERS`, the basis grown to the whole set where the
         rules say so (along the validated ladder, ``ladder_``, where it runs).
     best_score_ : float
-        Cross-validated accuracy of the chosen configuration on the folds (NaN if the budget
-        ran out before the start was scored).
+        Cross-validated accuracy of the configuration the folds chose (NaN if the budget ran
+        out before the start was scored); where the basis ladder or the large-basis search
+        changed it on the whole split, their held-out accuracies are in ``ladder_``.
     best_estimator_ : BasisExpandingSVC
         The chosen configuration fitted on the whole training set (with ``refit``).
     path_ : list of dict
@@ -182,7 +191,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         What bounded the basis grown for the whole split (the ladder's first rung): ``in
         proportion to the items``, ``every item of the largest class``, ``the memory budget``,
         ``the share of the items``, ``the feature cap`` (documents) or ``the size the folds
-        chose``; None when it did not grow.
+        chose``; None when it did not grow (``the memory budget`` where that bounded a basis
+        that did not grow).
     ladder_ : dict or None
         Dense inputs selected on a sample of a split held in this process: the basis ladder on
         the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
@@ -416,7 +426,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             lambda params: prediction_work(params, spec, n_classes),
             self.prefer,
         )
-        run_stages(state, spec, n_classes, fold_largest, rules, transforms, n_items >= len(labels))
+        every_item = whole_split and n_items >= len(labels)  # the folds hold the whole split
+        run_stages(state, spec, n_classes, fold_largest, rules, transforms, every_item)
         self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.best_params_, self.grown_bound_ = self._final_params(
             state.current,
@@ -438,7 +449,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 self.best_params_,
                 X_checked,
                 labels,
-                start=self.best_params_["basis_per_class"],
+                start=min(
+                    self.best_params_["basis_per_class"],
+                    basis_cap(state.current["similarity"], n_classes, MAX_FIRST_RUNG_FEATURES),
+                ),
                 weight=basis_weight(state.current["similarity"]),
                 min_gain_se=self.min_gain_se,
                 budget=SelectionBudget(self.budget_s_, cores),
@@ -483,7 +497,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         of each class), and what bounded it where it grew: grown in proportion where the rules
         say so (documents, a selection on a sample) within their limits and ``memory_budget``
         bytes, every item of each class when the folds chose every item of theirs, else as the
-        folds chose it."""
+        folds chose it; never above what ``memory_budget`` holds."""
         chosen = dict(chosen)
         counts = np.asarray(class_counts)
         n_train = int(counts.sum())
@@ -502,6 +516,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         if chosen["basis_per_class"] >= fold_largest:
             cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
             chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
+        within = basis_per_class_within(n_train, len(counts), weight, memory_budget)
+        if within < chosen["basis_per_class"]:
+            return {**chosen, "basis_per_class": within}, GROWN_WITHIN_MEMORY
         return chosen, None
 
     def predict(self, X):
@@ -566,11 +583,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "searched_basis_per_class": self.searched_basis_per_class_,
             "memory_budget": {
                 "bytes": self.memory_budget_,
-                "rule": (
-                    f"{MEMORY_SHARE:.0%} of the memory available at the start"
-                    if self.memory_budget is None
-                    else "given"
-                ),
+                "rule": (DEFAULT_BUDGET_RULE if self.memory_budget is None else "given"),
                 "grown_basis_bound": self.grown_bound_,
             },
             "path": self.path_,

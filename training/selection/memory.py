@@ -81,21 +81,62 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
-def available_memory_bytes(meminfo: Path = MEMINFO) -> int:
+# Where a container's memory limit and use are: cgroup v2 files, then v1's.
+CGROUP = Path("/sys/fs/cgroup")
+
+CGROUP_LIMITS = (
+    ("memory.max", "memory.current"),
+    ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+)
+
+
+def cgroup_headroom_bytes(cgroup: Path = CGROUP) -> int | None:
+    """What this process's memory cgroup (a container's limit, compose's ``mem_limit``) leaves:
+    its limit less its use, or None where no limit is set or readable. ``/proc/meminfo`` says
+    the host's memory, not the container's.
+
+    Parameters
+    ----------
+    cgroup : Path, default=/sys/fs/cgroup
+        The cgroup file system's mount.
+    """
+    for limit_file, usage_file in CGROUP_LIMITS:
+        try:
+            limit = (cgroup / limit_file).read_text().strip()
+            usage = int((cgroup / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        # v2 says "max" for none; v1 a number near 2**63
+        if limit == "max" or not limit.isdigit() or int(limit) >= 2**60:
+            return None
+        return max(0, int(limit) - usage)
+    return None
+
+
+def available_memory_bytes(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int:
     """Memory a new allocation can have now without swapping: Linux's ``MemAvailable`` (free
     memory and the page cache the kernel gives back), else the platform's free pages
-    (``SC_AVPHYS_PAGES``, which leaves the cache out), else :data:`FALLBACK_AVAILABLE_BYTES`.
+    (``SC_AVPHYS_PAGES``, which leaves the cache out), else :data:`FALLBACK_AVAILABLE_BYTES`;
+    at most what the memory cgroup's limit leaves (:func:`cgroup_headroom_bytes`).
 
     Parameters
     ----------
     meminfo : Path, default=/proc/meminfo
         Where Linux says it.
+    cgroup : Path, default=/sys/fs/cgroup
+        Where a container's limit is.
 
     Returns
     -------
     int
         Bytes.
     """
+    headroom = cgroup_headroom_bytes(cgroup)
+    available = _machine_available_bytes(meminfo)
+    return available if headroom is None else min(available, headroom)
+
+
+def _machine_available_bytes(meminfo: Path) -> int:
     try:
         for line in meminfo.read_text().splitlines():
             name, _, value = line.partition(":")
@@ -110,6 +151,10 @@ def available_memory_bytes(meminfo: Path = MEMINFO) -> int:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return FALLBACK_AVAILABLE_BYTES
+
+
+# How the record and the help name the default budget's rule.
+DEFAULT_BUDGET_RULE = f"{MEMORY_SHARE:.0%} of the memory available at the start"
 
 
 def default_memory_budget(available_bytes: int | None = None) -> int:
@@ -212,4 +257,11 @@ def default_allowance(
         + (" training items" if i == 0 else "")
         for i, n in enumerate(n_items)
     ]
-    return f"{describe_bytes(budget)}, which holds {', '.join(sizes)} ({n_classes} classes, an rbf)"
+    measure = (
+        "an rbf"
+        if features_per_basis_item == 1
+        else f"{features_per_basis_item:g} features a basis item"
+    )
+    return (
+        f"{describe_bytes(budget)}, which holds {', '.join(sizes)} ({n_classes} classes, {measure})"
+    )

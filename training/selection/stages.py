@@ -39,11 +39,9 @@ from training.selection.space import (
     LARGE_BASIS_NORMALIZATION,
     MAX_MEASURES,
     MIN_BASIS_PER_CLASS,
-    SCALES,
     STRATEGIES,
     Candidate,
     KindRules,
-    Scale,
     basis_cap,
     basis_size_candidates,
     basis_weight,
@@ -51,6 +49,7 @@ from training.selection.space import (
     large_basis_candidates,
     learns_from_items,
     measure_candidates,
+    measure_scale,
     measures,
     neighbour_candidates,
 )
@@ -102,7 +101,7 @@ def run_stages(
         if not state.step("refine", _refinements(state, sizes())):
             break
     _add_measures(state, spec, n_classes, rules)
-    state.vary("C", "C", _ladder_neighbours(state.current["C"]), lambda C: f"C = {C:g}")
+    state.vary("C", "C", ladder_around(state.current["C"], 1), lambda C: f"C = {C:g}")
     state.vary("basis strategy", "basis_strategy", STRATEGIES, lambda strategy: f"{strategy} basis")
     if every_item and not rules.documents:
         _large_basis(state, rules, sizes()[-1])
@@ -136,15 +135,6 @@ def _with_measure(params: dict[str, Any], similarity: str, n_classes: int, max_f
     }
 
 
-def _scaled(measure: str) -> tuple[Scale, float] | None:
-    """The measure's :class:`Scale` and its value, if it has one."""
-    spec = parse_spec(measure)
-    scale = SCALES.get(spec.name)
-    if scale is None:
-        return None
-    return scale, dict(spec.params)[scale.parameter]
-
-
 def _coarse_candidates(state: SelectionState, spec: InputSpec, rules: KindRules, n_classes: int):
     """Every measure at the coarse grid of its scale, times the coarse grid of C, under each
     input normalisation; the most promising first (the middle of each grid, the current
@@ -176,7 +166,7 @@ def _coarse_candidates(state: SelectionState, spec: InputSpec, rules: KindRules,
 def _rung(measure: str) -> float:
     """How far a measure is from the middle of the coarse grids: 0 for the middle width, one
     more a step away; linear 0.5, measures without a scale 2."""
-    scaled = _scaled(measure)
+    scaled = measure_scale(measure)
     if scaled is None:
         return 0.5 if parse_spec(measure).kind.linear_in_input else 2.0
     scale, value = scaled
@@ -200,17 +190,13 @@ def _refinements(state: SelectionState, sizes: list[int]) -> list[Candidate]:
     return candidates
 
 
-def _ladder_neighbours(C: float) -> list[float]:
-    return ladder_around(C, 1)
-
-
 def _added_measures(current: str, spec: InputSpec, transform: str | None) -> list[str]:
     """Measures to join the chosen ones: every candidate measure at its coarse scale, and the
     chosen scaled measures two steps either way (a second rbf of another width)."""
     chosen = measures(current)
     offered = list(measure_candidates(spec, transform))
     for measure in chosen:
-        scaled = _scaled(measure)
+        scaled = measure_scale(measure)
         if scaled is not None:
             scale, value = scaled
             offered += [scale.measure(other) for other in scale.steps(value, 2)]
