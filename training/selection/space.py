@@ -66,8 +66,9 @@ HOG_WORK_PER_PIXEL = 800.0
 # the small one the folds choose: nystroem(square)'s features of a basis of thousands are
 # ill-conditioned (test accuracy falls past a few hundred a class and the solver runs to its
 # iteration cap), where besvm's keep gaining up to every training item (phoneme, spambase:
-# docs/measurements/model-selection.md#the-large-basis-search). The large-basis search tries the
-# chosen measure under it at every width of the coarse grid, each input normalisation, and these C.
+# docs/measurements/model-selection.md#issue-34-item-5-the-large-basis-search). The large-basis
+# search tries the chosen measure under it at every width of the coarse grid, each input
+# normalisation, and these C.
 LARGE_BASIS_NORMALIZATION = "besvm"
 
 LARGE_BASIS_C = (10.0, 100.0)
