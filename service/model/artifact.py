@@ -23,6 +23,7 @@ import json
 import math
 import os
 import stat
+import threading
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
@@ -399,16 +400,38 @@ def _load_array(root: Path, name: str, entry: Any) -> np.ndarray:
         _check_checksum(handle, file, entry, where)
         handle.seek(0)
         try:
-            array = np.load(handle, allow_pickle=False)
+            array = _read_npy(handle)
         except ValueError as error:
             raise ArtifactIntegrityError(f"{where}: cannot read {file.name}: {error}") from None
     _check_layout(array, file, entry, where)
     return array
 
 
+def _read_npy(handle: BinaryIO) -> np.ndarray:
+    """The array of the .npy file at ``handle`` (a file on disk), as ``np.load`` reads it
+    without pickles, its header parsed by :func:`read_npy_header`."""
+    shape, fortran_order, dtype = read_npy_header(handle)
+    if dtype.hasobject:
+        raise ValueError("it holds Python objects; artifacts hold no pickles")
+    count = math.prod(shape)
+    array = np.fromfile(handle, dtype=dtype, count=count)
+    if array.size != count:
+        raise ValueError(f"{count} numbers expected, {array.size} found")
+    return array.reshape(shape, order="F" if fortran_order else "C")
+
+
+# numpy parses an .npy header with ast.literal_eval, and CPython 3.11's conversion of a parse
+# tree to ast objects keeps its recursion depth in state the interpreter's threads share: two
+# threads parsing at once (a model loading beside a catalogue snapshot) can fail with
+# "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905). The service
+# parses every header it reads under this lock.
+_HEADER_PARSING = threading.Lock()
+
+
 def read_npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     """Shape, Fortran order and dtype from the header of the .npy file at ``handle``'s
-    position, which is left where the data begins (nothing of the data is read).
+    position, which is left where the data begins (nothing of the data is read). One thread at
+    a time parses a header.
 
     Raises
     ------
@@ -422,7 +445,8 @@ def read_npy_header(handle: BinaryIO) -> tuple[tuple[int, ...], bool, np.dtype]:
     }.get(version)
     if read_header is None:
         raise ValueError(f"format version {version} is not read here")
-    return read_header(handle)
+    with _HEADER_PARSING:
+        return read_header(handle)
 
 
 def _map_array(root: Path, name: str, entry: Any) -> MappedFile:

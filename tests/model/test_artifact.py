@@ -1,8 +1,11 @@
 """The artifact format: round trips, and refusal of tampered, truncated or newer artifacts."""
 
+import ast
 import json
 import os
 import shutil
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -246,3 +249,48 @@ def test_a_mapped_file_rewritten_in_place_at_its_size_is_noticed(tmp_path):
     os.utime(mapped.path, ns=(1, 1))
     with pytest.raises(ArtifactChangedError, match="was rewritten in place"):
         mapped.check()
+
+
+def test_npy_headers_are_parsed_one_thread_at_a_time(model_copy, monkeypatch):
+    # numpy parses an .npy header with ast.literal_eval, and CPython 3.11's ast fails when two
+    # threads build parse trees at once (python/cpython#106905): a model reload beside other
+    # loads was refused with "SystemError: AST constructor recursion depth mismatch" in CI.
+    # Watch how many threads are inside literal_eval at once while six load the model.
+    inside, most = 0, 0
+    guard = threading.Lock()
+    literal_eval = ast.literal_eval
+
+    def watched(text):
+        nonlocal inside, most
+        with guard:
+            inside += 1
+            most = max(most, inside)
+        time.sleep(0.002)  # widen the window two parses would share
+        try:
+            return literal_eval(text)
+        finally:
+            with guard:
+                inside -= 1
+
+    monkeypatch.setattr(ast, "literal_eval", watched)
+    failures = []
+
+    def load():
+        try:
+            Predictor.load(model_copy)
+        except Exception as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=load) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert most == 1
+    # and what the loader reads is what numpy's own reader reads
+    loaded = read_artifact(model_copy)
+    for name, entry in _manifest(model_copy)["arrays"].items():
+        expected = np.load(model_copy / entry["file"], allow_pickle=False)
+        np.testing.assert_array_equal(np.asarray(loaded.arrays[name]), expected)
+        assert np.asarray(loaded.arrays[name]).dtype == expected.dtype
