@@ -72,6 +72,7 @@ from service.model.threads import limit_threads
 from training.data.datasets import Dataset, load_dataset, load_digits_dataset
 from training.evaluation.held_out import describe_tuned_svc, median_seconds, tuned_svc
 from training.fitting import fit_dataset
+from training.selection.basis_ladder import describe_large_basis
 from training.selection.state import DEFAULT_PREFERENCE, PREFERENCES
 
 BATCH = 1000
@@ -215,13 +216,7 @@ def _default(dataset: Dataset, args) -> dict:
     )
     large = (ladder or {}).get("large_basis")
     if large:
-        best = max(large["candidates"], key=lambda e: e["held_out_accuracy"], default=None)
-        rungs += (
-            f", large basis: {len(large['candidates'])} scored"
-            + (f", best {100 * best['held_out_accuracy']:.2f}%" if best else "")
-            + (" taken" if large["chosen"] else " not taken")
-            + f" ({large['stopped']})"
-        )
+        rungs += f", large basis: {describe_large_basis(large)}"
     return {
         "accuracy": accuracy,
         "seconds": seconds,

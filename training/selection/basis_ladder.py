@@ -371,6 +371,7 @@ def _search_large_basis(
     while candidates:
         scored: list[tuple[Candidate, np.ndarray]] = []
         costs: list[float] = []  # each one's fit, CPU seconds per core
+        gains: list[float] = []  # each one's over the reference, on the hold-out
         for candidate in candidates:
             # the first round leaves a share of the budget to confirm its best on the split
             reserve = CONFIRMATION_SHARE * budget.seconds if rounds == 0 else 0.0
@@ -383,6 +384,7 @@ def _search_large_basis(
             gain, error = paired_gain(correct, reference)
             scored.append((candidate, correct))
             costs.append(last_cost)
+            gains.append(gain)
             result.large_basis.append(
                 {
                     "change": candidate.change,
@@ -402,7 +404,16 @@ def _search_large_basis(
         )
         if chosen is None and rounds == 0:
             chosen = _confirm_on_the_split(
-                holdout, estimator, current, reference, scored, costs, result, budget, min_gain_se
+                holdout,
+                estimator,
+                current,
+                reference,
+                scored,
+                gains,
+                costs,
+                result,
+                budget,
+                min_gain_se,
             )
         if chosen is None:
             result.large_basis_stopped = result.large_basis_stopped or (
@@ -447,6 +458,7 @@ def _confirm_on_the_split(
     current: dict[str, Any],
     reference: np.ndarray,
     scored: list[tuple[Candidate, np.ndarray]],
+    gains: list[float],
     costs: list[float],
     result: LadderResult,
     budget: SelectionBudget,
@@ -457,9 +469,10 @@ def _confirm_on_the_split(
     same size (:meth:`HoldOut.folds_of_the_fit_part`: four, on splits of up to about 60,000
     items every item), so that the paired difference is over five times the items, with
     about half the hold-out's standard error. The candidate tested is the best on the
-    hold-out of those whose fits (``costs``, CPU seconds per core) the rest of ``budget``
-    affords. Its index in ``scored`` when its gain over those items exceeds ``min_gain_se``
-    standard errors, else None; ``result.confirmation`` records the test, or why none ran."""
+    hold-out (``gains``) of those whose fits (``costs``, CPU seconds per core) the rest of
+    ``budget`` affords. Its index in ``scored`` when its gain over those items exceeds
+    ``min_gain_se`` standard errors, else None; ``result.confirmation`` records the test, or
+    why none ran."""
     folds = holdout.folds_of_the_fit_part()
     if not folds:
         result.confirmation = {"stopped": "no class large enough to hold out again"}
@@ -467,8 +480,8 @@ def _confirm_on_the_split(
     left = budget.seconds - budget.used_s
     # the candidate's fits and as many of the ladder's choice, each costing a fraction more
     affordable = [
-        (paired_gain(correct, reference)[0], i)
-        for i, (_, correct) in enumerate(scored)
+        (gains[i], i)
+        for i in range(len(scored))
         if len(folds) * costs[i] * CONFIRMATION_OVERHEAD <= left
     ]
     if not affordable:
@@ -500,3 +513,17 @@ def _confirm_on_the_split(
         "seconds": round(time.monotonic() - started, 2),
     }
     return (index,) if confirmed else None
+
+
+def describe_large_basis(record: dict[str, Any]) -> str:
+    """The large-basis search's record (:meth:`LadderResult.record`'s ``large_basis``) in one
+    line: how many candidates were scored, the best on the hold-out, whether one was taken and
+    why the search ended."""
+    scored = record["candidates"]
+    best = max(scored, key=lambda entry: entry["held_out_accuracy"], default=None)
+    return (
+        f"{len(scored)} scored"
+        + (f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%" if best else "")
+        + ("; taken" if record["chosen"] else "; not taken")
+        + f" ({record['stopped']})"
+    )

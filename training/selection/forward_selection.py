@@ -44,7 +44,7 @@ from training.cluster.shards import ShardedData
 from training.estimator.cluster_fit import fit_on_cluster
 from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC
 from training.estimator.preparation import preparation_for
-from training.selection.basis_ladder import climb_basis_ladder
+from training.selection.basis_ladder import climb_basis_ladder, describe_large_basis
 from training.selection.budget import (
     BUDGET_S_PER_1000_ITEMS,
     WALL_BACKSTOP,
@@ -640,18 +640,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             )
             large = self.ladder_.get("large_basis")
             if large:
-                scored = large["candidates"]
-                best = max(scored, key=lambda e: e["held_out_accuracy"]) if scored else None
-                lines.append(
-                    f"  large basis on the split: {len(scored)} scored"
-                    + (
-                        f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%"
-                        if best
-                        else ""
-                    )
-                    + ("; taken" if large["chosen"] else "; not taken")
-                    + f" ({large['stopped']})"
-                )
+                lines.append(f"  large basis on the split: {describe_large_basis(large)}")
         if hasattr(self, "C_path_"):
             lines.append(
                 "  C on every shard (held-out accuracy): "
