@@ -6,7 +6,8 @@ from a larger basis, and under which normalisation, width and C?).
         --normalization auto,besvm --sizes 200,400,800,1600,4000
 
 For every combination of the listed normalisations, C and basis sizes (per class; a size past a
-class takes every item of it), a :class:`~training.BasisExpandingSVC` is fitted on the set's
+class takes every item of it), its items chosen by ``--basis-strategy``, a
+:class:`~training.BasisExpandingSVC` is fitted on the set's
 training split (as ``bench_defaults.py`` splits it: 25% test, stratified, the seed given) on one
 thread, and its test and training accuracy, fit seconds and basis size are printed, one line
 each. The estimator's own ``max_iter`` (10,000) is kept, so a fit that stalls shows its time.
@@ -47,6 +48,7 @@ def grid_models(args: argparse.Namespace) -> Iterator[tuple[str, float, int, Bas
                         normalization=normalization,
                         C=C,
                         basis_per_class=size,
+                        basis_strategy=args.basis_strategy,
                         n_jobs=1,
                     ),
                 )
@@ -64,6 +66,12 @@ def main() -> None:
     parser.add_argument("--normalization", default="auto", help="comma separated")
     parser.add_argument("--C", default="1", help="comma separated")
     parser.add_argument("--sizes", default="200,400,800,1600", help="basis per class, comma sep.")
+    parser.add_argument(
+        "--basis-strategy",
+        default="index",
+        choices=("index", "random", "kmedoids"),
+        help="how each class's basis items are chosen",
+    )
     args = parser.parse_args()
     data = load_dataset(args.set, test_fraction=args.test_fraction, seed=args.seed)
     counts = np.unique(data.y_train, return_counts=True)[1]
@@ -78,6 +86,7 @@ def main() -> None:
         stalled = any(issubclass(w.category, ConvergenceWarning) for w in caught)
         print(
             f"{args.similarity} {args.input_normalization} {normalization} C={C:g} "
+            f"{args.basis_strategy} "
             f"per class {size}: B = {model.expansion_.basis_.shape[0]}, "
             f"test {100 * accuracy:.2f}%, train {100 * model.train_accuracy_:.2f}%, "
             f"{seconds:.1f} s" + (" (stopped at max_iter)" if stalled else ""),

@@ -72,12 +72,22 @@ def test_a_measure_without_a_width_is_offered_the_kernel_and_documents_nothing()
     both = large_basis_candidates(PARAMS, DENSE_RULES, 50, ("besvm", "auto"))
     assert len(both) == 2 * len(linear)
     # a second measure keeps its place; only the first scaled one moves
-    joined = large_basis_candidates(
-        {**PARAMS, "similarity": "rbf(gamma=1) + linear"}, DENSE_RULES, 9
-    )
+    joined_params = {**PARAMS, "similarity": "rbf(gamma=1) + linear"}
+    joined = large_basis_candidates(joined_params, DENSE_RULES, 9)
     assert {c.params["similarity"] for c in joined} == {
         f"{RBF_SCALE.measure(g)} + linear" for g in RBF_SCALE.coarse
     }
+    # asked for (the ladder's search), the scaled measure alone too, before the joined ones at
+    # each width
+    joined = large_basis_candidates(joined_params, DENSE_RULES, 9, alone=True)
+    assert {c.params["similarity"] for c in joined} == {
+        f"{RBF_SCALE.measure(g)}{extra}" for g in RBF_SCALE.coarse for extra in ("", " + linear")
+    }
+    assert len(joined) == 2 * len(linear)
+    assert [c.params["similarity"] for c in joined[:2]] == ["rbf(gamma=4)", "rbf(gamma=4) + linear"]
+    assert [(c.params["C"], c.params["input_normalization"]) for c in joined[:2]] == [
+        (100.0, GLOBAL_NORMALIZATION)
+    ] * 2
     assert large_basis_candidates(PARAMS, DOCUMENT_RULES, 50) == []
     # word counts (bof) are never input-normalised
     bof = large_basis_candidates(
@@ -101,9 +111,10 @@ def _digits():
     return X.astype(np.float64), y.astype(str)
 
 
-def _climb(X, y, params, start, *, budget, large_budget, min_gain_se=1.0, offered=None):
+def _climb(X, y, params, start, *, budget, large_budget, min_gain_se=1.0, offered=None, **rule):
     """The ladder from ``start`` and the large-basis search after it (``offered``: the
-    candidates at a size, by default all of :func:`large_basis_candidates`)."""
+    candidates at a size, by default all of :func:`large_basis_candidates`; ``rule``: the
+    ladder's ``work`` and ``prefer``)."""
     offered = offered or (lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class))
     if not isinstance(large_budget, SelectionBudget):
         large_budget = SelectionBudget(large_budget, 1)
@@ -118,23 +129,31 @@ def _climb(X, y, params, start, *, budget, large_budget, min_gain_se=1.0, offere
         budget=SelectionBudget(budget, 1),
         large_basis=offered,
         large_basis_budget=large_budget,
+        **rule,
     )
 
 
 @pytest.mark.slow
 def test_the_large_basis_search_takes_a_configuration_that_gains_on_the_hold_out():
     X, y = _digits()
-    # a poor start (two images a class, a C far too small) that the ladder has no time to grow
+    # a poor start (two images a class, a C far too small) that the ladder has no time to grow;
+    # prediction work grows with the basis, so a smaller basis as accurate is the cheaper choice
     params = {**PARAMS, "C": 0.01, "basis_per_class": 2}
-    result = _climb(X, y, params, 2, budget=0.01, large_budget=GENEROUS)
+    result = _climb(
+        X,
+        y,
+        params,
+        2,
+        budget=0.01,
+        large_budget=GENEROUS,
+        work=lambda p: float(p["basis_per_class"]),
+        prefer="cost",
+    )
     assert len(result.path) == 1
     record = result.record()["large_basis"]
     assert record["chosen"] == result.params
     assert result.params["normalization"] == "besvm"
-    # the search ran at the top (every item of the fit part's largest class): the final fit
-    # takes every item of the split's largest class
-    assert result.every_item
-    assert result.basis_per_class == int(np.unique(y, return_counts=True)[1].max())
+    _check_the_shrink(X, y, result, record)
     taken = [entry for entry in record["candidates"] if entry["taken"]]
     assert taken
     first_rung = result.path[0]["held_out_accuracy"]
@@ -152,6 +171,39 @@ def test_the_large_basis_search_takes_a_configuration_that_gains_on_the_hold_out
     expected = float(np.mean(model.fit(X_fit, y_fit).predict(X_held) == y_held))
     assert first["held_out_accuracy"] == pytest.approx(expected, abs=1e-12)
     assert json.loads(json.dumps(result.record())) == result.record()
+
+
+def _check_the_shrink(X, y, result, record):
+    """The configuration taken at the top (every item of the fit part's largest class), then
+    halved while the smaller was at least as accurate on the hold-out, the first that was not
+    ending it; the kept one's held-out accuracy is a model's fitted without the hold-out."""
+    chosen = [entry for entry in record["candidates"] if entry["taken"]][-1]
+    shrink = record["shrink"]
+    assert shrink, "a configuration taken at the top: a halving is always tried"
+    top = shrink[0]["basis_per_class"] * 2
+    assert [entry["basis_per_class"] for entry in shrink] == [
+        top // 2**k for k in range(1, len(shrink) + 1)
+    ]
+    assert all(entry["taken"] for entry in shrink[:-1])
+    kept = chosen["held_out_accuracy"]
+    for entry in shrink:
+        assert entry["taken"] == (entry["held_out_accuracy"] >= kept)
+        if entry["taken"]:
+            kept = entry["held_out_accuracy"]
+    taken = [entry for entry in shrink if entry["taken"]]
+    if taken:
+        assert not result.every_item
+        assert result.basis_per_class == result.params["basis_per_class"]
+        assert result.basis_per_class == taken[-1]["basis_per_class"]
+    else:
+        # every item of the fit part's largest class: the final fit takes the split's
+        assert result.every_item
+        assert result.basis_per_class == int(np.unique(y, return_counts=True)[1].max())
+    X_fit, X_held, y_fit, y_held = train_test_split(
+        X, y, test_size=result.holdout_items, stratify=y, random_state=0
+    )
+    model = BasisExpandingSVC(n_jobs=1, **result.params).fit(X_fit, y_fit)
+    assert float(np.mean(model.predict(X_held) == y_held)) == pytest.approx(kept, abs=1e-12)
 
 
 @pytest.mark.slow
@@ -247,9 +299,14 @@ def test_a_width_that_another_measure_has_already_is_not_offered():
         for candidate in candidates:
             specs = parse_specs(candidate.params["similarity"])
             assert len({spec.measure_name for spec in specs}) == len(specs)
-    offered = {c.params["similarity"] for c in large_basis_candidates(two, DENSE_RULES, 50)}
+    offered = {
+        c.params["similarity"] for c in large_basis_candidates(two, DENSE_RULES, 50, alone=True)
+    }
     assert "rbf(gamma=1) + rbf(gamma=1)" not in offered
-    assert len(offered) == len(RBF_SCALE.coarse) - 1
+    # every coarse width alone, and joined at every width but the second measure's
+    assert offered == {RBF_SCALE.measure(g) for g in RBF_SCALE.coarse} | {
+        f"{RBF_SCALE.measure(g)} + rbf(gamma=1)" for g in RBF_SCALE.coarse if g != 1
+    }
     BasisExpandingSVC(n_jobs=1, **{**two, "basis_per_class": 5}).fit(*_digits())
 
 

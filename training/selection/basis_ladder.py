@@ -77,6 +77,8 @@ class LadderResult:
     large_basis: list[dict[str, Any]] = field(default_factory=list)
     large_basis_stopped: str = ""
     confirmation: dict[str, Any] | None = None  # a gain within the noise, tested on every item
+    # the configuration taken, at smaller bases: halved while as accurate on the hold-out
+    shrink: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -97,6 +99,7 @@ class LadderResult:
                         "stopped": self.large_basis_stopped,
                         "candidates": self.large_basis,
                         "confirmation": self.confirmation,
+                        "shrink": self.shrink,
                     }
                 }
                 if self.large_basis_stopped
@@ -316,19 +319,25 @@ def climb_basis_ladder(
         if size <= result.basis_per_class:
             result.large_basis_stopped = "no larger basis fits its time budget"
         else:
-            _search_large_basis(
+            rule = {
+                "budget": large_basis_budget,
+                "min_gain_se": min_gain_se,
+                "work": work or (lambda _: 0.0),
+                "prefer": prefer,
+            }
+            chosen = _search_large_basis(
                 holdout,
                 estimator,
                 {**params, "basis_per_class": result.basis_per_class},
                 taken,
                 large_basis(size),
                 result,
-                budget=large_basis_budget,
-                min_gain_se=min_gain_se,
-                work=work or (lambda _: 0.0),
-                prefer=prefer,
+                **rule,
             )
-            if result.params is not None:
+            if chosen is not None:
+                size = _shrink_large_basis(
+                    holdout, estimator, result, chosen, floor=result.basis_per_class, **rule
+                )
                 result.basis_per_class = size
                 result.every_item = size >= fit_largest
     if result.every_item:
@@ -362,10 +371,11 @@ def _search_large_basis(
     min_gain_se: float,
     work: Callable[[dict[str, Any]], float],
     prefer: str,
-) -> None:
+) -> np.ndarray | None:
     """Score ``candidates`` on the hold-out while ``budget`` lasts and take the best by the
     selection's rule over ``current`` (whose correctness is ``reference``); then refine the
-    width and C of the one taken. Sets ``result.params`` when a candidate was taken."""
+    width and C of the one taken. Sets ``result.params`` when a candidate was taken, and
+    returns its correctness on the hold-out (None when none was)."""
     last_cost = 0.0
     rounds = 0
     while candidates:
@@ -419,7 +429,7 @@ def _search_large_basis(
             result.large_basis_stopped = result.large_basis_stopped or (
                 "refined" if rounds else "no candidate gained"
             )
-            return
+            return reference if rounds else None
         index = chosen[0]
         candidate, reference = scored[index]
         current = candidate.params
@@ -427,10 +437,55 @@ def _search_large_basis(
         result.large_basis[len(result.large_basis) - len(scored) + index]["taken"] = True
         if result.large_basis_stopped or rounds == LARGE_BASIS_REFINEMENTS:
             result.large_basis_stopped = result.large_basis_stopped or "refined"
-            return
+            return reference
         rounds += 1
         candidates = neighbour_candidates(current)
     result.large_basis_stopped = result.large_basis_stopped or "refined"
+    return reference if rounds else None
+
+
+def _shrink_large_basis(
+    holdout: HoldOut,
+    estimator,
+    result: LadderResult,
+    reference: np.ndarray,
+    *,
+    floor: int,
+    budget: SelectionBudget,
+    min_gain_se: float,
+    work: Callable[[dict[str, Any]], float],
+    prefer: str,
+) -> int:
+    """The configuration the large-basis search took (``result.params``, whose correctness
+    on the hold-out is ``reference``), its basis halved while the selection's rule takes the
+    smaller over the larger (with ``prefer="cost"``: at least as accurate on the hold-out, and
+    cheaper to predict), down to ``floor`` a class (the ladder's rung), while ``budget`` lasts.
+    A large basis is chosen for its settings as much as for its size (spambase: the every-item
+    configuration scores as well at a quarter of the items), and prediction costs the basis.
+    Returns the basis per class kept; ``result.params`` and ``result.shrink`` say the rest."""
+    current = result.params
+    size = current["basis_per_class"]
+    while size // 2 >= max(1, floor) and not budget.spent:
+        smaller = {**current, "basis_per_class": size // 2}
+        correct, model, seconds, _ = holdout.score(estimator, smaller, budget)
+        chosen = take(reference, work(current), [(correct, work(smaller))], min_gain_se, prefer)
+        gain, error = paired_gain(correct, reference)
+        result.shrink.append(
+            {
+                "basis_per_class": size // 2,
+                "n_basis": int(model.expansion_.basis_.shape[0]),
+                "held_out_accuracy": float(correct.mean()),
+                "gain": gain,
+                "standard_error": error,
+                "taken": chosen is not None,
+                "seconds": round(seconds, 2),
+            }
+        )
+        if chosen is None:
+            break
+        current, reference, size = smaller, correct, size // 2
+    result.params = current
+    return size
 
 
 def _normalisation_pair(candidate: Candidate) -> tuple[Any, Any]:
@@ -521,9 +576,11 @@ def describe_large_basis(record: dict[str, Any]) -> str:
     why the search ended."""
     scored = record["candidates"]
     best = max(scored, key=lambda entry: entry["held_out_accuracy"], default=None)
+    shrunk = [entry for entry in record.get("shrink", []) if entry["taken"]]
     return (
         f"{len(scored)} scored"
         + (f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%" if best else "")
         + ("; taken" if record["chosen"] else "; not taken")
         + f" ({record['stopped']})"
+        + (f"; shrunk to {shrunk[-1]['basis_per_class']} bases per class" if shrunk else "")
     )

@@ -459,7 +459,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 random_state=self.random_state,
                 memory_budget=self.memory_budget_,
                 large_basis=lambda per_class: large_basis_candidates(
-                    self.best_params_, rules, per_class
+                    self.best_params_, rules, per_class, alone=True
                 ),
                 large_basis_budget=SelectionBudget(self.budget_s_, cores),
                 work=lambda params: prediction_work(params, spec, n_classes),
