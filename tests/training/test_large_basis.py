@@ -177,14 +177,21 @@ def _check_the_shrink(X, y, result, record):
     """The configuration taken at the top (every item of the fit part's largest class), then
     halved while the smaller was at least as accurate on the hold-out, the first that was not
     ending it; the kept one's held-out accuracy is a model's fitted without the hold-out."""
-    chosen = [entry for entry in record["candidates"] if entry["taken"]][-1]
+    taken_in_search = [entry for entry in record["candidates"] if entry["taken"]]
+    chosen = taken_in_search[-1]  # after the refinements
+    X_fit, X_held, y_fit, y_held = train_test_split(
+        X, y, test_size=result.holdout_items, stratify=y, random_state=0
+    )
+    top = int(np.unique(y_fit, return_counts=True)[1].max())  # the fit part's largest class
+    assert taken_in_search[0]["change"].endswith(f"{top} bases per class")
     shrink = record["shrink"]
-    assert shrink, "a configuration taken at the top: a halving is always tried"
-    top = shrink[0]["basis_per_class"] * 2
+    assert shrink, "a configuration taken at the top, with time left: a halving is tried"
     assert [entry["basis_per_class"] for entry in shrink] == [
         top // 2**k for k in range(1, len(shrink) + 1)
     ]
     assert all(entry["taken"] for entry in shrink[:-1])
+    if not shrink[-1]["taken"]:
+        assert record["shrink_stopped"] == "the larger kept by the selection's rule"
     kept = chosen["held_out_accuracy"]
     for entry in shrink:
         assert entry["taken"] == (entry["held_out_accuracy"] >= kept)
@@ -197,11 +204,9 @@ def _check_the_shrink(X, y, result, record):
         assert result.basis_per_class == taken[-1]["basis_per_class"]
     else:
         # every item of the fit part's largest class: the final fit takes the split's
+        assert result.params["basis_per_class"] == top
         assert result.every_item
         assert result.basis_per_class == int(np.unique(y, return_counts=True)[1].max())
-    X_fit, X_held, y_fit, y_held = train_test_split(
-        X, y, test_size=result.holdout_items, stratify=y, random_state=0
-    )
     model = BasisExpandingSVC(n_jobs=1, **result.params).fit(X_fit, y_fit)
     assert float(np.mean(model.predict(X_held) == y_held)) == pytest.approx(kept, abs=1e-12)
 

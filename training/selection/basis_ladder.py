@@ -79,6 +79,7 @@ class LadderResult:
     confirmation: dict[str, Any] | None = None  # a gain within the noise, tested on every item
     # the configuration taken, at smaller bases: halved while as accurate on the hold-out
     shrink: list[dict[str, Any]] = field(default_factory=list)
+    shrink_stopped: str = ""
 
     def record(self) -> dict[str, Any]:
         return {
@@ -100,6 +101,7 @@ class LadderResult:
                         "candidates": self.large_basis,
                         "confirmation": self.confirmation,
                         "shrink": self.shrink,
+                        "shrink_stopped": self.shrink_stopped,
                     }
                 }
                 if self.large_basis_stopped
@@ -335,8 +337,9 @@ def climb_basis_ladder(
                 **rule,
             )
             if chosen is not None:
+                correct, cost = chosen
                 size = _shrink_large_basis(
-                    holdout, estimator, result, chosen, floor=result.basis_per_class, **rule
+                    holdout, estimator, result, correct, cost, floor=result.basis_per_class, **rule
                 )
                 result.basis_per_class = size
                 result.every_item = size >= fit_largest
@@ -371,11 +374,12 @@ def _search_large_basis(
     min_gain_se: float,
     work: Callable[[dict[str, Any]], float],
     prefer: str,
-) -> np.ndarray | None:
+) -> tuple[np.ndarray, float] | None:
     """Score ``candidates`` on the hold-out while ``budget`` lasts and take the best by the
     selection's rule over ``current`` (whose correctness is ``reference``); then refine the
     width and C of the one taken. Sets ``result.params`` when a candidate was taken, and
-    returns its correctness on the hold-out (None when none was)."""
+    returns its correctness on the hold-out and the CPU seconds per core of the last fit at
+    its size (None when none was taken)."""
     last_cost = 0.0
     rounds = 0
     while candidates:
@@ -429,7 +433,7 @@ def _search_large_basis(
             result.large_basis_stopped = result.large_basis_stopped or (
                 "refined" if rounds else "no candidate gained"
             )
-            return reference if rounds else None
+            return (reference, last_cost) if rounds else None
         index = chosen[0]
         candidate, reference = scored[index]
         current = candidate.params
@@ -437,11 +441,11 @@ def _search_large_basis(
         result.large_basis[len(result.large_basis) - len(scored) + index]["taken"] = True
         if result.large_basis_stopped or rounds == LARGE_BASIS_REFINEMENTS:
             result.large_basis_stopped = result.large_basis_stopped or "refined"
-            return reference
+            return reference, last_cost
         rounds += 1
         candidates = neighbour_candidates(current)
     result.large_basis_stopped = result.large_basis_stopped or "refined"
-    return reference if rounds else None
+    return (reference, last_cost) if rounds else None
 
 
 def _shrink_large_basis(
@@ -449,6 +453,7 @@ def _shrink_large_basis(
     estimator,
     result: LadderResult,
     reference: np.ndarray,
+    cost: float,
     *,
     floor: int,
     budget: SelectionBudget,
@@ -457,17 +462,26 @@ def _shrink_large_basis(
     prefer: str,
 ) -> int:
     """The configuration the large-basis search took (``result.params``, whose correctness
-    on the hold-out is ``reference``), its basis halved while the selection's rule takes the
-    smaller over the larger (with ``prefer="cost"``: at least as accurate on the hold-out, and
-    cheaper to predict), down to ``floor`` a class (the ladder's rung), while ``budget`` lasts.
+    on the hold-out is ``reference`` and whose fit cost ``cost`` CPU seconds per core), its
+    basis halved while the selection's rule takes the smaller over the larger (with
+    ``prefer="cost"``: at least as accurate on the hold-out, and cheaper to predict), down to
+    ``floor`` a class (the ladder's rung), while the next fit, at about half the cost of the
+    last, fits in ``budget``.
     A large basis is chosen for its settings as much as for its size (spambase: the every-item
     configuration scores as well at a quarter of the items), and prediction costs the basis.
-    Returns the basis per class kept; ``result.params`` and ``result.shrink`` say the rest."""
+    Returns the basis per class kept; ``result.params``, ``result.shrink`` and
+    ``result.shrink_stopped`` say the rest."""
     current = result.params
     size = current["basis_per_class"]
-    while size // 2 >= max(1, floor) and not budget.spent:
+    while True:
+        if size // 2 < max(1, floor):
+            result.shrink_stopped = "the ladder's rung"
+            break
+        if budget.spent or budget.used_s + cost / 2 > budget.seconds:
+            result.shrink_stopped = "time budget spent"
+            break
         smaller = {**current, "basis_per_class": size // 2}
-        correct, model, seconds, _ = holdout.score(estimator, smaller, budget)
+        correct, model, seconds, cost = holdout.score(estimator, smaller, budget)
         chosen = take(reference, work(current), [(correct, work(smaller))], min_gain_se, prefer)
         gain, error = paired_gain(correct, reference)
         result.shrink.append(
@@ -482,6 +496,7 @@ def _shrink_large_basis(
             }
         )
         if chosen is None:
+            result.shrink_stopped = "the larger kept by the selection's rule"
             break
         current, reference, size = smaller, correct, size // 2
     result.params = current
