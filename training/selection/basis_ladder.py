@@ -327,7 +327,7 @@ def climb_basis_ladder(
                 "work": work or (lambda _: 0.0),
                 "prefer": prefer,
             }
-            chosen = _search_large_basis(
+            correct, cost = _search_large_basis(
                 holdout,
                 estimator,
                 {**params, "basis_per_class": result.basis_per_class},
@@ -336,8 +336,7 @@ def climb_basis_ladder(
                 result,
                 **rule,
             )
-            if chosen is not None:
-                correct, cost = chosen
+            if result.params is not None:
                 size = _shrink_large_basis(
                     holdout, estimator, result, correct, cost, floor=result.basis_per_class, **rule
                 )
@@ -374,12 +373,12 @@ def _search_large_basis(
     min_gain_se: float,
     work: Callable[[dict[str, Any]], float],
     prefer: str,
-) -> tuple[np.ndarray, float] | None:
+) -> tuple[np.ndarray, float]:
     """Score ``candidates`` on the hold-out while ``budget`` lasts and take the best by the
     selection's rule over ``current`` (whose correctness is ``reference``); then refine the
-    width and C of the one taken. Sets ``result.params`` when a candidate was taken, and
-    returns its correctness on the hold-out and the CPU seconds per core of the last fit at
-    its size (None when none was taken)."""
+    width and C of the one taken. Sets ``result.params`` when a candidate was taken; returns
+    the correctness on the hold-out of the configuration kept (``current`` when none was
+    taken) and the CPU seconds per core of the last fit at the large size."""
     last_cost = 0.0
     rounds = 0
     while candidates:
@@ -433,7 +432,7 @@ def _search_large_basis(
             result.large_basis_stopped = result.large_basis_stopped or (
                 "refined" if rounds else "no candidate gained"
             )
-            return (reference, last_cost) if rounds else None
+            return reference, last_cost
         index = chosen[0]
         candidate, reference = scored[index]
         current = candidate.params
@@ -445,7 +444,7 @@ def _search_large_basis(
         rounds += 1
         candidates = neighbour_candidates(current)
     result.large_basis_stopped = result.large_basis_stopped or "refined"
-    return (reference, last_cost) if rounds else None
+    return reference, last_cost
 
 
 def _shrink_large_basis(
