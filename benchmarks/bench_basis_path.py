@@ -4,13 +4,16 @@ from a larger basis, and under which normalisation, width and C?).
     .venv/bin/python benchmarks/bench_basis_path.py --set phoneme --seed 0 \\
         --similarity "rbf(gamma=1)" --input-normalization global --C 1,10 \\
         --normalization auto,besvm --sizes 200,400,800,1600,4000
+    .venv/bin/python benchmarks/bench_basis_path.py --set fortunes --similarity linear \\
+        --normalization besvm --sizes 200,1000 --min-df 1 --stop-words none
 
 For every combination of the listed normalisations, C and basis sizes (per class; a size past a
 class takes every item of it), its items chosen by ``--basis-strategy``, a
 :class:`~training.BasisExpandingSVC` is fitted on the set's
 training split (as ``bench_defaults.py`` splits it: 25% test, stratified, the seed given) on one
-thread, and its test and training accuracy, fit seconds and basis size are printed, one line
-each. The estimator's own ``max_iter`` (10,000) is kept, so a fit that stalls shows its time.
+thread (documents with the vocabulary of ``--min-df`` and ``--stop-words``), and its test and
+training accuracy, fit seconds and basis size are printed, one line each. The estimator's own
+``max_iter`` (10,000) is kept, so a fit that stalls shows its time.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ def grid_models(args: argparse.Namespace) -> Iterator[tuple[str, float, int, Bas
                         C=C,
                         basis_per_class=size,
                         basis_strategy=args.basis_strategy,
+                        min_df=args.min_df,
+                        stop_words=None if args.stop_words == "none" else args.stop_words,
                         n_jobs=1,
                     ),
                 )
@@ -71,6 +76,12 @@ def main() -> None:
         default="index",
         choices=("index", "random", "kmedoids"),
         help="how each class's basis items are chosen",
+    )
+    parser.add_argument(
+        "--min-df", type=int, default=2, help="documents: the vocabulary's least quote count"
+    )
+    parser.add_argument(
+        "--stop-words", default="english", choices=("english", "none"), help="documents"
     )
     args = parser.parse_args()
     data = load_dataset(args.set, test_fraction=args.test_fraction, seed=args.seed)

@@ -25,7 +25,9 @@ ships, never tuned on), 50% test, seed 0. Held back since issue 34, in ``--all``
 digits, 25% test, seed 0) and ``adult`` (mglearn; 32,561 census rows, 25% test, seed 0).
 Opt-in: ``--synthetic`` (10-class ``make_classification``, d = 64, 10,000 training items),
 ``--large`` (the same at 100,000), ``--digits-cv`` (digits in repeated stratified 5-fold CV,
-2 repeats), ``--fortunes`` (text).
+2 repeats), ``--fortunes`` (text; 25% test, seed 0, or ``--fortunes-seeds 0,1,2``; the default
+model's vocabulary as ``fit``'s, or ``--min-df 1 --stop-words none``: every word, as the
+``TfidfVectorizer`` of the LinearSVC row).
 ``--no-tuned-svc`` leaves the tuned SVC out (on fortunes its grid search takes hours on 2 cores):
 ``--sets none --fortunes --no-tuned-svc`` gives the fortunes row against tf-idf + LinearSVC.
 The tuned SVC takes the small grid from 5,000 training items or 1,000,000 training numbers
@@ -152,7 +154,10 @@ def _splits(args) -> Iterator[tuple[str, Dataset]]:
                 _vectors("synthetic", X, y, 0, test_size=2000),
             )
     if args.fortunes:
-        yield "fortunes", load_dataset("fortunes")
+        seeds = [int(seed) for seed in args.fortunes_seeds.split(",")]
+        label = "fortunes" if seeds == [0] else f"fortunes (25% test, seeds {args.fortunes_seeds})"
+        for seed in seeds:
+            yield label, load_dataset("fortunes", seed=seed)
 
 
 def _load() -> str:
@@ -176,6 +181,10 @@ def _per_sample(predict: Callable[[], object], repeats: int) -> float:
         return median_seconds(predict, repeats) / BATCH
 
 
+def _stop_words(name: str) -> str | None:
+    return None if name == "none" else name
+
+
 def _default(dataset: Dataset, args) -> dict:
     result, seconds = _timed(
         lambda: fit_dataset(
@@ -186,6 +195,11 @@ def _default(dataset: Dataset, args) -> dict:
             selection_prefer=args.prefer,
             n_jobs=args.n_jobs,
             diagnostics=False,
+            **(
+                {"min_df": args.min_df, "stop_words": _stop_words(args.stop_words)}
+                if dataset.input_spec.is_documents
+                else {}
+            ),
         )
     )
     chosen = result.selection.best_params_
@@ -290,6 +304,15 @@ def main() -> None:
     parser.add_argument("--large", action="store_true", help="make_classification, 100,000")
     parser.add_argument("--digits-cv", action="store_true", help="digits, repeated 5-fold CV")
     parser.add_argument("--fortunes", action="store_true", help="fortunes (text; minutes)")
+    parser.add_argument(
+        "--fortunes-seeds", default="0", help="fortunes' splits (25%% test), comma separated"
+    )
+    parser.add_argument(
+        "--min-df", type=int, default=2, help="the default model's vocabulary (text; fit's)"
+    )
+    parser.add_argument(
+        "--stop-words", default="english", choices=("english", "none"), help="the same"
+    )
     parser.add_argument(
         "--all",
         action="store_true",

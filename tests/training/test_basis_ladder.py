@@ -4,6 +4,7 @@ keeps its bounds (every item, memory, time), and lists its path in the selection
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,11 +13,12 @@ from sklearn.model_selection import train_test_split
 
 from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
-from training.selection import forward_selection
+from training.selection import space
 from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, ladder_sizes
 from training.selection.budget import SelectionBudget
 from training.selection.folds import paired_gain
 from training.selection.memory import basis_per_class_within
+from training.selection.space import document_measures_at
 
 pytestmark = pytest.mark.slow
 
@@ -178,9 +180,9 @@ def test_a_class_of_one_item_stays_in_the_fit_part():
 
 def test_the_first_rung_is_capped_and_the_ladder_climbs_from_there(monkeypatch):
     # The grown basis would be 6 times the folds' share; the first rung, taken unvalidated,
-    # keeps within MAX_FIRST_RUNG_FEATURES (here 30 features: 10 a class for one measure and
-    # three classes), and the ladder doubles from it.
-    monkeypatch.setattr(forward_selection, "MAX_FIRST_RUNG_FEATURES", 30)
+    # keeps within the dense rules' first_rung_features (MAX_FIRST_RUNG_FEATURES; here 30
+    # features: 10 a class for one measure and three classes), and the ladder doubles from it.
+    monkeypatch.setattr(space, "DENSE_RULES", replace(space.DENSE_RULES, first_rung_features=30))
     X, y = make_classification(
         n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
     )
@@ -197,3 +199,63 @@ def test_the_first_rung_is_capped_and_the_ladder_climbs_from_there(monkeypatch):
         [path[0]["basis_per_class"]],
         [path[0]["basis_per_class"], 2 * path[0]["basis_per_class"]],
     )
+
+
+def test_documents_searched_on_a_sample_climb_the_ladder_from_the_grown_basis(text_dataset):
+    # Fortunes' accuracy grows to every training quote (docs/measurements/model-selection.md),
+    # past the feature cap that bounded a document basis before: documents selected on a
+    # sample climb the ladder as dense inputs do, from the basis grown in proportion to the
+    # split (no first-rung cap: the dense rules' would be 4,000 features); then the other
+    # document measures are tried at the ladder's top, even when that is the rung taken.
+    selection = ForwardSelectionCV(
+        BasisExpandingSVC(min_df=1), budget=GENEROUS, n_jobs=1, max_items=60, refit=False
+    ).fit(text_dataset.X_train, text_dataset.y_train)
+    assert selection.n_items_ == 60
+    ladder = selection.record()["basis_ladder"]
+    searched = selection.searched_basis_per_class_
+    path = ladder["path"]
+    # Folds of 40 items, a split of 120 (40 a class): three times the share, at most 40.
+    assert path[0]["basis_per_class"] == max(searched, min(3 * searched, 40))
+    assert [rung["basis_per_class"] for rung in path] == ladder_sizes(
+        path[0]["basis_per_class"], 32
+    )[: len(path)]  # doubling towards the fit part's 32 documents a class
+    taken = [rung["basis_per_class"] for rung in path if rung["taken"]]
+    large = ladder["large_basis"]
+    measures = {"linear", *(f"sensing1(n={n})" for n in (15, 50, 150, 500, 1500))}
+    # (a refinement's candidates, after one is taken, name a width or C instead)
+    scored = [
+        entry["change"].split(", ")
+        for entry in large["candidates"]
+        if entry["change"].endswith("bases per class")
+    ]
+    assert scored
+    assert all(measure in measures for measure, *_ in scored)
+    # at the top the time budget allows, never below the rung taken
+    assert all(int(rest[-1].split()[0]) >= taken[-1] for _, *rest in scored)
+    chosen = large["chosen"]
+    if chosen is None:
+        assert selection.best_params_["basis_per_class"] in (taken[-1], 40)  # 40: every one
+    else:
+        assert selection.best_params_["similarity"] == chosen["similarity"]
+
+
+def test_documents_on_the_split_try_the_other_measures_linear_first():
+    params = {"similarity": "sensing1(n=1500)", "C": 1.0, "normalization": "besvm"}
+    candidates = document_measures_at(params, 300)
+    assert [c.params["similarity"] for c in candidates] == [
+        "linear",
+        "sensing1(n=500)",
+        "sensing1(n=150)",
+        "sensing1(n=50)",
+        "sensing1(n=15)",
+    ]  # the chosen left out, then outwards from its width
+    assert all(
+        c.params == {**params, "similarity": c.params["similarity"], "basis_per_class": 300}
+        for c in candidates
+    )
+    linear = document_measures_at({**params, "similarity": "linear"}, 300)
+    assert [c.params["similarity"] for c in linear][:3] == [
+        "sensing1(n=150)",
+        "sensing1(n=50)",
+        "sensing1(n=500)",
+    ]  # without a width of its own, from 150 words

@@ -64,7 +64,7 @@ def test_the_large_basis_is_offered_at_every_coarse_width_input_normalisation_an
     assert {p["similarity"] for p in params[-4:]} == {"rbf(gamma=0.0625)"}
 
 
-def test_a_measure_without_a_width_is_offered_the_kernel_and_documents_nothing():
+def test_a_measure_without_a_width_is_offered_the_kernel_and_documents_other_measures():
     linear = large_basis_candidates({**PARAMS, "similarity": "linear"}, DENSE_RULES, 50)
     assert {c.params["similarity"] for c in linear} == {
         RBF_SCALE.measure(g) for g in RBF_SCALE.coarse
@@ -88,7 +88,12 @@ def test_a_measure_without_a_width_is_offered_the_kernel_and_documents_nothing()
     assert [(c.params["C"], c.params["input_normalization"]) for c in joined[:2]] == [
         (100.0, GLOBAL_NORMALIZATION)
     ] * 2
-    assert large_basis_candidates(PARAMS, DOCUMENT_RULES, 50) == []
+    # documents: the other document measures alone, at the size asked (document_measures_at)
+    documents = {**PARAMS, "similarity": "sensing1(n=150)", "normalization": "besvm"}
+    offered = large_basis_candidates(documents, DOCUMENT_RULES, 50)
+    assert [c.params["similarity"] for c in offered][:2] == ["linear", "sensing1(n=50)"]
+    assert {c.params["basis_per_class"] for c in offered} == {50}
+    assert "sensing1(n=150)" not in {c.params["similarity"] for c in offered}
     # word counts (bof) are never input-normalised
     bof = large_basis_candidates(
         {**PARAMS, "input_transform": "bof", "similarity": "sensing1(n=150)"}, DENSE_RULES, 50

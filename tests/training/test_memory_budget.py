@@ -31,7 +31,6 @@ from training.selection.memory import (
 from training.selection.space import (
     DENSE_RULES,
     DOCUMENT_RULES,
-    MAX_DOCUMENT_FEATURES,
     GrownBasis,
     grown_basis_per_class,
 )
@@ -190,12 +189,12 @@ def test_the_grown_basis_is_bounded_by_the_budget_and_the_share():
         25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 3 * 10**9)
     )
     assert tight == GrownBasis(500, "the memory budget")
-    # Documents keep their own cap unless the budget is smaller.
+    # Documents grow in proportion past the folds' cap (MAX_DOCUMENT_FEATURES), with no share
+    # of the items to keep to: only the budget bounds them.
     limits = DOCUMENT_RULES.grown_feature_limits(60_000, 64 * GIB)
-    assert limits["the feature cap"] == MAX_DOCUMENT_FEATURES
-    assert limits["the memory budget"] > MAX_DOCUMENT_FEATURES
-    documents = grown_basis_per_class(25, 2000, 60_000, 6000, 1.0, 10, limits)
-    assert documents == GrownBasis(MAX_DOCUMENT_FEATURES // 10, "the feature cap")
+    assert set(limits) == {"the memory budget"}
+    documents = grown_basis_per_class(100, 2000, 60_000, 6000, 1.0, 10, limits)
+    assert documents == GrownBasis(3000, "in proportion to the items")  # 30,000 features
     small = DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9)
     assert grown_basis_per_class(25, 2000, 60_000, 6000, 1.0, 10, small).bound == (
         "the memory budget"

@@ -1,6 +1,7 @@
 """The basis path on the full training split: after a selection on a sample, the chosen
 configuration's basis grows along a ladder of sizes, each validated on items held out of the whole
-split (:func:`climb_basis_ladder`), instead of growing by a fixed share.
+split (:func:`climb_basis_ladder`), instead of growing by a fixed share: for dense inputs and for
+documents alike.
 
 The folds of a selection on a sample hold at most 2,000 items, so the basis size they choose is
 the best for 2,000 items, not for the split. The ladder starts at that size and doubles it, each
@@ -196,6 +197,7 @@ def climb_basis_ladder(
     large_basis_budget: SelectionBudget | None = None,
     work: Callable[[dict[str, Any]], float] | None = None,
     prefer: str = DEFAULT_PREFERENCE,
+    search_at_the_rung: bool = False,
 ) -> LadderResult:
     """Grow the basis of ``params`` on (X, y) along :func:`ladder_sizes` from ``start``; then,
     given ``large_basis``, search the configurations it offers at the top of the ladder.
@@ -239,6 +241,9 @@ def climb_basis_ladder(
     prefer : {"accuracy", "cost"}
         What wins within the noise in the large-basis search
         (:data:`~training.selection.state.PREFERENCES`).
+    search_at_the_rung : bool, default=False
+        Search ``large_basis`` at the ladder's top even when that is the rung taken (documents:
+        their candidates are the other measures, not a larger basis).
 
     Returns
     -------
@@ -318,7 +323,9 @@ def climb_basis_ladder(
             last_cost * size / last_size > large_basis_budget.seconds
         ):
             size //= 2
-        if size <= result.basis_per_class:
+        if search_at_the_rung:  # the candidates differ in more than the size
+            size = max(size, result.basis_per_class)
+        if size <= result.basis_per_class and not search_at_the_rung:
             result.large_basis_stopped = "no larger basis fits its time budget"
         else:
             rule = {

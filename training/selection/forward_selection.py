@@ -61,7 +61,6 @@ from training.selection.memory import (
 from training.selection.sites import OnCluster, ThisMachine, fold_jobs
 from training.selection.space import (
     GROWN_WITHIN_MEMORY,
-    MAX_FIRST_RUNG_FEATURES,
     START_BASIS_PER_CLASS,
     START_MEASURE,
     basis_cap,
@@ -190,11 +189,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     grown_bound_ : str or None
         What bounded the basis grown for the whole split (the ladder's first rung): ``in
         proportion to the items``, ``every item of the largest class``, ``the memory budget``,
-        ``the share of the items``, ``the feature cap`` (documents) or ``the size the folds
-        chose``; None when it did not grow (``the memory budget`` where that bounded a basis
-        that did not grow).
+        ``the share of the items`` or ``the size the folds chose``; None when it did not grow
+        (``the memory budget`` where that bounded a basis that did not grow).
     ladder_ : dict or None
-        Dense inputs selected on a sample of a split held in this process: the basis ladder on
+        Inputs selected on a sample of a split held in this process: the basis ladder on
         the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
         (``basis_per_class``, ``n_basis``, ``held_out_accuracy``, ``gain``,
         ``standard_error``, ``taken``, ``seconds``), why it ``stopped``, its hold-out and
@@ -449,10 +447,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 self.best_params_,
                 X_checked,
                 labels,
-                start=min(
-                    self.best_params_["basis_per_class"],
-                    basis_cap(state.current["similarity"], n_classes, MAX_FIRST_RUNG_FEATURES),
-                ),
+                start=self._first_rung(state.current["similarity"], n_classes, rules),
                 weight=basis_weight(state.current["similarity"]),
                 min_gain_se=self.min_gain_se,
                 budget=SelectionBudget(self.budget_s_, cores),
@@ -464,6 +459,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 large_basis_budget=SelectionBudget(self.budget_s_, cores),
                 work=lambda params: prediction_work(params, spec, n_classes),
                 prefer=self.prefer,
+                search_at_the_rung=rules.documents,
             )
             self.ladder_ = ladder.record()
             self.best_params_ = {
@@ -482,6 +478,14 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.n_items_ = n_items
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
+
+    def _first_rung(self, similarity: str, n_classes: int, rules) -> int:
+        """The basis ladder's first rung: the basis grown for the split, within the rules'
+        ``first_rung_features``."""
+        grown = self.best_params_["basis_per_class"]
+        if rules.first_rung_features is None:
+            return grown
+        return min(grown, basis_cap(similarity, n_classes, rules.first_rung_features))
 
     @staticmethod
     def _final_params(
