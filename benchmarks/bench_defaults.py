@@ -155,7 +155,9 @@ def _splits(args) -> Iterator[tuple[str, Dataset]]:
             )
     if args.fortunes:
         seeds = [int(seed) for seed in args.fortunes_seeds.split(",")]
-        label = "fortunes" if seeds == [0] else f"fortunes (25% test, seeds {args.fortunes_seeds})"
+        label = "fortunes"
+        if seeds != [0]:
+            label += f" (25% test, seed{'s' if len(seeds) > 1 else ''} {args.fortunes_seeds})"
         for seed in seeds:
             yield label, load_dataset("fortunes", seed=seed)
 

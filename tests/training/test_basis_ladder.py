@@ -18,7 +18,7 @@ from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, l
 from training.selection.budget import SelectionBudget
 from training.selection.folds import paired_gain
 from training.selection.memory import basis_per_class_within
-from training.selection.space import document_measures_at
+from training.selection.space import Candidate, document_measures_at
 
 pytestmark = pytest.mark.slow
 
@@ -214,8 +214,9 @@ def test_documents_searched_on_a_sample_climb_the_ladder_from_the_grown_basis(te
     ladder = selection.record()["basis_ladder"]
     searched = selection.searched_basis_per_class_
     path = ladder["path"]
-    # Folds of 40 items, a split of 120 (40 a class): three times the share, at most 40.
-    assert path[0]["basis_per_class"] == max(searched, min(3 * searched, 40))
+    # Folds of 40 items, a split of 120 (40 a class): three times the share, at most 40, and
+    # no rung above the fit part's 32 a class.
+    assert path[0]["basis_per_class"] == min(max(searched, min(3 * searched, 40)), 32)
     assert [rung["basis_per_class"] for rung in path] == ladder_sizes(
         path[0]["basis_per_class"], 32
     )[: len(path)]  # doubling towards the fit part's 32 documents a class
@@ -259,3 +260,47 @@ def test_documents_on_the_split_try_the_other_measures_linear_first():
         "sensing1(n=50)",
         "sensing1(n=500)",
     ]  # without a width of its own, from 150 words
+
+
+@pytest.mark.parametrize(
+    ("at_the_rung", "search_budget", "stopped"),
+    [
+        (False, GENEROUS, "no larger basis fits its time budget"),
+        (True, GENEROUS, None),
+        (True, 1e-6, "no basis fits its time budget"),
+    ],
+)
+def test_the_large_basis_search_at_the_rung_taken(at_the_rung, search_budget, stopped):
+    # The ladder starts at its top (the fit part's largest class), so the rung taken is the top:
+    # a larger basis cannot be searched there, other measures can (documents), within the time
+    # budget (one fit at the rung's cost).
+    X, y = _wine()
+    asked = []
+
+    def offered(per_class):
+        asked.append(per_class)
+        changed = {"similarity": "rbf(gamma=1)", "C": 3.0, "basis_per_class": per_class}
+        return [Candidate("C = 3", changed)]
+
+    result = climb_basis_ladder(
+        BasisExpandingSVC(n_jobs=1),
+        {"similarity": "rbf(gamma=1)", "C": 10.0},
+        X,
+        y,
+        start=1000,
+        weight=1.0,
+        min_gain_se=1.0,
+        budget=SelectionBudget(GENEROUS, 1),
+        large_basis=offered,
+        large_basis_budget=SelectionBudget(search_budget, 1),
+        search_at_the_rung=at_the_rung,
+    )
+    assert len(result.path) == 1
+    top = result.path[0]["basis_per_class"]
+    if stopped is None:
+        assert asked == [top]
+        assert result.large_basis[0]["change"] == "C = 3"
+    else:
+        assert asked == []
+        assert result.large_basis_stopped == stopped
+        assert result.large_basis == []

@@ -390,15 +390,13 @@ def test_dense_inputs_searched_on_a_sample_start_the_ladder_at_the_grown_basis()
 
 
 def test_a_grown_basis_keeps_each_class_share_within_its_caps():
-    cap = {"the feature cap": 6400}
+    cap = {"a cap": 6400}
     # 25 of a fold's 2,000 items: the same share of 11,000 is 137.5 per class.
     assert grown_basis_per_class(25, 2000, 11000, 500, 1, 32, cap) == GrownBasis(
         138, "in proportion to the items"
     )
     # The feature budget: 6,400 features for 2 measures and 32 classes leave 100 per class.
-    assert grown_basis_per_class(25, 2000, 11000, 500, 2, 32, cap) == GrownBasis(
-        100, "the feature cap"
-    )
+    assert grown_basis_per_class(25, 2000, 11000, 500, 2, 32, cap) == GrownBasis(100, "a cap")
     # No class has more than 60 items to give.
     assert grown_basis_per_class(25, 2000, 11000, 60, 1, 32, cap) == GrownBasis(
         60, "every item of the largest class"

@@ -209,7 +209,8 @@ def climb_basis_ladder(
     params : dict
         The selected parameters.
     X : ndarray of shape (n_samples, ...)
-        The whole training split, dense.
+        The whole training split: dense rows, or documents as a 1-d object array of str (a
+        list of texts would become a fixed-width string array).
     y : ndarray of shape (n_samples,)
     start : int
         The first rung's basis per class (the size the folds chose).
@@ -231,7 +232,8 @@ def climb_basis_ladder(
         (:func:`~training.selection.space.large_basis_candidates`): each is scored on the
         hold-out at the ladder's top (every item of the fit part's largest class, or the
         memory bound; halved while one fit would not fit ``large_basis_budget`` at the cost of
-        the last rung, scaled by the size), the best taken by the selection's rule
+        the last rung, scaled by the size; with ``search_at_the_rung``, at least the rung taken,
+        if one fit there fits the budget), the best taken by the selection's rule
         (:func:`~training.selection.state.take`) over the last rung taken, then its width and
         C refined (:func:`~training.selection.space.neighbour_candidates`).
     large_basis_budget : SelectionBudget or None
@@ -242,8 +244,9 @@ def climb_basis_ladder(
         What wins within the noise in the large-basis search
         (:data:`~training.selection.state.PREFERENCES`).
     search_at_the_rung : bool, default=False
-        Search ``large_basis`` at the ladder's top even when that is the rung taken (documents:
-        their candidates are the other measures, not a larger basis).
+        Search ``large_basis`` at the ladder's top even when that is the rung taken
+        (:attr:`~training.selection.space.KindRules.search_at_the_rung`: documents, whose
+        candidates are the other measures, not a larger basis).
 
     Returns
     -------
@@ -323,11 +326,13 @@ def climb_basis_ladder(
             last_cost * size / last_size > large_basis_budget.seconds
         ):
             size //= 2
-        if search_at_the_rung:  # the candidates differ in more than the size
-            size = max(size, result.basis_per_class)
-        if size <= result.basis_per_class and not search_at_the_rung:
+        rung = result.basis_per_class
+        if size <= rung and not search_at_the_rung:
             result.large_basis_stopped = "no larger basis fits its time budget"
+        elif size <= rung and last_cost * rung / last_size > large_basis_budget.seconds:
+            result.large_basis_stopped = "no basis fits its time budget"
         else:
+            size = max(size, rung)  # at the rung: the candidates differ in more than the size
             rule = {
                 "budget": large_basis_budget,
                 "min_gain_se": min_gain_se,

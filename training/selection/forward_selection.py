@@ -459,7 +459,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 large_basis_budget=SelectionBudget(self.budget_s_, cores),
                 work=lambda params: prediction_work(params, spec, n_classes),
                 prefer=self.prefer,
-                search_at_the_rung=rules.documents,
+                search_at_the_rung=rules.search_at_the_rung,
             )
             self.ladder_ = ladder.record()
             self.best_params_ = {
