@@ -342,7 +342,7 @@ def climb_basis_ladder(
             correct, cost = _search_large_basis(
                 holdout,
                 estimator,
-                {**params, "basis_per_class": result.basis_per_class},
+                {**params, "basis_per_class": rung},
                 taken,
                 large_basis(size),
                 result,
@@ -350,7 +350,7 @@ def climb_basis_ladder(
             )
             if result.params is not None:
                 size = _shrink_large_basis(
-                    holdout, estimator, result, correct, cost, floor=result.basis_per_class, **rule
+                    holdout, estimator, result, correct, cost, floor=rung, **rule
                 )
                 result.basis_per_class = size
                 result.every_item = size >= fit_largest

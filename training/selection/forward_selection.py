@@ -447,7 +447,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 self.best_params_,
                 X_checked,
                 labels,
-                start=self._first_rung(state.current["similarity"], n_classes, rules),
+                start=rules.first_rung(
+                    self.best_params_["basis_per_class"], state.current["similarity"], n_classes
+                ),
                 weight=basis_weight(state.current["similarity"]),
                 min_gain_se=self.min_gain_se,
                 budget=SelectionBudget(self.budget_s_, cores),
@@ -478,14 +480,6 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.n_items_ = n_items
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
-
-    def _first_rung(self, similarity: str, n_classes: int, rules) -> int:
-        """The basis ladder's first rung: the basis grown for the split, within the rules'
-        ``first_rung_features``."""
-        grown = self.best_params_["basis_per_class"]
-        if rules.first_rung_features is None:
-            return grown
-        return min(grown, basis_cap(similarity, n_classes, rules.first_rung_features))
 
     @staticmethod
     def _final_params(

@@ -196,12 +196,18 @@ def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str
     vectors; those, ``rigid`` and ``deformable(1, 1)`` on image grids (pixels or HOG cells);
     ``sensing1`` and tf-idf ``linear`` for documents and for bags of visual words (``bof``)."""
     if input_spec.is_documents or learns_from_items(transform):
-        return [SENSING_SCALE.measure(n) for n in SENSING_SCALE.coarse] + ["linear"]
+        return document_measures()
     candidates = ["linear"] + [RBF_SCALE.measure(gamma) for gamma in RBF_SCALE.coarse]
     if input_spec.kind == "grid" and transform is not None:
         candidates += [RIGID_SCALE.measure(h) for h in RIGID_SCALE.coarse]
         candidates += ["deformable(1, 1)"]
     return candidates
+
+
+def document_measures() -> list[str]:
+    """The measures for documents and word counts: sensing1 at its coarse widths, tf-idf
+    ``linear``."""
+    return [SENSING_SCALE.measure(n) for n in SENSING_SCALE.coarse] + ["linear"]
 
 
 def learns_from_items(transform: str | None) -> bool:
@@ -440,8 +446,8 @@ def large_basis_candidates(
 
 
 def document_measures_at(params: dict[str, Any], per_class: int) -> list[Candidate]:
-    """``params`` with each other document measure alone (:func:`measure_candidates`' for
-    documents), ``per_class`` basis items a class: the measure the folds chose on a sample of
+    """``params`` with each other document measure alone (:func:`document_measures`),
+    ``per_class`` basis items a class: the measure the folds chose on a sample of
     a few thousand quotes is not always the best on the split (fortunes, seed 1: the folds took
     ``sensing1(n=150)``, 42.77% on the test split at 432 quotes a class, where tf-idf
     ``linear`` scores 43.64%). ``linear`` first, then sensing1's widths nearest the chosen
@@ -453,8 +459,7 @@ def document_measures_at(params: dict[str, Any], per_class: int) -> list[Candida
         scaled = measure_scale(measure)
         return -1.0 if scaled is None else abs(math.log(scaled[1]) - width)
 
-    measures = measure_candidates(InputSpec("text", ()), None)
-    others = sorted((m for m in measures if m != params["similarity"]), key=distance)
+    others = sorted((m for m in document_measures() if m != params["similarity"]), key=distance)
     return [
         Candidate(
             f"{measure}, {per_class} bases per class",
@@ -496,6 +501,13 @@ class KindRules:
         (:mod:`training.selection.basis_ladder`): inputs selected on a sample of a split held in
         this process (on a cluster, or from shards, it grows by its share)."""
         return whole_split and this_machine and validated_items < n_train
+
+    def first_rung(self, grown: int, similarity: str, n_classes: int) -> int:
+        """The basis ladder's first rung: the basis ``grown`` for the split (per class),
+        within :attr:`first_rung_features`."""
+        if self.first_rung_features is None:
+            return grown
+        return min(grown, basis_cap(similarity, n_classes, self.first_rung_features))
 
     def grows_basis(self, validated_items: int, n_train: int) -> bool:
         """Whether the chosen basis grows from the folds to the whole split."""
