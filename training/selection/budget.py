@@ -1,9 +1,9 @@
 """The selection's time budget: how much it may spend, counted so that other processes' load
 does not cut it.
 
-By default the budget grows with the items cross-validated (:func:`budget_for`); it counts the
-fold fits' CPU time per core the selection uses, with a wall-clock backstop
-(:class:`SelectionBudget`).
+By default the budget grows with the items cross-validated (:func:`budget_for`), and the basis
+ladder's with the whole split (:func:`ladder_budget_for`); each counts the fits' CPU time per core
+they use, with a wall-clock backstop (:class:`SelectionBudget`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,26 @@ BUDGET_S_PER_1000_ITEMS = 40.0
 WALL_BACKSTOP = 10.0
 
 
+# The basis ladder fits its rungs on the whole training split, so its budget grows with the
+# split, where the selection's grows with the items it cross-validates (a sample of at most
+# 3,000): at 100,000 items the ladder's first rung (200 a class, 4,000 features) took 86 s, and a
+# budget of the selection's 120 s stopped the ladder there, its hold-out unasked
+# (docs/measurements/model-selection.md, "Synthetic, 100,000 items").
+LADDER_BUDGET_S_PER_1000_ITEMS = 3.0
+
+
 def budget_for(n_items: int) -> float:
     """The default time budget in seconds of a selection that cross-validates ``n_items`` items:
     :data:`BUDGET_S_PER_1000_ITEMS` per 1,000, at least that much."""
     return BUDGET_S_PER_1000_ITEMS * max(1.0, n_items / 1000)
+
+
+def ladder_budget_for(n_split_items: int, selection_budget_s: float) -> float:
+    """The default time budget in seconds of the basis ladder on a split of ``n_split_items``
+    items after a selection whose budget was ``selection_budget_s``:
+    :data:`LADDER_BUDGET_S_PER_1000_ITEMS` per 1,000 items of the split, at least the
+    selection's (120 s up to 40,000 items, 300 s at 100,000)."""
+    return max(float(selection_budget_s), LADDER_BUDGET_S_PER_1000_ITEMS * n_split_items / 1000)
 
 
 class SelectionBudget:

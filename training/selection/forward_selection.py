@@ -50,6 +50,7 @@ from training.selection.budget import (
     WALL_BACKSTOP,
     SelectionBudget,
     budget_for,
+    ladder_budget_for,
 )
 from training.selection.folds import FoldScorer, make_folds, repeats_for
 from training.selection.memory import (
@@ -105,8 +106,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         most 10 times as much wall time; it may overrun by about one fold fit); None: it grows
         with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
         120 s from 3,000, the most it samples). A selection on a sample then grows its basis
-        along the ladder and searches the large basis on the whole split, each under a budget
-        as large again: up to 3 times ``budget`` in all.
+        along the ladder on the whole split, under a budget of its own (by default 3 s per
+        1,000 items of the split, at least the selection's: ``ladder_budget_s_``; ``budget``
+        when given), and searches the large basis there under one as large as the
+        selection's.
     cv : int, default=3
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
     repeats : int or None, default=None
@@ -165,6 +168,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         ``taken``.
     budget_s_ : float
         The budget the selection ran under.
+    ladder_budget_s_ : float or None
+        The basis ladder's budget (:func:`~training.selection.budget.ladder_budget_for`, or
+        ``budget`` when given); None where no ladder ran.
     stopped_ : str
         Why the selection ended.
     seconds_ : float
@@ -436,12 +442,18 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             rules,
             self.memory_budget_,
         )
-        self.ladder_ = None
+        self.ladder_ = self.ladder_budget_s_ = None
         if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
             # From the grown size, the basis doubles while the hold-out of the whole split says
-            # it pays, under a budget of its own as large as the selection's, counted the same way;
-            # then the large basis is searched at its top, under another such budget.
+            # it pays, under a budget of its own that grows with the split, counted as the
+            # selection's; then the large basis is searched at its top, under one as large as the
+            # selection's.
             cores = _fit_cores(base.get_params()["n_jobs"])
+            self.ladder_budget_s_ = (
+                ladder_budget_for(len(labels), self.budget_s_)
+                if self.budget is None
+                else self.budget_s_
+            )
             ladder = climb_basis_ladder(
                 base,
                 self.best_params_,
@@ -452,16 +464,17 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 ),
                 weight=basis_weight(state.current["similarity"]),
                 min_gain_se=self.min_gain_se,
-                budget=SelectionBudget(self.budget_s_, cores),
+                budget=SelectionBudget(self.ladder_budget_s_, cores),
                 random_state=self.random_state,
                 memory_budget=self.memory_budget_,
-                large_basis=lambda per_class: large_basis_candidates(
-                    self.best_params_, rules, per_class, alone=True
+                large_basis=lambda params, per_class: large_basis_candidates(
+                    params, rules, per_class, alone=True
                 ),
                 large_basis_budget=SelectionBudget(self.budget_s_, cores),
                 work=lambda params: prediction_work(params, spec, n_classes),
                 prefer=self.prefer,
                 search_at_the_rung=rules.search_at_the_rung,
+                narrower=rules.narrower,
             )
             self.ladder_ = ladder.record()
             self.best_params_ = {
@@ -630,7 +643,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             lines.append(
                 "  basis ladder on the split (per class, held-out accuracy): "
                 + ", ".join(
-                    f"{e['basis_per_class']} {100 * e['held_out_accuracy']:.2f}%"
+                    f"{e['basis_per_class']}"
+                    + (f" {e['similarity']}" if e.get("step") == "narrower" else "")
+                    + f" {100 * e['held_out_accuracy']:.2f}%"
                     + ("" if e["taken"] else " (not taken)")
                     for e in self.ladder_["path"]
                 )
