@@ -22,33 +22,13 @@ import argparse
 import time
 import warnings
 from collections.abc import Iterator
-from types import SimpleNamespace
 
 import numpy as np
-from sklearn.datasets import make_classification
+from bench_defaults import synthetic_dataset
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.model_selection import train_test_split
 
 from training import BasisExpandingSVC
 from training.data.datasets import load_dataset
-
-
-def synthetic_split(n_train: int) -> SimpleNamespace:
-    """``bench_defaults.py``'s ``--synthetic`` / ``--large`` split at ``n_train`` training items:
-    the same generator, seed and 2,000 stratified test items."""
-    X, y = make_classification(
-        n_samples=n_train + 2000,
-        n_features=64,
-        n_informative=32,
-        n_redundant=8,
-        n_classes=10,
-        n_clusters_per_class=2,
-        random_state=0,
-    )
-    X_train, X_test, y_train, y_test = train_test_split(
-        X, y.astype(str), test_size=2000, random_state=0, stratify=y
-    )
-    return SimpleNamespace(X_train=X_train, y_train=y_train, X_test=X_test, y_test=y_test)
 
 
 def _floats(text: str) -> list[float]:
@@ -109,13 +89,13 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="instead of --set: bench_defaults' synthetic set (make_classification, 64 "
+        help="instead of --set: bench_defaults.py's synthetic set (make_classification, 64 "
         "features, 10 classes) with N training items and its 2,000 test items",
     )
     parser.add_argument("--n-jobs", type=int, default=1, help="the model's threads")
     args = parser.parse_args()
     if args.synthetic:
-        data = synthetic_split(args.synthetic)
+        data = synthetic_dataset(args.synthetic)
         args.set = f"synthetic ({args.synthetic:,})"
     else:
         data = load_dataset(args.set, test_fraction=args.test_fraction, seed=args.seed)

@@ -107,6 +107,21 @@ def _vectors(name: str, X, y, seed: int, test_size: float = 0.25) -> Dataset:
     return Dataset(name, spec, X_train, y_train, X_test, y_test, source={"seed": seed})
 
 
+def synthetic_dataset(n_train: int) -> Dataset:
+    """The synthetic set of ``--synthetic`` and ``--large``: 10-class ``make_classification``,
+    64 features, ``n_train`` training items and 2,000 test items, stratified."""
+    X, y = make_classification(
+        n_samples=n_train + 2000,
+        n_features=64,
+        n_informative=32,
+        n_redundant=8,
+        n_classes=10,
+        n_clusters_per_class=2,
+        random_state=0,
+    )
+    return _vectors("synthetic", X, y, 0, test_size=2000)
+
+
 def _splits(args) -> Iterator[tuple[str, Dataset]]:
     sets = args.sets.split(",")
     if "digits" in sets:
@@ -140,19 +155,7 @@ def _splits(args) -> Iterator[tuple[str, Dataset]]:
             )
     for flag, n_train in ((args.synthetic, 10_000), (args.large, 100_000)):
         if flag:
-            X, y = make_classification(
-                n_samples=n_train + 2000,
-                n_features=64,
-                n_informative=32,
-                n_redundant=8,
-                n_classes=10,
-                n_clusters_per_class=2,
-                random_state=0,
-            )
-            yield (
-                f"synthetic (n = {n_train:,})",
-                _vectors("synthetic", X, y, 0, test_size=2000),
-            )
+            yield f"synthetic (n = {n_train:,})", synthetic_dataset(n_train)
     if args.fortunes:
         seeds = [int(seed) for seed in args.fortunes_seeds.split(",")]
         label = "fortunes"

@@ -15,7 +15,12 @@ from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
-from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, ladder_sizes
+from training.selection.basis_ladder import (
+    HOLDOUT_SHARE,
+    climb_basis_ladder,
+    describe_large_basis,
+    ladder_sizes,
+)
 from training.selection.budget import SelectionBudget, ladder_budget_for
 from training.selection.folds import paired_gain
 from training.selection.memory import basis_per_class_within
@@ -198,21 +203,60 @@ def test_the_first_rung_takes_a_narrower_width_that_pays_and_climbs_with_it():
     assert one["gain"] < 0
     # the ladder climbs with the width taken, and chooses it
     assert {e["similarity"] for e in result.path[3:]} == {"rbf(gamma=0.25)"}
-    assert result.params == {"similarity": "rbf(gamma=0.25)", "C": 10.0}
+    assert result.narrowed == result.record()["narrowed_similarity"] == "rbf(gamma=0.25)"
+    assert result.params is None  # no large-basis search ran
+    assert result.chosen({"similarity": "rbf(gamma=0.0625)", "C": 10.0}) == {
+        "similarity": "rbf(gamma=0.25)",
+        "C": 10.0,
+    }
 
 
 def test_a_narrower_width_that_does_not_pay_leaves_the_configuration():
     wide = _narrowed("rbf(gamma=0.0625)", min_gain_se=1000.0)
     assert [e["step"] for e in wide.path[:2]] == ["rung", "narrower"]
     assert not wide.path[1]["taken"]
-    assert wide.params is None
+    assert wide.narrowed is None
+    assert wide.chosen({"similarity": "rbf(gamma=0.0625)"}) == {"similarity": "rbf(gamma=0.0625)"}
     assert {e["similarity"] for e in wide.path if e["step"] == "rung"} == {"rbf(gamma=0.0625)"}
     # gamma 16 on digits is far too narrow: one step, not taken
     narrow = _narrowed("rbf(gamma=4)")
     assert [e["step"] for e in narrow.path].count("narrower") == 1
     assert narrow.path[1]["similarity"] == "rbf(gamma=16)"
     assert not narrow.path[1]["taken"]
-    assert narrow.params is None
+    assert narrow.narrowed is None
+
+
+def test_the_large_basis_search_starts_from_the_narrowed_width_and_records_only_its_own_choice():
+    # A review found the narrowed configuration recorded as the large-basis search's choice
+    # (and described as "taken") when the search took nothing.
+    X, y = _digits()
+    asked = []
+
+    def offered(params, per_class):
+        asked.append(params["similarity"])
+        # far too small a C: never taken
+        return [Candidate("C = 1e-4", {**params, "C": 1e-4, "basis_per_class": per_class})]
+
+    result = climb_basis_ladder(
+        BasisExpandingSVC(n_jobs=1),
+        {"similarity": "rbf(gamma=0.0625)", "C": 10.0},
+        X,
+        y,
+        start=5,
+        weight=1.0,
+        min_gain_se=1.0,
+        budget=SelectionBudget(GENEROUS, 1),
+        large_basis=offered,
+        large_basis_budget=SelectionBudget(GENEROUS, 1),
+        narrower=space.DENSE_RULES.narrower,
+    )
+    assert result.narrowed == "rbf(gamma=0.25)"
+    assert asked == ["rbf(gamma=0.25)"]
+    large = result.record()["large_basis"]
+    assert len(large["candidates"]) == 1
+    assert large["chosen"] is None
+    assert result.chosen({"similarity": "rbf(gamma=0.0625)", "C": 10.0})["C"] == 10.0
+    assert "not taken" in describe_large_basis(large)
 
 
 @pytest.mark.parametrize(

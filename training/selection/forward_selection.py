@@ -478,7 +478,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             )
             self.ladder_ = ladder.record()
             self.best_params_ = {
-                **(ladder.params or self.best_params_),
+                **ladder.chosen(self.best_params_),
                 "basis_per_class": ladder.basis_per_class,
             }
         self.best_score_ = state.accuracy

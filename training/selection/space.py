@@ -528,10 +528,11 @@ class KindRules:
         return min(grown, basis_cap(similarity, n_classes, self.first_rung_features))
 
     def narrower(self, similarity: str) -> str | None:
-        """``similarity`` with its scaled measure one step narrower on its coarse grid
-        (:meth:`Scale.narrower`), for the basis ladder's first rung; None where this kind does
-        not narrow on the split, where no measure of ``similarity`` narrows, at the grid's end,
-        or where another of its measures is that one already."""
+        """``similarity`` with its first scaled measure (:func:`scaled_measure`) one step
+        narrower on its coarse grid (:meth:`Scale.narrower`), for the basis ladder's first rung;
+        None where this kind does not narrow on the split, where that measure does not narrow
+        (``rigid``) or is at its grid's end, or where another of its measures is the narrower
+        one already."""
         found = scaled_measure(similarity) if self.narrows_on_the_split else None
         if found is None:
             return None
