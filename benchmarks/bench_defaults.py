@@ -225,13 +225,11 @@ def _default(dataset: Dataset, args) -> dict:
     rungs = (
         ", ladder: "
         + " ".join(
-            f"{rung['basis_per_class']}:"
-            + (f"{rung['similarity']}:" if rung.get("step") == "narrower" else "")
-            + f"{100 * rung['held_out_accuracy']:.2f}%"
+            f"{rung['basis_per_class']}:{100 * rung['held_out_accuracy']:.2f}%"
             + ("" if rung["taken"] else "(no)")
             for rung in ladder["path"]
         )
-        + f" {ladder['seconds']:.0f} s"
+        + f" {ladder['seconds']:.0f} s of {ladder['budget_s']:g} ({ladder['stopped']})"
         if ladder
         else ""
     )

@@ -15,12 +15,7 @@ from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
-from training.selection.basis_ladder import (
-    HOLDOUT_SHARE,
-    climb_basis_ladder,
-    describe_large_basis,
-    ladder_sizes,
-)
+from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, ladder_sizes
 from training.selection.budget import SelectionBudget, ladder_budget_for
 from training.selection.folds import paired_gain
 from training.selection.memory import basis_per_class_within
@@ -165,118 +160,6 @@ def test_a_selection_on_a_sample_records_its_ladder():
     assert "basis ladder on the split" in selection.describe()
 
 
-def _narrowed(similarity, *, min_gain_se=1.0):
-    X, y = _digits()
-    return climb_basis_ladder(
-        BasisExpandingSVC(n_jobs=1),
-        {"similarity": similarity, "C": 10.0},
-        X,
-        y,
-        start=5,
-        weight=1.0,
-        min_gain_se=min_gain_se,
-        budget=SelectionBudget(GENEROUS, 1),
-        narrower=space.DENSE_RULES.narrower,
-    )
-
-
-def test_the_first_rung_takes_a_narrower_width_that_pays_and_climbs_with_it():
-    # Five digits a class under rbf(gamma=1/16): gamma 1/4 scores about 2 points higher on the
-    # hold-out, gamma 1 lower again.
-    result = _narrowed("rbf(gamma=0.0625)")
-    first, quarter, one = result.path[:3]
-    assert [e["step"] for e in result.path[:3]] == ["rung", "narrower", "narrower"]
-    assert [e["similarity"] for e in result.path[:3]] == [
-        "rbf(gamma=0.0625)",
-        "rbf(gamma=0.25)",
-        "rbf(gamma=1)",
-    ]
-    assert {e["basis_per_class"] for e in result.path[:3]} == {5}
-    # each step against the configuration taken before it, on the same held-out items
-    assert quarter["gain"] == pytest.approx(
-        quarter["held_out_accuracy"] - first["held_out_accuracy"]
-    )
-    assert one["gain"] == pytest.approx(one["held_out_accuracy"] - quarter["held_out_accuracy"])
-    assert quarter["taken"]
-    assert quarter["gain"] > quarter["standard_error"] > 0
-    assert not one["taken"]
-    assert one["gain"] < 0
-    # the ladder climbs with the width taken, and chooses it
-    assert {e["similarity"] for e in result.path[3:]} == {"rbf(gamma=0.25)"}
-    assert result.narrowed == result.record()["narrowed_similarity"] == "rbf(gamma=0.25)"
-    assert result.params is None  # no large-basis search ran
-    assert result.chosen({"similarity": "rbf(gamma=0.0625)", "C": 10.0}) == {
-        "similarity": "rbf(gamma=0.25)",
-        "C": 10.0,
-    }
-
-
-def test_a_narrower_width_that_does_not_pay_leaves_the_configuration():
-    wide = _narrowed("rbf(gamma=0.0625)", min_gain_se=1000.0)
-    assert [e["step"] for e in wide.path[:2]] == ["rung", "narrower"]
-    assert not wide.path[1]["taken"]
-    assert wide.narrowed is None
-    assert wide.chosen({"similarity": "rbf(gamma=0.0625)"}) == {"similarity": "rbf(gamma=0.0625)"}
-    assert {e["similarity"] for e in wide.path if e["step"] == "rung"} == {"rbf(gamma=0.0625)"}
-    # gamma 16 on digits is far too narrow: one step, not taken
-    narrow = _narrowed("rbf(gamma=4)")
-    assert [e["step"] for e in narrow.path].count("narrower") == 1
-    assert narrow.path[1]["similarity"] == "rbf(gamma=16)"
-    assert not narrow.path[1]["taken"]
-    assert narrow.narrowed is None
-
-
-def test_the_large_basis_search_starts_from_the_narrowed_width_and_records_only_its_own_choice():
-    # A review found the narrowed configuration recorded as the large-basis search's choice
-    # (and described as "taken") when the search took nothing.
-    X, y = _digits()
-    asked = []
-
-    def offered(params, per_class):
-        asked.append(params["similarity"])
-        # far too small a C: never taken
-        return [Candidate("C = 1e-4", {**params, "C": 1e-4, "basis_per_class": per_class})]
-
-    result = climb_basis_ladder(
-        BasisExpandingSVC(n_jobs=1),
-        {"similarity": "rbf(gamma=0.0625)", "C": 10.0},
-        X,
-        y,
-        start=5,
-        weight=1.0,
-        min_gain_se=1.0,
-        budget=SelectionBudget(GENEROUS, 1),
-        large_basis=offered,
-        large_basis_budget=SelectionBudget(GENEROUS, 1),
-        narrower=space.DENSE_RULES.narrower,
-    )
-    assert result.narrowed == "rbf(gamma=0.25)"
-    assert asked == ["rbf(gamma=0.25)"]
-    large = result.record()["large_basis"]
-    assert len(large["candidates"]) == 1
-    assert large["chosen"] is None
-    assert result.chosen({"similarity": "rbf(gamma=0.0625)", "C": 10.0})["C"] == 10.0
-    assert "not taken" in describe_large_basis(large)
-
-
-@pytest.mark.parametrize(
-    ("rules", "similarity", "narrower"),
-    [
-        ("dense", "rbf(gamma=0.0625) + linear", "rbf(gamma=0.25) + linear"),
-        ("dense", "linear + rbf(gamma=1)", "linear + rbf(gamma=4)"),
-        ("dense", "rbf(gamma=0.5)", "rbf(gamma=1)"),  # off the coarse grid: its next value
-        ("dense", "rbf(gamma=16)", None),  # the grid's end
-        ("dense", "rbf(gamma=1) + rbf(gamma=4)", None),  # gamma 4 is there already
-        ("dense", "linear", None),
-        ("dense", "rigid(h=1)", None),  # a shift range, not a width
-        ("documents", "sensing1(n=50)", None),  # documents try their other measures instead
-    ],
-)
-def test_which_measures_narrow(rules, similarity, narrower):
-    kind = space.DENSE_RULES if rules == "dense" else space.DOCUMENT_RULES
-    assert kind.narrower(similarity) == narrower
-
-
 def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
     # A selection's budget grows with the items it cross-validates (a sample), the ladder's with
     # the split its rungs are fitted on. Here the sample's budget (0.01 s per 1,000 items) would
@@ -343,7 +226,7 @@ def test_the_first_rung_is_capped_and_the_ladder_climbs_from_there(monkeypatch):
     measures = len(selection.best_params_["similarity"].split("+"))
     searched = selection.searched_basis_per_class_
     grown = max(searched, min(6 * searched, 400, 240 // (3 * measures)))
-    path = [rung for rung in selection.ladder_["path"] if rung["step"] == "rung"]
+    path = selection.ladder_["path"]
     assert path[0]["basis_per_class"] == min(grown, 30 // (3 * measures)) < grown
     assert [rung["basis_per_class"] for rung in path[:2]] in (
         [path[0]["basis_per_class"]],
@@ -427,7 +310,7 @@ def test_the_large_basis_search_at_the_rung_taken(at_the_rung, search_budget, st
     X, y = _wine()
     asked = []
 
-    def offered(_, per_class):
+    def offered(per_class):
         asked.append(per_class)
         changed = {"similarity": "rbf(gamma=1)", "C": 3.0, "basis_per_class": per_class}
         return [Candidate("C = 3", changed)]

@@ -120,9 +120,7 @@ def _climb(X, y, params, start, *, budget, large_budget, min_gain_se=1.0, offere
     """The ladder from ``start`` and the large-basis search after it (``offered``: the
     candidates at a size, by default all of :func:`large_basis_candidates`; ``rule``: the
     ladder's ``work`` and ``prefer``)."""
-    offered = offered or (
-        lambda taken, per_class: large_basis_candidates(taken, DENSE_RULES, per_class)
-    )
+    offered = offered or (lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class))
     if not isinstance(large_budget, SelectionBudget):
         large_budget = SelectionBudget(large_budget, 1)
     return climb_basis_ladder(
@@ -286,7 +284,7 @@ def test_a_gain_within_the_hold_outs_noise_is_tested_on_every_item():
         budget=0.01,
         large_budget=GENEROUS,
         min_gain_se=1000.0,
-        offered=lambda taken, per_class: large_basis_candidates(taken, DENSE_RULES, per_class)[:2],
+        offered=lambda per_class: large_basis_candidates(params, DENSE_RULES, per_class)[:2],
     )
     confirmation = result.record()["large_basis"]["confirmation"]
     assert result.params is None

@@ -8,12 +8,10 @@ the best for 2,000 items, not for the split. The ladder starts at that size and 
 rung fitted on the split less a stratified hold-out (:data:`HOLDOUT_SHARE`) and scored on the
 hold-out; a rung is taken only when its gain over the rung before exceeds ``min_gain_se``
 standard errors of the paired difference (the selection's own rule, :func:`paired_gain`) over
-the last rung taken. At the first rung the chosen measure is tried narrower on the same rule
-(``narrower``: more items tend to pay for a narrower kernel than the folds' 2,000 did), and the
-ladder climbs with the width taken. It stops when a rung's gain is within its standard error and
-held-out accuracy falls (or :data:`MAX_UNTAKEN_RUNGS` rungs in a row gain within their error),
-at every item of the largest class, at the memory budget (:mod:`training.selection.memory`), or
-when its time budget is spent. Every rung fitted is in the path, for the training record.
+the last rung taken. It stops when a rung's gain is within its standard error and held-out
+accuracy falls (or :data:`MAX_UNTAKEN_RUNGS` rungs in a row gain within their error), at every
+item of the largest class, at the memory budget (:mod:`training.selection.memory`), or when its
+time budget is spent. Every rung fitted is in the path, for the training record.
 """
 
 from __future__ import annotations
@@ -75,8 +73,6 @@ class LadderResult:
     memory_bound_per_class: int = 0
     budget_s: float = 0.0
     seconds: float = 0.0
-    # the similarity taken one or more steps narrower at the first rung (None: the selection's)
-    narrowed: str | None = None
     # the large-basis search after the ladder: the configuration it chose (None: the ladder's),
     # every candidate it scored, and why it ended
     params: dict[str, Any] | None = None
@@ -87,28 +83,17 @@ class LadderResult:
     shrink: list[dict[str, Any]] = field(default_factory=list)
     shrink_stopped: str = ""
 
-    def chosen(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The configuration the ladder chose from the selection's ``params``: the large-basis
-        search's, else ``params`` with the similarity narrowed at the first rung."""
-        if self.params is not None:
-            return self.params
-        if self.narrowed is not None:
-            return {**params, "similarity": self.narrowed}
-        return params
-
     def record(self) -> dict[str, Any]:
         return {
             "method": f"basis doubled on the training split less a stratified "
-            f"{HOLDOUT_SHARE:.0%} hold-out, a rung (or a narrower width at the first rung) taken "
-            "on a gain above min_gain_se standard errors of the paired difference on the "
-            "hold-out",
+            f"{HOLDOUT_SHARE:.0%} hold-out, a rung taken on a gain above min_gain_se standard "
+            "errors of the paired difference on the hold-out",
             "fit_items": self.fit_items,
             "holdout_items": self.holdout_items,
             "memory_bound_per_class": self.memory_bound_per_class,
             "chosen_basis_per_class": self.basis_per_class,
             "stopped": self.stopped,
             "budget_s": self.budget_s,
-            "narrowed_similarity": self.narrowed,
             "seconds": round(self.seconds, 2),
             "path": self.path,
             **(
@@ -210,12 +195,11 @@ def climb_basis_ladder(
     budget: SelectionBudget,
     random_state: int = 0,
     memory_budget: int | None = None,
-    large_basis: Callable[[dict[str, Any], int], list[Candidate]] | None = None,
+    large_basis: Callable[[int], list[Candidate]] | None = None,
     large_basis_budget: SelectionBudget | None = None,
     work: Callable[[dict[str, Any]], float] | None = None,
     prefer: str = DEFAULT_PREFERENCE,
     search_at_the_rung: bool = False,
-    narrower: Callable[[str], str | None] | None = None,
 ) -> LadderResult:
     """Grow the basis of ``params`` on (X, y) along :func:`ladder_sizes` from ``start``; then,
     given ``large_basis``, search the configurations it offers at the top of the ladder.
@@ -246,8 +230,7 @@ def climb_basis_ladder(
         Bytes the training features may take (:mod:`training.selection.memory`; None: the
         default, a share of the memory available now): it bounds the top rung.
     large_basis : callable or None
-        Given the configuration taken (``params``, narrowed at the first rung) and a basis size
-        per class, the candidate configurations of the large-basis search
+        Given a basis size per class, the candidate configurations of the large-basis search
         (:func:`~training.selection.space.large_basis_candidates`): each is scored on the
         hold-out at the ladder's top (every item of the fit part's largest class, or the
         memory bound; halved while one fit would not fit ``large_basis_budget`` at the cost of
@@ -266,21 +249,13 @@ def climb_basis_ladder(
         Search ``large_basis`` at the ladder's top even when that is the rung taken
         (:attr:`~training.selection.space.KindRules.search_at_the_rung`: documents, whose
         candidates are the other measures, not a larger basis).
-    narrower : callable or None
-        Given a similarity, the same one narrower
-        (:meth:`~training.selection.space.KindRules.narrower`), or None. At the first rung the
-        narrower width is scored, and taken on the rule a rung is taken on, as long as it gains
-        and the budget allows one more fit at the rung's cost; the ladder climbs with the width
-        taken. The steps come before the second rung, on the same budget (on the synthetic set
-        at 100,000 items a narrower width paid and a larger basis did not).
 
     Returns
     -------
     LadderResult
         ``basis_per_class`` is the last rung taken, or the split's largest class when that
-        rung held every item of the fit part's largest class; ``narrowed``, the similarity
-        taken narrower at the first rung, or None; ``params``, the configuration the
-        large-basis search chose, or None; :meth:`LadderResult.chosen`, the configuration.
+        rung held every item of the fit part's largest class; ``params``, the configuration
+        the large-basis search chose, or None.
     """
     started = time.monotonic()
     X = np.asarray(X)
@@ -305,7 +280,7 @@ def climb_basis_ladder(
     untaken = 0
     last_cost, last_size = 0.0, 1
     sizes = ladder_sizes(min(start, top), top)
-    for rung_number, size in enumerate(sizes):
+    for size in sizes:
         if budget.spent or (taken is not None and budget.used_s + 2 * last_cost > budget.seconds):
             result.stopped = "time budget spent"
             break
@@ -317,7 +292,15 @@ def climb_basis_ladder(
         take_rung = taken is None or (gain > 0 and gain > min_gain_se * error)
         accuracy = float(correct.mean())
         result.path.append(
-            _path_entry(size, params, model, correct, gain, error, take_rung, seconds)
+            {
+                "basis_per_class": size,
+                "n_basis": int(model.expansion_.basis_.shape[0]),
+                "held_out_accuracy": accuracy,
+                "gain": gain,
+                "standard_error": error,
+                "taken": take_rung,
+                "seconds": round(seconds, 2),
+            }
         )
         rising = accuracy > previous_accuracy
         previous_accuracy = accuracy
@@ -325,23 +308,6 @@ def climb_basis_ladder(
             taken, untaken = correct, 0
             result.basis_per_class = size
             result.every_item = size >= fit_largest
-            if rung_number == 0 and narrower is not None:
-                similarity = params["similarity"]
-                params, taken, last_cost = _narrow_at_the_rung(
-                    holdout,
-                    estimator,
-                    params,
-                    size,
-                    taken,
-                    last_cost,
-                    narrower,
-                    budget,
-                    min_gain_se,
-                    result,
-                )
-                if params["similarity"] != similarity:
-                    result.narrowed = params["similarity"]
-                previous_accuracy = float(taken.mean())
             continue
         untaken += 1
         if not rising or untaken >= MAX_UNTAKEN_RUNGS:
@@ -381,7 +347,7 @@ def climb_basis_ladder(
                 estimator,
                 {**params, "basis_per_class": rung},
                 taken,
-                large_basis(params, size),
+                large_basis(size),
                 result,
                 **rule,
             )
@@ -395,67 +361,6 @@ def climb_basis_ladder(
         result.basis_per_class = min(split_largest, bound)
     result.seconds = time.monotonic() - started
     return result
-
-
-def _path_entry(
-    size: int,
-    params: dict[str, Any],
-    model,
-    correct: np.ndarray,
-    gain: float,
-    error: float,
-    taken: bool,
-    seconds: float,
-    step: str = "rung",
-) -> dict[str, Any]:
-    """One fit of the ladder, for its path: a ``rung`` or a ``narrower`` width at a rung."""
-    return {
-        "step": step,
-        "basis_per_class": size,
-        "similarity": params["similarity"],
-        "n_basis": int(model.expansion_.basis_.shape[0]),
-        "held_out_accuracy": float(correct.mean()),
-        "gain": gain,
-        "standard_error": error,
-        "taken": taken,
-        "seconds": round(seconds, 2),
-    }
-
-
-def _narrow_at_the_rung(
-    holdout: HoldOut,
-    estimator,
-    params: dict[str, Any],
-    size: int,
-    taken: np.ndarray,
-    cost: float,
-    narrower: Callable[[str], str | None],
-    budget: SelectionBudget,
-    min_gain_se: float,
-    result: LadderResult,
-) -> tuple[dict[str, Any], np.ndarray, float]:
-    """``params``' measure narrower, step by step, at the rung of ``size`` a class whose
-    correctness is ``taken`` and whose fit cost ``cost``: each step taken on the rung's rule,
-    while it gains and ``budget`` allows one more fit at that cost. Returns the configuration,
-    its correctness and its fit's cost."""
-    while (similarity := narrower(params["similarity"])) is not None:
-        if budget.spent or budget.used_s + cost > budget.seconds:
-            break
-        candidate = {**params, "similarity": similarity}
-        correct, model, seconds, step_cost = holdout.score(
-            estimator, {**candidate, "basis_per_class": size}, budget
-        )
-        gain, error = paired_gain(correct, taken)
-        take_step = gain > 0 and gain > min_gain_se * error
-        result.path.append(
-            _path_entry(
-                size, candidate, model, correct, gain, error, take_step, seconds, "narrower"
-            )
-        )
-        if not take_step:
-            break
-        params, taken, cost = candidate, correct, step_cost
-    return params, taken, cost
 
 
 # Rounds of width-and-C refinement after the large-basis search took a configuration.

@@ -467,18 +467,17 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 budget=SelectionBudget(self.ladder_budget_s_, cores),
                 random_state=self.random_state,
                 memory_budget=self.memory_budget_,
-                large_basis=lambda params, per_class: large_basis_candidates(
-                    params, rules, per_class, alone=True
+                large_basis=lambda per_class: large_basis_candidates(
+                    self.best_params_, rules, per_class, alone=True
                 ),
                 large_basis_budget=SelectionBudget(self.budget_s_, cores),
                 work=lambda params: prediction_work(params, spec, n_classes),
                 prefer=self.prefer,
                 search_at_the_rung=rules.search_at_the_rung,
-                narrower=rules.narrower,
             )
             self.ladder_ = ladder.record()
             self.best_params_ = {
-                **ladder.chosen(self.best_params_),
+                **(ladder.params or self.best_params_),
                 "basis_per_class": ladder.basis_per_class,
             }
         self.best_score_ = state.accuracy
@@ -643,9 +642,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             lines.append(
                 "  basis ladder on the split (per class, held-out accuracy): "
                 + ", ".join(
-                    f"{e['basis_per_class']}"
-                    + (f" {e['similarity']}" if e.get("step") == "narrower" else "")
-                    + f" {100 * e['held_out_accuracy']:.2f}%"
+                    f"{e['basis_per_class']} {100 * e['held_out_accuracy']:.2f}%"
                     + ("" if e["taken"] else " (not taken)")
                     for e in self.ladder_["path"]
                 )

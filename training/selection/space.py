@@ -92,20 +92,9 @@ class Scale:
     parameter: str
     ladder: tuple[float, ...]
     coarse: tuple[float, ...]
-    # whether a higher value is a narrower kernel, which more training items tend to pay for
-    # (the basis ladder tries it on the whole split)
-    narrows: bool = False
 
     def measure(self, value: float) -> str:
         return f"{self.kind}({self.parameter}={value:g})"
-
-    def narrower(self, value: float) -> float | None:
-        """The coarse grid's next value above ``value`` where the scale :attr:`narrows`; None
-        at the grid's end or where it does not."""
-        if not self.narrows:
-            return None
-        above = [v for v in self.coarse if v > value * (1 + 1e-9)]
-        return above[0] if above else None
 
     def neighbours(self, value: float) -> list[float]:
         """The values one step below and above ``value`` on the ladder (its nearest rung if
@@ -125,11 +114,7 @@ class Scale:
 # mean squared distance between two items is about 2 and gamma = 1 is scikit-learn's "scale".
 # The coarse grid spans 1/16 to 16 (2.4 decades, a factor of 4 apart); the ladder halves it.
 RBF_SCALE = Scale(
-    "rbf",
-    "gamma",
-    tuple(2.0**k for k in range(-6, 7)),
-    (1 / 16, 1 / 4, 1.0, 4.0, 16.0),
-    narrows=True,
+    "rbf", "gamma", tuple(2.0**k for k in range(-6, 7)), (1 / 16, 1 / 4, 1.0, 4.0, 16.0)
 )
 
 # sensing1's n (the words a document is scaled to): 15 to 1,500, half a decade apart.
@@ -508,9 +493,6 @@ class KindRules:
     # ... and the large-basis search runs at its top even when that is the rung taken (its
     # candidates differ in more than the size)
     search_at_the_rung: bool
-    # ... and its first rung tries the chosen width narrower, on the split (documents: their
-    # other measures are tried there instead, by the large-basis search at the rung)
-    narrows_on_the_split: bool
 
     def climbs_ladder(
         self, validated_items: int, n_train: int, whole_split: bool, this_machine: bool
@@ -526,19 +508,6 @@ class KindRules:
         if self.first_rung_features is None:
             return grown
         return min(grown, basis_cap(similarity, n_classes, self.first_rung_features))
-
-    def narrower(self, similarity: str) -> str | None:
-        """``similarity`` with its first scaled measure (:func:`scaled_measure`) one step
-        narrower on its coarse grid (:meth:`Scale.narrower`), for the basis ladder's first rung;
-        None where this kind does not narrow on the split, where that measure does not narrow
-        (``rigid``) or is at its grid's end, or where another of its measures is the narrower
-        one already."""
-        found = scaled_measure(similarity) if self.narrows_on_the_split else None
-        if found is None:
-            return None
-        _, scale, value = found
-        narrower = scale.narrower(value)
-        return None if narrower is None else with_scale(similarity, narrower)
 
     def grows_basis(self, validated_items: int, n_train: int) -> bool:
         """Whether the chosen basis grows from the folds to the whole split."""
@@ -570,10 +539,6 @@ DENSE_RULES = KindRules(
     documents=False,
     first_rung_features=MAX_FIRST_RUNG_FEATURES,
     search_at_the_rung=False,
-    # On the synthetic set at 100,000 items the folds (2,000 items of a 3,000 sample) chose
-    # rbf(gamma=1/16) + linear; on the split, at 200 a class, gamma 1/4 scored 93.35% on the test
-    # split against 93.00% (docs/measurements/model-selection.md).
-    narrows_on_the_split=True,
 )
 
 DOCUMENT_RULES = KindRules(
@@ -591,7 +556,6 @@ DOCUMENT_RULES = KindRules(
     # class, 20 to 30 s a fit on the ladder's fit part)
     first_rung_features=None,
     search_at_the_rung=True,
-    narrows_on_the_split=False,
 )
 
 
