@@ -25,9 +25,9 @@ WALL_BACKSTOP = 10.0
 
 # The basis ladder fits its rungs on the whole training split, so its budget grows with the
 # split, where the selection's grows with the items it cross-validates (a sample of at most
-# 3,000): at 100,000 items the ladder's first rung (200 a class, 4,000 features) took 86 s, and a
-# budget of the selection's 120 s stopped the ladder there, its hold-out unasked
-# (docs/measurements/model-selection.md, "Synthetic, 100,000 items").
+# 3,000): at 100,000 items a budget of the selection's 120 s stopped the ladder after its first
+# rung, before its hold-out decided anything (docs/measurements/model-selection.md, "The ladder's
+# budget grows with the split").
 LADDER_BUDGET_S_PER_1000_ITEMS = 3.0
 
 
