@@ -15,7 +15,12 @@ from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
-from training.selection.basis_ladder import HOLDOUT_SHARE, climb_basis_ladder, ladder_sizes
+from training.selection.basis_ladder import (
+    HOLDOUT_SHARE,
+    HoldOut,
+    climb_basis_ladder,
+    ladder_sizes,
+)
 from training.selection.budget import SelectionBudget, ladder_budget_for
 from training.selection.folds import paired_gain
 from training.selection.memory import basis_per_class_within
@@ -36,10 +41,12 @@ def _wine():
     return X, y.astype(str)
 
 
-def _climb(X, y, similarity, start, *, budget=GENEROUS, memory_budget=None, C=10.0):
+def _climb(
+    X, y, similarity, start, *, budget=GENEROUS, memory_budget=None, C=10.0, normalization="auto"
+):
     return climb_basis_ladder(
         BasisExpandingSVC(n_jobs=1),
-        {"similarity": similarity, "C": C},
+        {"similarity": similarity, "C": C, "normalization": normalization},
         X,
         y,
         start=start,
@@ -126,12 +133,43 @@ def test_the_memory_budget_caps_the_ladder():
         assert result.path[-1]["basis_per_class"] == 6
 
 
+def test_the_memory_bound_counts_the_square_matrices_of_the_normalisation():
+    X, y = _digits()
+    # 20 bases a class of an rbf: 200 features of 1,797 items, beside nystroem's three
+    # 200 x 200 matrices (the basis Gram matrix, its eigenvectors, the projection).
+    budget = 8 * (len(y) * 200 + 3 * 200**2)
+    nystroem = _climb(X, y, "rbf(gamma=1)", 30, memory_budget=budget)
+    assert nystroem.memory_bound_per_class == 20
+    # besvm keeps the basis Gram matrix alone: F^2 + 1,797 F fits budget / 8 up to F = 235
+    # (477,520 numbers; 236 would be 479,788 of 479,400), 23 a class.
+    besvm = _climb(X, y, "rbf(gamma=1)", 30, memory_budget=budget, normalization="besvm")
+    assert besvm.memory_bound_per_class == 23
+    assert [rung["basis_per_class"] for rung in besvm.path] == [23]
+
+
 def test_the_time_budget_stops_the_ladder_after_its_first_rung():
     X, y = _digits()
     result = _climb(X, y, "rbf(gamma=1)", 2, budget=0.05)
     assert len(result.path) == 1
     assert result.stopped == "time budget spent"
     assert result.basis_per_class == 2
+
+
+def test_a_hold_out_fit_stops_where_its_budget_runs_out():
+    # A fit's cost is known only once it has run: the solver stops at what is left of the
+    # budget, and the model is scored as it stands.
+    X, y = _digits()
+    holdout = HoldOut(X, y, 0)
+    params = {"similarity": "rbf(gamma=1)", "basis_per_class": 20, "C": 100.0}
+    roomy = SelectionBudget(GENEROUS, 1)
+    _, fitted, _, _ = holdout.score(BasisExpandingSVC(n_jobs=1), params, roomy)
+    assert fitted.n_iter_ > 0
+    spent = SelectionBudget(10.0, 1)
+    spent.add(10.0)
+    correct, stopped, _, cost = holdout.score(BasisExpandingSVC(n_jobs=1), params, spent)
+    assert stopped.n_iter_ == 0  # the zero weights: one class for every item
+    assert correct.shape == (1, len(holdout.held))
+    assert spent.used_s == pytest.approx(10.0 + cost)
 
 
 def test_ladder_sizes_double_to_the_top():

@@ -27,12 +27,14 @@ from training.selection.memory import (
     feature_bytes,
     features_within,
     parse_bytes,
+    square_matrices,
 )
 from training.selection.space import (
     DENSE_RULES,
     DOCUMENT_RULES,
     GrownBasis,
     grown_basis_per_class,
+    held_square_matrices,
 )
 
 GIB = 2**30
@@ -42,6 +44,41 @@ def test_feature_bytes_count_the_features_and_three_square_matrices():
     # 1,000 items x 100 features, and three 100 x 100 matrices, of 8 bytes.
     assert feature_bytes(1000, 100) == 8 * (100_000 + 30_000) == 1_040_000
     assert feature_bytes(60_000, 8_000) == 8 * (480_000_000 + 192_000_000)
+
+
+def test_only_nystroem_holds_three_square_matrices():
+    assert square_matrices("nystroem(square)") == square_matrices("nystroem(clip)") == 3
+    # The others keep the basis Gram matrix alone (the eigenvalue report reads it).
+    assert square_matrices("besvm") == square_matrices("zscore") == square_matrices("none") == 1
+    # 1,000 items x 100 features and one 100 x 100 matrix, of 8 bytes.
+    assert feature_bytes(1000, 100, squares=1) == 8 * (100_000 + 10_000)
+    # F^2 + 1,000 F <= 110,000 at F = 100, not at 101 (111,201).
+    assert features_within(1000, 880_000, squares=1) == 100
+    assert features_within(1000, 879_999, squares=1) == 99
+    assert features_within(1000, 8 * 1000 * 50, squares=0) == 50
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"similarity": "rbf(gamma=1)"}, 3),  # auto: kernels take nystroem(square)
+        ({"similarity": "rbf(gamma=1) + linear", "normalization": "auto"}, 3),
+        ({"similarity": "rbf(gamma=1)", "normalization": "besvm"}, 1),
+        ({"similarity": "rigid(1)", "normalization": "auto"}, 1),  # indefinite: besvm
+        ({"similarity": "linear", "normalization": "nystroem(clip)"}, 3),
+        ({"similarity": "linear", "normalization": "zscore"}, 1),
+    ],
+)
+def test_a_configuration_holds_its_normalisations_square_matrices(params, expected):
+    assert held_square_matrices(params) == expected
+
+
+def test_a_besvm_basis_grows_past_nystroems_within_one_budget():
+    # Documents (besvm): 60,000 items with 3e9 bytes hold F^2 + 60,000 F <= 3.75e8, F = 5,707
+    # (5,708 would need 375,061,264), where nystroem's three squares hold 5,000 (below).
+    besvm = DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9, 1)
+    assert besvm == {"the memory budget": 5707}
+    assert DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9, 3) == {"the memory budget": 5000}
 
 
 @pytest.mark.parametrize(
@@ -163,7 +200,7 @@ def test_fit_help_says_what_the_default_budget_allows():
     found = re.search(
         r"25% of the memory available at the start: on this machine now ([\d.]+) GiB, which holds "
         r"([\d,]+) basis items a class at 10,000 training items, ([\d,]+) at 100,000, "
-        r"([\d,]+) at 1,000,000 \(10 classes, an rbf\)",
+        r"([\d,]+) at 1,000,000 \(10 classes, an rbf under nystroem; more under besvm\)",
         text,
     )
     assert found, text
@@ -179,29 +216,29 @@ def test_fit_help_says_what_the_default_budget_allows():
 def test_the_grown_basis_is_bounded_by_the_budget_and_the_share():
     # Folds chose 25 a class of 2,000 items; the split has 60,000 (10 classes of 6,000): in
     # proportion 750 a class. A fifth of the items is 12,000 features (1,200 a class).
-    assert DENSE_RULES.grown_feature_limits(60_000, 64 * GIB)["the share of the items"] == 12_000
+    assert DENSE_RULES.grown_feature_limits(60_000, 64 * GIB, 3)["the share of the items"] == 12_000
     roomy = grown_basis_per_class(
-        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 64 * GIB)
+        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 64 * GIB, 3)
     )
     assert roomy == GrownBasis(750, "in proportion to the items")
     # 5,000 features of 60,000 items take 8 * (3e8 + 7.5e7) = 3e9 bytes: 500 a class.
     tight = grown_basis_per_class(
-        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 3 * 10**9)
+        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 3 * 10**9, 3)
     )
     assert tight == GrownBasis(500, "the memory budget")
     # Documents grow in proportion past the folds' cap (MAX_DOCUMENT_FEATURES), with no share
     # of the items to keep to: only the budget bounds them.
-    limits = DOCUMENT_RULES.grown_feature_limits(60_000, 64 * GIB)
+    limits = DOCUMENT_RULES.grown_feature_limits(60_000, 64 * GIB, 1)
     assert set(limits) == {"the memory budget"}
     documents = grown_basis_per_class(100, 2000, 60_000, 6000, 1.0, 10, limits)
     assert documents == GrownBasis(3000, "in proportion to the items")  # 30,000 features
-    small = DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9)
+    small = DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9, 1)
     assert grown_basis_per_class(25, 2000, 60_000, 6000, 1.0, 10, small).bound == (
         "the memory budget"
     )
     # A budget bounds the final fit even below the size the folds chose (250 a class): 2,000
     # features of 60,000 items (8 * (1.2e8 + 1.2e7) bytes) hold 200 a class of 10 classes.
-    below = DENSE_RULES.grown_feature_limits(60_000, 8 * (60_000 * 2000 + 3 * 2000**2))
+    below = DENSE_RULES.grown_feature_limits(60_000, 8 * (60_000 * 2000 + 3 * 2000**2), 3)
     assert grown_basis_per_class(250, 2000, 60_000, 6000, 1.0, 10, below) == GrownBasis(
         200, "the memory budget"
     )

@@ -23,6 +23,7 @@ from training.estimator.newton_cg import liblinear_tolerance, minimize_squared_h
 from training.estimator.solver import (
     ExactNewton,
     TrustRegionNewtonCG,
+    cpu_time_limit,
     fit_one_vs_rest,
     newton_method_for,
     one_vs_rest_weights,
@@ -315,6 +316,44 @@ def test_exact_newton_reports_a_problem_stopped_at_max_iter(problem):
     np.testing.assert_array_equal(stopped.n_iter, 1)
     with pytest.warns(ConvergenceWarning, match="max_iter=1"):
         fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1, n_jobs=1)
+
+
+@pytest.mark.parametrize("method", [ExactNewton(), TrustRegionNewtonCG()], ids=lambda m: m.name)
+def test_a_time_limit_stops_each_method_where_it_is(problem, method):
+    X, y = problem
+    signs = _signs(y, [0, 1, 2, 3])
+    checks = []
+
+    def out_of_time() -> bool:  # the time runs out at the third check
+        checks.append(True)
+        return len(checks) > 2
+
+    full = method.solve(X, signs, 100.0, 1000, 1e-10, None, 1)
+    stopped = method.solve(X, signs, 100.0, 1000, 1e-10, None, 1, out_of_time)
+    assert full.converged.all()
+    assert not full.out_of_time
+    assert stopped.out_of_time
+    assert not stopped.converged.all()
+    assert stopped.n_iter.max() <= 2 < full.n_iter.max()
+
+
+def test_a_cpu_time_limit_stops_the_fit_and_says_so(problem):
+    X, y = problem
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        _, _, n_iter, _ = fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1)
+        with cpu_time_limit(None):  # no limit
+            assert fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1)[2] == n_iter
+        with cpu_time_limit(3600.0):  # a limit it stays within
+            assert fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1)[2] == n_iter
+    assert n_iter > 0
+    with pytest.warns(ConvergenceWarning, match="CPU time limit"), cpu_time_limit(0.0):
+        coef, intercept, stopped, _ = fit_one_vs_rest(
+            X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1
+        )
+    assert stopped == 0  # out of time before the first step: the zero weights
+    assert not coef.any()
+    assert not intercept.any()
 
 
 def test_the_method_is_chosen_by_the_design():

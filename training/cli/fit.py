@@ -70,7 +70,8 @@ SELECTION_OPTIONS = {
     "types": {"memory_budget": parse_bytes},
     "help_text": {
         "memory_budget": "Bytes the final fit's training features may take (n x F float64 "
-        "numbers and the nystroem normalisation's F x F matrices), e.g. 8GiB, 500MiB, 8GB or "
+        "numbers, the basis Gram matrix, and under nystroem its eigenvectors and projection), e.g. "
+        "8GiB, 500MiB, 8GB or "
         "plain bytes: it bounds the basis grown for the whole training split and the basis "
         "ladder; beyond one machine's memory, train on a cluster (--cluster)",
     },

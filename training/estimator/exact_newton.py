@@ -5,6 +5,7 @@ active items, whose handful of steps does not depend on the features' conditioni
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -31,6 +32,7 @@ def exact_newton(
     tolerance: float | np.ndarray = TOLERANCE,
     start: np.ndarray | None = None,
     n_threads: int = 1,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> Solution:
     r"""Minimise each problem's objective by Newton's method with exact steps and an exact line
     search (the finite Newton method of Keerthi and DeCoste, 2005, for LinearSVC's problem).
@@ -57,6 +59,9 @@ def exact_newton(
         Problems solved side by side; where they are fewer than the threads, each problem's
         Hessians are summed over blocks of rows in its share of them. The result does not depend
         on it.
+    out_of_time : callable, optional
+        Asked before every Newton step: once it answers True each problem stops where it is,
+        not converged (:func:`training.estimator.solver.cpu_time_limit`).
 
     Returns
     -------
@@ -84,6 +89,7 @@ def exact_newton(
             W[:, k],
             every_item,
             threads_each,
+            out_of_time,
         )
 
     if n_threads == 1 or K == 1:
@@ -92,10 +98,13 @@ def exact_newton(
     else:
         with ThreadPoolExecutor(min(n_threads, K)) as pool:
             list(pool.map(solve, range(K)))
-    return Solution(W, n_iter, converged)
+    # a problem left unconverged before max_iter steps was stopped by the time limit
+    return Solution(W, n_iter, converged, bool((~converged & (n_iter < max_iter)).any()))
 
 
-def _exact_newton_problem(design, y, C, max_iter, tolerance, w, gram=None, n_threads=1):
+def _exact_newton_problem(
+    design, y, C, max_iter, tolerance, w, gram=None, n_threads=1, out_of_time=None
+):
     """One problem of :func:`exact_newton`: its weights, Newton steps and whether it converged.
 
     ``gram`` is the Gram matrix of the items active at ``w`` (None: computed here); each step
@@ -117,7 +126,7 @@ def _exact_newton_problem(design, y, C, max_iter, tolerance, w, gram=None, n_thr
         gradient[-1] -= 2.0 * C * residual.sum()
         if np.linalg.norm(gradient) <= stop_at:
             return w, step, True
-        if step == max_iter:
+        if step == max_iter or (out_of_time is not None and out_of_time()):
             return w, step, False
         gram = _updated_gram(design, gram, was_active, active, n_threads)
         was_active = active

@@ -5,6 +5,7 @@ method shares (:func:`liblinear_tolerance`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,12 +40,16 @@ class Solution:
     n_iter : ndarray of shape (K,), int
         Newton steps each problem took.
     converged : ndarray of shape (K,), bool
-        False where a problem stopped at ``max_iter`` Newton steps before its tolerance.
+        False where a problem stopped at ``max_iter`` Newton steps, or at its time limit,
+        before its tolerance.
+    out_of_time : bool
+        The time limit stopped a problem (``out_of_time`` of the solvers).
     """
 
     W: np.ndarray
     n_iter: np.ndarray
     converged: np.ndarray
+    out_of_time: bool = False
 
 
 def liblinear_tolerance(positives: np.ndarray, n_samples: int, tol: float) -> np.ndarray:
@@ -79,6 +84,7 @@ def minimize_squared_hinge(
     max_iter: int,
     tolerance: float | np.ndarray = TOLERANCE,
     start: np.ndarray | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> Solution:
     """Minimise :math:`\\lVert w_k\\rVert^2 / 2 + L_k(w_k)` for each problem k by trust-region
     Newton-CG (liblinear's primal method, ``tron.cpp``).
@@ -99,6 +105,9 @@ def minimize_squared_hinge(
         Weights to start from (a warm start: the solution at a nearby C); default zero. The
         stopping rule still measures the gradient against its norm at zero, as liblinear's does
         with an initial model, so a warm start stops where a cold one would.
+    out_of_time : callable, optional
+        Asked after every Newton step: once it answers True the problems still iterating stop
+        where they are, not converged (:func:`training.estimator.solver.cpu_time_limit`).
 
     Returns
     -------
@@ -119,7 +128,11 @@ def minimize_squared_hinge(
     n_iter = np.zeros(K, dtype=np.int64)
     running = gradient_norm > stop_at
     converged = ~running
+    timed_out = False
     while running.any():
+        if out_of_time is not None and out_of_time():
+            timed_out = True
+            break
         problems = np.flatnonzero(running)
         W_now, G_now = W[:, problems], G[:, problems]
         S, R, on_boundary = _conjugate_gradients(loss, W_now, G_now, radius[problems], problems)
@@ -151,7 +164,7 @@ def minimize_squared_hinge(
         )
         converged[problems[stalled]] = True
         running[problems[reached | stalled | (n_iter[problems] >= max_iter)]] = False
-    return Solution(W, n_iter, converged)
+    return Solution(W, n_iter, converged, timed_out)
 
 
 def _dots(A: np.ndarray, B: np.ndarray) -> np.ndarray:

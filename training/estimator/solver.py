@@ -20,7 +20,11 @@ method chosen for it, and folds the design's shift back into the intercepts.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,6 +46,7 @@ __all__ = [
     "ExactNewton",
     "TrustRegionNewtonCG",
     "correct_predictions",
+    "cpu_time_limit",
     "fit_one_vs_rest",
     "newton_method_for",
     "one_vs_rest_problems",
@@ -96,6 +101,36 @@ def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, n
     return sp.csr_matrix(features), median
 
 
+# The process CPU time (time.process_time) past which the solver stops: set by cpu_time_limit.
+_CPU_DEADLINE: ContextVar[float | None] = ContextVar("solver_cpu_deadline", default=None)
+
+
+@contextlib.contextmanager
+def cpu_time_limit(seconds: float | None) -> Iterator[None]:
+    """Within the block, :func:`fit_one_vs_rest` stops its Newton steps once this process has
+    spent ``seconds`` more CPU time (all its threads) than at the block's start: the problems
+    not converged by then are left where they are, as at ``max_iter``, and the warning says
+    the time limit stopped them. What bounds a selection's fits on the whole split by what is
+    left of its budget (:mod:`training.selection.basis_ladder`): a fit there costs what its
+    features and C make it, and neither is known before it runs. None: no limit.
+
+    The limit is read in the thread that calls the fit (a context variable); the solver's
+    threads inherit it from there."""
+    deadline = None if seconds is None else time.process_time() + max(0.0, seconds)
+    token = _CPU_DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _CPU_DEADLINE.reset(token)
+
+
+def _out_of_time() -> Callable[[], bool] | None:
+    deadline = _CPU_DEADLINE.get()
+    if deadline is None:
+        return None
+    return lambda: time.process_time() >= deadline
+
+
 @dataclass(frozen=True)
 class TrustRegionNewtonCG:
     """The one-vs-rest problems by trust-region Newton-CG over the in-memory loss
@@ -104,9 +139,11 @@ class TrustRegionNewtonCG:
 
     name = "trust-region Newton-CG"
 
-    def solve(self, design, signs, C, max_iter, tolerance, start, n_threads) -> Solution:
+    def solve(
+        self, design, signs, C, max_iter, tolerance, start, n_threads, out_of_time=None
+    ) -> Solution:
         loss = InMemorySquaredHinge(design, signs, C, n_threads=n_threads)
-        return minimize_squared_hinge(loss, max_iter, tolerance, start)
+        return minimize_squared_hinge(loss, max_iter, tolerance, start, out_of_time)
 
 
 @dataclass(frozen=True)
@@ -116,8 +153,10 @@ class ExactNewton:
 
     name = "exact Newton"
 
-    def solve(self, design, signs, C, max_iter, tolerance, start, n_threads) -> Solution:
-        return exact_newton(design, signs, C, max_iter, tolerance, start, n_threads)
+    def solve(
+        self, design, signs, C, max_iter, tolerance, start, n_threads, out_of_time=None
+    ) -> Solution:
+        return exact_newton(design, signs, C, max_iter, tolerance, start, n_threads, out_of_time)
 
 
 def newton_method_for(design) -> TrustRegionNewtonCG | ExactNewton:
@@ -163,7 +202,8 @@ def fit_one_vs_rest(
         At least 2. Two classes make one problem (class 1 against class 0).
     C : float
     max_iter : int
-        Newton steps per problem at most.
+        Newton steps per problem at most; within a :func:`cpu_time_limit` block, only as many
+        as its time allows.
     n_jobs : int
         Cores, at least 1. The result does not depend on it.
     tol : float, default=TOLERANCE
@@ -189,7 +229,9 @@ def fit_one_vs_rest(
     start_W = None if start is None else problem_weights(start[0], start[1] + start[0] @ shift)
     method = newton_method_for(design)
     with limit_threads(blas_threads=1):
-        solution = method.solve(design, signs, C, max_iter, tolerance, start_W, n_jobs)
+        solution = method.solve(
+            design, signs, C, max_iter, tolerance, start_W, n_jobs, _out_of_time()
+        )
     del signs
     warn_unconverged([solution], max_iter)
     coef, intercept = one_vs_rest_weights(solution.W, n_classes)
@@ -218,8 +260,15 @@ def correct_predictions(design, codes: np.ndarray, coef: np.ndarray, intercept: 
 
 
 def warn_unconverged(solutions, max_iter: int) -> None:
-    """One ConvergenceWarning if a problem stopped at ``max_iter`` before its tolerance."""
-    if not all(solution.converged.all() for solution in solutions):
+    """One ConvergenceWarning if a problem stopped at ``max_iter``, or at the time limit
+    (:func:`cpu_time_limit`), before its tolerance."""
+    if any(solution.out_of_time for solution in solutions):
+        warnings.warn(
+            "the SVM solver stopped at its CPU time limit before converging",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+    elif not all(solution.converged.all() for solution in solutions):
         warnings.warn(
             f"the SVM solver stopped at max_iter={max_iter} iterations before converging: "
             "increase max_iter, or lower C",

@@ -27,10 +27,11 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
+from training.estimator.solver import cpu_time_limit
 from training.selection.budget import SelectionBudget
 from training.selection.folds import FOLD_MAX_ITER, RACE_Z, paired_gain
 from training.selection.memory import basis_per_class_within, default_memory_budget
-from training.selection.space import Candidate, neighbour_candidates
+from training.selection.space import Candidate, held_square_matrices, neighbour_candidates
 from training.selection.state import DEFAULT_PREFERENCE, take
 
 # The share of the training split held out to score each rung (stratified), at most
@@ -140,10 +141,16 @@ class HoldOut:
         budget: SelectionBudget,
         fit: np.ndarray | None = None,
         held: np.ndarray | None = None,
+        bounded: bool = True,
     ):
         """``estimator`` with ``params`` fitted on the fit part (or the ``fit`` positions): its
         correctness on the hold-out (or the ``held`` positions), of shape (1, n_held), the
-        model, the wall seconds, and its CPU seconds per core, which are added to ``budget``."""
+        model, the wall seconds, and its CPU seconds per core, which are added to ``budget``.
+        Unless not ``bounded`` (the ladder's first rung, which everything after it is compared
+        with), the solver stops where ``budget`` runs out (:func:`~training.estimator.solver.
+        cpu_time_limit`), and the model is scored as it stands: a fit's cost is not known
+        before it runs (at a large basis and C = 100 a candidate took four times its
+        prediction from the rung before, docs/measurements/model-selection.md)."""
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
         cpu, wall = time.process_time(), time.monotonic()
@@ -152,7 +159,9 @@ class HoldOut:
         # keep the solver for thousands of iterations, scored as it stands after FOLD_MAX_ITER
         # (the final fit keeps the estimator's max_iter).
         model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
-        with warnings.catch_warnings():
+        # what is left of the budget, in the process's CPU seconds
+        left = max(0.0, budget.seconds - budget.used_s) * budget.cores if bounded else None
+        with warnings.catch_warnings(), cpu_time_limit(left):
             warnings.simplefilter("ignore", ConvergenceWarning)
             model.fit(self.X[fit], self.y[fit])
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
@@ -228,7 +237,9 @@ def climb_basis_ladder(
         Seed of the hold-out.
     memory_budget : int or None
         Bytes the training features may take (:mod:`training.selection.memory`; None: the
-        default, a share of the memory available now): it bounds the top rung.
+        default, a share of the memory available now): it bounds the top rung, with the square
+        matrices of ``params``' normalisation
+        (:func:`~training.selection.space.held_square_matrices`).
     large_basis : callable or None
         Given a basis size per class, the candidate configurations of the large-basis search
         (:func:`~training.selection.space.large_basis_candidates`): each is scored on the
@@ -265,7 +276,11 @@ def climb_basis_ladder(
     fit_largest = holdout.fit_largest
     split_largest = int(np.unique(y, return_counts=True)[1].max())
     budget_bytes = default_memory_budget() if memory_budget is None else memory_budget
-    bound = basis_per_class_within(len(y), n_classes, weight, budget_bytes)
+    # The large-basis search's candidates (besvm for dense inputs) hold no more square matrices
+    # than the ladder's configuration (nystroem's, or besvm's for documents): its bound holds.
+    bound = basis_per_class_within(
+        len(y), n_classes, weight, budget_bytes, held_square_matrices(params)
+    )
     top = min(fit_largest, bound)
     result = LadderResult(
         basis_per_class=min(start, bound),
@@ -285,7 +300,7 @@ def climb_basis_ladder(
             result.stopped = "time budget spent"
             break
         correct, model, seconds, last_cost = holdout.score(
-            estimator, {**params, "basis_per_class": size}, budget
+            estimator, {**params, "basis_per_class": size}, budget, bounded=taken is not None
         )
         last_size = size
         gain, error = (0.0, 0.0) if taken is None else paired_gain(correct, taken)

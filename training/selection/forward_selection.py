@@ -67,6 +67,7 @@ from training.selection.space import (
     basis_cap,
     basis_weight,
     grown_basis_per_class,
+    held_square_matrices,
     ladder_around,
     large_basis_candidates,
     learns_from_items,
@@ -511,7 +512,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         chosen = dict(chosen)
         counts = np.asarray(class_counts)
         n_train = int(counts.sum())
-        weight = basis_weight(chosen["similarity"])
+        weight, squares = basis_weight(chosen["similarity"]), held_square_matrices(chosen)
         if rules.grows_basis(n_items, n_train):
             grown = grown_basis_per_class(
                 chosen["basis_per_class"],
@@ -520,13 +521,13 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 int(counts.max()),
                 weight,
                 len(counts),
-                rules.grown_feature_limits(n_train, memory_budget),
+                rules.grown_feature_limits(n_train, memory_budget, squares),
             )
             return {**chosen, "basis_per_class": grown.per_class}, grown.bound
         if chosen["basis_per_class"] >= fold_largest:
             cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
             chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
-        within = basis_per_class_within(n_train, len(counts), weight, memory_budget)
+        within = basis_per_class_within(n_train, len(counts), weight, memory_budget, squares)
         if within < chosen["basis_per_class"]:
             return {**chosen, "basis_per_class": within}, GROWN_WITHIN_MEMORY
         return chosen, None

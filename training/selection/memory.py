@@ -4,13 +4,14 @@ r"""The memory arithmetic of a fit: how much memory this machine has available
 the largest basis that fits a budget (:func:`features_within`, :func:`basis_per_class_within`).
 
 The training features are an n x F matrix of float64 numbers (F = basis items x features per
-basis item), and the nystroem normalisation adds F x F matrices: the basis Gram matrix, its
-eigenvectors and the projection made of them. A budget of b bytes thus holds F features of n
-items when
+basis item). Beside them every fit keeps the basis Gram matrix, and the nystroem normalisations
+add its eigenvectors and the projection made of them: s F x F matrices, s = 3 under nystroem and
+1 under the others (:func:`square_matrices`). A budget of b bytes thus holds F features of n items
+when
 
 .. math::
 
-    8 (n F + 3 F^2) \le b.
+    8 (n F + s F^2) \le b.
 
 The selection sizes the final fit's basis with it (:mod:`training.selection.space`) and so does
 the basis ladder (:mod:`training.selection.basis_ladder`); the ``fit`` command parses
@@ -28,8 +29,9 @@ from pathlib import Path
 __all__ = [
     "FALLBACK_AVAILABLE_BYTES",
     "FEATURE_ITEMSIZE",
+    "GRAM_MATRICES",
     "MEMORY_SHARE",
-    "SQUARE_MATRICES",
+    "NYSTROEM_SQUARE_MATRICES",
     "available_memory_bytes",
     "basis_per_class_within",
     "default_allowance",
@@ -38,6 +40,7 @@ __all__ = [
     "feature_bytes",
     "features_within",
     "parse_bytes",
+    "square_matrices",
 ]
 
 # The share of the memory available when a fit starts that its training features may take by
@@ -51,10 +54,12 @@ FALLBACK_AVAILABLE_BYTES = 4 * 2**30
 # Bytes of one feature value: the expansion writes, and the solver reads, float64.
 FEATURE_ITEMSIZE = 8
 
-# The F x F matrices the nystroem normalisation holds beside the features: the basis Gram
-# matrix, its eigenvectors and the projection. Counted for every normalisation, so the bound
-# errs small for the others.
-SQUARE_MATRICES = 3
+# The F x F matrices a fit holds beside its features: the basis Gram matrix under every
+# normalisation (the expansion keeps it: the artifact's eigenvalue report reads it), and under
+# nystroem also its eigenvectors and the projection made of them. Counted as F x F where they are
+# one B x B matrix per measure (F = M B), so the bound errs small for joined measures.
+GRAM_MATRICES = 1
+NYSTROEM_SQUARE_MATRICES = 3
 
 MEMINFO = Path("/proc/meminfo")
 
@@ -163,32 +168,47 @@ def default_memory_budget(available_bytes: int | None = None) -> int:
     return int(MEMORY_SHARE * available)
 
 
-def feature_bytes(n_items: int, n_features: int) -> int:
+def square_matrices(normalization: str) -> int:
+    """The F x F matrices a fit under ``normalization`` (canonical, ``auto`` resolved:
+    :func:`service.model.features.resolve_normalization`) holds beside its features:
+    :data:`NYSTROEM_SQUARE_MATRICES` under ``nystroem(...)``, :data:`GRAM_MATRICES` under the
+    per-feature affine ones (``besvm``, ``zscore``, ``none``)."""
+    return NYSTROEM_SQUARE_MATRICES if normalization.startswith("nystroem") else GRAM_MATRICES
+
+
+def feature_bytes(n_items: int, n_features: int, squares: int = NYSTROEM_SQUARE_MATRICES) -> int:
     """Bytes of the training features of ``n_items`` items and ``n_features`` features: the
-    n x F matrix and :data:`SQUARE_MATRICES` F x F ones, of :data:`FEATURE_ITEMSIZE` bytes a
-    number."""
-    return FEATURE_ITEMSIZE * (n_items * n_features + SQUARE_MATRICES * n_features**2)
+    n x F matrix and ``squares`` F x F ones (:func:`square_matrices`; by default nystroem's,
+    the most), of :data:`FEATURE_ITEMSIZE` bytes a number."""
+    return FEATURE_ITEMSIZE * (n_items * n_features + squares * n_features**2)
 
 
-def features_within(n_items: int, budget_bytes: int) -> int:
-    """The most features F of ``n_items`` items whose :func:`feature_bytes` fit
-    ``budget_bytes`` (0 when not even one does)."""
-    # The positive root of SQUARE_MATRICES F^2 + n F - budget / itemsize = 0, then corrected
-    # by a step for the root's rounding.
+def features_within(
+    n_items: int, budget_bytes: int, squares: int = NYSTROEM_SQUARE_MATRICES
+) -> int:
+    """The most features F of ``n_items`` items whose :func:`feature_bytes` (with ``squares``
+    F x F matrices) fit ``budget_bytes`` (0 when not even one does)."""
+    # The positive root of squares F^2 + n F - budget / itemsize = 0, then corrected by a step
+    # for the root's rounding.
     numbers = budget_bytes / FEATURE_ITEMSIZE
-    root = (-n_items + math.sqrt(n_items**2 + 4 * SQUARE_MATRICES * numbers)) / (
-        2 * SQUARE_MATRICES
-    )
+    if squares:
+        root = (-n_items + math.sqrt(n_items**2 + 4 * squares * numbers)) / (2 * squares)
+    else:
+        root = numbers / max(n_items, 1)
     features = max(0, int(root))
-    while features > 0 and feature_bytes(n_items, features) > budget_bytes:
+    while features > 0 and feature_bytes(n_items, features, squares) > budget_bytes:
         features -= 1
-    while feature_bytes(n_items, features + 1) <= budget_bytes:
+    while feature_bytes(n_items, features + 1, squares) <= budget_bytes:
         features += 1
     return features
 
 
 def basis_per_class_within(
-    n_items: int, n_classes: int, features_per_basis_item: float, budget_bytes: int
+    n_items: int,
+    n_classes: int,
+    features_per_basis_item: float,
+    budget_bytes: int,
+    squares: int = NYSTROEM_SQUARE_MATRICES,
 ) -> int:
     """The largest basis per class whose training features fit ``budget_bytes`` (at least 1).
 
@@ -202,12 +222,14 @@ def basis_per_class_within(
         (:func:`~training.selection.space.basis_weight`, 1 for an rbf), which is at least their
         number, so that a costly measure's basis is bounded as its work is.
     budget_bytes : int
+    squares : int, default=NYSTROEM_SQUARE_MATRICES
+        F x F matrices held beside the features: :func:`square_matrices` of the normalisation.
 
     Returns
     -------
     int
     """
-    features = features_within(n_items, budget_bytes)
+    features = features_within(n_items, budget_bytes, squares)
     return max(1, int(features // (max(features_per_basis_item, 1e-9) * max(1, n_classes))))
 
 
@@ -261,7 +283,7 @@ def default_allowance(
         "an rbf"
         if features_per_basis_item == 1
         else f"{features_per_basis_item:g} features a basis item"
-    )
+    ) + " under nystroem; more under besvm"
     return (
         f"{describe_bytes(budget)}, which holds {', '.join(sizes)} ({n_classes} classes, {measure})"
     )

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from service.model.features import resolve_normalization
 from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import parse_transform
 from service.model.similarity import parse_spec, split_specs
-from training.selection.memory import features_within
+from training.selection.memory import features_within, square_matrices
 
 MAX_MEASURES = 3
 
@@ -172,6 +173,14 @@ class Candidate:
 def measures(similarity: str) -> list[str]:
     """The measures of a ``+``-joined similarity, as written."""
     return [m.strip() for m in split_specs(similarity)]
+
+
+def held_square_matrices(params: Mapping[str, Any]) -> int:
+    """The F x F matrices a fit of ``params`` holds beside its features:
+    :func:`~training.selection.memory.square_matrices` of its normalisation, ``auto`` decided by
+    its measures."""
+    specs = [parse_spec(text) for text in measures(params["similarity"])]
+    return square_matrices(resolve_normalization(params.get("normalization", "auto"), specs))
 
 
 def basis_weight(similarity: str) -> float:
@@ -513,12 +522,15 @@ class KindRules:
         """Whether the chosen basis grows from the folds to the whole split."""
         return self.grow_unsampled or validated_items < n_train
 
-    def grown_feature_limits(self, n_train: int, memory_budget: int) -> dict[str, int]:
+    def grown_feature_limits(
+        self, n_train: int, memory_budget: int, squares: int
+    ) -> dict[str, int]:
         """The limits on a grown basis of ``n_train`` training items, by name, in features
         (basis items times the measures' weight): the features within ``memory_budget`` bytes
-        (:func:`~training.selection.memory.features_within`) and the kind's share of the items
+        beside ``squares`` F x F matrices (:func:`held_square_matrices`,
+        :func:`~training.selection.memory.features_within`) and the kind's share of the items
         where it has one."""
-        limits = {GROWN_WITHIN_MEMORY: max(1, features_within(n_train, memory_budget))}
+        limits = {GROWN_WITHIN_MEMORY: max(1, features_within(n_train, memory_budget, squares))}
         if self.grown_max_share is not None:
             limits["the share of the items"] = max(1, int(self.grown_max_share * n_train))
         return limits
