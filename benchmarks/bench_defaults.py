@@ -260,6 +260,8 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
     estimator = getattr(model, "best_estimator_", model)
     per_sample = _per_sample(lambda: estimator.predict(batch), args.repeats)
     note = describe_tuned_svc(model) if hasattr(model, "best_params_") else ""
+    if isinstance(model, SampledGridSearch):
+        note += f", tuned on {min(model.n_items, len(dataset.y_train)):,} items"
     if not note and hasattr(estimator[-1], "support_vectors_"):
         svc = estimator[-1]
         note = f"fixed C {svc.C:g}, gamma {svc.gamma}, {svc.support_vectors_.shape[0]} SVs"
@@ -272,11 +274,12 @@ def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
     }
 
 
-def _grid_for(dataset: Dataset, args) -> str:
-    """--svc-grid, or by default the full grid for small sets and the small one for large sets."""
+def _grid_for(dataset: Dataset, args, tuned_on: int | None = None) -> str:
+    """--svc-grid, or by default the full grid for small sets and the small one for large sets
+    (by the items the grid search runs on: the split, or at most ``tuned_on``)."""
     if args.svc_grid != "auto":
         return args.svc_grid
-    n = len(dataset.y_train)
+    n = min(len(dataset.y_train), tuned_on or len(dataset.y_train))
     numbers = n * (1 if dataset.input_spec.is_documents else dataset.input_spec.n_features)
     return "small" if n >= SMALL_GRID_FROM or numbers >= SMALL_GRID_FROM_NUMBERS else "full"
 
@@ -297,9 +300,11 @@ class SampledGridSearch:
             X_sample, _, y_sample, _ = train_test_split(
                 X, y, train_size=self.n_items, stratify=y, random_state=0
             )
-        self.search.fit(X_sample, y_sample)
+        # the choice is fitted once, on the whole split: not refitted on the sample first
+        self.search.set_params(refit=False).fit(X_sample, y_sample)
         self.best_params_ = self.search.best_params_
-        self.best_estimator_ = clone(self.search.best_estimator_).fit(X, y)
+        self.best_estimator_ = clone(self.search.estimator).set_params(**self.best_params_)
+        self.best_estimator_.fit(X, y)
         return self
 
     def predict(self, X):
@@ -307,7 +312,8 @@ class SampledGridSearch:
 
 
 def _tuned_svc(dataset: Dataset, args):
-    search = tuned_svc(dataset.input_spec.is_documents, _grid_for(dataset, args), args.n_jobs)
+    grid = _grid_for(dataset, args, args.svc_tune_items)
+    search = tuned_svc(dataset.input_spec.is_documents, grid, args.n_jobs)
     return search if args.svc_tune_items is None else SampledGridSearch(search, args.svc_tune_items)
 
 
@@ -323,6 +329,13 @@ def _linear_svc(dataset: Dataset):
     if dataset.input_spec.is_documents:
         return make_pipeline(TfidfVectorizer(), LinearSVC())
     return make_pipeline(StandardScaler(), LinearSVC())
+
+
+def _at_least_100(text: str) -> int:
+    value = int(text)
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"at least 100 items, got {value}")
+    return value
 
 
 def main() -> None:
@@ -371,7 +384,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--svc-tune-items",
-        type=int,
+        type=_at_least_100,
         metavar="N",
         help="tune the SVC on a stratified sample of N training items, then fit its choice on "
         "the whole split (adult: the grid on every item takes hours)",
@@ -403,7 +416,9 @@ def main() -> None:
                 d, lambda: _fixed_svc(d, args.svc_fixed), args
             )
         chosen = {MODELS[name] for name in args.models.split(",")}
-        if args.no_tuned_svc or (dataset.X_train.shape[0] >= LARGE and not args.svc_fixed):
+        if args.no_tuned_svc or (
+            dataset.X_train.shape[0] >= LARGE and not (args.svc_fixed or args.svc_tune_items)
+        ):
             chosen.discard("tuned SVC(RBF)")
         runs = {model: run for model, run in runs.items() if model in chosen}
         for model, run in runs.items():

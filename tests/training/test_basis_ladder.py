@@ -162,14 +162,23 @@ def test_a_hold_out_fit_stops_where_its_budget_runs_out():
     holdout = HoldOut(X, y, 0)
     params = {"similarity": "rbf(gamma=1)", "basis_per_class": 20, "C": 100.0}
     roomy = SelectionBudget(GENEROUS, 1)
-    _, fitted, _, _ = holdout.score(BasisExpandingSVC(n_jobs=1), params, roomy)
-    assert fitted.n_iter_ > 0
+    finished = holdout.score(BasisExpandingSVC(n_jobs=1), params, roomy)
+    assert finished.model.n_iter_ > 0
+    assert not finished.truncated
     spent = SelectionBudget(10.0, 1)
     spent.add(10.0)
-    correct, stopped, _, cost = holdout.score(BasisExpandingSVC(n_jobs=1), params, spent)
-    assert stopped.n_iter_ == 0  # the zero weights: one class for every item
-    assert correct.shape == (1, len(holdout.held))
-    assert spent.used_s == pytest.approx(10.0 + cost)
+    stopped = holdout.score(BasisExpandingSVC(n_jobs=1), params, spent)
+    assert stopped.model.n_iter_ == 0  # the zero weights: one class for every item
+    assert stopped.truncated  # never to be taken
+    assert stopped.correct.shape == (1, len(holdout.held))
+    assert spent.used_s == pytest.approx(10.0 + stopped.cost)
+    # The ladder's first rung, which every later one is compared with, is not cut short.
+    first = holdout.score(BasisExpandingSVC(n_jobs=1), params, spent, bounded=False)
+    assert first.model.n_iter_ == finished.model.n_iter_
+    assert not first.truncated
+    # A reserve is left to what comes after: a fit may not spend it.
+    reserved = holdout.score(BasisExpandingSVC(n_jobs=1), params, roomy, reserve=GENEROUS)
+    assert reserved.truncated
 
 
 def test_ladder_sizes_double_to_the_top():

@@ -56,6 +56,8 @@ def test_only_nystroem_holds_three_square_matrices():
     assert features_within(1000, 880_000, squares=1) == 100
     assert features_within(1000, 879_999, squares=1) == 99
     assert features_within(1000, 8 * 1000 * 50, squares=0) == 50
+    with pytest.raises(ValueError, match="at least one item"):
+        features_within(0, 10**9, squares=0)  # every count of features would fit
 
 
 @pytest.mark.parametrize(

@@ -114,8 +114,10 @@ def cpu_time_limit(seconds: float | None) -> Iterator[None]:
     left of its budget (:mod:`training.selection.basis_ladder`): a fit there costs what its
     features and C make it, and neither is known before it runs. None: no limit.
 
-    The limit is read in the thread that calls the fit (a context variable); the solver's
-    threads inherit it from there."""
+    The limit is a context variable, read by :func:`fit_one_vs_rest` in the thread that calls
+    it, which hands the solver a check of its own (the solver's threads share that check). The
+    check runs before each Newton step: a step under way finishes, and the exact method builds
+    its first Hessian (the Gram matrix of every item) before its first check."""
     deadline = None if seconds is None else time.process_time() + max(0.0, seconds)
     token = _CPU_DEADLINE.set(deadline)
     try:

@@ -20,7 +20,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sklearn.base import clone
@@ -50,6 +50,16 @@ RUNG_FACTOR = 2
 # while held-out accuracy still rises, for at most this many rungs in a row: one doubling's gain
 # is often within the error of a hold-out of a few thousand items where two doublings' is not.
 MAX_UNTAKEN_RUNGS = 2
+
+
+class Scored(NamedTuple):
+    """What :meth:`HoldOut.score` measured of one fit."""
+
+    correct: np.ndarray  # shape (1, n_held): each held-out item predicted right
+    model: Any
+    seconds: float  # wall
+    cost: float  # CPU seconds per core, added to the budget
+    truncated: bool  # the solver stopped where the budget ran out: not a finished fit
 
 
 def ladder_sizes(start: int, top: int, factor: int = RUNG_FACTOR) -> list[int]:
@@ -142,15 +152,18 @@ class HoldOut:
         fit: np.ndarray | None = None,
         held: np.ndarray | None = None,
         bounded: bool = True,
-    ):
-        """``estimator`` with ``params`` fitted on the fit part (or the ``fit`` positions): its
-        correctness on the hold-out (or the ``held`` positions), of shape (1, n_held), the
-        model, the wall seconds, and its CPU seconds per core, which are added to ``budget``.
+        reserve: float = 0.0,
+    ) -> Scored:
+        """``estimator`` with ``params`` fitted on the fit part (or the ``fit`` positions) and
+        scored on the hold-out (or the ``held`` positions); its CPU seconds are added to
+        ``budget``.
+
         Unless not ``bounded`` (the ladder's first rung, which everything after it is compared
-        with), the solver stops where ``budget`` runs out (:func:`~training.estimator.solver.
-        cpu_time_limit`), and the model is scored as it stands: a fit's cost is not known
-        before it runs (at a large basis and C = 100 a candidate took four times its
-        prediction from the rung before, docs/measurements/model-selection.md)."""
+        with), the solver stops where ``budget`` (less ``reserve`` seconds) runs out
+        (:func:`~training.estimator.solver.cpu_time_limit`): a fit's cost is not known before it
+        runs (on adult a large-basis candidate took four times the cost the rung before
+        predicted, docs/measurements/model-selection.md). Such a fit is ``truncated``: scored
+        as it stands, for the record, and never taken, compared with or confirmed."""
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
         cpu, wall = time.process_time(), time.monotonic()
@@ -160,14 +173,18 @@ class HoldOut:
         # (the final fit keeps the estimator's max_iter).
         model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
         # what is left of the budget, in the process's CPU seconds
-        left = max(0.0, budget.seconds - budget.used_s) * budget.cores if bounded else None
+        left = None
+        if bounded:
+            left = max(0.0, budget.seconds - reserve - budget.used_s) * budget.cores
         with warnings.catch_warnings(), cpu_time_limit(left):
             warnings.simplefilter("ignore", ConvergenceWarning)
             model.fit(self.X[fit], self.y[fit])
+        # The solver stops only once the fit's CPU time has passed the limit.
+        truncated = left is not None and time.process_time() - cpu >= left
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
-        return correct, model, time.monotonic() - wall, cpu / budget.cores
+        return Scored(correct, model, time.monotonic() - wall, cpu / budget.cores, truncated)
 
     def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """More hold-outs of the hold-out's size: (fit, held) positions, each held part a
@@ -299,9 +316,14 @@ def climb_basis_ladder(
         if budget.spent or (taken is not None and budget.used_s + 2 * last_cost > budget.seconds):
             result.stopped = "time budget spent"
             break
-        correct, model, seconds, last_cost = holdout.score(
+        scored = holdout.score(
             estimator, {**params, "basis_per_class": size}, budget, bounded=taken is not None
         )
+        if scored.truncated:
+            result.path.append(_truncated_entry(scored, taken, size))
+            result.stopped = "time budget spent"
+            break
+        correct, model, seconds, last_cost, _ = scored
         last_size = size
         gain, error = (0.0, 0.0) if taken is None else paired_gain(correct, taken)
         take_rung = taken is None or (gain > 0 and gain > min_gain_se * error)
@@ -423,7 +445,14 @@ def _search_large_basis(
                 break
             if _raced_out(scored, _normalisation_pair(candidate)):
                 continue
-            correct, _, seconds, last_cost = holdout.score(estimator, candidate.params, budget)
+            fitted = holdout.score(estimator, candidate.params, budget, reserve=reserve)
+            if fitted.truncated:
+                entry = _truncated_entry(fitted, reference)
+                del entry["n_basis"]  # as the candidates' records (the change says the size)
+                result.large_basis.append({"change": candidate.change, **entry})
+                result.large_basis_stopped = "time budget spent"
+                break
+            correct, _, seconds, last_cost, _ = fitted
             gain, error = paired_gain(correct, reference)
             scored.append((candidate, correct))
             costs.append(last_cost)
@@ -510,7 +539,12 @@ def _shrink_large_basis(
             result.shrink_stopped = "time budget spent"
             break
         smaller = {**current, "basis_per_class": size // 2}
-        correct, model, seconds, cost = holdout.score(estimator, smaller, budget)
+        fitted = holdout.score(estimator, smaller, budget)
+        if fitted.truncated:
+            result.shrink.append(_truncated_entry(fitted, reference, size // 2))
+            result.shrink_stopped = "time budget spent"
+            break
+        correct, model, seconds, cost, _ = fitted
         chosen = take(reference, work(current), [(correct, work(smaller))], min_gain_se, prefer)
         gain, error = paired_gain(correct, reference)
         result.shrink.append(
@@ -599,8 +633,11 @@ def _confirm_on_the_split(
             if budget.spent:
                 result.confirmation = {"change": candidate.change, "stopped": "time budget spent"}
                 return None
-            right, *_ = holdout.score(estimator, params, budget, fit, held)
-            into.append(right[0])
+            scored_fit = holdout.score(estimator, params, budget, fit, held)
+            if scored_fit.truncated:
+                result.confirmation = {"change": candidate.change, "stopped": "time budget spent"}
+                return None
+            into.append(scored_fit.correct[0])
     gain, error = paired_gain(np.concatenate(ours)[None, :], np.concatenate(theirs)[None, :])
     confirmed = gain > 0 and gain > min_gain_se * error
     result.confirmation = {
@@ -612,6 +649,22 @@ def _confirm_on_the_split(
         "seconds": round(time.monotonic() - started, 2),
     }
     return (index,) if confirmed else None
+
+
+def _truncated_entry(scored: Scored, reference: np.ndarray, size: int | None = None) -> dict:
+    """The record of a fit the budget cut short (:attr:`Scored.truncated`) against
+    ``reference``'s correctness: never taken."""
+    gain, error = paired_gain(scored.correct, reference)
+    return {
+        **({} if size is None else {"basis_per_class": size}),
+        "n_basis": int(scored.model.expansion_.basis_.shape[0]),
+        "held_out_accuracy": float(scored.correct.mean()),
+        "gain": gain,
+        "standard_error": error,
+        "taken": False,
+        "truncated": True,
+        "seconds": round(scored.seconds, 2),
+    }
 
 
 def describe_large_basis(record: dict[str, Any]) -> str:

@@ -135,7 +135,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         Larger training sets are cross-validated on a stratified sample of this many items.
     memory_budget : int or None, default=None
         Bytes the final fit's training features may take (:mod:`training.selection.memory`:
-        n x F float64 numbers and the nystroem normalisation's F x F matrices): it bounds the
+        n x F float64 numbers, the basis Gram matrix, and under nystroem its eigenvectors and
+        projection): it bounds the
         basis grown for the whole split and the basis ladder's top rung. None: a quarter of the
         memory available when the selection starts (Linux's MemAvailable).
     random_state : int, default=0

@@ -187,7 +187,14 @@ def features_within(
     n_items: int, budget_bytes: int, squares: int = NYSTROEM_SQUARE_MATRICES
 ) -> int:
     """The most features F of ``n_items`` items whose :func:`feature_bytes` (with ``squares``
-    F x F matrices) fit ``budget_bytes`` (0 when not even one does)."""
+    F x F matrices) fit ``budget_bytes`` (0 when not even one does).
+
+    Raises
+    ------
+    ValueError
+        ``n_items`` below 1: features of no items take no memory, and no count is the most."""
+    if n_items < 1:
+        raise ValueError(f"the features of {n_items} items: at least one item is needed")
     # The positive root of squares F^2 + n F - budget / itemsize = 0, then corrected by a step
     # for the root's rounding.
     numbers = budget_bytes / FEATURE_ITEMSIZE
