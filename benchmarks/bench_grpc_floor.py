@@ -1,7 +1,9 @@
 """What grpcio's two server shapes cost a call before any of ours: a trivial ModelInfer (a fixed
 answer, no model, no interceptor) on grpcio's asyncio server (on uvloop, the loop uvicorn runs
 the service on where it is installed) and on its thread-pool server (with 2, 4 and 8 threads),
-in the same run.
+in the same run. ``aio-stream`` is the asyncio server with the service's call shape: an
+interceptor that answers the unary method as stream-unary, the handler reading the message
+itself (so that the service's call gate can time the message out, service/api/protocol/grpc.py).
 
     .venv/bin/python benchmarks/bench_grpc_floor.py [--concurrency 8,64] [--seconds 1.5]
         [--repeats 4]
@@ -31,7 +33,7 @@ from service.api.protocol import inference_pb2 as pb
 from service.api.protocol import inference_pb2_grpc as pb_grpc
 from training.data.datasets import load_digits_dataset
 
-SHAPES = ("aio", "threads:2", "threads:4", "threads:8")
+SHAPES = ("aio", "aio-stream", "threads:2", "threads:4", "threads:8")
 
 
 def _answer() -> pb.ModelInferResponse:
@@ -41,10 +43,34 @@ def _answer() -> pb.ModelInferResponse:
     return response
 
 
+class AsStreamUnary(grpc.aio.ServerInterceptor):
+    """Each unary method answered as stream-unary, its handler awaiting the one message, as the
+    service's call gate does (without the gate's key check, slot and timeout)."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        method = handler_call_details.method
+        if method not in self.handlers:
+            handler = await continuation(handler_call_details)
+            unary = handler.unary_unary
+
+            async def handle(requests, context):
+                return await unary(await anext(requests), context)
+
+            self.handlers[method] = grpc.stream_unary_rpc_method_handler(
+                handle,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return self.handlers[method]
+
+
 def serve(shape: str, port: int) -> None:
     """Serve the trivial ModelInfer in ``shape`` on ``port`` until killed."""
     answer = _answer()
-    if shape == "aio":
+    if shape.startswith("aio"):
         import uvloop
 
         class Trivial(pb_grpc.GRPCInferenceServiceServicer):
@@ -52,7 +78,8 @@ def serve(shape: str, port: int) -> None:
                 return answer
 
         async def main() -> None:
-            server = grpc.aio.server()
+            interceptors = [AsStreamUnary()] if shape == "aio-stream" else []
+            server = grpc.aio.server(interceptors=interceptors)
             pb_grpc.add_GRPCInferenceServiceServicer_to_server(Trivial(), server)
             server.add_insecure_port(f"{HOST}:{port}")
             await server.start()
