@@ -47,20 +47,10 @@ def _serve(mode: str) -> None:
     if protocols == "plain":
         config = uvicorn.Config(app, **options)
     else:
-        from service.api.machinery.auth import PROBE_PATHS
-        from service.api.machinery.connections import ConnectionLimits
-        from service.api.machinery.http_protocols import limited_config
+        from service.api.machinery.http_protocols import limited_config, service_limits
         from service.api.settings import Settings
 
-        settings = Settings()
-        limits = ConnectionLimits(
-            settings.header_timeout_s,
-            settings.body_timeout_s,
-            settings.max_connections,
-            max_header_bytes=settings.max_header_bytes,
-            send_timeout_s=settings.send_timeout_s,
-            eager_paths=tuple(sorted(PROBE_PATHS)),
-        )
+        limits = service_limits(Settings())
         config = limited_config(app, limits=limits, **options)
     uvicorn.Server(config).run()
 

@@ -24,9 +24,8 @@ import uvicorn
 from uvicorn.supervisors import Multiprocess
 
 from service.api.app import create_app
-from service.api.machinery.auth import PROBE_PATHS, KeyFileError, KeyStore
-from service.api.machinery.connections import ConnectionLimits
-from service.api.machinery.http_protocols import limited_config
+from service.api.machinery.auth import KeyFileError, KeyStore
+from service.api.machinery.http_protocols import limited_config, service_limits
 from service.api.machinery.metrics import forget_worker, multiprocess_directory
 from service.api.machinery.observability import logging_config
 from service.api.machinery.payloads import PayloadLogError, check_destination
@@ -132,14 +131,7 @@ def main() -> None:
         # included: importing the libraries alone can take longer than uvicorn's 5 s on a busy
         # host, and every replacement would be killed the same way.
         timeout_worker_healthcheck=WORKER_HEALTHCHECK_S,
-        limits=ConnectionLimits(
-            settings.header_timeout_s,
-            settings.body_timeout_s,
-            settings.max_connections,
-            max_header_bytes=settings.max_header_bytes,
-            send_timeout_s=settings.send_timeout_s,
-            eager_paths=tuple(sorted(PROBE_PATHS)),
-        ),
+        limits=service_limits(settings),
         **({} if tls is None else tls.uvicorn_options()),
     )
     # Until the app's lifespan handles it, a SIGHUP (a reload request) must not end the process.

@@ -23,6 +23,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service.api.machinery.connections import ConnectionLimits, LimitedConnection, resumed
+from service.api.settings import Settings
+from service.probes import PROBE_PATHS
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -224,6 +226,19 @@ class LimitedConfig(uvicorn.Config):
     def load(self) -> None:
         super().load()
         self.tls_context, self.ssl = self.ssl, None
+
+
+def service_limits(settings: Settings) -> ConnectionLimits:
+    """The connection limits ``settings`` set for the service's HTTP server, the health probes'
+    paths answered as soon as their head has arrived."""
+    return ConnectionLimits(
+        settings.header_timeout_s,
+        settings.body_timeout_s,
+        settings.max_connections,
+        max_header_bytes=settings.max_header_bytes,
+        send_timeout_s=settings.send_timeout_s,
+        eager_paths=tuple(sorted(PROBE_PATHS)),
+    )
 
 
 def limited_config(app: Any, limits: ConnectionLimits, **options: Any) -> uvicorn.Config:
