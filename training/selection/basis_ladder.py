@@ -175,7 +175,7 @@ class HoldOut:
         # what is left of the budget, in the process's CPU seconds
         left = None
         if bounded:
-            left = max(0.0, budget.seconds - reserve - budget.used_s) * budget.cores
+            left = max(0.0, budget.left_s - reserve) * budget.cores
         with warnings.catch_warnings(), cpu_time_limit(left):
             warnings.simplefilter("ignore", ConvergenceWarning)
             model.fit(self.X[fit], self.y[fit])
@@ -320,25 +320,15 @@ def climb_basis_ladder(
             estimator, {**params, "basis_per_class": size}, budget, bounded=taken is not None
         )
         if scored.truncated:
-            result.path.append(_truncated_entry(scored, taken, size))
+            result.path.append(_entry(scored, *paired_gain(scored.correct, taken), False, size))
             result.stopped = "time budget spent"
             break
-        correct, model, seconds, last_cost, _ = scored
+        correct, last_cost = scored.correct, scored.cost
         last_size = size
         gain, error = (0.0, 0.0) if taken is None else paired_gain(correct, taken)
         take_rung = taken is None or (gain > 0 and gain > min_gain_se * error)
         accuracy = float(correct.mean())
-        result.path.append(
-            {
-                "basis_per_class": size,
-                "n_basis": int(model.expansion_.basis_.shape[0]),
-                "held_out_accuracy": accuracy,
-                "gain": gain,
-                "standard_error": error,
-                "taken": take_rung,
-                "seconds": round(seconds, 2),
-            }
-        )
+        result.path.append(_entry(scored, gain, error, take_rung, size))
         rising = accuracy > previous_accuracy
         previous_accuracy = accuracy
         if take_rung:
@@ -447,25 +437,19 @@ def _search_large_basis(
                 continue
             fitted = holdout.score(estimator, candidate.params, budget, reserve=reserve)
             if fitted.truncated:
-                entry = _truncated_entry(fitted, reference)
-                del entry["n_basis"]  # as the candidates' records (the change says the size)
-                result.large_basis.append({"change": candidate.change, **entry})
+                gain, error = paired_gain(fitted.correct, reference)
+                result.large_basis.append(
+                    {"change": candidate.change, **_entry(fitted, gain, error, False)}
+                )
                 result.large_basis_stopped = "time budget spent"
                 break
-            correct, _, seconds, last_cost, _ = fitted
+            correct, last_cost = fitted.correct, fitted.cost
             gain, error = paired_gain(correct, reference)
             scored.append((candidate, correct))
             costs.append(last_cost)
             gains.append(gain)
             result.large_basis.append(
-                {
-                    "change": candidate.change,
-                    "held_out_accuracy": float(correct.mean()),
-                    "gain": gain,
-                    "standard_error": error,
-                    "taken": False,
-                    "seconds": round(seconds, 2),
-                }
+                {"change": candidate.change, **_entry(fitted, gain, error, False)}
             )
         chosen = take(
             reference,
@@ -541,23 +525,14 @@ def _shrink_large_basis(
         smaller = {**current, "basis_per_class": size // 2}
         fitted = holdout.score(estimator, smaller, budget)
         if fitted.truncated:
-            result.shrink.append(_truncated_entry(fitted, reference, size // 2))
+            gain, error = paired_gain(fitted.correct, reference)
+            result.shrink.append(_entry(fitted, gain, error, False, size // 2))
             result.shrink_stopped = "time budget spent"
             break
-        correct, model, seconds, cost, _ = fitted
+        correct, cost = fitted.correct, fitted.cost
         chosen = take(reference, work(current), [(correct, work(smaller))], min_gain_se, prefer)
         gain, error = paired_gain(correct, reference)
-        result.shrink.append(
-            {
-                "basis_per_class": size // 2,
-                "n_basis": int(model.expansion_.basis_.shape[0]),
-                "held_out_accuracy": float(correct.mean()),
-                "gain": gain,
-                "standard_error": error,
-                "taken": chosen is not None,
-                "seconds": round(seconds, 2),
-            }
-        )
+        result.shrink.append(_entry(fitted, gain, error, chosen is not None, size // 2))
         if chosen is None:
             result.shrink_stopped = "the larger kept by the selection's rule"
             break
@@ -610,7 +585,7 @@ def _confirm_on_the_split(
     if not folds:
         result.confirmation = {"stopped": "no class large enough to hold out again"}
         return None
-    left = budget.seconds - budget.used_s
+    left = budget.left_s
     # the candidate's fits and as many of the ladder's choice, each costing a fraction more
     affordable = [
         (gains[i], i)
@@ -651,20 +626,27 @@ def _confirm_on_the_split(
     return (index,) if confirmed else None
 
 
-def _truncated_entry(scored: Scored, reference: np.ndarray, size: int | None = None) -> dict:
-    """The record of a fit the budget cut short (:attr:`Scored.truncated`) against
-    ``reference``'s correctness: never taken."""
-    gain, error = paired_gain(scored.correct, reference)
-    return {
-        **({} if size is None else {"basis_per_class": size}),
-        "n_basis": int(scored.model.expansion_.basis_.shape[0]),
-        "held_out_accuracy": float(scored.correct.mean()),
-        "gain": gain,
-        "standard_error": error,
-        "taken": False,
-        "truncated": True,
-        "seconds": round(scored.seconds, 2),
-    }
+def _entry(
+    scored: Scored, gain: float, error: float, taken: bool, size: int | None = None
+) -> dict[str, Any]:
+    """A fit's line in the ladder's record: its basis per class and basis items (rungs and
+    halvings: a large-basis candidate's change names its size), its held-out accuracy, its gain
+    over the reference with that gain's standard error, whether it was taken, ``truncated``
+    where the budget cut it short (:attr:`Scored.truncated`), and its wall seconds."""
+    entry: dict[str, Any] = {}
+    if size is not None:
+        entry["basis_per_class"] = size
+        entry["n_basis"] = int(scored.model.expansion_.basis_.shape[0])
+    entry.update(
+        held_out_accuracy=float(scored.correct.mean()),
+        gain=gain,
+        standard_error=error,
+        taken=taken,
+    )
+    if scored.truncated:
+        entry["truncated"] = True
+    entry["seconds"] = round(scored.seconds, 2)
+    return entry
 
 
 def describe_large_basis(record: dict[str, Any]) -> str:

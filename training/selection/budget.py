@@ -73,6 +73,11 @@ class SelectionBudget:
         return self.cpu_seconds / self.cores
 
     @property
+    def left_s(self) -> float:
+        """CPU seconds per core the fits may still spend (negative once overrun)."""
+        return self.seconds - self.used_s
+
+    @property
     def wall_s(self) -> float:
         return time.monotonic() - self.started
 

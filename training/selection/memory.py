@@ -201,7 +201,7 @@ def features_within(
     if squares:
         root = (-n_items + math.sqrt(n_items**2 + 4 * squares * numbers)) / (2 * squares)
     else:
-        root = numbers / max(n_items, 1)
+        root = numbers / n_items
     features = max(0, int(root))
     while features > 0 and feature_bytes(n_items, features, squares) > budget_bytes:
         features -= 1
