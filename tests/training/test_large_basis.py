@@ -19,6 +19,7 @@ from training.selection.space import (
     DENSE_RULES,
     DOCUMENT_RULES,
     LARGE_BASIS_C,
+    LARGE_BASIS_NORMALIZATIONS,
     RBF_SCALE,
     large_basis_candidates,
     neighbour_candidates,
@@ -62,6 +63,65 @@ def test_the_large_basis_is_offered_at_every_coarse_width_input_normalisation_an
     assert params[2]["input_normalization"] == PER_FEATURE_NORMALIZATION
     # the widest and the narrowest, four and two coarse steps from gamma = 4, come last
     assert {p["similarity"] for p in params[-4:]} == {"rbf(gamma=0.0625)"}
+
+
+def test_a_small_sets_large_basis_is_offered_under_the_kernels_own_map_first_for_kernels():
+    besvm = large_basis_candidates(PARAMS, DENSE_RULES, 50)
+    both = large_basis_candidates(PARAMS, DENSE_RULES, 50, LARGE_BASIS_NORMALIZATIONS)
+    assert LARGE_BASIS_NORMALIZATIONS == ("nystroem(clip)", "besvm")
+    assert len(both) == 2 * len(besvm)
+    # the same candidates under each, in the same order, the kernel's own map first
+    clip = [c.params for c in both if c.params["normalization"] == "nystroem(clip)"]
+    assert [c.params for c in both if c.params["normalization"] == "besvm"] == [
+        c.params for c in besvm
+    ]
+    assert clip == [{**c.params, "normalization": "nystroem(clip)"} for c in besvm]
+    assert both[0].params == clip[0] and both[1].params == besvm[0].params
+    # an indefinite measure: besvm alone, offered once (auto is besvm there)
+    rigid = {**PARAMS, "similarity": "rbf(gamma=1) + rigid(1)"}
+    offered = large_basis_candidates(rigid, DENSE_RULES, 50, (*LARGE_BASIS_NORMALIZATIONS, "auto"))
+    assert {c.params["normalization"] for c in offered} == {"besvm"}
+    assert len(offered) == len(besvm)
+    # kernels: auto (nystroem(square) there) is a third normalisation
+    three = large_basis_candidates(PARAMS, DENSE_RULES, 50, (*LARGE_BASIS_NORMALIZATIONS, "auto"))
+    assert [c.params["normalization"] for c in three[:3]] == ["nystroem(clip)", "besvm", "auto"]
+
+
+def test_the_kernels_own_map_at_every_item_is_the_kernel_svm():
+    """nystroem(clip) with every training item as the basis: the linear SVM on K^(-1/2) k(x)
+    is the kernel SVM (squared hinge, regularised bias), computed here by scikit-learn's
+    LinearSVC on the kernel's square root."""
+    from scipy.spatial.distance import cdist
+    from sklearn.svm import LinearSVC
+
+    X, y = load_wine(return_X_y=True)
+    X_train, X_test, y_train, _ = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
+    gamma, C = 0.5, 10.0
+    model = BasisExpandingSVC(
+        similarity=f"rbf(gamma={gamma})",
+        input_normalization=PER_FEATURE_NORMALIZATION,
+        normalization="nystroem(clip)",
+        basis_per_class=len(y_train),
+        C=C,
+        n_jobs=1,
+    ).fit(X_train, y_train)
+    assert model.expansion_.basis_.shape[0] == len(y_train)
+
+    # the per-feature input normalisation by hand: z-scores over their mean norm
+    mean, std = X_train.mean(axis=0), X_train.std(axis=0)
+    z = (X_train - mean) / std
+    norm = np.linalg.norm(z, axis=1).mean()
+    train, test = z / norm, (X_test - mean) / std / norm
+    K = np.exp(-gamma * cdist(train, train, "sqeuclidean"))
+    eigenvalues, vectors = np.linalg.eigh(K)
+    keep = eigenvalues > 1e-10 * eigenvalues.max()
+    inverse_root = (vectors[:, keep] / np.sqrt(eigenvalues[keep])) @ vectors[:, keep].T
+    reference = LinearSVC(C=C, loss="squared_hinge", tol=1e-12, max_iter=200_000)
+    reference.fit(K @ inverse_root, y_train)
+    expected = reference.decision_function(
+        np.exp(-gamma * cdist(test, train, "sqeuclidean")) @ inverse_root
+    )
+    np.testing.assert_allclose(model.decision_function(X_test), expected, atol=2e-3)
 
 
 def test_a_measure_without_a_width_is_offered_the_kernel_and_documents_other_measures():

@@ -22,10 +22,12 @@ searched together and revisited, not fixed one after the other:
 6. **C** one step either way, then **the basis strategy** (``random``, ``kmedoids``).
 7. **Large basis**, with what is left of the budget, where the folds hold every training item
    (small sets; larger ones search it on the whole split after the basis ladder,
-   :mod:`training.selection.basis_ladder`): the largest basis the folds allow under either
-   normalisation (``besvm`` beside ``auto``), at every width of the coarse grid, either input
-   normalisation and a large C (:func:`~training.selection.space.large_basis_candidates`),
-   then refined as in 4 if one was taken.
+   :mod:`training.selection.basis_ladder`): the largest basis the folds allow under the
+   kernel's own map ``nystroem(clip)`` (for kernels: at every item, the kernel SVM itself) and
+   the paper's ``besvm`` (not ``auto``'s ``nystroem(square)``, whose accuracy falls as the
+   basis grows), at every width of the coarse grid, either input normalisation and a large C
+   (:func:`~training.selection.space.large_basis_candidates`), then refined as in 4 if one was
+   taken.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from service.model.inputs.dense import GLOBAL_NORMALIZATION
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_spec
 from training.selection.space import (
-    LARGE_BASIS_NORMALIZATION,
+    LARGE_BASIS_NORMALIZATIONS,
     MAX_MEASURES,
     MIN_BASIS_PER_CLASS,
     STRATEGIES,
@@ -109,12 +111,10 @@ def run_stages(
 
 def _large_basis(state: SelectionState, rules: KindRules, largest: int) -> None:
     """What decides small sets, with what is left of the budget: the largest basis the folds
-    allow, under either normalisation, at every width of the coarse grid, either input
-    normalisation and a large C (:func:`large_basis_candidates`); then, if one was taken, its
-    width and C refined."""
-    candidates = large_basis_candidates(
-        state.current, rules, largest, (LARGE_BASIS_NORMALIZATION, rules.normalization)
-    )
+    allow, under :data:`~training.selection.space.LARGE_BASIS_NORMALIZATIONS`, at every width
+    of the coarse grid, either input normalisation and a large C
+    (:func:`large_basis_candidates`); then, if one was taken, its width and C refined."""
+    candidates = large_basis_candidates(state.current, rules, largest, LARGE_BASIS_NORMALIZATIONS)
     if not state.step("large basis", candidates):
         return
     for _ in range(MAX_REFINEMENTS):
