@@ -13,6 +13,7 @@ from sklearn.model_selection import train_test_split
 from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
 from service.model.similarity import parse_specs
 from training import BasisExpandingSVC, ForwardSelectionCV
+from training.selection import stages as stages_module
 from training.selection.basis_ladder import HoldOut, climb_basis_ladder
 from training.selection.budget import SelectionBudget
 from training.selection.space import (
@@ -76,7 +77,8 @@ def test_a_small_sets_large_basis_is_offered_under_the_kernels_own_map_first_for
         c.params for c in besvm
     ]
     assert clip == [{**c.params, "normalization": "nystroem(clip)"} for c in besvm]
-    assert both[0].params == clip[0] and both[1].params == besvm[0].params
+    assert both[0].params == clip[0]
+    assert both[1].params == besvm[0].params
     # an indefinite measure: besvm alone, offered once (auto is besvm there)
     rigid = {**PARAMS, "similarity": "rbf(gamma=1) + rigid(1)"}
     offered = large_basis_candidates(rigid, DENSE_RULES, 50, (*LARGE_BASIS_NORMALIZATIONS, "auto"))
@@ -299,7 +301,15 @@ def test_the_large_basis_search_keeps_within_its_time_budget():
 
 
 @pytest.mark.slow
-def test_a_small_set_searches_the_large_basis_on_its_folds():
+def test_a_small_set_searches_the_large_basis_on_its_folds(monkeypatch):
+    offered = []  # the candidates the stage scores, as large_basis_candidates made them
+
+    def recorded(*args, **kwargs):
+        candidates = large_basis_candidates(*args, **kwargs)
+        offered.extend(candidates)
+        return candidates
+
+    monkeypatch.setattr(stages_module, "large_basis_candidates", recorded)
     X, y = load_wine(return_X_y=True)
     selection = ForwardSelectionCV(
         BasisExpandingSVC(n_jobs=1), budget=GENEROUS, n_jobs=1, repeats=1, refit=False
@@ -312,6 +322,8 @@ def test_a_small_set_searches_the_large_basis_on_its_folds():
     assert stages[0]["candidates"] == 40
     assert stages[0]["scored"] + stages[0]["raced_out"] == stages[0]["candidates"]
     assert selection.ladder_ is None
+    # under the kernel's own map and the paper's normalisation, not auto's nystroem(square)
+    assert {c.params["normalization"] for c in offered} == set(LARGE_BASIS_NORMALIZATIONS)
 
 
 def test_the_folds_of_the_fit_part_score_every_item_once_with_the_hold_out():

@@ -73,14 +73,15 @@ HOG_WORK_PER_PIXEL = 800.0
 # grid, each input normalisation, and these C.
 LARGE_BASIS_NORMALIZATION = "besvm"
 
-# On a small set's folds (every training item a candidate basis item) the kernel's own map too,
-# the Nystroem map with the spectrum clipped, K^(-1/2), for positive definite measures: at every
-# item its linear SVM is the kernel SVM itself, the tuned SVC's model (segment, seed 0: 97.58% at
-# every item, against 94.98% under nystroem(square); the default 96.14% -> 96.77% on segment,
-# 91.05% -> 91.59% on phishing: docs/measurements/model-selection.md#the-kernels-own-map-at-a-
-# large-basis-29-november). Not in the ladder's search: there its eigendecomposition at thousands
+# On a small set's folds (its largest basis within the folds' work cap) the kernel's own map
+# too: the Nystroem map with the spectrum clipped, K^(-1/2), for positive definite measures. With
+# every training item as the basis its linear SVM is the kernel SVM (squared hinge), so it holds
+# up as the basis grows where auto's nystroem(square), K^(-1), overfits (segment, seed 0,
+# rbf(gamma=1), C = 100: 97.58% at every item against 83.91%; the default 96.14% -> 96.77% on
+# segment, 91.05% -> 91.59% on phishing; docs/measurements/model-selection.md, "The kernel's own
+# map at a large basis"). Not in the ladder's search: there its eigendecomposition at thousands
 # of basis items took the time budget the besvm candidates needed (spambase 93.74% -> 93.45%,
-# phoneme 89.66% -> 88.77%, the same page).
+# phoneme 89.66% -> 88.77%, the same section).
 LARGE_BASIS_NORMALIZATIONS = ("nystroem(clip)", LARGE_BASIS_NORMALIZATION)
 
 LARGE_BASIS_C = (10.0, 100.0)
@@ -415,10 +416,10 @@ def large_basis_candidates(
     pays with a narrower kernel), then outwards; at each, the measure alone before the joined
     ones, under the normalisations in the order given. A normalisation is offered once
     (``auto`` is ``besvm`` or ``nystroem(square)`` by the measures), a ``nystroem`` one only
-    where every measure is positive definite (the basis ladder's memory bound holds for its
-    search, under ``besvm`` alone). For documents (already under besvm) the other document
-    measures instead (:func:`document_measures_at`; ``normalizations`` and ``alone`` do not
-    apply).
+    where every measure is positive definite (of an indefinite measure's Gram matrix it is not
+    the kernel's map, and ``auto`` gives ``besvm`` there). For documents (already under
+    besvm) the other document measures instead (:func:`document_measures_at`;
+    ``normalizations`` and ``alone`` do not apply).
     """
     if rules.documents:
         return document_measures_at(params, per_class)
@@ -472,11 +473,11 @@ def _offered_normalizations(similarity: str, normalizations: tuple[str, ...]) ->
     """The ``normalizations`` of :func:`large_basis_candidates` offered for ``similarity``, in
     their order: each once as ``auto`` resolves it, nystroem's for kernels only."""
     specs = [parse_spec(text) for text in measures(similarity)]
-    kernels = all(spec.kind.positive_definite for spec in specs)
+    all_positive_definite = all(spec.kind.positive_definite for spec in specs)
     offered, seen = [], set()
     for normalization in normalizations:
         resolved = resolve_normalization(normalization, specs)
-        if resolved in seen or (resolved.startswith("nystroem") and not kernels):
+        if resolved in seen or (resolved.startswith("nystroem") and not all_positive_definite):
             continue
         seen.add(resolved)
         offered.append(normalization)
