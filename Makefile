@@ -16,6 +16,10 @@ FORTUNES_CONFIGURATIONS := sensing0; sensing1(n=150); sensing1(n=150) [C=3]; sen
 # The glyph images (issue 25): letters A-J rendered from Debian's Latin font packages (about
 # 60 MB; fonts-aenigma alone holds some 460 display faces), never committed: `make glyphs`.
 GLYPHS ?= data/glyphs.npz
+# The Debian packages the tests read: the text data set (fortunes) and the docs' examples, which
+# call curl and openssl as the docs print them.
+TEST_PACKAGES := fortunes fortunes-min curl openssl
+
 GLYPH_FONT_PACKAGES := fonts-aenigma fonts-urw-base35 fonts-texgyre fonts-liberation2 \
     fonts-freefont-ttf fonts-cmu fonts-crosextra-caladea fonts-crosextra-carlito fonts-open-sans \
     fonts-lato fonts-cantarell fonts-comic-neue fonts-dejavu-core fonts-dejavu-extra \
@@ -61,7 +65,7 @@ endef
 
 .DEFAULT_GOAL := help
 # (glyph-fonts, glyphs and report-glyphs: the bof transform's real images, issue 25)
-.PHONY: help setup lock proto train run serve test soak lint glyph-fonts glyphs report-glyphs lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search bench-codes bench-catalogue report report-fortunes report-fortunes-search clean
+.PHONY: help setup lock proto train run serve test test-packages soak lint glyph-fonts glyphs report-glyphs lint-deploy docker-base docker-build docker-smoke bench bench-http bench-defaults bench-defaults-all bench-text bench-search bench-codes bench-catalogue report report-fortunes report-fortunes-search clean
 
 # The variables that the targets' help texts name, which `make help` prints with their values.
 HELP_VARIABLES = $(sort $(shell grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | grep -oE '\$$\([A-Z_]+\)' | tr -d '$$()'))
@@ -112,7 +116,7 @@ run: train  ## set up, train the default model if missing, serve the repository 
 serve: setup  ## serve the repository $(MODEL_REPOSITORY) (or MODEL_DIR=path) without training; WORKERS=n processes
 	$(SERVED) HOST=$(HOST) PORT=$(PORT) $(BIN)/python -m service.api
 
-test: setup  ## set up and run the whole test suite
+test: setup test-packages  ## set up and run the whole test suite
 	$(BIN)/python -m pytest
 
 soak: setup  ## the soak of tests/api/test_soak.py alone, 15 s a run (SOAK_SECONDS=n: any length)
@@ -154,6 +158,13 @@ report-fortunes: setup  ## rebuild the text report in docs/measurements/reports/
 	    --basis-sizes 25,250 --strategies index --normalizations besvm --folds 2 --repeats 3 \
 	    --out docs/measurements/reports/fortunes
 	$(MAKE) report-fortunes-search
+
+test-packages:  ## install the Debian packages the tests read where missing (apt-get, root): $(TEST_PACKAGES)
+	@if dpkg -s $(TEST_PACKAGES) > /dev/null 2>&1; then echo "test packages: installed"; \
+	elif [ "$$(id -u)" -ne 0 ]; then echo "the tests read Debian's $(TEST_PACKAGES):" \
+	    "install them as root (sudo make test-packages)" >&2; exit 1; else \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        --no-install-recommends $(TEST_PACKAGES) > /dev/null; fi
 
 glyph-fonts:  ## install the font packages the glyph images are rendered from (apt-get, root)
 	@if dpkg -s $(GLYPH_FONT_PACKAGES) > /dev/null 2>&1; then echo "glyph fonts: installed"; else \
