@@ -53,6 +53,16 @@ LOCK_OPTIONS := --universal --python-version $(LOCK_PYTHON) --generate-hashes
 # pip itself and pyproject.toml's [build-system] requires, one a line, for $(BUILD_LOCK)
 BUILD_REQUIRES := $(PYTHON) -c 'import tomllib; print("pip", *tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"], sep="\n")'
 
+# $(call apt_install,PACKAGES,what they are,TARGET): Debian's PACKAGES installed where one is
+# missing, by apt-get as root; otherwise how to install them.
+define apt_install
+if dpkg -s $(1) > /dev/null 2>&1; then echo "$(2): installed"; \
+elif [ "$$(id -u)" -ne 0 ]; then echo "$(2) missing: install them as root (sudo make $(3))" >&2; \
+    exit 1; \
+else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends $(1) > /dev/null; fi
+endef
+
 # $(call lock,OUTPUT,what it is for,uv pip compile arguments[,command piped into uv]): uv keeps the
 # versions already in OUTPUT where they still fit (UPGRADE=1 takes the newest), then a header.
 define lock
@@ -160,16 +170,10 @@ report-fortunes: setup  ## rebuild the text report in docs/measurements/reports/
 	$(MAKE) report-fortunes-search
 
 test-packages:  ## install the Debian packages the tests read where missing (apt-get, root): $(TEST_PACKAGES)
-	@if dpkg -s $(TEST_PACKAGES) > /dev/null 2>&1; then echo "test packages: installed"; \
-	elif [ "$$(id -u)" -ne 0 ]; then echo "the tests read Debian's $(TEST_PACKAGES):" \
-	    "install them as root (sudo make test-packages)" >&2; exit 1; else \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	        --no-install-recommends $(TEST_PACKAGES) > /dev/null; fi
+	@$(call apt_install,$(TEST_PACKAGES),test packages,test-packages)
 
 glyph-fonts:  ## install the font packages the glyph images are rendered from (apt-get, root)
-	@if dpkg -s $(GLYPH_FONT_PACKAGES) > /dev/null 2>&1; then echo "glyph fonts: installed"; else \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	        --no-install-recommends $(GLYPH_FONT_PACKAGES) > /dev/null; fi
+	@$(call apt_install,$(GLYPH_FONT_PACKAGES),glyph fonts,glyph-fonts)
 
 glyphs: setup  ## render the glyph image set (letters A-J of every installed font) into $(GLYPHS)
 	$(BIN)/python -m training build-glyphs --out $(GLYPHS) $(if $(FORCE),--force)
