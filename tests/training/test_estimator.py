@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.datasets import load_digits, load_iris
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
@@ -328,3 +328,78 @@ def test_the_artifact_records_the_parameters_that_made_the_model(digits_model):
     assert set(recorded) == set(params) - {"n_jobs", "cluster", "verbose"}
     assert all(recorded[name] == params[name] for name in recorded)
     json.dumps(recorded)  # plain JSON, as the manifest holds it
+
+
+def test_one_expansion_fits_each_C_as_the_steps_done_by_hand(digits_arrays):
+    """Fits that differ only in C share one expansion, which none of them changes: each is
+    scikit-learn's pipeline at its C."""
+    X, y, X_test, _ = digits_arrays
+    expanded = BasisExpandingSVC(basis_per_class=8, C=5.0).expand(X, y)
+    for C in (1.0, 0.1, 1.0):
+        model = BasisExpandingSVC(basis_per_class=8, C=C).fit_expanded(expanded)
+        by_hand = make_pipeline(
+            InputNormalizer(),
+            BasisExpansion("rbf(gamma=1)", n_basis_per_class=8, normalization="nystroem(square)"),
+            LinearSVC(C=C, dual="auto", max_iter=10_000, random_state=0, tol=1e-8),
+        ).fit(X, y)
+        np.testing.assert_allclose(
+            model.decision_function(X_test), by_hand.decision_function(X_test), atol=1e-5
+        )
+        assert model.n_features_in_ == X.shape[1]
+
+
+def test_a_sparse_design_is_shared_unshifted_by_the_fits_on_it():
+    """Documents whose similarities are mostly zero train on a sparse design around the column
+    medians (the solver's ``training_design``): the fits on one expansion leave it as it was,
+    and each is LinearSVC on that design (its bias regularised there), scoring the features."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    texts = [
+        " ".join(f"word{topic}x{k}" for k in rng.integers(0, 60, size=4))
+        for topic in range(3)
+        for _ in range(40)
+    ]
+    labels = np.repeat(["a", "b", "c"], 40)
+    params = {"similarity": "sensing0", "basis_per_class": 10, "min_df": 1}
+    expanded = BasisExpandingSVC(**params).expand(texts, labels)
+    assert sp.issparse(expanded.design)
+    assert np.abs(expanded.shift).max() > 0
+    design = expanded.design.toarray()
+    features = design + expanded.shift
+    before = expanded.design.copy()
+    for C in (10.0, 1.0):
+        model = BasisExpandingSVC(**params, C=C).fit_expanded(expanded)
+        reference = LinearSVC(C=C, dual="auto", max_iter=100_000, tol=1e-8).fit(design, labels)
+        ours = features @ model.predictor_.coef.T + model.predictor_.intercept
+        np.testing.assert_allclose(ours, reference.decision_function(design), atol=1e-4)
+    assert (expanded.design != before).nnz == 0
+
+
+def test_an_expansion_fits_only_an_estimator_of_its_parameters(digits_arrays):
+    X, y, _, _ = digits_arrays
+    estimator = BasisExpandingSVC(basis_per_class=4)
+    expanded = estimator.expand(X, y)
+    with pytest.raises(NotFittedError):  # expanding fits nothing
+        estimator.predict(X[:2])
+    with pytest.raises(ValueError, match=r"basis_per_class=4 \(here 5\)"):
+        BasisExpandingSVC(basis_per_class=5).fit_expanded(expanded)
+    with pytest.raises(ValueError, match="ForwardSelectionCV"):
+        BasisExpandingSVC(similarity="auto").expand(X, y)
+
+
+def test_a_warm_start_on_one_expansion_reaches_the_cold_optimum(digits_arrays):
+    X, y, X_test, _ = digits_arrays
+    params = {"basis_per_class": 60, "normalization": "besvm", "n_jobs": 1}  # every item
+    expanded = BasisExpandingSVC(**params).expand(X, y)
+    first = BasisExpandingSVC(**params, C=100.0).fit_expanded(expanded)
+    cold = BasisExpandingSVC(**params, C=10.0).fit_expanded(expanded)
+    warm = BasisExpandingSVC(**params, C=10.0).fit_expanded(expanded, start=first)
+    # scores of order 1, the solver's stopping rule at tol 1e-8
+    np.testing.assert_allclose(
+        warm.decision_function(X_test), cold.decision_function(X_test), atol=1e-4
+    )
+    assert warm.n_iter_ < cold.n_iter_  # started nearer (10 Newton steps cold, 5 warm)
+    other = BasisExpandingSVC(**params).expand(X, y)
+    with pytest.raises(ValueError, match="same expansion"):
+        BasisExpandingSVC(**params, C=10.0).fit_expanded(other, start=first)

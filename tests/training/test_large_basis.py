@@ -22,6 +22,7 @@ from training.selection.space import (
     LARGE_BASIS_C,
     LARGE_BASIS_NORMALIZATIONS,
     RBF_SCALE,
+    Candidate,
     large_basis_candidates,
     neighbour_candidates,
 )
@@ -231,12 +232,16 @@ def test_the_large_basis_search_takes_a_configuration_that_gains_on_the_hold_out
         X, y, test_size=result.holdout_items, stratify=y, random_state=0
     )
     fit_largest = int(np.unique(y_fit, return_counts=True)[1].max())
-    offered = large_basis_candidates(params, DENSE_RULES, fit_largest)[0]
-    first = record["candidates"][0]
-    assert first["change"] == offered.change
-    model = BasisExpandingSVC(n_jobs=1, **offered.params)
-    expected = float(np.mean(model.fit(X_fit, y_fit).predict(X_held) == y_held))
-    assert first["held_out_accuracy"] == pytest.approx(expected, abs=1e-12)
+    # (the second differs from the first in C alone, and is fitted on the first's expansion)
+    offered = large_basis_candidates(params, DENSE_RULES, fit_largest)[:2]
+    assert {k: v for k, v in offered[0].params.items() if k != "C"} == {
+        k: v for k, v in offered[1].params.items() if k != "C"
+    }
+    for candidate, entry in zip(offered, record["candidates"][:2], strict=True):
+        assert entry["change"] == candidate.change
+        model = BasisExpandingSVC(n_jobs=1, **candidate.params)
+        expected = float(np.mean(model.fit(X_fit, y_fit).predict(X_held) == y_held))
+        assert entry["held_out_accuracy"] == pytest.approx(expected, abs=1e-12)
     assert json.loads(json.dumps(result.record())) == result.record()
 
 
@@ -404,6 +409,36 @@ def test_a_running_search_stops_when_its_time_budget_is_spent():
     # no fit starts that the budget's rest would not cover at the cost of the one before; the
     # first round keeps a share back for the confirmation
     assert budget.used_s <= budget.seconds + max(entry["seconds"] for entry in scored)
+
+
+def test_the_candidate_taken_is_marked_when_a_later_fit_is_cut_short():
+    """A round that ends in a fit the budget cut short marks the candidate it took, not the
+    one cut short (which followed it in the record)."""
+    X, y = _digits()
+    poor = {**PARAMS, "C": 0.01, "basis_per_class": 2}
+    cheap = {**PARAMS, "C": 10.0, "basis_per_class": 10}
+    # three measures' eigendecompositions at 1,430 basis items: seconds, past the budget
+    costly = {
+        **PARAMS,
+        "similarity": "rbf(gamma=1) + rbf(gamma=4) + linear",
+        "normalization": "nystroem(square)",
+        "C": 1000.0,
+        "basis_per_class": 143,
+    }
+    result = _climb(
+        X,
+        y,
+        poor,
+        2,
+        budget=0.01,
+        large_budget=1.0,
+        offered=lambda _: [Candidate("cheap", cheap), Candidate("costly", costly)],
+    )
+    record = result.record()["large_basis"]["candidates"]
+    assert [entry["change"] for entry in record] == ["cheap", "costly"]
+    assert record[1].get("truncated")
+    assert [entry["taken"] for entry in record] == [True, False]
+    assert result.params["C"] == cheap["C"]
 
 
 @pytest.mark.slow

@@ -29,14 +29,14 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from joblib import effective_n_jobs
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, clone
 
 # scikit-learn has no public form of its parameter constraints; its own estimators declare
 # theirs with these, and the pinned version is checked by the estimator checks in the tests.
@@ -55,7 +55,7 @@ from training.estimator.cluster_fit import OneProcessOnly, fit_on_cluster
 from training.estimator.diagnostics import eigen_diagnostics
 from training.estimator.expansion import BasisExpansion
 from training.estimator.preparation import preparation_for, preparation_for_spec
-from training.estimator.solver import fit_one_vs_rest
+from training.estimator.solver import solve_one_vs_rest, training_design
 
 # The value of ``similarity`` that asks for model selection: no measure, but the wrapper around
 # the estimator that chooses them (training.selection.forward_selection.ForwardSelectionCV).
@@ -63,6 +63,51 @@ AUTO_SIMILARITY = "auto"
 # Parameters that say how a fit runs, not what model it makes: the artifact's training record
 # leaves them out.
 RUN_PARAMETERS = ("n_jobs", "cluster", "verbose")
+# Parameters of the SVM's solve alone: fits that differ only in them share their features
+# (BasisExpandingSVC.expand, fit_expanded).
+SOLVER_PARAMETERS = ("C", "max_iter")
+# What validating the training inputs sets on the estimator (scikit-learn's validate_data).
+_VALIDATED_ATTRIBUTES = ("n_features_in_", "feature_names_in_")
+
+
+@dataclass(frozen=True, eq=False)
+class ExpandedTrainingSet:
+    """A training set expanded once, as the SVM's solver reads it: what
+    :meth:`BasisExpandingSVC.expand` makes and :meth:`BasisExpandingSVC.fit_expanded` fits, as
+    often as asked, at any of :data:`SOLVER_PARAMETERS` (the selection scores the C of one
+    configuration on one expansion). Read-only: the fitted models share its parts.
+
+    Attributes
+    ----------
+    parameters : dict
+        The estimator's parameters that made it: every one but :data:`RUN_PARAMETERS` and
+        :data:`SOLVER_PARAMETERS` (:meth:`BasisExpandingSVC.feature_parameters`).
+    inputs : InputPreparation
+        The input kind's preparation, fitted on the training inputs.
+    expansion : BasisExpansion
+        The fitted basis expansion.
+    design : ndarray or csr_matrix of shape (n_samples, n_features)
+        The features as the solver trains on them
+        (:func:`~training.estimator.solver.training_design`), and ``shift``, what it took from
+        them.
+    shift : ndarray of shape (n_features,)
+    codes : ndarray of shape (n_samples,)
+        Class index of each training item in ``classes``.
+    classes : ndarray of shape (n_classes,)
+    validated : dict
+        What validating the inputs set on the estimator (``n_features_in_``).
+    expand_seconds : float
+    """
+
+    parameters: dict[str, Any]
+    inputs: Any
+    expansion: BasisExpansion
+    design: Any
+    shift: np.ndarray
+    codes: np.ndarray
+    classes: np.ndarray
+    validated: dict[str, Any]
+    expand_seconds: float
 
 
 class ArtifactMixin:
@@ -303,14 +348,7 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             'auto' (a selection wraps the estimator instead).
         """
         self._validate_params()
-        if self.similarity.strip().lower() == AUTO_SIMILARITY:
-            raise ValueError(
-                "similarity='auto' is model selection, a wrapper around this estimator: "
-                "ForwardSelectionCV(BasisExpandingSVC(...)).fit(X, y) chooses the measures, "
-                "the transform, the normalisations, the basis and C by cross-validation, and "
-                "its best_estimator_ is the BasisExpandingSVC fitted with them (from training "
-                "import ForwardSelectionCV)"
-            )
+        self._refuse_auto()
         sharded = isinstance(X, ShardedData)
         if sharded or self.cluster is not None or enclosing_client() is not None:
             try:
@@ -327,23 +365,72 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
                     UserWarning,
                     stacklevel=2,
                 )
+        return self.fit_expanded(self.expand(X, y))
+
+    def _refuse_auto(self) -> None:
+        if self.similarity.strip().lower() == AUTO_SIMILARITY:
+            raise ValueError(
+                "similarity='auto' is model selection, a wrapper around this estimator: "
+                "ForwardSelectionCV(BasisExpandingSVC(...)).fit(X, y) chooses the measures, "
+                "the transform, the normalisations, the basis and C by cross-validation, and "
+                "its best_estimator_ is the BasisExpandingSVC fitted with them (from training "
+                "import ForwardSelectionCV)"
+            )
+
+    def feature_parameters(self) -> dict[str, Any]:
+        """The parameters that make the features: every one but :data:`RUN_PARAMETERS` and
+        :data:`SOLVER_PARAMETERS`. Estimators that agree on them share an
+        :class:`ExpandedTrainingSet`."""
+        return {
+            name: value
+            for name, value in self.get_params(deep=False).items()
+            if name not in RUN_PARAMETERS + SOLVER_PARAMETERS
+        }
+
+    def expand(self, X, y) -> ExpandedTrainingSet:
+        """The training set prepared and expanded on its basis, in this process, ready for
+        :meth:`fit_expanded`: ``fit``'s first part, for fits that differ only in C.
+
+        Parameters
+        ----------
+        X, y
+            As :meth:`fit` takes them in memory (not :class:`ShardedData`).
+
+        Returns
+        -------
+        ExpandedTrainingSet
+
+        Raises
+        ------
+        ValueError
+            As :meth:`fit` raises it.
+        """
+        self._validate_params()
+        self._refuse_auto()
+        if isinstance(X, ShardedData):
+            raise ValueError("sharded data is expanded on its cluster: fit it there")
         if y is None:
             raise ValueError(
                 "this estimator requires y to be passed, but the target y is None (only sharded "
                 "data holds its labels)"
             )
         inputs = preparation_for(X, self)
-        X, y = inputs.validate_fit(self, X, y)
+        # validated on a copy: an estimator that only expanded is not fitted
+        checked = clone(self)
+        X, y = inputs.validate_fit(checked, X, y)
+        validated = {
+            name: getattr(checked, name) for name in _VALIDATED_ATTRIBUTES if hasattr(checked, name)
+        }
         check_classification_targets(y)
-        self.classes_, codes = np.unique(y, return_inverse=True)
-        if len(self.classes_) < 2:
+        classes, codes = np.unique(y, return_inverse=True)
+        if len(classes) < 2:
             raise ValueError(
-                f"a classifier needs at least two classes in y, got 1 class: {self.classes_[0]!r}"
+                f"a classifier needs at least two classes in y, got 1 class: {classes[0]!r}"
             )
-        class_names = tuple(str(c) for c in self.classes_)
+        class_names = tuple(str(c) for c in classes)
         if len(set(class_names)) != len(class_names):
             raise ValueError(
-                f"labels {list(self.classes_)} are not distinct as text, which the artifact "
+                f"labels {list(classes)} are not distinct as text, which the artifact "
                 "and the service use"
             )
         try:
@@ -352,7 +439,6 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
         except SpecError as error:
             raise ValueError(str(error)) from None
         n_cores = _cores(self.n_jobs)
-        timings: dict[str, float] = {}
         started = time.perf_counter()
         with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
             items = inputs.fit_items(X)
@@ -361,30 +447,84 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
                 features = expansion.fit_transform(items, codes)
             except SpecError as error:
                 raise ValueError(str(error)) from None
-        timings["expand_seconds"] = time.perf_counter() - started
-
-        started = time.perf_counter()
         del items
-        coef, intercept, self.n_iter_, self.train_accuracy_ = fit_one_vs_rest(
-            features,
-            codes,
-            len(self.classes_),
+        design, shift = training_design(features)
+        return ExpandedTrainingSet(
+            parameters=self.feature_parameters(),
+            inputs=inputs,
+            expansion=expansion,
+            design=design,
+            shift=shift,
+            codes=codes,
+            classes=classes,
+            validated=validated,
+            expand_seconds=time.perf_counter() - started,
+        )
+
+    def fit_expanded(self, expanded: ExpandedTrainingSet, *, start=None):
+        """Train the SVMs on a training set :meth:`expand` made: ``fit``'s second part.
+
+        Parameters
+        ----------
+        expanded : ExpandedTrainingSet
+            Made by an estimator of the same :meth:`feature_parameters` (it may differ in C
+            and max_iter); it is only read.
+        start : BasisExpandingSVC, optional
+            A model fitted on ``expanded`` (at another C) whose weights start the solver: a
+            warm start, the same optimum within the solver's tolerance.
+
+        Returns
+        -------
+        self : BasisExpandingSVC
+
+        Raises
+        ------
+        ValueError
+            ``expanded`` was made with other feature parameters.
+        """
+        self._validate_params()
+        mine = self.feature_parameters()
+        differing = sorted(
+            name for name in mine if expanded.parameters.get(name, mine[name]) != mine[name]
+        )
+        if differing or expanded.parameters.keys() != mine.keys():
+            raise ValueError(
+                "the training set was expanded with other parameters than this estimator's: "
+                + ", ".join(
+                    f"{name}={expanded.parameters.get(name)!r} (here {mine.get(name)!r})"
+                    for name in differing or sorted(expanded.parameters.keys() ^ mine.keys())
+                )
+            )
+        if start is not None and start.expansion_ is not expanded.expansion:
+            raise ValueError("a warm start needs a model fitted on the same expansion")
+        started = time.perf_counter()
+        coef, intercept, self.n_iter_, self.train_accuracy_ = solve_one_vs_rest(
+            expanded.design,
+            expanded.shift,
+            expanded.codes,
+            len(expanded.classes),
             C=self.C,
             max_iter=self.max_iter,
-            n_jobs=n_cores,
+            n_jobs=_cores(self.n_jobs),
+            start=None if start is None else (start.predictor_.coef, start.predictor_.intercept),
         )
-        del features
-        timings["svm_seconds"] = time.perf_counter() - started
+        timings = {
+            "expand_seconds": expanded.expand_seconds,
+            "svm_seconds": time.perf_counter() - started,
+        }
         timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
+        for name, value in expanded.validated.items():
+            setattr(self, name, value)
+        self.classes_ = expanded.classes
         self.set_fitted(
-            inputs,
-            expansion,
-            class_names,
+            expanded.inputs,
+            expanded.expansion,
+            tuple(str(c) for c in expanded.classes),
             coef,
             intercept,
-            len(codes),
+            len(expanded.codes),
             timings,
-            basis_ids=expansion.basis_indices_,
+            basis_ids=expanded.expansion.basis_indices_,
         )
         return self
 

@@ -15,7 +15,8 @@ problem of a group at once.
 
 :func:`fit_one_vs_rest` is the entry point of the estimator (:mod:`training.estimator.estimator`):
 it makes the design (dense, or sparse around the column medians), solves the problems with the
-method chosen for it, and folds the design's shift back into the intercepts.
+method chosen for it, and folds the design's shift back into the intercepts;
+:func:`solve_one_vs_rest` is the same solve on a design made once for several.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -52,6 +54,7 @@ __all__ = [
     "one_vs_rest_problems",
     "problem_signs",
     "problem_weights",
+    "solve_one_vs_rest",
     "training_design",
 ]
 
@@ -170,7 +173,18 @@ def newton_method_for(design) -> TrustRegionNewtonCG | ExactNewton:
 
 
 def fit_one_vs_rest(
-    features: np.ndarray,
+    features: np.ndarray, codes: np.ndarray, n_classes: int, **options: Any
+) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """:func:`solve_one_vs_rest` on the design :func:`training_design` makes of ``features``
+    (which it may shift in place): ``options`` are that function's keywords (``C``,
+    ``max_iter``, ``n_jobs``, ``tol``, ``start``), and so is what it returns."""
+    design, shift = training_design(features)
+    return solve_one_vs_rest(design, shift, codes, n_classes, **options)
+
+
+def solve_one_vs_rest(
+    design: np.ndarray | sp.csr_matrix,
+    shift: np.ndarray,
     codes: np.ndarray,
     n_classes: int,
     *,
@@ -196,8 +210,13 @@ def fit_one_vs_rest(
 
     Parameters
     ----------
-    features : ndarray of shape (n_samples, n_features)
-        May be shifted in place (see :func:`training_design`).
+    design : ndarray or csr_matrix of shape (n_samples, n_features)
+        The features as :func:`training_design` made them: only read, so that one design
+        serves fits at several C (the selection's candidates that differ in C alone,
+        :meth:`~training.estimator.estimator.BasisExpandingSVC.fit_expanded`).
+    shift : ndarray of shape (n_features,)
+        What :func:`training_design` took from the features: folded back into the intercepts,
+        so that the model scores the features.
     codes : ndarray of shape (n_samples,), int
         Class index of each sample, in ``range(n_classes)``.
     n_classes : int
@@ -223,7 +242,6 @@ def fit_one_vs_rest(
         The most Newton steps any problem took.
     train_accuracy : float
     """
-    design, shift = training_design(features)
     problems = one_vs_rest_problems(n_classes)
     signs = problem_signs(codes, problems)
     tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), tol)

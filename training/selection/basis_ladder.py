@@ -27,6 +27,7 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
+from training.estimator.estimator import SOLVER_PARAMETERS
 from training.estimator.solver import cpu_time_limit
 from training.selection.budget import SelectionBudget
 from training.selection.folds import FOLD_MAX_ITER, RACE_Z, paired_gain
@@ -60,6 +61,7 @@ class Scored(NamedTuple):
     seconds: float  # wall
     cost: float  # CPU seconds per core, added to the budget
     truncated: bool  # the solver stopped where the budget ran out: not a finished fit
+    expanded: bool  # the fit expanded the training set (else it reused the last expansion)
 
 
 def ladder_sizes(start: int, top: int, factor: int = RUNG_FACTOR) -> list[int]:
@@ -127,7 +129,12 @@ class LadderResult:
 class HoldOut:
     """The whole split less a stratified :data:`HOLDOUT_SHARE` (at most
     :data:`MAX_HOLDOUT_ITEMS`; a class of a single item always in the fit part), and the
-    scoring of a configuration fitted on the rest."""
+    scoring of a configuration fitted on the rest.
+
+    The fit part's last expansion is kept
+    (:class:`~training.estimator.estimator.ExpandedTrainingSet`): a configuration that differs
+    from the one before only in C is fitted on it, without expanding again (on spambase's
+    every-item basis under ``nystroem(clip)`` the expansion is most of a fit's cost)."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, random_state: int) -> None:
         _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)
@@ -143,6 +150,13 @@ class HoldOut:
         self.X, self.y = X, y
         self.fit_largest = int(np.unique(y[self.fit], return_counts=True)[1].max())
         self.random_state = random_state
+        self._expanded = None  # the fit part's last expansion
+
+    def holds(self, estimator, params: dict[str, Any]) -> bool:
+        """Whether a fit of ``estimator`` with ``params`` on the fit part reuses the last
+        expansion: whether it costs a solve, not an expansion and a solve."""
+        wanted = clone(estimator).set_params(**params).feature_parameters()
+        return self._expanded is not None and self._expanded.parameters == wanted
 
     def score(
         self,
@@ -163,7 +177,9 @@ class HoldOut:
         (:func:`~training.estimator.solver.cpu_time_limit`): a fit's cost is not known before it
         runs (on adult a large-basis candidate took four times the cost the rung before
         predicted, docs/measurements/model-selection.md). Such a fit is ``truncated``: scored
-        as it stands, for the record, and never taken, compared with or confirmed."""
+        as it stands, for the record, and never taken, compared with or confirmed. A fit on
+        the fit part reuses its last expansion where only C differs (:meth:`holds`)."""
+        on_the_fit_part = fit is None
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
         cpu, wall = time.process_time(), time.monotonic()
@@ -176,15 +192,25 @@ class HoldOut:
         left = None
         if bounded:
             left = max(0.0, budget.left_s - reserve) * budget.cores
+        expanded = not (on_the_fit_part and self.holds(model, {}))
         with warnings.catch_warnings(), cpu_time_limit(left):
             warnings.simplefilter("ignore", ConvergenceWarning)
-            model.fit(self.X[fit], self.y[fit])
+            if expanded:
+                self._expanded = None  # its memory freed before the next expansion's
+            if on_the_fit_part:
+                if expanded:
+                    self._expanded = model.expand(self.X[fit], self.y[fit])
+                model.fit_expanded(self._expanded)
+            else:
+                model.fit(self.X[fit], self.y[fit])
         # The solver stops only once the fit's CPU time has passed the limit.
         truncated = left is not None and time.process_time() - cpu >= left
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
-        return Scored(correct, model, time.monotonic() - wall, cpu / budget.cores, truncated)
+        return Scored(
+            correct, model, time.monotonic() - wall, cpu / budget.cores, truncated, expanded
+        )
 
     def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """More hold-outs of the hold-out's size: (fit, held) positions, each held part a
@@ -420,17 +446,26 @@ def _search_large_basis(
     selection's rule over ``current`` (whose correctness is ``reference``); then refine the
     width and C of the one taken. Sets ``result.params`` when a candidate was taken; returns
     the correctness on the hold-out of the configuration kept (``current`` when none was
-    taken) and the CPU seconds per core of the last fit at the large size."""
+    taken) and the CPU seconds per core of the last fit at the large size that expanded the
+    training set."""
     last_cost = 0.0
+    # the last fit's cost, CPU seconds per core: of one that expanded, and of one that reused
+    # the expansion before (None: none yet)
+    last_expansion: float = 0.0
+    last_solve: float | None = None
     rounds = 0
     while candidates:
         scored: list[tuple[Candidate, np.ndarray]] = []
-        costs: list[float] = []  # each one's fit, CPU seconds per core
+        entries: list[int] = []  # each one's line in result.large_basis
+        costs: list[float] = []  # each one's fit on its own, CPU seconds per core
         gains: list[float] = []  # each one's over the reference, on the hold-out
-        for candidate in candidates:
+        for candidate in _grouped_by_features(candidates):
             # the first round leaves a share of the budget to confirm its best on the split
             reserve = CONFIRMATION_SHARE * budget.seconds if rounds == 0 else 0.0
-            if budget.spent or budget.used_s + last_cost > budget.seconds - reserve:
+            expected = last_expansion
+            if last_solve is not None and holdout.holds(estimator, candidate.params):
+                expected = last_solve
+            if budget.spent or budget.used_s + expected > budget.seconds - reserve:
                 result.large_basis_stopped = "time budget spent"
                 break
             if _raced_out(scored, _normalisation_pair(candidate)):
@@ -444,9 +479,15 @@ def _search_large_basis(
                 result.large_basis_stopped = "time budget spent"
                 break
             correct, last_cost = fitted.correct, fitted.cost
+            if fitted.expanded:
+                last_expansion = last_cost
+            else:
+                last_solve = last_cost
             gain, error = paired_gain(correct, reference)
             scored.append((candidate, correct))
-            costs.append(last_cost)
+            entries.append(len(result.large_basis))
+            # as a fit of its own (the confirmation's are): an expansion's and its solve
+            costs.append(last_cost if fitted.expanded else last_expansion + last_cost)
             gains.append(gain)
             result.large_basis.append(
                 {"change": candidate.change, **_entry(fitted, gain, error, False)}
@@ -475,19 +516,19 @@ def _search_large_basis(
             result.large_basis_stopped = result.large_basis_stopped or (
                 "refined" if rounds else "no candidate gained"
             )
-            return reference, last_cost
+            return reference, last_expansion
         index = chosen[0]
         candidate, reference = scored[index]
         current = candidate.params
         result.params = current
-        result.large_basis[len(result.large_basis) - len(scored) + index]["taken"] = True
+        result.large_basis[entries[index]]["taken"] = True
         if result.large_basis_stopped or rounds == LARGE_BASIS_REFINEMENTS:
             result.large_basis_stopped = result.large_basis_stopped or "refined"
-            return reference, last_cost
+            return reference, last_expansion
         rounds += 1
         candidates = neighbour_candidates(current)
     result.large_basis_stopped = result.large_basis_stopped or "refined"
-    return reference, last_cost
+    return reference, last_expansion
 
 
 def _shrink_large_basis(
@@ -539,6 +580,23 @@ def _shrink_large_basis(
         current, reference, size = smaller, correct, size // 2
     result.params = current
     return size
+
+
+def _grouped_by_features(candidates: list[Candidate]) -> list[Candidate]:
+    """``candidates`` in their order, each followed by the later ones that differ from it
+    only in :data:`~training.estimator.estimator.SOLVER_PARAMETERS` (C): those are fitted on
+    its expansion (:class:`HoldOut`), which only the last fit's is kept of."""
+    groups: dict[tuple, list[Candidate]] = {}
+    for candidate in candidates:
+        key = tuple(
+            sorted(
+                (name, repr(value))
+                for name, value in candidate.params.items()
+                if name not in SOLVER_PARAMETERS
+            )
+        )
+        groups.setdefault(key, []).append(candidate)
+    return [candidate for group in groups.values() for candidate in group]
 
 
 def _normalisation_pair(candidate: Candidate) -> tuple[Any, Any]:
