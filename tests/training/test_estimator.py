@@ -403,3 +403,17 @@ def test_a_warm_start_on_one_expansion_reaches_the_cold_optimum(digits_arrays):
     other = BasisExpandingSVC(**params).expand(X, y)
     with pytest.raises(ValueError, match="same expansion"):
         BasisExpandingSVC(**params, C=10.0).fit_expanded(other, start=first)
+
+
+def test_a_refit_on_arrays_forgets_the_column_names_of_a_data_frame(digits_arrays):
+    import pandas as pd
+
+    X, y, X_test, _ = digits_arrays
+    model = BasisExpandingSVC(basis_per_class=4, n_jobs=1)
+    model.fit(pd.DataFrame(X, columns=[f"pixel{i}" for i in range(X.shape[1])]), y)
+    assert list(model.feature_names_in_)[:2] == ["pixel0", "pixel1"]
+    model.fit(X, y)
+    assert not hasattr(model, "feature_names_in_")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scikit-learn warns of names fitted and not given
+        model.predict(X_test)

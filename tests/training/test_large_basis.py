@@ -411,6 +411,7 @@ def test_a_running_search_stops_when_its_time_budget_is_spent():
     assert budget.used_s <= budget.seconds + max(entry["seconds"] for entry in scored)
 
 
+@pytest.mark.slow
 def test_the_candidate_taken_is_marked_when_a_later_fit_is_cut_short():
     """A round that ends in a fit the budget cut short marks the candidate it took, not the
     one cut short (which followed it in the record)."""
@@ -439,6 +440,33 @@ def test_the_candidate_taken_is_marked_when_a_later_fit_is_cut_short():
     assert record[1].get("truncated")
     assert [entry["taken"] for entry in record] == [True, False]
     assert result.params["C"] == cheap["C"]
+
+
+def test_the_hold_out_fits_a_configurations_other_C_on_its_kept_expansion():
+    X, y = _digits()
+    holdout = HoldOut(X, y, 0)
+    budget = SelectionBudget(GENEROUS, 1)
+    params = {**PARAMS, "C": 10.0, "basis_per_class": 10}
+    estimator = BasisExpandingSVC(n_jobs=1)
+    first = holdout.score(estimator, params, budget)
+    assert first.expanded
+    assert holdout.holds(estimator, {**params, "C": 1.0})
+    assert not holdout.holds(estimator, {**params, "basis_per_class": 11})
+    again = holdout.score(estimator, {**params, "C": 1.0}, budget)
+    assert not again.expanded
+    assert again.own_cost == pytest.approx(again.cost + holdout.expansion_cost)
+    # the model of a fit of its own at that C, scored on the same hold-out
+    fresh = BasisExpandingSVC(n_jobs=1, **{**params, "C": 1.0})
+    fresh.fit(X[holdout.fit], y[holdout.fit])
+    np.testing.assert_array_equal(
+        again.correct[0], fresh.predict(X[holdout.held]) == y[holdout.held]
+    )
+    np.testing.assert_allclose(
+        again.model.decision_function(X[:50]), fresh.decision_function(X[:50]), atol=1e-9
+    )
+    # another configuration, or other positions, expand again
+    assert holdout.score(estimator, {**params, "similarity": "rbf(gamma=4)"}, budget).expanded
+    assert holdout.score(estimator, params, budget, holdout.fit[:-1], holdout.held).expanded
 
 
 @pytest.mark.slow

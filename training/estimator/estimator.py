@@ -75,7 +75,8 @@ class ExpandedTrainingSet:
     """A training set expanded once, as the SVM's solver reads it: what
     :meth:`BasisExpandingSVC.expand` makes and :meth:`BasisExpandingSVC.fit_expanded` fits, as
     often as asked, at any of :data:`SOLVER_PARAMETERS` (the selection scores the C of one
-    configuration on one expansion). Read-only: the fitted models share its parts.
+    configuration on one expansion). Its arrays are read-only (the fitted models share its
+    parts).
 
     Attributes
     ----------
@@ -243,8 +244,9 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
     train_accuracy_ : float
         Accuracy on the training set.
     timings_ : dict of str to float
-        Seconds spent expanding (``expand_seconds``), in the SVMs (``svm_seconds``) and in
-        all (``train_seconds``).
+        Seconds spent expanding (``expand_seconds``, with the solver's design; fitted with
+        :meth:`fit_expanded`, those of the expansion it was given), in the SVMs
+        (``svm_seconds``) and in all (``train_seconds``).
 
     Examples
     --------
@@ -378,9 +380,14 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             )
 
     def feature_parameters(self) -> dict[str, Any]:
-        """The parameters that make the features: every one but :data:`RUN_PARAMETERS` and
-        :data:`SOLVER_PARAMETERS`. Estimators that agree on them share an
-        :class:`ExpandedTrainingSet`."""
+        """The parameters that make the features: estimators that agree on them share an
+        :class:`ExpandedTrainingSet`.
+
+        Returns
+        -------
+        dict of str to object
+            Every parameter but :data:`RUN_PARAMETERS` and :data:`SOLVER_PARAMETERS`.
+        """
         return {
             name: value
             for name, value in self.get_params(deep=False).items()
@@ -393,8 +400,10 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
 
         Parameters
         ----------
-        X, y
+        X : array-like of shape (n_samples, n_features), (n_samples, H, W) or \
+(n_samples, H, W, C), or sequence of str of length n_samples
             As :meth:`fit` takes them in memory (not :class:`ShardedData`).
+        y : array-like of shape (n_samples,)
 
         Returns
         -------
@@ -449,6 +458,9 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
                 raise ValueError(str(error)) from None
         del items
         design, shift = training_design(features)
+        for array in (design, shift, codes, classes):
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
         return ExpandedTrainingSet(
             parameters=self.feature_parameters(),
             inputs=inputs,
@@ -495,8 +507,10 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
                     for name in differing or sorted(expanded.parameters.keys() ^ mine.keys())
                 )
             )
-        if start is not None and start.expansion_ is not expanded.expansion:
-            raise ValueError("a warm start needs a model fitted on the same expansion")
+        if start is not None:
+            check_is_fitted(start)
+            if start.expansion_ is not expanded.expansion:
+                raise ValueError("a warm start needs a model fitted on the same expansion")
         started = time.perf_counter()
         coef, intercept, self.n_iter_, self.train_accuracy_ = solve_one_vs_rest(
             expanded.design,
@@ -513,9 +527,12 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             "svm_seconds": time.perf_counter() - started,
         }
         timings["train_seconds"] = timings["expand_seconds"] + timings["svm_seconds"]
-        for name, value in expanded.validated.items():
-            setattr(self, name, value)
-        self.classes_ = expanded.classes
+        for name in _VALIDATED_ATTRIBUTES:  # as validating these inputs would leave them
+            if name in expanded.validated:
+                setattr(self, name, expanded.validated[name])
+            elif hasattr(self, name):
+                delattr(self, name)
+        self.classes_ = expanded.classes.copy()
         self.set_fitted(
             expanded.inputs,
             expanded.expansion,

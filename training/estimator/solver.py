@@ -13,10 +13,10 @@ business. The in-memory loss computes everything from the two products the metho
 design times a block of weights and the design transposed times a block of residuals, for every
 problem of a group at once.
 
-:func:`fit_one_vs_rest` is the entry point of the estimator (:mod:`training.estimator.estimator`):
-it makes the design (dense, or sparse around the column medians), solves the problems with the
-method chosen for it, and folds the design's shift back into the intercepts;
-:func:`solve_one_vs_rest` is the same solve on a design made once for several.
+:func:`training_design` makes the design (dense, or sparse around the column medians) and
+:func:`solve_one_vs_rest` solves the problems on it with the method chosen for it and folds the
+design's shift back into the intercepts: the estimator (:mod:`training.estimator.estimator`)
+makes a design once and solves on it at every C asked; :func:`fit_one_vs_rest` does both once.
 """
 
 from __future__ import annotations
@@ -110,14 +110,14 @@ _CPU_DEADLINE: ContextVar[float | None] = ContextVar("solver_cpu_deadline", defa
 
 @contextlib.contextmanager
 def cpu_time_limit(seconds: float | None) -> Iterator[None]:
-    """Within the block, :func:`fit_one_vs_rest` stops its Newton steps once this process has
+    """Within the block, :func:`solve_one_vs_rest` stops its Newton steps once this process has
     spent ``seconds`` more CPU time (all its threads) than at the block's start: the problems
     not converged by then are left where they are, as at ``max_iter``, and the warning says
     the time limit stopped them. What bounds a selection's fits on the whole split by what is
     left of its budget (:mod:`training.selection.basis_ladder`): a fit there costs what its
     features and C make it, and neither is known before it runs. None: no limit.
 
-    The limit is a context variable, read by :func:`fit_one_vs_rest` in the thread that calls
+    The limit is a context variable, read by :func:`solve_one_vs_rest` in the thread that calls
     it, which hands the solver a check of its own (the solver's threads share that check). The
     check runs before each Newton step: a step under way finishes, and the exact method builds
     its first Hessian (the Gram matrix of every item) before its first check."""
@@ -175,9 +175,23 @@ def newton_method_for(design) -> TrustRegionNewtonCG | ExactNewton:
 def fit_one_vs_rest(
     features: np.ndarray, codes: np.ndarray, n_classes: int, **options: Any
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """:func:`solve_one_vs_rest` on the design :func:`training_design` makes of ``features``
-    (which it may shift in place): ``options`` are that function's keywords (``C``,
-    ``max_iter``, ``n_jobs``, ``tol``, ``start``), and so is what it returns."""
+    """:func:`solve_one_vs_rest` on the design :func:`training_design` makes of ``features``.
+
+    Parameters
+    ----------
+    features : ndarray of shape (n_samples, n_features)
+        May be shifted in place (see :func:`training_design`).
+    codes : ndarray of shape (n_samples,), int
+    n_classes : int
+    **options
+        :func:`solve_one_vs_rest`'s keywords: ``C``, ``max_iter`` and ``n_jobs``, and
+        optionally ``tol`` and ``start``.
+
+    Returns
+    -------
+    coef, intercept, n_iter, train_accuracy
+        As :func:`solve_one_vs_rest` returns them.
+    """
     design, shift = training_design(features)
     return solve_one_vs_rest(design, shift, codes, n_classes, **options)
 

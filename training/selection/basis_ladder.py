@@ -62,6 +62,7 @@ class Scored(NamedTuple):
     cost: float  # CPU seconds per core, added to the budget
     truncated: bool  # the solver stopped where the budget ran out: not a finished fit
     expanded: bool  # the fit expanded the training set (else it reused the last expansion)
+    own_cost: float  # as a fit of its own: with the expansion it reused, CPU seconds per core
 
 
 def ladder_sizes(start: int, top: int, factor: int = RUNG_FACTOR) -> list[int]:
@@ -151,6 +152,7 @@ class HoldOut:
         self.fit_largest = int(np.unique(y[self.fit], return_counts=True)[1].max())
         self.random_state = random_state
         self._expanded = None  # the fit part's last expansion
+        self.expansion_cost = 0.0  # its expansion's CPU seconds per core
 
     def holds(self, estimator, params: dict[str, Any]) -> bool:
         """Whether a fit of ``estimator`` with ``params`` on the fit part reuses the last
@@ -199,7 +201,9 @@ class HoldOut:
                 self._expanded = None  # its memory freed before the next expansion's
             if on_the_fit_part:
                 if expanded:
+                    started = time.process_time()
                     self._expanded = model.expand(self.X[fit], self.y[fit])
+                    self.expansion_cost = (time.process_time() - started) / budget.cores
                 model.fit_expanded(self._expanded)
             else:
                 model.fit(self.X[fit], self.y[fit])
@@ -208,9 +212,9 @@ class HoldOut:
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
-        return Scored(
-            correct, model, time.monotonic() - wall, cpu / budget.cores, truncated, expanded
-        )
+        cost = cpu / budget.cores
+        own_cost = cost if expanded else cost + self.expansion_cost
+        return Scored(correct, model, time.monotonic() - wall, cost, truncated, expanded, own_cost)
 
     def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """More hold-outs of the hold-out's size: (fit, held) positions, each held part a
@@ -446,12 +450,11 @@ def _search_large_basis(
     selection's rule over ``current`` (whose correctness is ``reference``); then refine the
     width and C of the one taken. Sets ``result.params`` when a candidate was taken; returns
     the correctness on the hold-out of the configuration kept (``current`` when none was
-    taken) and the CPU seconds per core of the last fit at the large size that expanded the
-    training set."""
-    last_cost = 0.0
-    # the last fit's cost, CPU seconds per core: of one that expanded, and of one that reused
-    # the expansion before (None: none yet)
-    last_expansion: float = 0.0
+    taken) and the CPU seconds per core of the last fit at the large size, as a fit of its own
+    (with the expansion it reused)."""
+    # the last fit's cost as a fit of its own, and of its solve on a kept expansion, CPU
+    # seconds per core
+    last_own_cost = 0.0
     last_solve: float | None = None
     rounds = 0
     while candidates:
@@ -462,7 +465,7 @@ def _search_large_basis(
         for candidate in _grouped_by_features(candidates):
             # the first round leaves a share of the budget to confirm its best on the split
             reserve = CONFIRMATION_SHARE * budget.seconds if rounds == 0 else 0.0
-            expected = last_expansion
+            expected = last_own_cost
             if last_solve is not None and holdout.holds(estimator, candidate.params):
                 expected = last_solve
             if budget.spent or budget.used_s + expected > budget.seconds - reserve:
@@ -478,16 +481,12 @@ def _search_large_basis(
                 )
                 result.large_basis_stopped = "time budget spent"
                 break
-            correct, last_cost = fitted.correct, fitted.cost
-            if fitted.expanded:
-                last_expansion = last_cost
-            else:
-                last_solve = last_cost
+            correct, last_own_cost = fitted.correct, fitted.own_cost
+            last_solve = fitted.cost - holdout.expansion_cost if fitted.expanded else fitted.cost
             gain, error = paired_gain(correct, reference)
             scored.append((candidate, correct))
             entries.append(len(result.large_basis))
-            # as a fit of its own (the confirmation's are): an expansion's and its solve
-            costs.append(last_cost if fitted.expanded else last_expansion + last_cost)
+            costs.append(fitted.own_cost)  # the confirmation's fits expand
             gains.append(gain)
             result.large_basis.append(
                 {"change": candidate.change, **_entry(fitted, gain, error, False)}
@@ -516,7 +515,7 @@ def _search_large_basis(
             result.large_basis_stopped = result.large_basis_stopped or (
                 "refined" if rounds else "no candidate gained"
             )
-            return reference, last_expansion
+            return reference, last_own_cost
         index = chosen[0]
         candidate, reference = scored[index]
         current = candidate.params
@@ -524,11 +523,11 @@ def _search_large_basis(
         result.large_basis[entries[index]]["taken"] = True
         if result.large_basis_stopped or rounds == LARGE_BASIS_REFINEMENTS:
             result.large_basis_stopped = result.large_basis_stopped or "refined"
-            return reference, last_expansion
+            return reference, last_own_cost
         rounds += 1
         candidates = neighbour_candidates(current)
     result.large_basis_stopped = result.large_basis_stopped or "refined"
-    return reference, last_expansion
+    return reference, last_own_cost
 
 
 def _shrink_large_basis(
