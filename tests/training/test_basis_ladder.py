@@ -15,14 +15,10 @@ from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
-from training.selection.basis_ladder import (
-    HOLDOUT_SHARE,
-    HoldOut,
-    climb_basis_ladder,
-    ladder_sizes,
-)
+from training.selection.basis_ladder import climb_basis_ladder, ladder_sizes
 from training.selection.budget import SelectionBudget, ladder_budget_for
 from training.selection.folds import paired_gain
+from training.selection.holdout import HOLDOUT_SHARE, HoldOut
 from training.selection.memory import basis_per_class_within
 from training.selection.space import Candidate, document_measures_at
 

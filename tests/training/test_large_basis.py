@@ -14,8 +14,9 @@ from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALI
 from service.model.similarity import parse_specs
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import stages as stages_module
-from training.selection.basis_ladder import HoldOut, climb_basis_ladder
+from training.selection.basis_ladder import climb_basis_ladder
 from training.selection.budget import SelectionBudget
+from training.selection.holdout import HoldOut
 from training.selection.space import (
     DENSE_RULES,
     DOCUMENT_RULES,

@@ -495,16 +495,15 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             ``expanded`` was made with other feature parameters.
         """
         self._validate_params()
-        mine = self.feature_parameters()
-        differing = sorted(
-            name for name in mine if expanded.parameters.get(name, mine[name]) != mine[name]
-        )
-        if differing or expanded.parameters.keys() != mine.keys():
+        mine, theirs = self.feature_parameters(), expanded.parameters
+        if theirs != mine:
+            differing = sorted(
+                name for name in mine.keys() | theirs.keys() if theirs.get(name) != mine.get(name)
+            )
             raise ValueError(
                 "the training set was expanded with other parameters than this estimator's: "
                 + ", ".join(
-                    f"{name}={expanded.parameters.get(name)!r} (here {mine.get(name)!r})"
-                    for name in differing or sorted(expanded.parameters.keys() ^ mine.keys())
+                    f"{name}={theirs.get(name)!r} (here {mine.get(name)!r})" for name in differing
                 )
             )
         if start is not None:

@@ -3,5 +3,7 @@
 ``GridSearchCV``). Its rooms: the space of candidates (:mod:`~training.selection.space`), the
 folds and their racing (:mod:`~training.selection.folds`), the budget
 (:mod:`~training.selection.budget`), the state of a selection (:mod:`~training.selection.state`),
-where the fold fits run (:mod:`~training.selection.sites`) and the stages
-(:mod:`~training.selection.stages`)."""
+where the fold fits run (:mod:`~training.selection.sites`), the stages
+(:mod:`~training.selection.stages`), and after them the basis ladder on the whole split
+(:mod:`~training.selection.basis_ladder`) with its hold-out (:mod:`~training.selection.holdout`)
+and memory bound (:mod:`~training.selection.memory`)."""
