@@ -13,9 +13,11 @@ from sklearn.model_selection import train_test_split
 from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALIZATION
 from service.model.similarity import parse_specs
 from training import BasisExpandingSVC, ForwardSelectionCV
+from training.selection import basis_ladder
 from training.selection import stages as stages_module
-from training.selection.basis_ladder import climb_basis_ladder
+from training.selection.basis_ladder import climb_basis_ladder, describe_large_basis
 from training.selection.budget import SelectionBudget
+from training.selection.folds import FOLD_MAX_ITER
 from training.selection.holdout import HoldOut
 from training.selection.space import (
     DENSE_RULES,
@@ -441,6 +443,58 @@ def test_the_candidate_taken_is_marked_when_a_later_fit_is_cut_short():
     assert record[1].get("truncated")
     assert [entry["taken"] for entry in record] == [True, False]
     assert result.params["C"] == cheap["C"]
+
+
+@pytest.mark.slow
+def test_a_stalled_candidate_is_never_taken_and_the_search_goes_on(monkeypatch):
+    """A candidate whose solver reaches the search's Newton-step cap is recorded as stalled,
+    not taken (its final fit would stall too), and the search scores the next one."""
+    X, y = _digits()
+    poor = {**PARAMS, "C": 0.01, "basis_per_class": 2}
+    cheap = {**PARAMS, "C": 10.0, "basis_per_class": 10}  # exact Newton: 10 steps here
+    # a basis too wide for exact Newton, near-identity features at a large C: 220 steps here
+    stalls = {
+        **PARAMS,
+        "similarity": "rbf(gamma=16)",
+        "normalization": "besvm",
+        "C": 100.0,
+        "basis_per_class": 143,
+    }
+    monkeypatch.setattr(basis_ladder, "LARGE_BASIS_MAX_ITER", 20)
+    result = _climb(
+        X,
+        y,
+        poor,
+        2,
+        budget=GENEROUS,
+        large_budget=GENEROUS,
+        offered=lambda _: [Candidate("stalls", stalls), Candidate("cheap", cheap)],
+    )
+    record = result.record()["large_basis"]
+    entries = record["candidates"]
+    assert [entry["change"] for entry in entries[:2]] == ["stalls", "cheap"]
+    assert entries[0].get("stalled")
+    assert not entries[0]["taken"]
+    assert not entries[1].get("stalled")
+    assert entries[1]["taken"]
+    assert result.params["C"] == cheap["C"]
+    assert not any(entry.get("stalled") and entry["taken"] for entry in entries)
+    stalled = sum(1 for entry in entries if entry.get("stalled"))
+    assert f"({stalled} stalled)" in describe_large_basis(record)
+
+
+def test_a_fit_stopped_at_its_step_cap_is_stalled():
+    X, y = _digits()
+    holdout = HoldOut(X, y, 0)
+    budget = SelectionBudget(GENEROUS, 1)
+    params = {**PARAMS, "C": 10.0, "basis_per_class": 10}
+    capped = holdout.score(BasisExpandingSVC(n_jobs=1), params, budget, max_iter=2)
+    assert capped.model.n_iter_ == 2
+    assert capped.stalled
+    assert not capped.truncated
+    finished = holdout.score(BasisExpandingSVC(n_jobs=1), params, budget)
+    assert 2 < finished.model.n_iter_ < FOLD_MAX_ITER
+    assert not finished.stalled
 
 
 def test_the_hold_out_fits_a_configurations_other_C_on_its_kept_expansion():

@@ -286,6 +286,17 @@ def climb_basis_ladder(
 # Rounds of width-and-C refinement after the large-basis search took a configuration.
 LARGE_BASIS_REFINEMENTS = 2
 
+# Newton steps of a large-basis candidate's solver at most. One that has not converged by then is
+# recorded as stalled and never taken, and the search goes on. Measured under besvm with every
+# training item as the basis (benchmarks/bench_solver_steps.py; docs/measurements/
+# model-selection.md, "Stalled candidates"): the fits that converge took 14 to 67 steps on
+# spambase's seed 1 and 16 to 105 on phoneme's seed 0 (its best, rbf(gamma=32) at C = 100: 105);
+# on spambase rbf(gamma=16) alone and joined with rbf(gamma=1) at C = 100 took 253 and 452 steps
+# (47 and 115 CPU seconds of solver, where the search's budget is 120 s) and scored below
+# rbf(gamma=1) alone (81.39% and 92.35% against 93.57%). A stalled candidate's final fit on the
+# whole split would stall too.
+LARGE_BASIS_MAX_ITER = 250
+
 # The share of the large-basis search's budget its first round leaves for testing a gain within
 # the hold-out's noise on the whole split (_confirm_on_the_split: the best candidate and the
 # ladder's choice fitted four more times each).
@@ -336,7 +347,15 @@ def _search_large_basis(
                 break
             if _raced_out(scored, _normalisation_pair(candidate)):
                 continue
-            fitted = holdout.score(estimator, candidate.params, budget, reserve=reserve)
+            fitted = holdout.score(
+                estimator, candidate.params, budget, reserve=reserve, max_iter=LARGE_BASIS_MAX_ITER
+            )
+            if fitted.stalled:  # its cost says nothing of the next fit's
+                gain, error = paired_gain(fitted.correct, reference)
+                result.large_basis.append(
+                    {"change": candidate.change, **_entry(fitted, gain, error, False)}
+                )
+                continue
             if fitted.truncated:
                 gain, error = paired_gain(fitted.correct, reference)
                 result.large_basis.append(
@@ -552,7 +571,8 @@ def _entry(
     """A fit's line in the ladder's record: its basis per class and basis items (rungs and
     halvings: a large-basis candidate's change names its size), its held-out accuracy, its gain
     over the reference with that gain's standard error, whether it was taken, ``truncated``
-    where the budget cut it short (:attr:`Scored.truncated`), and its wall seconds."""
+    where the budget cut it short (:attr:`Scored.truncated`), ``stalled`` where the solver's
+    step cap did (:attr:`Scored.stalled`), and its wall seconds."""
     entry: dict[str, Any] = {}
     if size is not None:
         entry["basis_per_class"] = size
@@ -565,19 +585,24 @@ def _entry(
     )
     if scored.truncated:
         entry["truncated"] = True
+    if scored.stalled:
+        entry["stalled"] = True
     entry["seconds"] = round(scored.seconds, 2)
     return entry
 
 
 def describe_large_basis(record: dict[str, Any]) -> str:
     """The large-basis search's record (:meth:`LadderResult.record`'s ``large_basis``) in one
-    line: how many candidates were scored, the best on the hold-out, whether one was taken and
-    why the search ended."""
+    line: how many candidates were scored (and how many of them stalled), the best finished
+    fit on the hold-out, whether one was taken and why the search ended."""
     scored = record["candidates"]
-    best = max(scored, key=lambda entry: entry["held_out_accuracy"], default=None)
+    stalled = sum(1 for entry in scored if entry.get("stalled"))
+    finished = [entry for entry in scored if not (entry.get("stalled") or entry.get("truncated"))]
+    best = max(finished, key=lambda entry: entry["held_out_accuracy"], default=None)
     shrunk = [entry for entry in record.get("shrink", []) if entry["taken"]]
     return (
         f"{len(scored)} scored"
+        + (f" ({stalled} stalled)" if stalled else "")
         + (f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%" if best else "")
         + ("; taken" if record["chosen"] else "; not taken")
         + f" ({record['stopped']})"

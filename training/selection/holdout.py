@@ -37,6 +37,7 @@ class Scored(NamedTuple):
     seconds: float  # wall
     cost: float  # CPU seconds per core, added to the budget
     truncated: bool  # the solver stopped where the budget ran out: not a finished fit
+    stalled: bool  # the solver stopped at its Newton-step cap (``max_iter``): not converged
     expanded: bool  # the fit expanded the training set (else it reused the last expansion)
     own_cost: float  # as a fit of its own: with the expansion it reused, CPU seconds per core
 
@@ -88,6 +89,7 @@ class HoldOut:
         held: np.ndarray | None = None,
         bounded: bool = True,
         reserve: float = 0.0,
+        max_iter: int = FOLD_MAX_ITER,
     ) -> Scored:
         """``estimator`` with ``params`` fitted on the fit part (or the ``fit`` positions) and
         scored on the hold-out (or the ``held`` positions); its CPU seconds are added to
@@ -99,16 +101,20 @@ class HoldOut:
         runs (on adult a large-basis candidate took four times the cost the rung before
         predicted, docs/measurements/model-selection.md). Such a fit is ``truncated``: scored
         as it stands, for the record, and never taken, compared with or confirmed. A fit on
-        the fit part reuses its last expansion where only C differs (:meth:`holds`)."""
+        the fit part reuses its last expansion where only C differs (:meth:`holds`).
+
+        The solver takes ``max_iter`` Newton steps at most (as a fold fit, :data:`FOLD_MAX_ITER`,
+        by default); a fit stopped there is ``stalled``."""
         on_the_fit_part = fit is None
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
         cpu, wall = time.process_time(), time.monotonic()
         model = clone(estimator).set_params(**params)
         # Scored as a fold fit is: an ill-conditioned basis (nystroem's at a large size) can
-        # keep the solver for thousands of iterations, scored as it stands after FOLD_MAX_ITER
+        # keep the solver for thousands of iterations, scored as it stands after max_iter
         # (the final fit keeps the estimator's max_iter).
-        model.set_params(max_iter=min(model.max_iter, FOLD_MAX_ITER))
+        cap = min(model.max_iter, max_iter)
+        model.set_params(max_iter=cap)
         # what is left of the budget, in the process's CPU seconds
         left = None
         if bounded:
@@ -128,12 +134,15 @@ class HoldOut:
                 model.fit_expanded(self._expanded)
         # The solver stops only once the fit's CPU time has passed the limit.
         truncated = left is not None and time.process_time() - cpu >= left
+        stalled = not truncated and model.n_iter_ >= cap
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
         cost = cpu / budget.cores
         own_cost = cost if expanded else cost + self.expansion_cost
-        return Scored(correct, model, time.monotonic() - wall, cost, truncated, expanded, own_cost)
+        return Scored(
+            correct, model, time.monotonic() - wall, cost, truncated, stalled, expanded, own_cost
+        )
 
     def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """More hold-outs of the hold-out's size: (fit, held) positions, each held part a
