@@ -446,9 +446,9 @@ def test_the_candidate_taken_is_marked_when_a_later_fit_is_cut_short():
 
 
 @pytest.mark.slow
-def test_a_stalled_candidate_is_never_taken_and_the_search_goes_on(monkeypatch):
-    """A candidate whose solver reaches the search's Newton-step cap is recorded as stalled,
-    not taken (its final fit would stall too), and the search scores the next one."""
+def test_an_unconverged_candidate_is_never_taken_and_the_search_goes_on(monkeypatch):
+    """A candidate whose solver reaches the search's Newton-step cap unconverged is recorded,
+    not taken (its final fit would take as many steps), and the search scores the next one."""
     X, y = _digits()
     poor = {**PARAMS, "C": 0.01, "basis_per_class": 2}
     cheap = {**PARAMS, "C": 10.0, "basis_per_class": 10}  # exact Newton: 10 steps here
@@ -473,28 +473,33 @@ def test_a_stalled_candidate_is_never_taken_and_the_search_goes_on(monkeypatch):
     record = result.record()["large_basis"]
     entries = record["candidates"]
     assert [entry["change"] for entry in entries[:2]] == ["stalls", "cheap"]
-    assert entries[0].get("stalled")
+    assert entries[0].get("unconverged")
     assert not entries[0]["taken"]
-    assert not entries[1].get("stalled")
+    assert not entries[1].get("unconverged")
     assert entries[1]["taken"]
     assert result.params["C"] == cheap["C"]
-    assert not any(entry.get("stalled") and entry["taken"] for entry in entries)
-    stalled = sum(1 for entry in entries if entry.get("stalled"))
-    assert f"({stalled} stalled)" in describe_large_basis(record)
+    assert not any(entry.get("unconverged") and entry["taken"] for entry in entries)
+    unconverged = sum(1 for entry in entries if entry.get("unconverged"))
+    assert f"({unconverged} unconverged)" in describe_large_basis(record)
 
 
-def test_a_fit_stopped_at_its_step_cap_is_stalled():
+def test_a_fit_stopped_at_its_step_cap_before_its_tolerance_is_unconverged():
     X, y = _digits()
     holdout = HoldOut(X, y, 0)
     budget = SelectionBudget(GENEROUS, 1)
     params = {**PARAMS, "C": 10.0, "basis_per_class": 10}
+    finished = holdout.score(BasisExpandingSVC(n_jobs=1), params, budget)
+    steps = finished.model.n_iter_
+    assert 2 < steps < FOLD_MAX_ITER
+    assert not finished.unconverged
     capped = holdout.score(BasisExpandingSVC(n_jobs=1), params, budget, max_iter=2)
     assert capped.model.n_iter_ == 2
-    assert capped.stalled
+    assert capped.unconverged
     assert not capped.truncated
-    finished = holdout.score(BasisExpandingSVC(n_jobs=1), params, budget)
-    assert 2 < finished.model.n_iter_ < FOLD_MAX_ITER
-    assert not finished.stalled
+    # converged at its last allowed step: finished, not unconverged
+    exact = holdout.score(BasisExpandingSVC(n_jobs=1), params, budget, max_iter=steps)
+    assert exact.model.n_iter_ == steps
+    assert not exact.unconverged
 
 
 def test_the_hold_out_fits_a_configurations_other_C_on_its_kept_expansion():

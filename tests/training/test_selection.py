@@ -42,8 +42,10 @@ GENEROUS_BUDGET_S = 600.0  # never reached here: these selections take seconds
 # A budget no candidate fits in. The checks fit the wrapper often, and three of them
 # (check_fit_idempotent, check_supervised_y_2d, check_classifier_data_not_an_array) compare two
 # fits, which a time budget that binds lets differ: a candidate scored in one fit and not in the
-# other (CI's run of 29 November: 8 of 20 predictions differed under a budget of 0.1 s). The
-# search is the same under a budget that does not bind (test_the_test_split_is_never_read).
+# other (CI's run of 29 November: 8 of 20 predictions differed under a budget of 0.1 s). So the
+# checks cover the wrapper's interface on its starting configuration, not the search, which the
+# tests above cover; it is the same under a budget that does not bind
+# (test_the_test_split_is_never_read).
 NO_CANDIDATE_BUDGET_S = 1e-9
 
 

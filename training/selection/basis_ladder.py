@@ -287,14 +287,14 @@ def climb_basis_ladder(
 LARGE_BASIS_REFINEMENTS = 2
 
 # Newton steps of a large-basis candidate's solver at most. One that has not converged by then is
-# recorded as stalled and never taken, and the search goes on. Measured under besvm with every
-# training item as the basis (benchmarks/bench_solver_steps.py; docs/measurements/
+# recorded as unconverged and never taken, and the search goes on. Measured under besvm with
+# every training item as the basis (benchmarks/bench_solver_steps.py; docs/measurements/
 # model-selection.md, "Stalled candidates"): the fits that converge took 14 to 67 steps on
 # spambase's seed 1 and 16 to 105 on phoneme's seed 0 (its best, rbf(gamma=32) at C = 100: 105);
-# on spambase rbf(gamma=16) alone and joined with rbf(gamma=1) at C = 100 took 253 and 452 steps
-# (47 and 115 CPU seconds of solver, where the search's budget is 120 s) and scored below
-# rbf(gamma=1) alone (81.39% and 92.35% against 93.57%). A stalled candidate's final fit on the
-# whole split would stall too.
+# on spambase rbf(gamma=1) + rbf(gamma=16) at C = 100 took 452 steps (115 CPU seconds of solver,
+# where the search's budget is 120 s) and scored below rbf(gamma=1) alone (92.35% against
+# 93.57%). A candidate taken must be fitted again on the whole split, where the final fit keeps
+# the estimator's max_iter: hundreds of steps there too.
 LARGE_BASIS_MAX_ITER = 250
 
 # The share of the large-basis search's budget its first round leaves for testing a gain within
@@ -350,7 +350,9 @@ def _search_large_basis(
             fitted = holdout.score(
                 estimator, candidate.params, budget, reserve=reserve, max_iter=LARGE_BASIS_MAX_ITER
             )
-            if fitted.stalled:  # its cost says nothing of the next fit's
+            if fitted.unconverged:
+                # its cost is the cap's, not a finished fit's: the next one is predicted from
+                # the last finished fit
                 gain, error = paired_gain(fitted.correct, reference)
                 result.large_basis.append(
                     {"change": candidate.change, **_entry(fitted, gain, error, False)}
@@ -520,6 +522,9 @@ def _confirm_on_the_split(
     ``budget`` affords. Its index in ``scored`` when its gain over those items exceeds
     ``min_gain_se`` standard errors, else None; ``result.confirmation`` records the test, or
     why none ran."""
+    if not scored:
+        result.confirmation = {"stopped": "no candidate finished"}
+        return None
     folds = holdout.folds_of_the_fit_part()
     if not folds:
         result.confirmation = {"stopped": "no class large enough to hold out again"}
@@ -571,8 +576,8 @@ def _entry(
     """A fit's line in the ladder's record: its basis per class and basis items (rungs and
     halvings: a large-basis candidate's change names its size), its held-out accuracy, its gain
     over the reference with that gain's standard error, whether it was taken, ``truncated``
-    where the budget cut it short (:attr:`Scored.truncated`), ``stalled`` where the solver's
-    step cap did (:attr:`Scored.stalled`), and its wall seconds."""
+    where the budget cut it short (:attr:`Scored.truncated`), ``unconverged`` where the solver's
+    step cap did (:attr:`Scored.unconverged`), and its wall seconds."""
     entry: dict[str, Any] = {}
     if size is not None:
         entry["basis_per_class"] = size
@@ -585,24 +590,26 @@ def _entry(
     )
     if scored.truncated:
         entry["truncated"] = True
-    if scored.stalled:
-        entry["stalled"] = True
+    if scored.unconverged:
+        entry["unconverged"] = True
     entry["seconds"] = round(scored.seconds, 2)
     return entry
 
 
 def describe_large_basis(record: dict[str, Any]) -> str:
     """The large-basis search's record (:meth:`LadderResult.record`'s ``large_basis``) in one
-    line: how many candidates were scored (and how many of them stalled), the best finished
-    fit on the hold-out, whether one was taken and why the search ended."""
+    line: how many candidates were scored (and how many of them did not converge), the best
+    finished fit on the hold-out, whether one was taken and why the search ended."""
     scored = record["candidates"]
-    stalled = sum(1 for entry in scored if entry.get("stalled"))
-    finished = [entry for entry in scored if not (entry.get("stalled") or entry.get("truncated"))]
+    unconverged = sum(1 for entry in scored if entry.get("unconverged"))
+    finished = [
+        entry for entry in scored if not (entry.get("unconverged") or entry.get("truncated"))
+    ]
     best = max(finished, key=lambda entry: entry["held_out_accuracy"], default=None)
     shrunk = [entry for entry in record.get("shrink", []) if entry["taken"]]
     return (
         f"{len(scored)} scored"
-        + (f" ({stalled} stalled)" if stalled else "")
+        + (f" ({unconverged} unconverged)" if unconverged else "")
         + (f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%" if best else "")
         + ("; taken" if record["chosen"] else "; not taken")
         + f" ({record['stopped']})"

@@ -37,7 +37,7 @@ class Scored(NamedTuple):
     seconds: float  # wall
     cost: float  # CPU seconds per core, added to the budget
     truncated: bool  # the solver stopped where the budget ran out: not a finished fit
-    stalled: bool  # the solver stopped at its Newton-step cap (``max_iter``): not converged
+    unconverged: bool  # the solver stopped at its Newton-step cap (``max_iter``) unconverged
     expanded: bool  # the fit expanded the training set (else it reused the last expansion)
     own_cost: float  # as a fit of its own: with the expansion it reused, CPU seconds per core
 
@@ -104,7 +104,9 @@ class HoldOut:
         the fit part reuses its last expansion where only C differs (:meth:`holds`).
 
         The solver takes ``max_iter`` Newton steps at most (as a fold fit, :data:`FOLD_MAX_ITER`,
-        by default); a fit stopped there is ``stalled``."""
+        by default; or the estimator's ``max_iter``, if lower); a fit stopped there before its
+        tolerance is ``unconverged`` (the solver's ConvergenceWarning says so: a fit may
+        converge at its last step)."""
         on_the_fit_part = fit is None
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
@@ -113,15 +115,14 @@ class HoldOut:
         # Scored as a fold fit is: an ill-conditioned basis (nystroem's at a large size) can
         # keep the solver for thousands of iterations, scored as it stands after max_iter
         # (the final fit keeps the estimator's max_iter).
-        cap = min(model.max_iter, max_iter)
-        model.set_params(max_iter=cap)
+        model.set_params(max_iter=min(model.max_iter, max_iter))
         # what is left of the budget, in the process's CPU seconds
         left = None
         if bounded:
             left = max(0.0, budget.left_s - reserve) * budget.cores
         expanded = not (on_the_fit_part and self._keeps(model))
-        with warnings.catch_warnings(), cpu_time_limit(left):
-            warnings.simplefilter("ignore", ConvergenceWarning)
+        with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left):
+            warnings.simplefilter("always", ConvergenceWarning)
             if expanded:
                 self._expanded = None  # its memory freed before the next expansion's
             if not on_the_fit_part:
@@ -134,15 +135,14 @@ class HoldOut:
                 model.fit_expanded(self._expanded)
         # The solver stops only once the fit's CPU time has passed the limit.
         truncated = left is not None and time.process_time() - cpu >= left
-        stalled = not truncated and model.n_iter_ >= cap
+        unconverged = not truncated and _solver_stopped_unconverged(caught)
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
         cost = cpu / budget.cores
         own_cost = cost if expanded else cost + self.expansion_cost
-        return Scored(
-            correct, model, time.monotonic() - wall, cost, truncated, stalled, expanded, own_cost
-        )
+        seconds = time.monotonic() - wall
+        return Scored(correct, model, seconds, cost, truncated, unconverged, expanded, own_cost)
 
     def folds_of_the_fit_part(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """More hold-outs of the hold-out's size: (fit, held) positions, each held part a
@@ -165,3 +165,17 @@ class HoldOut:
         everything = np.arange(len(self.y))
         held_parts = [splittable[part] for _, part in parts][:MAX_MORE_HOLDOUTS]
         return [(np.setdiff1d(everything, part), part) for part in held_parts]
+
+
+def _solver_stopped_unconverged(caught: list[warnings.WarningMessage]) -> bool:
+    """Whether the warnings of a fit say its solver stopped before its tolerance; the other
+    warnings are shown as they would have been."""
+    unconverged = False
+    for warning in caught:
+        if issubclass(warning.category, ConvergenceWarning):
+            unconverged = True
+        else:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+    return unconverged
