@@ -105,8 +105,8 @@ class HoldOut:
 
         The solver takes ``max_iter`` Newton steps at most (as a fold fit, :data:`FOLD_MAX_ITER`,
         by default; or the estimator's ``max_iter``, if lower); a fit stopped there before its
-        tolerance is ``unconverged`` (the solver's ConvergenceWarning says so: a fit may
-        converge at its last step)."""
+        tolerance is ``unconverged``, unless ``truncated`` (the solver's ConvergenceWarning says
+        so: a fit may converge at its last step)."""
         on_the_fit_part = fit is None
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
@@ -121,21 +121,25 @@ class HoldOut:
         if bounded:
             left = max(0.0, budget.left_s - reserve) * budget.cores
         expanded = not (on_the_fit_part and self._keeps(model))
-        with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left):
-            warnings.simplefilter("always", ConvergenceWarning)
-            if expanded:
-                self._expanded = None  # its memory freed before the next expansion's
-            if not on_the_fit_part:
-                model.fit(self.X[fit], self.y[fit])
-            else:
+        caught: list[warnings.WarningMessage] = []
+        try:
+            with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left):
+                warnings.simplefilter("always", ConvergenceWarning)
                 if expanded:
-                    started = time.process_time()
-                    self._expanded = model.expand(self.X[fit], self.y[fit])
-                    self.expansion_cost = (time.process_time() - started) / budget.cores
-                model.fit_expanded(self._expanded)
+                    self._expanded = None  # its memory freed before the next expansion's
+                if not on_the_fit_part:
+                    model.fit(self.X[fit], self.y[fit])
+                else:
+                    if expanded:
+                        started = time.process_time()
+                        self._expanded = model.expand(self.X[fit], self.y[fit])
+                        self.expansion_cost = (time.process_time() - started) / budget.cores
+                    model.fit_expanded(self._expanded)
+        finally:
+            solver_unconverged = _solver_stopped_unconverged(caught)
         # The solver stops only once the fit's CPU time has passed the limit.
         truncated = left is not None and time.process_time() - cpu >= left
-        unconverged = not truncated and _solver_stopped_unconverged(caught)
+        unconverged = solver_unconverged and not truncated
         correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
         cpu = time.process_time() - cpu
         budget.add(cpu)
@@ -168,14 +172,21 @@ class HoldOut:
 
 
 def _solver_stopped_unconverged(caught: list[warnings.WarningMessage]) -> bool:
-    """Whether the warnings of a fit say its solver stopped before its tolerance; the other
-    warnings are shown as they would have been."""
+    """Whether the warnings recorded during a fit say its solver stopped before its tolerance
+    (the solver's ConvergenceWarning, :func:`~training.estimator.solver.warn_unconverged`);
+    the other warnings are shown, as they would have been outside the recording (they have
+    passed the filters already)."""
     unconverged = False
     for warning in caught:
         if issubclass(warning.category, ConvergenceWarning):
             unconverged = True
         else:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno
+            warnings.showwarning(
+                warning.message,
+                warning.category,
+                warning.filename,
+                warning.lineno,
+                warning.file,
+                warning.line,
             )
     return unconverged
