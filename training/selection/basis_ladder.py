@@ -350,31 +350,22 @@ def _search_large_basis(
             fitted = holdout.score(
                 estimator, candidate.params, budget, reserve=reserve, max_iter=LARGE_BASIS_MAX_ITER
             )
-            if fitted.unconverged:
-                # its cost is the cap's, not a finished fit's: the next one is predicted from
-                # the last finished fit
-                gain, error = paired_gain(fitted.correct, reference)
-                result.large_basis.append(
-                    {"change": candidate.change, **_entry(fitted, gain, error, False)}
-                )
-                continue
-            if fitted.truncated:
-                gain, error = paired_gain(fitted.correct, reference)
-                result.large_basis.append(
-                    {"change": candidate.change, **_entry(fitted, gain, error, False)}
-                )
-                result.large_basis_stopped = "time budget spent"
-                break
-            correct, last_own_cost = fitted.correct, fitted.own_cost
-            last_solve = fitted.cost - holdout.expansion_cost if fitted.expanded else fitted.cost
-            gain, error = paired_gain(correct, reference)
-            scored.append((candidate, correct))
-            entries.append(len(result.large_basis))
-            costs.append(fitted.own_cost)  # the confirmation's fits expand
-            gains.append(gain)
+            gain, error = paired_gain(fitted.correct, reference)
+            # An unconverged or truncated fit is recorded, never taken; an unconverged one's cost
+            # is the cap's, so the next fit is predicted from the last finished one.
+            if not (fitted.unconverged or fitted.truncated):
+                last_own_cost = fitted.own_cost
+                last_solve = fitted.own_cost - holdout.expansion_cost
+                scored.append((candidate, fitted.correct))
+                entries.append(len(result.large_basis))
+                costs.append(fitted.own_cost)  # the confirmation's fits expand
+                gains.append(gain)
             result.large_basis.append(
                 {"change": candidate.change, **_entry(fitted, gain, error, False)}
             )
+            if fitted.truncated:
+                result.large_basis_stopped = "time budget spent"
+                break
         chosen = take(
             reference,
             work(current),
