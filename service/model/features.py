@@ -13,7 +13,8 @@ Alternatives kept for comparison: ``none``; ``zscore`` (each feature centred and
 standard deviation); ``nystroem(clip|flip|square)``, the Nystroem embedding
 :math:`K_{BB}^{-1/2}\tilde\varphi_m(x)` with the symmetrised basis Gram matrix made positive
 definite by clipping its negative eigenvalues, flipping their sign, or squaring the matrix
-(:math:`(K^T K)^{-1/2}`).
+(:math:`(K^T K)^{-1/2}`); a kernel's ``clip`` map is learned from a pivoted Cholesky factor,
+another B x B matrix with the same use here.
 
 Every normalisation is stored as an affine map per feature, ``(raw - offset) / scale``, followed
 for Nystroem by one B x B projection per measure, so that :func:`expand` is the one function both

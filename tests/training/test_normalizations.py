@@ -12,6 +12,7 @@ from training.estimator.diagnostics import eigen_diagnostics
 from training.estimator.expansion import (
     NORMALIZATION_RULES,
     BasisExpansion,
+    kernel_map_projection,
     normalization_rule,
     normalization_statistics,
     nystroem_projection,
@@ -58,17 +59,89 @@ def test_zscore_equals_direct_numpy(data):
     np.testing.assert_allclose(expansion.transform(X), expected, rtol=1e-10)
 
 
-def test_nystroem_clip_of_a_kernel_equals_scipy_inverse_square_root(data):
+def test_nystroem_clip_of_a_kernel_is_scipys_inverse_square_root_up_to_a_rotation(data):
+    """A kernel's clip map comes from a Cholesky factor, not K^(-1/2) itself: the features are
+    the inverse square root's rotated by an orthogonal matrix, which a linear SVM cannot see."""
     X, y = data
     expansion = BasisExpansion("rbf(gamma=0.2)", n_basis_per_class=5, normalization="nystroem")
     features = expansion.fit_transform(X, y)
     basis = X[expansion.basis_indices_]
     K = rbf_kernel(basis, basis, gamma=0.2)
     expected = rbf_kernel(X, basis, gamma=0.2) @ np.real(scipy.linalg.sqrtm(np.linalg.inv(K)))
-    np.testing.assert_allclose(features, expected, rtol=1e-6, atol=1e-8)
+    rotation = np.linalg.lstsq(expected, features, rcond=None)[0]
+    np.testing.assert_allclose(rotation.T @ rotation, np.eye(len(K)), atol=1e-6)
+    np.testing.assert_allclose(features, expected @ rotation, atol=1e-8)
+    np.testing.assert_allclose(expansion.transform(X), features, atol=1e-10)
     # The Nystroem embedding reproduces the kernel between basis items exactly.
     embedded = features[expansion.basis_indices_]
     np.testing.assert_allclose(embedded @ embedded.T, K, atol=1e-8)
+
+
+@pytest.mark.parametrize("kind", ["repeated items", "linear beyond its rank"])
+def test_a_kernel_map_from_a_singular_gram_matrix_is_the_pseudo_inverses(kind):
+    """Repeated basis items, or a linear kernel on more items than numbers, make the Gram matrix
+    singular: the pivoted factor keeps its rank and gives the inner products of the
+    pseudo-inverse, k(x)^T K^+ k(y), as the eigenvector map does."""
+    rng = np.random.default_rng(8)
+    basis = rng.normal(size=(30, 12) if kind == "repeated items" else (30, 4))
+    others = rng.normal(size=(10, basis.shape[1]))
+    if kind == "repeated items":
+        basis[20:] = basis[:10]
+        gram, towards = rbf_kernel(basis, basis, gamma=0.1), rbf_kernel(others, basis, gamma=0.1)
+    else:
+        gram, towards = basis @ basis.T, others @ basis.T
+    projection = kernel_map_projection(gram)
+    rank = 20 if kind == "repeated items" else 4
+    assert np.count_nonzero(np.abs(projection).sum(axis=0)) == rank
+    pseudo_inverse = np.linalg.pinv(gram, rcond=1e-10, hermitian=True)
+    np.testing.assert_allclose(
+        (towards @ projection) @ (towards @ projection).T,
+        towards @ pseudo_inverse @ towards.T,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose((gram @ projection) @ (gram @ projection).T, gram, atol=1e-8)
+
+
+def test_a_kernel_map_of_a_nearly_singular_gram_matrix_stays_a_nystroem_map():
+    """A wide rbf on hundreds of basis items is singular up to rounding, where the factor and
+    the eigenvectors drop different near-null directions. Either way the map must stay a
+    Nystroem approximation: the basis Gram matrix reproduced, and a new item's squared feature
+    norm never above k(x, x) = 1 (the kernel minus its approximation is positive
+    semi-definite)."""
+    rng = np.random.default_rng(2)
+    basis, others = rng.normal(size=(400, 5)), rng.normal(size=(200, 5))
+    gram = rbf_kernel(basis, gamma=0.02)
+    assert np.linalg.cond(gram) > 1e12
+    projection = kernel_map_projection(gram)
+    reproduced = gram @ projection
+    np.testing.assert_allclose(reproduced @ reproduced.T, gram, atol=1e-6)
+    features = rbf_kernel(others, basis, gamma=0.02) @ projection
+    assert (np.einsum("ij,ij->i", features, features) <= 1.0 + 1e-6).all()
+
+
+def test_a_kernel_map_of_a_zero_or_one_item_basis():
+    np.testing.assert_array_equal(kernel_map_projection(np.zeros((3, 3))), np.zeros((3, 3)))
+    np.testing.assert_allclose(kernel_map_projection(np.array([[4.0]])), [[0.5]])
+
+
+def test_an_indefinite_measure_is_clipped_by_its_eigenvalues_beside_a_kernels_factor():
+    """Clip drops an indefinite measure's negative eigenvalues, which a Cholesky factor cannot
+    do: that measure's projection is V_+ L_+^(-1/2) V_+^T, the kernel's beside it a factor's."""
+    rng = np.random.default_rng(4)
+    X = rng.random(size=(40, 16))
+    y = np.repeat(["a", "b"], 20)
+    expansion = BasisExpansion(
+        "linear + rigid(1)", n_basis_per_class=8, normalization="nystroem", grid_shape=(4, 4, 1)
+    ).fit(X, y)
+    linear, rigid = expansion.basis_gram_
+    w, V = np.linalg.eigh((rigid + rigid.T) / 2)
+    assert (w < -1e-8).any()
+    positive = w > 1e-10 * np.abs(w).max()
+    expected = (V[:, positive] * w[positive] ** -0.5) @ V[:, positive].T
+    np.testing.assert_allclose(expansion.projection_[1], expected, atol=1e-8)
+    reproduced = linear @ expansion.projection_[0]
+    np.testing.assert_allclose(reproduced @ reproduced.T, linear, atol=1e-8)
+    assert expansion.basis_eigenvalues_ is None
 
 
 @pytest.fixture

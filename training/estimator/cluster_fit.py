@@ -270,7 +270,11 @@ def _feature_blocks(client, pieces, preparation, expansion, classes, n_samples: 
     raw = feature_blocks(
         client, pieces, classes, _raw_maps, preparation=preparation, expansion=shared
     )
-    rule = normalization_rule(expansion.normalization_, len(expansion.specs_))
+    rule = normalization_rule(
+        expansion.normalization_,
+        len(expansion.specs_),
+        [spec.kind.positive_definite for spec in expansion.specs_],
+    )
     if rule.passes:
         learned = _learn_on_workers(client, raw, _design, rule, n_samples)
         n_features = expansion.offset_.shape[0]

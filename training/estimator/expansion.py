@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
@@ -96,16 +97,22 @@ class FeatureNormalization(BlockStatistics):
     def finish(self, totals, step, learned, n_samples):
         raise AssertionError(f"{type(self).__name__} reads no rows")
 
+    def decomposes(self, measure: int) -> bool:
+        """Whether measure ``measure``'s statistics are made of the eigendecomposition of its
+        basis Gram matrix (:func:`symmetric_eigenvalues`)."""
+        return False
+
     def statistics(
         self,
         learned: Learned,
         n_features: int,
         basis_gram: np.ndarray | None,
-        spectra: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+        spectra: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """The offset and scale of every feature and the projection (or None), from what the
-        passes learned and the basis Gram matrices (with their :func:`symmetric_eigenvalues`,
-        ``spectra``, when computed already)."""
+        passes learned and the basis Gram matrices (with the :func:`symmetric_eigenvalues` of
+        those that :meth:`decomposes`, ``spectra``, when computed already; None for the
+        others)."""
         return np.zeros(n_features), np.ones(n_features), None
 
     def _measure_columns(self, n_features: int) -> list[slice]:
@@ -165,24 +172,41 @@ class _BeSVM(_Centred):
 
 class _Nystroem(FeatureNormalization):
     """Each measure's map projected by the inverse square root of its basis Gram matrix,
-    made positive definite by ``fix`` (:func:`nystroem_projection`): from the basis alone."""
+    made positive definite by ``fix`` (:func:`nystroem_projection`): from the basis alone.
 
-    def __init__(self, n_measures: int, fix: str):
+    A kernel's (a positive definite measure's) ``clip`` map is the inverse of its Gram matrix's
+    pivoted Cholesky factor (:func:`kernel_map_projection`), at a fraction of the eigenvector
+    map's cost (``benchmarks/bench_kernel_map.py``): the same map up to a rotation where the
+    Gram matrix is well conditioned or exactly singular.
+    """
+
+    def __init__(self, n_measures: int, fix: str, kernels: Sequence[bool] | None = None):
         super().__init__(n_measures)
         self.fix = fix
+        self.kernels = (False,) * n_measures if kernels is None else tuple(kernels)
+
+    def decomposes(self, measure):
+        return not (self.fix == "clip" and self.kernels[measure])
 
     def statistics(self, learned, n_features, basis_gram, spectra=None):
         if basis_gram is None:
             raise ValueError("nystroem normalization needs the basis Gram matrices")
         if spectra is None:
-            spectra = [symmetric_eigenvalues(K) for K in basis_gram]
-        projection = np.stack([nystroem_projection(None, self.fix, pair) for pair in spectra])
+            spectra = [None] * len(basis_gram)
+        projection = np.stack(
+            [
+                nystroem_projection(gram, self.fix, spectrum)
+                if self.decomposes(m)
+                else kernel_map_projection(gram)
+                for m, (gram, spectrum) in enumerate(zip(basis_gram, spectra, strict=True))
+            ]
+        )
         return np.zeros(n_features), np.ones(n_features), projection
 
 
 # Every normalisation (the canonical names of service.model.features.NORMALIZATIONS) and how it
 # is learned, for maps of M measures.
-NORMALIZATION_RULES: dict[str, Callable[[int], FeatureNormalization]] = {
+NORMALIZATION_RULES: dict[str, Callable[..., FeatureNormalization]] = {
     "besvm": _BeSVM,
     "none": FeatureNormalization,
     "zscore": _ZScore,
@@ -190,9 +214,15 @@ NORMALIZATION_RULES: dict[str, Callable[[int], FeatureNormalization]] = {
 }
 
 
-def normalization_rule(normalization: str, n_measures: int) -> FeatureNormalization:
+def normalization_rule(
+    normalization: str, n_measures: int, kernels: Sequence[bool] | None = None
+) -> FeatureNormalization:
     """How ``normalization`` (canonical, see :func:`resolve_normalization`) is learned from
     the maps of ``n_measures`` measures.
+
+    ``kernels`` says which measures are positive definite (:attr:`SimilarityKind.
+    positive_definite`; none if not given): Nystroem's ``clip`` map of a kernel needs no
+    eigendecomposition (:func:`kernel_map_projection`).
 
     Raises
     ------
@@ -203,6 +233,8 @@ def normalization_rule(normalization: str, n_measures: int) -> FeatureNormalizat
         raise ValueError(
             f"unknown normalization {normalization!r}; known: {', '.join(NORMALIZATIONS)}"
         )
+    if normalization.startswith("nystroem("):
+        return NORMALIZATION_RULES[normalization](n_measures, kernels=kernels)
     return NORMALIZATION_RULES[normalization](n_measures)
 
 
@@ -211,7 +243,8 @@ def normalization_statistics(
     n_measures: int,
     normalization: str,
     basis_gram: np.ndarray | None = None,
-    spectra: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
+    spectra: Sequence[tuple[np.ndarray, np.ndarray] | None] | None = None,
+    kernels: Sequence[bool] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The normalisation learned from the training set's raw kernel maps, in one process (one
     block: every row); a cluster learns the same rule from its workers' rows
@@ -225,16 +258,18 @@ def normalization_statistics(
         One of :data:`NORMALIZATION_RULES` (canonical form, see :func:`parse_normalization`).
     basis_gram : ndarray of shape (M, n_basis, n_basis), optional
         Each measure between the basis items; required by Nystroem.
-    spectra : sequence of (eigenvalues, eigenvectors), optional
+    spectra : sequence of (eigenvalues, eigenvectors) or None, optional
         Each measure's :func:`symmetric_eigenvalues` of ``basis_gram``, when computed already
-        (Nystroem then decomposes nothing again).
+        (Nystroem then decomposes nothing again); None for a measure not decomposed.
+    kernels : sequence of bool, optional
+        Which measures are positive definite (see :func:`normalization_rule`).
 
     Returns
     -------
     offset, scale : ndarray of shape (M * n_basis,)
     projection : ndarray of shape (M, n_basis, n_basis) or None
     """
-    rule = normalization_rule(normalization, n_measures)
+    rule = normalization_rule(normalization, n_measures, kernels)
     return rule.statistics(learn_in_one_block(rule, raw), raw.shape[1], basis_gram, spectra)
 
 
@@ -290,6 +325,62 @@ def nystroem_projection(
     weights = magnitude[keep] ** -power
     kept = vectors[:, keep]
     return (kept * weights) @ kept.T
+
+
+def kernel_map_projection(gram: np.ndarray) -> np.ndarray:
+    r"""The Nystroem map of a positive semi-definite basis Gram matrix, from its pivoted
+    Cholesky factor: ``clip``'s map up to a rotation, without an eigendecomposition.
+
+    With the pivoted factorisation :math:`\Pi^T K \Pi = L L^T` stopped at rank r (the pivots
+    left below rounding of zero), the projection is
+
+    .. math:: P = \Pi_{:, 1..r} L_{11}^{-T}, \qquad
+              P^T k(x) = L_{11}^{-1} k_S(x),
+
+    the Nystroem map on the r pivot items S. Where K is well conditioned, or exactly singular (a
+    basis item repeated, a linear kernel on more items than its rank), its features have the
+    inner products :math:`k(x)^T K^{+} k(y)` of :func:`nystroem_projection`'s
+    :math:`K^{-1/2}`: the two differ by a rotation, which an L2-regularised linear model does
+    not see. Where K is nearly singular (an rbf basis of thousands of items), each map drops
+    its own near-null directions (pivots here, eigenvalues there, below rounding of zero), so
+    the two are different rank-r Nystroem approximations of the kernel; on a new item the
+    features' inner products can differ by percents, and test accuracies were the same
+    (docs/measurements/model-selection.md, "The kernel's map from a Cholesky factor"). It
+    costs :math:`B^3 / 3` floating point operations twice, against an eigendecomposition's
+    several times :math:`B^3`, and holds two B x B matrices beside ``gram``.
+
+    Parameters
+    ----------
+    gram : ndarray of shape (n_basis, n_basis)
+        Symmetrised before it is factored; a kernel's, positive semi-definite up to rounding.
+
+    Returns
+    -------
+    ndarray of shape (n_basis, n_basis)
+        Rows of the pivots, columns 1..r; zero elsewhere.
+    """
+    # Symmetric, so its transpose is the Fortran-ordered array LAPACK factors in place.
+    symmetric = ((gram + gram.T) / 2.0).T
+    # The pivots fall with the eigenvalues they stand for; the trace bounds the largest.
+    tolerance = EIGENVALUE_RELATIVE_TOLERANCE * max(float(np.trace(symmetric)), 1e-300)
+    factor, pivots, rank, info = scipy.linalg.lapack.dpstrf(
+        symmetric, tol=tolerance, lower=1, overwrite_a=1
+    )
+    if info < 0:
+        raise np.linalg.LinAlgError(f"the pivoted Cholesky factorisation failed (info {info})")
+    del symmetric
+    projection = np.zeros(factor.shape, dtype=factor.dtype)
+    if rank == 0:  # a measure that is zero on the basis: no features, as nystroem_projection
+        return projection
+    inverse, info = scipy.linalg.lapack.dtrtri(factor[:rank, :rank], lower=1, overwrite_c=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"the Cholesky factor's inverse failed (LAPACK info {info})")
+    del factor
+    # LAPACK writes the lower triangles only; the upper ones keep what the input held there.
+    for column in range(1, rank):
+        inverse[:column, column] = 0.0
+    projection[pivots[:rank] - 1, :rank] = inverse.T
+    return projection
 
 
 class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
@@ -354,11 +445,14 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         Nystroem's per-measure projection, applied after the affine part.
     basis_eigenvalues_ : ndarray of shape (M, n_basis) or None
         With Nystroem: each measure's eigenvalues on the basis (ascending), from the one
-        decomposition the projection is made of (the eigenvalue diagnostics read them).
+        decomposition the projection is made of (the eigenvalue diagnostics read them). None
+        unless every measure's projection was made of one (a kernel's ``clip`` map needs
+        none, :func:`kernel_map_projection`): the diagnostics then compute the eigenvalues.
     timings_ : dict of str to float
         Seconds ``fit_transform`` spent in each step: ``similarities`` (the raw maps of the
         training set), ``normalization`` (its statistics: for Nystroem the eigendecomposition
-        and the projection), ``projection`` (the training set's features projected).
+        or the Cholesky factor, and the projection), ``projection`` (the training set's
+        features projected).
     n_features_in_ : int
     """
 
@@ -509,15 +603,21 @@ class BasisExpansion(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEsti
         started = time.perf_counter()
         self.basis_gram_ = raw[indices].reshape(n_basis, len(specs), n_basis).transpose(1, 0, 2)
         self.basis_gram_ = np.ascontiguousarray(self.basis_gram_)
-        # Nystroem's one eigendecomposition per measure: the projection is made of it, and the
-        # eigenvalue diagnostics read its eigenvalues instead of solving the problem again.
-        spectra = None
+        # Nystroem's one eigendecomposition per measure that needs one: the projection is made
+        # of it, and the eigenvalue diagnostics read its eigenvalues instead of solving the
+        # problem again.
+        rule = normalization_rule(
+            normalization, len(specs), [spec.kind.positive_definite for spec in specs]
+        )
+        spectra = [
+            symmetric_eigenvalues(K) if rule.decomposes(m) else None
+            for m, K in enumerate(self.basis_gram_)
+        ]
         self.basis_eigenvalues_ = None
-        if normalization.startswith("nystroem("):
-            spectra = [symmetric_eigenvalues(K) for K in self.basis_gram_]
+        if normalization.startswith("nystroem(") and all(pair is not None for pair in spectra):
             self.basis_eigenvalues_ = np.stack([values for values, _ in spectra])
-        self.offset_, self.scale_, self.projection_ = normalization_statistics(
-            raw, len(specs), normalization, self.basis_gram_, spectra
+        self.offset_, self.scale_, self.projection_ = rule.statistics(
+            learn_in_one_block(rule, raw), raw.shape[1], self.basis_gram_, spectra
         )
         del spectra
         self.timings_["normalization"] = time.perf_counter() - started

@@ -56,7 +56,8 @@ FEATURE_ITEMSIZE = 8
 
 # The F x F matrices a fit holds beside its features: the basis Gram matrix under every
 # normalisation (the expansion keeps it: the artifact's eigenvalue report reads it), and under
-# nystroem also its eigenvectors and the projection made of them. Counted as F x F where they are
+# nystroem also its eigenvectors (a kernel's clip map: its Cholesky factor) and the projection
+# made of them. Counted as F x F where they are
 # one B x B matrix per measure (F = M B), so the bound errs small for joined measures.
 GRAM_MATRICES = 1
 NYSTROEM_SQUARE_MATRICES = 3
