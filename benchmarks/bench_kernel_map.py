@@ -27,7 +27,7 @@ from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
 from training.data.datasets import load_dataset
-from training.estimator.expansion import kernel_map_projection, nystroem_projection
+from training.estimator.normalization import kernel_map_projection, nystroem_projection
 
 
 def _cpu_median(work, repeats: int):

@@ -9,9 +9,9 @@ from service.model import SpecError, parse_specs
 from service.model.features import NORMALIZATIONS, parse_normalization, resolve_normalization
 from training.estimator.block_statistics import learn
 from training.estimator.diagnostics import eigen_diagnostics
-from training.estimator.expansion import (
+from training.estimator.expansion import BasisExpansion
+from training.estimator.normalization import (
     NORMALIZATION_RULES,
-    BasisExpansion,
     kernel_map_projection,
     normalization_rule,
     normalization_statistics,
@@ -320,7 +320,7 @@ def test_nystroem_keeps_the_eigenvalues_of_its_one_decomposition_for_the_diagnos
 
 
 def test_a_nystroem_projection_from_a_given_spectrum_is_the_one_from_the_matrix(indefinite):
-    from training.estimator.expansion import symmetric_eigenvalues
+    from training.estimator.normalization import symmetric_eigenvalues
 
     spectrum = symmetric_eigenvalues(indefinite)
     for fix in ("clip", "flip", "square"):

@@ -7,7 +7,7 @@ A statistic that needs what an earlier one found (a spread needs the mean) takes
 passes: each pass adds up every block's sums (:meth:`BlockStatistics.sums`), then finishes from
 the totals (:meth:`BlockStatistics.finish`), which the next pass reads. The input normalisation
 (:mod:`training.estimator.preprocessing`) and the similarities' normalisations
-(:mod:`training.estimator.expansion`) are learned this way.
+(:mod:`training.estimator.normalization`) are learned this way.
 """
 
 from __future__ import annotations

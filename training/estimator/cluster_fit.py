@@ -53,7 +53,8 @@ from training.estimator.distributed_solver import (
     fit_along_C,
     fit_one_vs_rest_distributed,
 )
-from training.estimator.expansion import BasisExpansion, normalization_rule
+from training.estimator.expansion import BasisExpansion
+from training.estimator.normalization import normalization_rule
 from training.estimator.preparation import DensePreparation, is_texts
 from training.estimator.preprocessing import InputNormalizer, InputStatistics
 
@@ -262,7 +263,7 @@ def _feature_blocks(client, pieces, preparation, expansion, classes, n_samples: 
     workers), each computed once.
 
     The raw kernel maps first, then the normalisation learned from them by the rule one
-    process learns it by (:func:`~training.estimator.expansion.normalization_rule`, its passes'
+    process learns it by (:func:`~training.estimator.normalization.normalization_rule`, its passes'
     sums added up over the workers' rows; Nystroem's reads the basis alone, fitted already),
     then each block normalised where it is.
     """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from training.estimator.expansion import eigenvalue_tolerance
+from training.estimator.normalization import eigenvalue_tolerance
 
 
 def eigen_diagnostics(gram: np.ndarray, eigenvalues: np.ndarray | None = None) -> dict[str, float]:
