@@ -199,8 +199,16 @@ def test_a_selection_on_a_sample_records_its_ladder():
     # The first rung is the basis grown from the folds; the choice is the last rung taken.
     assert path[0]["basis_per_class"] >= selection.searched_basis_per_class_
     taken = [rung["basis_per_class"] for rung in path if rung["taken"]]
-    assert selection.best_params_["basis_per_class"] in (taken[-1], 400)  # 400: every item
+    # Then the kernel SVM's grid on the split (training/selection/kernel_grid.py), against the
+    # ladder's choice; the choice is the grid's where it took one.
+    grid = selection.record()["kernel_grid"]
+    assert grid == selection.kernel_grid_
+    assert json.loads(json.dumps(grid)) == grid
+    assert grid["items"] == 1200
+    assert grid["compared_with"]["basis_per_class"] in (taken[-1], 400)  # 400: every item
+    assert selection.best_params_ == (grid["chosen"] or grid["compared_with"])
     assert "basis ladder on the split" in selection.describe()
+    assert "kernel grid on the split" in selection.describe()
 
 
 def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
@@ -229,6 +237,23 @@ def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
     assert given.ladder_["stopped"] == "time budget spent"
 
 
+def test_the_kernel_grid_runs_on_splits_of_a_few_thousand_items_only(monkeypatch):
+    X, y = make_classification(
+        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
+    )
+    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    tiny = ForwardSelectionCV(estimator, budget=0.01, n_jobs=1, max_items=300, refit=False)
+    assert tiny.fit(X, y.astype(str)).kernel_grid_["items"] == 1200
+    # above the rules' bound, the ladder's choice is final and the record has no kernel grid
+    monkeypatch.setattr(
+        space, "DENSE_RULES", replace(space.DENSE_RULES, kernel_grid_max_items=1199)
+    )
+    selection = tiny.fit(X, y.astype(str))
+    assert selection.ladder_ is not None
+    assert selection.kernel_grid_ is None
+    assert "kernel_grid" not in selection.record()
+
+
 def test_the_ladder_budget_is_the_selections_up_to_40000_items():
     assert ladder_budget_for(10_000, 120.0) == ladder_budget_for(40_000, 120.0) == 120.0
     assert ladder_budget_for(100_000, 120.0) == pytest.approx(300.0)
@@ -241,7 +266,9 @@ def test_a_selection_on_every_item_has_no_ladder():
         BasisExpandingSVC(n_jobs=1), budget=GENEROUS, n_jobs=1, repeats=1, refit=False
     ).fit(X, y)
     assert selection.ladder_ is None
+    assert selection.kernel_grid_ is None
     assert "basis_ladder" not in selection.record()
+    assert "kernel_grid" not in selection.record()
 
 
 def test_a_class_of_one_item_stays_in_the_fit_part():
@@ -266,7 +293,8 @@ def test_the_first_rung_is_capped_and_the_ladder_climbs_from_there(monkeypatch):
     selection = ForwardSelectionCV(
         estimator, budget=GENEROUS, n_jobs=1, max_items=300, refit=False
     ).fit(X, y.astype(str))
-    measures = len(selection.best_params_["similarity"].split("+"))
+    # the folds' choice, which the first rung grows (the kernel grid may change the final one)
+    measures = len(selection.path_[-1]["similarity"].split("+"))
     searched = selection.searched_basis_per_class_
     grown = max(searched, min(6 * searched, 400, 240 // (3 * measures)))
     path = selection.ladder_["path"]
@@ -287,6 +315,7 @@ def test_documents_searched_on_a_sample_climb_the_ladder_from_the_grown_basis(te
         BasisExpandingSVC(min_df=1), budget=GENEROUS, n_jobs=1, max_items=60, refit=False
     ).fit(text_dataset.X_train, text_dataset.y_train)
     assert selection.n_items_ == 60
+    assert selection.kernel_grid_ is None  # documents: no kernel SVM's grid
     ladder = selection.record()["basis_ladder"]
     searched = selection.searched_basis_per_class_
     path = ladder["path"]

@@ -72,8 +72,9 @@ SELECTION_OPTIONS = {
         "memory_budget": "Bytes the final fit's training features may take (n x F float64 "
         "numbers, the basis Gram matrix, and under nystroem its eigenvectors and projection), e.g. "
         "8GiB, 500MiB, 8GB or "
-        "plain bytes: it bounds the basis grown for the whole training split and the basis "
-        "ladder; beyond one machine's memory, train on a cluster (--cluster)",
+        "plain bytes: it bounds the basis grown for the whole training split, the basis "
+        "ladder and the kernel grid's fits at every item; beyond one machine's memory, train on "
+        "a cluster (--cluster)",
     },
 }
 

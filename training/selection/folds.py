@@ -168,6 +168,34 @@ class FoldScorer:
         self.out_of_time = False
         self.parallel = parallel
 
+    @classmethod
+    def at(
+        cls,
+        site,
+        estimator,
+        X,
+        folds: list[Fold],
+        n_items: int,
+        *,
+        jobs: int,
+        threads: int,
+        budget_s: float,
+        progress,
+    ) -> FoldScorer:
+        """A scorer whose fold fits run where ``site`` runs them
+        (:mod:`training.selection.sites`), in ``jobs`` processes of ``threads`` threads each,
+        within ``budget_s`` CPU seconds per core they use."""
+        return cls(
+            estimator,
+            X,
+            folds,
+            n_items,
+            site.parallel(X, jobs),
+            site.threads(threads),
+            SelectionBudget(budget_s, site.cores(jobs, threads)),
+            progress,
+        )
+
     def __call__(
         self, stage: str, candidates: Sequence[Candidate], reference: np.ndarray | None
     ) -> Scored:

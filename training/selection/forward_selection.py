@@ -37,7 +37,6 @@ from sklearn.utils.validation import check_is_fitted
 
 from service.model import Predictor
 from service.model.inputs.dense import GLOBAL_NORMALIZATION
-from service.model.threads import available_cpus
 from training.cluster.connection import client_for, enclosing_client, in_process_client
 from training.cluster.rows import draw_sample
 from training.cluster.shards import ShardedData
@@ -53,13 +52,14 @@ from training.selection.budget import (
     ladder_budget_for,
 )
 from training.selection.folds import FoldScorer, make_folds, repeats_for
+from training.selection.kernel_grid import describe_kernel_grid, search_kernel_grid
 from training.selection.memory import (
     DEFAULT_BUDGET_RULE,
     basis_per_class_within,
     default_memory_budget,
     describe_bytes,
 )
-from training.selection.sites import OnCluster, ThisMachine, fold_jobs
+from training.selection.sites import OnCluster, ThisMachine, fit_cores, fold_jobs
 from training.selection.space import (
     GROWN_WITHIN_MEMORY,
     START_BASIS_PER_CLASS,
@@ -110,7 +110,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         along the ladder on the whole split, under a budget of its own (by default 3 s per
         1,000 items of the split, at least the selection's: ``ladder_budget_s_``; ``budget``
         when given), and searches the large basis there under one as large as the
-        selection's.
+        selection's; on splits of at most 5,000 dense items it then cross-validates the
+        kernel SVM's grid on the whole split under another (``kernel_grid_``).
     cv : int, default=3
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
     repeats : int or None, default=None
@@ -205,6 +206,11 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         (``basis_per_class``, ``n_basis``, ``held_out_accuracy``, ``gain``,
         ``standard_error``, ``taken``, ``seconds``), why it ``stopped``, its hold-out and
         memory bound; the record's ``basis_ladder``. None elsewhere.
+    kernel_grid_ : dict or None
+        Where the ladder ran on at most 5,000 dense items: the kernel SVM's grid on the whole
+        split against the ladder's choice (:mod:`training.selection.kernel_grid`), its
+        ``path``, ``stages``, ``chosen`` (None: kept) and why it ``stopped``; the record's
+        ``kernel_grid``. None elsewhere.
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)
@@ -413,17 +419,18 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         )
         if "cluster" in base.get_params():
             base.set_params(cluster=None)
-        budget = SelectionBudget(self.budget_s_, site.cores(jobs, threads))
-        scorer = FoldScorer(
+        scorer = FoldScorer.at(
+            site,
             base,
             X_folds,
             folds,
             n_items,
-            site.parallel(X_folds, jobs),
-            site.threads(threads),
-            budget,
-            self.verbose,
+            jobs=jobs,
+            threads=threads,
+            budget_s=self.budget_s_,
+            progress=self.verbose,
         )
+        budget = scorer.budget
         state = SelectionState(
             scorer,
             start,
@@ -444,13 +451,13 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             rules,
             self.memory_budget_,
         )
-        self.ladder_ = self.ladder_budget_s_ = None
+        self.ladder_ = self.ladder_budget_s_ = self.kernel_grid_ = None
         if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
             # From the grown size, the basis doubles while the hold-out of the whole split says
             # it pays, under a budget of its own that grows with the split, counted as the
             # selection's; then the large basis is searched at its top, under one as large as the
             # selection's.
-            cores = _fit_cores(base.get_params()["n_jobs"])
+            cores = fit_cores(base.get_params()["n_jobs"])
             self.ladder_budget_s_ = (
                 ladder_budget_for(len(labels), self.budget_s_)
                 if self.budget is None
@@ -482,6 +489,29 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 **(ladder.params or self.best_params_),
                 "basis_per_class": ladder.basis_per_class,
             }
+            # Then the kernel SVM's grid against that choice on the whole split; its fits hold
+            # n x n features (every item the basis), heavy whatever the inputs' width.
+            if len(labels) <= rules.kernel_grid_max_items:
+                grid_jobs, grid_threads = fold_jobs(self.n_jobs, len(labels) ** 2, spec)
+                grid = search_kernel_grid(
+                    base,
+                    self.best_params_,
+                    X_checked,
+                    labels,
+                    rules=rules,
+                    site=site,
+                    jobs=grid_jobs,
+                    threads=grid_threads,
+                    budget_s=self.budget_s_,
+                    memory_budget=self.memory_budget_,
+                    min_gain_se=self.min_gain_se,
+                    prefer=self.prefer,
+                    work=lambda params: prediction_work(params, spec, n_classes),
+                    random_state=self.random_state,
+                    verbose=self.verbose,
+                )
+                self.kernel_grid_ = grid.record()
+                self.best_params_ = grid.params or self.best_params_
         self.best_score_ = state.accuracy
         self.path_ = state.path
         self.stages_ = state.stages
@@ -601,6 +631,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "path": self.path_,
             "stages": self.stages_,
             **({"basis_ladder": self.ladder_} if getattr(self, "ladder_", None) else {}),
+            **({"kernel_grid": self.kernel_grid_} if getattr(self, "kernel_grid_", None) else {}),
             **({"C_path_on_shards": self.C_path_} if hasattr(self, "C_path_") else {}),
         }
 
@@ -653,17 +684,14 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             large = self.ladder_.get("large_basis")
             if large:
                 lines.append(f"  large basis on the split: {describe_large_basis(large)}")
+        if getattr(self, "kernel_grid_", None):
+            lines.append(f"  kernel grid on the split: {describe_kernel_grid(self.kernel_grid_)}")
         if hasattr(self, "C_path_"):
             lines.append(
                 "  C on every shard (held-out accuracy): "
                 + ", ".join(f"{e['C']:g} {100 * e['held_out_accuracy']:.2f}%" for e in self.C_path_)
             )
         return "\n".join(lines)
-
-
-def _fit_cores(n_jobs: int | None) -> int:
-    """Cores an estimator fit with ``n_jobs`` uses: the budget's count of them."""
-    return int(n_jobs) if n_jobs is not None and n_jobs > 0 else available_cpus()
 
 
 def _C_path(C: float) -> list[float]:

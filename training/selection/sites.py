@@ -31,6 +31,11 @@ def fold_jobs(n_jobs: int | None, numbers: int, spec: InputSpec) -> tuple[int, i
     return cpus, 1
 
 
+def fit_cores(n_jobs: int | None) -> int:
+    """Cores an estimator fit with ``n_jobs`` uses: the budget's count of them."""
+    return int(n_jobs) if n_jobs is not None and n_jobs > 0 else available_cpus()
+
+
 class ThisMachine:
     """Fold fits in ``n_jobs`` joblib processes on this machine (one: in this process), each
     with its share of the cores."""

@@ -85,7 +85,15 @@ LARGE_BASIS_NORMALIZATION = "besvm"
 # cost about what besvm's do, but twice the candidates left phoneme's seed 1 short of the width
 # it needed (89.66% -> 88.48%; spambase 93.74% either way: "The kernel's map from a Cholesky
 # factor").
-LARGE_BASIS_NORMALIZATIONS = ("nystroem(clip)", LARGE_BASIS_NORMALIZATION)
+KERNEL_MAP_NORMALIZATION = "nystroem(clip)"
+LARGE_BASIS_NORMALIZATIONS = (KERNEL_MAP_NORMALIZATION, LARGE_BASIS_NORMALIZATION)
+
+# Splits of dense inputs up to this many items (selected on a sample, the basis grown on the
+# ladder) cross-validate the kernel's map at every item against the ladder's choice
+# (training.selection.kernel_grid). Its fold fits hold every item of a fold as the basis: at
+# 5,000 items about 4,000 x 4,000 features and Gram matrix, 15 to 80 CPU seconds a candidate's
+# folds on spambase (3,447 items); the cost grows as the items squared to cubed.
+KERNEL_GRID_MAX_ITEMS = 5000
 
 LARGE_BASIS_C = (10.0, 100.0)
 
@@ -535,6 +543,9 @@ class KindRules:
     # ... and the large-basis search runs at its top even when that is the rung taken (its
     # candidates differ in more than the size)
     search_at_the_rung: bool
+    # splits up to this many items cross-validate the kernel's map at every item after the
+    # ladder (0: never; training.selection.kernel_grid)
+    kernel_grid_max_items: int
 
     def climbs_ladder(
         self, validated_items: int, n_train: int, whole_split: bool, this_machine: bool
@@ -584,6 +595,7 @@ DENSE_RULES = KindRules(
     documents=False,
     first_rung_features=MAX_FIRST_RUNG_FEATURES,
     search_at_the_rung=False,
+    kernel_grid_max_items=KERNEL_GRID_MAX_ITEMS,
 )
 
 DOCUMENT_RULES = KindRules(
@@ -601,6 +613,8 @@ DOCUMENT_RULES = KindRules(
     # class, 20 to 30 s a fit on the ladder's fit part)
     first_rung_features=None,
     search_at_the_rung=True,
+    # documents are under besvm, and their measures' maps are not a kernel SVM's
+    kernel_grid_max_items=0,
 )
 
 

@@ -1,0 +1,235 @@
+"""The kernel SVM's own grid, cross-validated on the whole training split, after the basis ladder
+(:func:`search_kernel_grid`).
+
+On a split of a few thousand items selected on a sample, the basis ladder and its large-basis
+search decide on one stratified hold-out of a fifth of the split. There a kernel SVM's gain is
+often within the noise (spambase, seed 0: the best kernel's map at every item +0.73 points on the
+hold-out, standard error 0.78), and the ladder keeps its cheaper choice (there 1.65 points below
+the kernel SVM this stage takes, on the test split). A user tuning an SVC would cross-validate it
+on every item. This stage does the same: the ladder's choice and the kernel's own map at every
+training item (``nystroem(clip)``, with every item as the basis the linear SVM is the kernel SVM,
+squared hinge) over a grid of widths, input normalisations and C
+(:func:`~training.selection.space.large_basis_candidates`), scored on :data:`KERNEL_GRID_FOLDS`
+stratified folds of the whole split with the selection's racing and its rule
+(:func:`~training.selection.state.take`: a candidate costlier to predict replaces the ladder's
+choice only on a gain beyond ``min_gain_se`` standard errors unless the preference is
+``accuracy``), within a time budget of the selection's size.
+
+It runs where the kernel's map at every item is affordable
+(:attr:`~training.selection.space.KindRules.kernel_grid_max_items`: dense inputs up to a few
+thousand items, whose features fit the memory budget), for kernels only (the map of an indefinite
+measure is not a kernel's): docs/how-it-works/model-selection.md, "The kernel SVM's grid".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from training.selection.folds import RACE_CHUNK, FoldScorer, make_folds
+from training.selection.memory import NYSTROEM_SQUARE_MATRICES, feature_bytes
+from training.selection.space import (
+    KERNEL_MAP_NORMALIZATION,
+    Candidate,
+    KindRules,
+    basis_weight,
+    large_basis_candidates,
+)
+from training.selection.state import SelectionState
+
+# Folds of the whole split: a kernel SVM's grid search as a user runs it (scikit-learn's
+# default), every item validated once.
+KERNEL_GRID_FOLDS = 5
+
+# The candidates offered, the most promising first (one racing chunk, RACE_CHUNK): under the
+# default budget the stage scored no more than these on spambase and phoneme (3,447 and 4,053
+# items; docs/measurements/model-selection.md, "The kernel SVM's grid on the whole split"), the
+# budget ending it on every split there; a fixed number bounds its cost under a generous one.
+KERNEL_GRID_CANDIDATES = RACE_CHUNK
+
+
+@dataclass
+class KernelGridResult:
+    """What the kernel grid chose (``params``: None, the ladder's choice kept) and its record."""
+
+    params: dict[str, Any] | None = None
+    compared_with: dict[str, Any] = field(default_factory=dict)  # the ladder's choice
+    stopped: str = ""
+    folds: int = 0
+    items: int = 0
+    budget_s: float = 0.0
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    fits: int = 0
+    jobs: int = 0  # fold fits side by side
+    path: list[dict[str, Any]] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "method": f"the ladder's choice against the kernel's map at every item, "
+            f"{self.folds}-fold stratified cross-validation on the whole split, a candidate "
+            "taken by the selection's rule",
+            "items": self.items,
+            "compared_with": self.compared_with,
+            "chosen": self.params,
+            "stopped": self.stopped,
+            "budget_s": self.budget_s,
+            "seconds": round(self.seconds, 2),
+            "cpu_seconds": round(self.cpu_seconds, 2),
+            "fits": self.fits,
+            "jobs": self.jobs,
+            "path": self.path,
+            "stages": self.stages,
+        }
+
+
+def kernel_grid_candidates(
+    params: dict[str, Any], rules: KindRules, per_class: int
+) -> list[Candidate]:
+    """The kernel's map at ``per_class`` basis items a class: the first
+    :data:`KERNEL_GRID_CANDIDATES` of the large-basis search's candidates for ``params`` (its
+    scaled measure's widths, alone and joined, input normalisations and C, the most promising
+    first; a similarity without a width gets the starting rbf) under
+    :data:`~training.selection.space.KERNEL_MAP_NORMALIZATION`, which maps positive definite
+    measures only: a joined indefinite measure leaves its rbf alone, an indefinite one alone
+    gets none."""
+    return large_basis_candidates(
+        params, rules, per_class, normalizations=(KERNEL_MAP_NORMALIZATION,), alone=True
+    )[:KERNEL_GRID_CANDIDATES]
+
+
+def search_kernel_grid(
+    estimator,
+    params: dict[str, Any],
+    X,
+    y,
+    *,
+    rules: KindRules,
+    site,
+    jobs: int,
+    threads: int,
+    budget_s: float,
+    memory_budget: int,
+    min_gain_se: float,
+    prefer: str,
+    work: Callable[[dict[str, Any]], float],
+    random_state: int = 0,
+    verbose: bool = False,
+) -> KernelGridResult:
+    """Cross-validate ``params`` (the ladder's choice) against
+    :func:`kernel_grid_candidates` at every training item on (X, y), the whole split.
+
+    Parameters
+    ----------
+    estimator : BasisExpandingSVC
+        Cloned for every fold fit.
+    params : dict
+        The configuration chosen so far (its basis per class for the whole split).
+    X : ndarray of shape (n_samples, ...)
+    y : ndarray of shape (n_samples,)
+    rules : KindRules
+    site : ThisMachine
+        Where the fold fits run (:mod:`training.selection.sites`), in ``jobs`` processes of
+        ``threads`` numba threads (fewer processes where the memory budget holds fewer fits).
+    jobs, threads : int
+    budget_s : float
+        The fold fits' CPU seconds per core
+        (:class:`~training.selection.budget.SelectionBudget`); no candidate starts once they
+        are spent.
+    memory_budget : int
+        Bytes the training features may take: a candidate whose final fit (every item of the
+        split) would exceed it is not offered, and no more fold fits run side by side than it
+        holds.
+    min_gain_se : float
+    prefer : {"accuracy", "cost"}
+    work : callable
+        A configuration's prediction work, for the rule's ties.
+    random_state : int, default=0
+        Seed of the folds.
+    verbose : bool, default=False
+        A progress bar on a terminal.
+
+    Returns
+    -------
+    KernelGridResult
+        ``params`` is the candidate taken (None: ``params`` kept); ``stopped`` says why the
+        stage ended or was skipped.
+    """
+    started = time.monotonic()
+    y = np.asarray(y)
+    result = KernelGridResult(items=len(y), budget_s=float(budget_s), compared_with=dict(params))
+    X_folds, folds, n_items = make_folds(X, y, KERNEL_GRID_FOLDS, 1, random_state, len(y))
+    result.folds = len(folds)
+    largest_class = int(np.unique(y, return_counts=True)[1].max())
+    candidates = kernel_grid_candidates(params, rules, largest_class)
+    if not candidates:
+        result.stopped = "skipped: no positive definite measure to map"
+        return result
+    # Every item is a basis item: the final fit's features are the split's items squared
+    # times the measures' weight, and a fold fit's its training part's.
+    affordable = [
+        candidate
+        for candidate in candidates
+        if _every_item_bytes(len(y), candidate.params) <= memory_budget
+    ]
+    if not affordable:
+        result.stopped = "skipped: every item's features exceed the memory budget"
+        return result
+    fold_items = max(len(fold.y_train) for fold in folds)
+    largest = max(_every_item_bytes(fold_items, candidate.params) for candidate in affordable)
+    # as many fold fits side by side as the memory budget holds
+    jobs = result.jobs = max(1, min(jobs, memory_budget // largest))
+    scorer = FoldScorer.at(
+        site,
+        estimator,
+        X_folds,
+        folds,
+        n_items,
+        jobs=jobs,
+        threads=threads,
+        budget_s=budget_s,
+        progress=verbose,
+    )
+    budget = scorer.budget
+    state = SelectionState(scorer, params, min_gain_se, started, work, prefer)
+    taken = state.step("kernel grid", affordable)
+    result.params = state.current if taken else None
+    result.path, result.stages = state.path, state.stages
+    result.stopped = (
+        budget.describe() if scorer.out_of_time else "every candidate scored or raced out"
+    )
+    result.seconds = time.monotonic() - started
+    result.cpu_seconds = budget.cpu_seconds
+    result.fits = scorer.fits
+    return result
+
+
+def _every_item_bytes(n_items: int, params: dict[str, Any]) -> int:
+    """Bytes of the training features of ``n_items`` items, every one a basis item, under the
+    kernel's map (:func:`~training.selection.memory.feature_bytes`)."""
+    n_features = math.ceil(n_items * basis_weight(params["similarity"]))
+    return feature_bytes(n_items, n_features, NYSTROEM_SQUARE_MATRICES)
+
+
+def describe_kernel_grid(record: dict[str, Any]) -> str:
+    """The kernel grid's record (:meth:`KernelGridResult.record`) in one line: the ladder's
+    choice and the candidate taken with their cross-validated accuracies, or why it did not
+    run."""
+    path = record["path"]
+    if not path:
+        return record["stopped"]
+    start = f"the ladder's choice CV {100 * path[0]['cv_accuracy']:.2f}%"
+    if not record["chosen"]:
+        return f"{start}; not taken ({record['stopped']})"
+    taken = path[-1]
+    return (
+        f"{start}; taken: {taken['change']} CV {100 * taken['cv_accuracy']:.2f}% "
+        f"({100 * taken['gain']:+.2f} ± {100 * taken['standard_error']:.2f}; "
+        f"{record['stopped']})"
+    )
