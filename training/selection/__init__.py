@@ -6,4 +6,5 @@ folds and their racing (:mod:`~training.selection.folds`), the budget
 where the fold fits run (:mod:`~training.selection.sites`), the stages
 (:mod:`~training.selection.stages`), and after them the basis ladder on the whole split
 (:mod:`~training.selection.basis_ladder`) with its hold-out (:mod:`~training.selection.holdout`)
-and memory bound (:mod:`~training.selection.memory`)."""
+and memory bound (:mod:`~training.selection.memory`), and the kernel SVM's grid on splits of a
+few thousand items (:mod:`~training.selection.kernel_grid`)."""

@@ -151,11 +151,13 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     ----------
     best_params_ : dict
         The chosen :data:`SELECTED_PARAMETERS`, the basis grown to the whole set where the
-        rules say so (along the validated ladder, ``ladder_``, where it runs).
+        rules say so (along the validated ladder, ``ladder_``, where it runs; the kernel SVM's
+        grid, ``kernel_grid_``, may replace the ladder's choice).
     best_score_ : float
         Cross-validated accuracy of the configuration the folds chose (NaN if the budget ran
         out before the start was scored); where the basis ladder or the large-basis search
-        changed it on the whole split, their held-out accuracies are in ``ladder_``.
+        changed it on the whole split, their held-out accuracies are in ``ladder_``, and the
+        kernel SVM's grid's cross-validated ones in ``kernel_grid_["path"]``.
     best_estimator_ : BasisExpandingSVC
         The chosen configuration fitted on the whole training set (with ``refit``).
     path_ : list of dict
@@ -177,7 +179,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     stopped_ : str
         Why the selection ended.
     seconds_ : float
-        The selection's wall time, the basis ladder's included (the refit not counted).
+        The selection's wall time, the basis ladder's and the kernel grid's included (the
+        refit not counted).
     cpu_seconds_ : float
         Its fold fits' CPU time, all cores together (what the budget counts, per core).
     n_fits_ : int

@@ -31,14 +31,18 @@ from typing import Any
 
 import numpy as np
 
+from service.model.similarity import parse_spec
 from training.selection.folds import RACE_CHUNK, FoldScorer, make_folds
-from training.selection.memory import NYSTROEM_SQUARE_MATRICES, feature_bytes
+from training.selection.memory import feature_bytes
 from training.selection.space import (
     KERNEL_MAP_NORMALIZATION,
+    START_MEASURE,
     Candidate,
     KindRules,
     basis_weight,
+    held_square_matrices,
     large_basis_candidates,
+    measures,
 )
 from training.selection.state import SelectionState
 
@@ -93,14 +97,19 @@ def kernel_grid_candidates(
     params: dict[str, Any], rules: KindRules, per_class: int
 ) -> list[Candidate]:
     """The kernel's map at ``per_class`` basis items a class: the first
-    :data:`KERNEL_GRID_CANDIDATES` of the large-basis search's candidates for ``params`` (its
-    scaled measure's widths, alone and joined, input normalisations and C, the most promising
-    first; a similarity without a width gets the starting rbf) under
-    :data:`~training.selection.space.KERNEL_MAP_NORMALIZATION`, which maps positive definite
-    measures only: a joined indefinite measure leaves its rbf alone, an indefinite one alone
-    gets none."""
+    :data:`KERNEL_GRID_CANDIDATES` of the large-basis search's candidates (the scaled measure's
+    widths, alone and joined, input normalisations and C, the most promising first) under
+    :data:`~training.selection.space.KERNEL_MAP_NORMALIZATION`, for ``params`` with its
+    positive definite measures only (the map of an indefinite one is not a kernel's); where
+    none remains, or none has a width, for the starting rbf."""
+    kernels = [
+        measure
+        for measure in measures(params["similarity"])
+        if parse_spec(measure).kind.positive_definite
+    ]
+    kernel_params = {**params, "similarity": " + ".join(kernels) if kernels else START_MEASURE}
     return large_basis_candidates(
-        params, rules, per_class, normalizations=(KERNEL_MAP_NORMALIZATION,), alone=True
+        kernel_params, rules, per_class, normalizations=(KERNEL_MAP_NORMALIZATION,), alone=True
     )[:KERNEL_GRID_CANDIDATES]
 
 
@@ -166,25 +175,21 @@ def search_kernel_grid(
     result = KernelGridResult(items=len(y), budget_s=float(budget_s), compared_with=dict(params))
     X_folds, folds, n_items = make_folds(X, y, KERNEL_GRID_FOLDS, 1, random_state, len(y))
     result.folds = len(folds)
-    largest_class = int(np.unique(y, return_counts=True)[1].max())
-    candidates = kernel_grid_candidates(params, rules, largest_class)
-    if not candidates:
-        result.stopped = "skipped: no positive definite measure to map"
-        return result
-    # Every item is a basis item: the final fit's features are the split's items squared
-    # times the measures' weight, and a fold fit's its training part's.
-    affordable = [
-        candidate
-        for candidate in candidates
-        if _every_item_bytes(len(y), candidate.params) <= memory_budget
-    ]
+    split_counts = np.unique(y, return_counts=True)[1]
+    candidates = kernel_grid_candidates(params, rules, int(split_counts.max()))
+    # Every item is a candidate's basis item: its final fit holds the split's items squared
+    # (times the measures' weight), which must fit the memory budget.
+    affordable = [c for c in candidates if _fit_bytes(split_counts, c.params) <= memory_budget]
     if not affordable:
         result.stopped = "skipped: every item's features exceed the memory budget"
         return result
-    fold_items = max(len(fold.y_train) for fold in folds)
-    largest = max(_every_item_bytes(fold_items, candidate.params) for candidate in affordable)
-    # as many fold fits side by side as the memory budget holds
+    # As many fold fits side by side as the memory budget holds (the ladder's choice is scored
+    # on the folds too), the cores they leave to the threads of those that run.
+    fold_counts = np.unique(max((f.y_train for f in folds), key=len), return_counts=True)[1]
+    largest = max(_fit_bytes(fold_counts, p) for p in [params, *(c.params for c in affordable)])
+    cores = jobs * threads
     jobs = result.jobs = max(1, min(jobs, memory_budget // largest))
+    threads = max(threads, cores // jobs)
     scorer = FoldScorer.at(
         site,
         estimator,
@@ -210,11 +215,13 @@ def search_kernel_grid(
     return result
 
 
-def _every_item_bytes(n_items: int, params: dict[str, Any]) -> int:
-    """Bytes of the training features of ``n_items`` items, every one a basis item, under the
-    kernel's map (:func:`~training.selection.memory.feature_bytes`)."""
-    n_features = math.ceil(n_items * basis_weight(params["similarity"]))
-    return feature_bytes(n_items, n_features, NYSTROEM_SQUARE_MATRICES)
+def _fit_bytes(class_counts: np.ndarray, params: dict[str, Any]) -> int:
+    """Bytes of the training features of a fit of ``params`` on items of ``class_counts``
+    (:func:`~training.selection.memory.feature_bytes`: its basis items times the measures'
+    weight, and the square matrices its normalisation holds)."""
+    basis = int(np.minimum(class_counts, params["basis_per_class"]).sum())
+    n_features = math.ceil(basis * basis_weight(params["similarity"]))
+    return feature_bytes(int(class_counts.sum()), n_features, held_square_matrices(params))
 
 
 def describe_kernel_grid(record: dict[str, Any]) -> str:
