@@ -151,13 +151,12 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     ----------
     best_params_ : dict
         The chosen :data:`SELECTED_PARAMETERS`, the basis grown to the whole set where the
-        rules say so (along the validated ladder, ``ladder_``, where it runs; the kernel SVM's
-        grid, ``kernel_grid_``, may replace the ladder's choice).
+        rules say so (along the validated ladder, ``ladder_``, where it runs; the kernel
+        grid's choice, ``kernel_grid_``, may replace it).
     best_score_ : float
         Cross-validated accuracy of the configuration the folds chose (NaN if the budget ran
-        out before the start was scored); where the basis ladder or the large-basis search
-        changed it on the whole split, their held-out accuracies are in ``ladder_``, and the
-        kernel SVM's grid's cross-validated ones in ``kernel_grid_["path"]``.
+        out before the start was scored); where the steps on the whole split changed it, their
+        accuracies are in ``ladder_`` and ``kernel_grid_["path"]``.
     best_estimator_ : BasisExpandingSVC
         The chosen configuration fitted on the whole training set (with ``refit``).
     path_ : list of dict
@@ -179,8 +178,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     stopped_ : str
         Why the selection ended.
     seconds_ : float
-        The selection's wall time, the basis ladder's and the kernel grid's included (the
-        refit not counted).
+        The selection's wall time with the ladder's and the kernel grid's (not the refit).
     cpu_seconds_ : float
         Its fold fits' CPU time, all cores together (what the budget counts, per core).
     n_fits_ : int
@@ -210,10 +208,9 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         ``standard_error``, ``taken``, ``seconds``), why it ``stopped``, its hold-out and
         memory bound; the record's ``basis_ladder``. None elsewhere.
     kernel_grid_ : dict or None
-        Where the ladder ran on at most 5,000 dense items: the kernel SVM's grid on the whole
-        split against the ladder's choice (:mod:`training.selection.kernel_grid`), its
-        ``path``, ``stages``, ``chosen`` (None: kept) and why it ``stopped``; the record's
-        ``kernel_grid``. None elsewhere.
+        Where the ladder ran on at most 5,000 dense items: the kernel SVM's grid against its
+        choice (:mod:`training.selection.kernel_grid`): ``path``, ``stages``, ``chosen``
+        (None: kept), why it ``stopped``; the record's ``kernel_grid``. None elsewhere.
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)
