@@ -74,9 +74,13 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC, LinearSVC
 
 from service.model.inputs.spec import InputSpec
-from service.model.threads import limit_threads
 from training.data.datasets import Dataset, load_dataset, load_digits_dataset
-from training.evaluation.held_out import describe_tuned_svc, median_seconds, tuned_svc
+from training.evaluation.held_out import (
+    describe_tuned_svc,
+    prediction_batch,
+    seconds_per_item,
+    tuned_svc,
+)
 from training.fitting import fit_dataset
 from training.selection.basis_ladder import describe_large_basis
 from training.selection.state import DEFAULT_PREFERENCE, PREFERENCES
@@ -179,17 +183,6 @@ def _timed(fit: Callable[[], object]) -> tuple[object, float]:
     return model, time.perf_counter() - started
 
 
-def _batch(X) -> np.ndarray:
-    return np.resize(X, (BATCH, *np.shape(X)[1:])) if np.ndim(X) == 2 else np.resize(X, BATCH)
-
-
-def _per_sample(predict: Callable[[], object], repeats: int) -> float:
-    # One thread for every model: libsvm predicts on one, and on a shared machine a parallel
-    # region waits for its slowest thread, which makes the numbers noise.
-    with limit_threads(numba_threads=1, blas_threads=1):
-        return median_seconds(predict, repeats) / BATCH
-
-
 def _stop_words(name: str) -> str | None:
     return None if name == "none" else name
 
@@ -215,10 +208,10 @@ def _default(dataset: Dataset, args) -> dict:
     predictor = result.predictor
     predictor.warm_up()
     accuracy = float(np.mean(predictor.predict(dataset.X_test) == dataset.y_test))
-    batch = _batch(dataset.X_test)
+    batch = prediction_batch(dataset.X_test, BATCH)
     if dataset.input_spec.is_documents:
         batch = predictor.encode_texts(list(batch))
-    per_sample = _per_sample(lambda: predictor.decision_function(batch), args.repeats)
+    per_sample = seconds_per_item(lambda: predictor.decision_function(batch), BATCH, args.repeats)
     with tempfile.TemporaryDirectory() as folder:
         path = predictor.save(Path(folder) / "model")
         size = sum(f.stat().st_size for f in Path(path).iterdir())
@@ -256,9 +249,9 @@ def _default(dataset: Dataset, args) -> dict:
 def _sklearn(dataset: Dataset, make: Callable[[], object], args) -> dict:
     model, seconds = _timed(lambda: make().fit(dataset.X_train, dataset.y_train))
     accuracy = float(np.mean(model.predict(dataset.X_test) == dataset.y_test))
-    batch = _batch(dataset.X_test)
+    batch = prediction_batch(dataset.X_test, BATCH)
     estimator = getattr(model, "best_estimator_", model)
-    per_sample = _per_sample(lambda: estimator.predict(batch), args.repeats)
+    per_sample = seconds_per_item(lambda: estimator.predict(batch), BATCH, args.repeats)
     note = describe_tuned_svc(model) if hasattr(model, "best_params_") else ""
     if isinstance(model, SampledGridSearch):
         note += f", tuned on {min(model.n_items, len(dataset.y_train)):,} items"

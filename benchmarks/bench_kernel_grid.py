@@ -32,10 +32,9 @@ from pathlib import Path
 import numpy as np
 from sklearn.base import clone
 
-from service.model.threads import limit_threads
 from training import BasisExpandingSVC
 from training.data.datasets import load_dataset
-from training.evaluation.held_out import median_seconds
+from training.evaluation.held_out import prediction_batch, seconds_per_item
 from training.fitting import fit_dataset
 
 TEST_FRACTION = 0.25
@@ -44,9 +43,8 @@ BATCH = 1000
 
 def per_item_us(predictor, X) -> float:
     """µs an item of ``predictor.decision_function`` at batch 1,000, one thread, median of 5."""
-    batch = np.resize(X, (BATCH, *np.shape(X)[1:]))
-    with limit_threads(numba_threads=1, blas_threads=1):
-        return 1e6 * median_seconds(lambda: predictor.decision_function(batch), 5) / BATCH
+    batch = prediction_batch(X, BATCH)
+    return 1e6 * seconds_per_item(lambda: predictor.decision_function(batch), BATCH, 5)
 
 
 def run_one(name: str, seed: int, n_jobs: int) -> dict:

@@ -35,6 +35,7 @@ from sklearn.svm import SVC, LinearSVC
 
 from service.model import Predictor
 from service.model.inputs.words import Vocabulary
+from service.model.threads import limit_threads
 from training.data.datasets import Dataset
 from training.estimator.preprocessing import InputNormalizer
 
@@ -123,6 +124,22 @@ def median_seconds(run: Callable[[], object], repeats: int, warm_up: bool = True
         run()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+def prediction_batch(X, size: int) -> np.ndarray:
+    """``size`` items of ``X`` repeated in turn (dense rows, or a 1-d array of documents): the
+    batch prediction timings use."""
+    if np.ndim(X) == 1:
+        return np.resize(X, size)
+    return np.resize(X, (size, *np.shape(X)[1:]))
+
+
+def seconds_per_item(predict: Callable[[], object], batch_size: int, repeats: int) -> float:
+    """Median seconds an item of ``predict()`` on a batch of ``batch_size``, on one thread (numba
+    and BLAS): libsvm predicts on one, and on a shared machine a parallel region waits for its
+    slowest thread, which makes the numbers noise."""
+    with limit_threads(numba_threads=1, blas_threads=1):
+        return median_seconds(predict, repeats) / batch_size
 
 
 def baseline_estimators(nystroem_components: tuple[int, ...] = ()) -> dict[str, BaseEstimator]:
