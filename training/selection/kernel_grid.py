@@ -23,6 +23,7 @@ measure is not a kernel's): docs/how-it-works/model-selection.md, "The kernel SV
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from service.model.similarity import parse_spec
-from training.selection.folds import RACE_CHUNK, FoldScorer, make_folds
+from training.selection.folds import FoldScorer, make_folds
 from training.selection.memory import feature_bytes
 from training.selection.space import (
     KERNEL_MAP_NORMALIZATION,
@@ -43,6 +44,7 @@ from training.selection.space import (
     held_square_matrices,
     large_basis_candidates,
     measures,
+    scaled_measure,
 )
 from training.selection.state import SelectionState
 
@@ -50,11 +52,11 @@ from training.selection.state import SelectionState
 # default), every item validated once.
 KERNEL_GRID_FOLDS = 5
 
-# The candidates offered, the most promising first (one racing chunk, RACE_CHUNK): under the
-# default budget the stage scored no more than these on spambase and phoneme (3,447 and 4,053
-# items; docs/measurements/model-selection.md, "The kernel SVM's grid on the whole split"), the
-# budget ending it on every split there; a fixed number bounds its cost under a generous one.
-KERNEL_GRID_CANDIDATES = RACE_CHUNK
+# The candidates offered: one measure's whole coarse grid (5 widths x 2 input normalisations x
+# 2 C), as a user's grid search of an SVC covers gamma and C. Under the default budget on 2 cores
+# the stage scores the ladder's choice and one racing chunk (RACE_CHUNK) on spambase and phoneme;
+# a fixed number bounds its cost under a generous one.
+KERNEL_GRID_CANDIDATES = 20
 
 
 @dataclass
@@ -96,21 +98,46 @@ class KernelGridResult:
 def kernel_grid_candidates(
     params: dict[str, Any], rules: KindRules, per_class: int
 ) -> list[Candidate]:
-    """The kernel's map at ``per_class`` basis items a class: the first
-    :data:`KERNEL_GRID_CANDIDATES` of the large-basis search's candidates (the scaled measure's
-    widths, alone and joined, input normalisations and C, the most promising first) under
-    :data:`~training.selection.space.KERNEL_MAP_NORMALIZATION`, for ``params`` with its
-    positive definite measures only (the map of an indefinite one is not a kernel's); where
-    none remains, or none has a width, for the starting rbf."""
+    """The kernel's map at ``per_class`` basis items a class: the large-basis search's
+    candidates (the coarse grid's widths, the input normalisations and C) under
+    :data:`~training.selection.space.KERNEL_MAP_NORMALIZATION`, for the first positive definite
+    measure of ``params`` with a width, alone (the map of an indefinite measure is not a
+    kernel's; an SVC's grid is of one kernel); where it has none, for the starting rbf.
+
+    Width by width and input normalisation by input normalisation: each pair at the smaller C,
+    in the large-basis search's order of widths (from one coarse step narrower than ``params``'
+    out) and the chosen input normalisation first at each, then each pair at the larger C, so
+    that a budget that ends the racing within its first chunk has scored nearly every width
+    under both input normalisations. The kernel's map at every item needs its own width and
+    inputs, which the ladder's choice, under another normalisation and often joined to a
+    partner, need not share: on spambase, seed 0, on 2 cores the ladder chose ``rbf(gamma=16)
+    + linear`` and the map at every item needs ``rbf(gamma=0.25)`` on per-feature inputs, where
+    the old order (every configuration of one width before the next) filled the chunk with the
+    narrow width. The smaller C first, unlike the large-basis search: with every item the basis
+    it won on every split the stage changed (C = 10), and at narrow widths its fits cost a third
+    of C = 100's (docs/measurements/model-selection.md, "The kernel SVM's grid, width by
+    width")."""
     kernels = [
         measure
         for measure in measures(params["similarity"])
         if parse_spec(measure).kind.positive_definite
     ]
-    kernel_params = {**params, "similarity": " + ".join(kernels) if kernels else START_MEASURE}
-    return large_basis_candidates(
-        kernel_params, rules, per_class, normalizations=(KERNEL_MAP_NORMALIZATION,), alone=True
-    )[:KERNEL_GRID_CANDIDATES]
+    scaled = scaled_measure(" + ".join(kernels)) if kernels else None
+    kernel = kernels[scaled[0]] if scaled is not None else START_MEASURE
+    by_pair: dict[tuple[str, str], list[Candidate]] = {}
+    for candidate in large_basis_candidates(
+        {**params, "similarity": kernel},
+        rules,
+        per_class,
+        normalizations=(KERNEL_MAP_NORMALIZATION,),
+    ):
+        pair = (candidate.params["similarity"], candidate.params["input_normalization"])
+        by_pair.setdefault(pair, []).append(candidate)
+    for configurations in by_pair.values():
+        configurations.sort(key=lambda candidate: candidate.params["C"])
+    rounds = itertools.zip_longest(*by_pair.values())
+    ordered = [candidate for round_ in rounds for candidate in round_ if candidate is not None]
+    return ordered[:KERNEL_GRID_CANDIDATES]
 
 
 def search_kernel_grid(
