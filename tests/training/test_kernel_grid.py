@@ -145,7 +145,7 @@ def test_the_first_racing_chunk_spans_the_widths_and_both_input_normalisations()
     # spambase, seed 0, on 2 cores: the ladder chose a narrow rbf joined to linear, and the
     # kernel's map at every item needs rbf(gamma=0.25) on per-feature inputs (fold 1: 94.35%
     # at C = 10, 93.77% at C = 100, where rbf(gamma=16) scores 82%)
-    narrow = {**WEAK, "similarity": "rbf(gamma=16) + linear", "input_normalization": "global"}
+    narrow = {**WEAK, "similarity": "rbf(gamma=16) + linear", "input_normalization": "per-feature"}
     candidates = kernel_grid_candidates(narrow, DENSE_RULES, 100)
     settings = [
         (c.params["similarity"], c.params["input_normalization"], c.params["C"]) for c in candidates
@@ -157,9 +157,9 @@ def test_the_first_racing_chunk_spans_the_widths_and_both_input_normalisations()
     assert {i for _, i, _ in chunk} == {"global", "per-feature"}
     # the nearest width first (one coarse step narrower than 16 is past the grid: 16), the
     # chosen input normalisation first at each width, C small before large
-    assert settings[0] == ("rbf(gamma=16)", "global", 10.0)
-    assert settings[1] == ("rbf(gamma=16)", "per-feature", 10.0)
-    assert settings[len(RBF_SCALE.coarse) * 2] == ("rbf(gamma=16)", "global", 100.0)
+    assert settings[0] == ("rbf(gamma=16)", "per-feature", 10.0)
+    assert settings[1] == ("rbf(gamma=16)", "global", 10.0)
+    assert settings[len(RBF_SCALE.coarse) * 2] == ("rbf(gamma=16)", "per-feature", 100.0)
 
 
 def test_where_every_items_features_exceed_the_memory_budget_it_is_skipped():

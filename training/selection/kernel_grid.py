@@ -36,7 +36,10 @@ from service.model.similarity import parse_spec
 from training.selection.folds import FoldScorer, make_folds
 from training.selection.memory import feature_bytes
 from training.selection.space import (
+    DENSE_RULES,
     KERNEL_MAP_NORMALIZATION,
+    LARGE_BASIS_C,
+    RBF_SCALE,
     START_MEASURE,
     Candidate,
     KindRules,
@@ -52,11 +55,14 @@ from training.selection.state import SelectionState
 # default), every item validated once.
 KERNEL_GRID_FOLDS = 5
 
-# The candidates offered: one measure's whole coarse grid (5 widths x 2 input normalisations x
-# 2 C), as a user's grid search of an SVC covers gamma and C. Under the default budget on 2 cores
-# the stage scores the ladder's choice and one racing chunk (RACE_CHUNK) on spambase and phoneme;
-# a fixed number bounds its cost under a generous one.
-KERNEL_GRID_CANDIDATES = 20
+# The candidates offered: an rbf's whole coarse grid on dense inputs (widths x input
+# normalisations x C; word counts, under global inputs only, get half), as a user's grid search
+# of an SVC covers gamma and C. The budget, not this bound, ends the stage under the default one
+# (2 cores: 15 to 20 of them scored or raced out on spambase and phoneme); the bound keeps a
+# generous budget's cost to one kernel's grid.
+KERNEL_GRID_CANDIDATES = (
+    len(RBF_SCALE.coarse) * len(DENSE_RULES.input_normalizations) * len(LARGE_BASIS_C)
+)
 
 
 @dataclass
@@ -110,13 +116,11 @@ def kernel_grid_candidates(
     that a budget that ends the racing within its first chunk has scored nearly every width
     under both input normalisations. The kernel's map at every item needs its own width and
     inputs, which the ladder's choice, under another normalisation and often joined to a
-    partner, need not share: on spambase, seed 0, on 2 cores the ladder chose ``rbf(gamma=16)
-    + linear`` and the map at every item needs ``rbf(gamma=0.25)`` on per-feature inputs, where
-    the old order (every configuration of one width before the next) filled the chunk with the
-    narrow width. The smaller C first, unlike the large-basis search: with every item the basis
-    it won on every split the stage changed (C = 10), and at narrow widths its fits cost a third
-    of C = 100's (docs/measurements/model-selection.md, "The kernel SVM's grid, width by
-    width")."""
+    partner, need not share; on spambase's seed 0 one run's ladder chose ``rbf(gamma=16) +
+    linear`` and another's ``rbf(gamma=0.0625) + linear`` on global inputs, and the map needs
+    ``rbf(gamma=0.25)`` on per-feature inputs. The smaller C first: at every item it won where
+    the stage changed the choice, and at narrow widths it costs a third of the larger's fits
+    (docs/measurements/model-selection.md, "The kernel SVM's grid, width by width")."""
     kernels = [
         measure
         for measure in measures(params["similarity"])
