@@ -46,8 +46,8 @@ from training.selection.space import (
     basis_weight,
     held_square_matrices,
     large_basis_candidates,
+    measure_scale,
     measures,
-    scaled_measure,
 )
 from training.selection.state import SelectionState
 
@@ -121,13 +121,14 @@ def kernel_grid_candidates(
     ``rbf(gamma=0.25)`` on per-feature inputs. The smaller C first: at every item it won where
     the stage changed the choice, and at narrow widths it costs a third of the larger's fits
     (docs/measurements/model-selection.md, "The kernel SVM's grid, width by width")."""
-    kernels = [
-        measure
-        for measure in measures(params["similarity"])
-        if parse_spec(measure).kind.positive_definite
-    ]
-    scaled = scaled_measure(" + ".join(kernels)) if kernels else None
-    kernel = kernels[scaled[0]] if scaled is not None else START_MEASURE
+    kernel = next(
+        (
+            measure
+            for measure in measures(params["similarity"])
+            if parse_spec(measure).kind.positive_definite and measure_scale(measure) is not None
+        ),
+        START_MEASURE,
+    )
     by_pair: dict[tuple[str, str], list[Candidate]] = {}
     for candidate in large_basis_candidates(
         {**params, "similarity": kernel},
