@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests.cluster.conftest import start_local_cluster
 from training.cluster.connection import (
     WORKER_PRELOAD,
     ClusterError,
@@ -139,3 +140,54 @@ def test_a_scheduler_of_another_distributed_version_is_refused_naming_both(tmp_p
     finally:
         scheduler.terminate()
         scheduler.wait(timeout=30)
+
+
+@pytest.mark.parametrize("selection", [False, True], ids=["fit", "selection"])
+def test_a_scheduler_without_workers_is_refused_naming_it_before_work_is_sent(selection):
+    """Not Dask's "No valid workers found" after a scatter's timeout, nor a selection's fold
+    fits waiting for a worker."""
+    from sklearn.datasets import load_iris
+
+    from training import BasisExpandingSVC, ForwardSelectionCV
+
+    X, y = load_iris(return_X_y=True)
+    with start_local_cluster(n_workers=0) as empty:
+        model = BasisExpandingSVC(basis_per_class=4, cluster=empty.scheduler_address)
+        if selection:
+            model = ForwardSelectionCV(model, budget=5)
+        with pytest.raises(ClusterError, match=f"{empty.scheduler_address} has no workers"):
+            model.fit(X, y)
+
+
+def test_a_client_that_lost_its_scheduler_stops_the_fit_with_a_clear_error(dask_cluster):
+    """A ClusterError that says so, where the one-task solver once raised a bare StopIteration
+    on the empty worker list of a client whose connection had closed mid-fit."""
+    from distributed import Client
+    from sklearn.datasets import load_iris
+
+    from training import BasisExpandingSVC
+
+    X, y = load_iris(return_X_y=True)
+    client = Client(dask_cluster, set_as_default=False)
+    client.close()
+    with client.as_current(), pytest.raises(ClusterError, match="status: closed"):
+        BasisExpandingSVC(basis_per_class=4).fit(X, y)
+
+
+def test_the_workers_are_listed_every_time_while_the_client_refreshes_its_cache(dask_cluster):
+    """The one-task solver once found no workers (and raised StopIteration) because
+    Client.scheduler_info() returned the client's cached identity, which its periodic refresh
+    writes without workers: here the refresh runs every millisecond."""
+    import dask
+    from distributed import Client
+
+    from training.cluster.connection import cluster_workers
+
+    expected = {nanny.worker_address for nanny in dask_cluster.workers.values()}
+    with (
+        dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}),
+        Client(dask_cluster, set_as_default=False) as client,
+    ):
+        listed = [set(cluster_workers(client)) for _ in range(100)]
+    assert len(expected) == 2
+    assert all(workers == expected for workers in listed)

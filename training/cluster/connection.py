@@ -43,6 +43,7 @@ __all__ = [
     "check_versions",
     "client_for",
     "cluster_named",
+    "cluster_workers",
     "connect",
     "enclosing_client",
     "in_process_client",
@@ -295,6 +296,44 @@ def client_for(cluster: str | None, *, worker_memory=None) -> Iterator[Any]:
         return
     with connect(cluster, worker_memory=worker_memory) as client:
         yield client
+
+
+def cluster_workers(client) -> dict[str, dict]:
+    """The workers of ``client``'s scheduler, fetched from it, as ``Client.scheduler_info()``
+    describes them.
+
+    Work sent to a cluster without workers waits for one forever, and a client that has lost
+    its scheduler answers with empty or cancelled results: both are refused here, by name,
+    before any work is sent (and where a step needs the workers, such as the solver choosing
+    where to run).
+
+    Returns
+    -------
+    dict
+        Each worker's address to its description (``host``, ``nthreads``, ``memory_limit``).
+
+    Raises
+    ------
+    ClusterError
+        The client is not connected to its scheduler, or the scheduler has no worker.
+    """
+    where = getattr(getattr(client, "scheduler", None), "address", None) or "the scheduler"
+    if client.status != "running":
+        raise ClusterError(
+            f"the Dask client is not connected to {where} (its status: {client.status}): the "
+            "connection was closed or lost, so the work on the cluster stopped; see the "
+            "scheduler's log, and run the command again"
+        )
+    # Not Client.scheduler_info(): it returns the client's cached identity, which its periodic
+    # refresh (every two seconds, totals only) may overwrite with no workers between the fresh
+    # fetch and the return (11 calls in 100 under a 1 ms refresh, measured).
+    workers = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    if not workers:
+        raise ClusterError(
+            f"the Dask scheduler at {where} has no workers: start some (dask worker {where}) "
+            "or use --cluster local:N"
+        )
+    return workers
 
 
 def check_versions(client, where: str) -> None:

@@ -37,7 +37,7 @@ import numpy as np
 from service.model import SpecError
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
-from training.cluster.connection import client_for, in_process_client
+from training.cluster.connection import client_for, cluster_workers, in_process_client
 from training.cluster.reductions import tree_sum
 from training.cluster.rows import (
     PIECES_PER_THREAD,
@@ -294,6 +294,7 @@ def _shared(client, expansion: BasisExpansion):
 
 def _fit(estimator, client, X, y, C_grid=None):
     started = time.perf_counter()
+    cluster_workers(client)  # refuses a cluster without workers or a lost one, before any work
     pieces, spec, n_samples = _pieces(client, estimator, X, y)
     logger.info("cluster fit: %d items in %d pieces", n_samples, len(pieces))
     classes = classes_of(client, pieces)

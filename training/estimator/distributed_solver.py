@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
+from training.cluster.connection import cluster_workers
 from training.cluster.reductions import tree_sum
 from training.estimator.newton_cg import TOLERANCE, liblinear_tolerance, minimize_squared_hinge
 from training.estimator.solver import (
@@ -264,7 +265,7 @@ def fit_one_vs_rest_distributed(
     """
     counts = tree_sum(client, client.map(_class_counts, blocks, n_classes=n_classes, pure=False))
     n_samples = int(counts.sum())
-    workers = client.scheduler_info()["workers"]
+    workers = cluster_workers(client)
     if n_samples * (n_features + 1) * 8 <= one_task_limit(workers.values(), one_task_bytes):
         worker, n_threads = _one_task_site(client, blocks, workers)
         logger.info("solving in one task on %s, %d threads", worker, n_threads)

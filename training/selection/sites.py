@@ -10,6 +10,7 @@ from joblib import Parallel, parallel_config
 
 from service.model.inputs.spec import InputSpec
 from service.model.threads import available_cpus
+from training.cluster.connection import cluster_workers
 
 # Selections of fewer numbers than this (items cross-validated times features) run their fold
 # fits in the calling process by default: starting worker processes (importing numpy,
@@ -57,6 +58,7 @@ class OnCluster:
     on one worker thread, with one numba thread (workers run a task per core)."""
 
     def __init__(self, client):
+        cluster_workers(client)  # without workers, every fold fit would wait for one forever
         self.client = client
 
     def parallel(self, X, n_jobs: int) -> Parallel:
