@@ -58,7 +58,7 @@ class OnCluster:
     on one worker thread, with one numba thread (workers run a task per core)."""
 
     def __init__(self, client):
-        cluster_workers(client)  # without workers, every fold fit would wait for one forever
+        cluster_workers(client)  # a scheduler without workers, refused by name before any work
         self.client = client
 
     def parallel(self, X, n_jobs: int) -> Parallel:
