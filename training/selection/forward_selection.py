@@ -485,8 +485,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 **(ladder.params or self.best_params_),
                 "basis_per_class": ladder.basis_per_class,
             }
-            # Then the kernel SVM's grid against that choice on the whole split.
+            # Then the kernel SVM's grid against that choice on the whole split; its fits hold
+            # n x n features (every item the basis), heavy whatever the inputs' width.
             if len(labels) <= rules.kernel_grid_max_items:
+                grid_jobs, grid_threads = fold_jobs(self.n_jobs)
                 grid = search_kernel_grid(
                     base,
                     self.best_params_,
@@ -494,8 +496,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                     labels,
                     rules=rules,
                     site=site,
-                    jobs=jobs,
-                    threads=threads,
+                    jobs=grid_jobs,
+                    threads=grid_threads,
                     budget_s=self.budget_s_,
                     memory_budget=self.memory_budget_,
                     min_gain_se=self.min_gain_se,

@@ -21,7 +21,7 @@ def fold_jobs(n_jobs: int | None) -> tuple[int, int]:
     thread, a small set's selection had half the CPU of two processes on 2 cores and stopped
     before its large-basis stage (segment's seed 0: 96.19% against 98.10%,
     docs/measurements/model-selection.md, "A small set under the command line's default").
-    Starting the workers costs wall time (the backstop's), not the CPU budget."""
+    Starting the workers costs wall time, not budget."""
     cpus = available_cpus()
     if n_jobs is not None and n_jobs > 0:
         return int(n_jobs), max(1, cpus // int(n_jobs))
