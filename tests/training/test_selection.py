@@ -20,7 +20,6 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
-from service.model.threads import available_cpus
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.data.datasets import Dataset
 from training.fitting import fit_dataset, model_for
@@ -426,16 +425,6 @@ def test_parallel_folds_choose_as_one_process_does():
     side_by_side = select(dataset, n_jobs=2, repeats=1)
     assert side_by_side.best_params_ == alone.best_params_
     assert _without_times(side_by_side.path_) == _without_times(alone.path_)
-
-
-@pytest.mark.skipif(available_cpus() < 2, reason="one core: the default uses it alone")
-def test_the_default_gives_a_small_selection_every_cores_budget():
-    """The budget counts CPU seconds per core the fold fits use. The default once ran a small
-    set's fits in the calling process on one thread, so a cut selection spent one core's
-    budget where the machine had more (segment: half the search on 2 cores)."""
-    cut = select(_wine(1), budget=3.0, n_jobs=None)
-    assert cut.stopped_.startswith("budget of 3 s spent")
-    assert cut.cpu_seconds_ >= 0.9 * 3.0 * available_cpus()
 
 
 def test_the_candidates_follow_the_inputs():
