@@ -165,6 +165,15 @@ if docker exec "$api" sh -c 'touch /opt/besvm/written /written' 2>/dev/null; the
     exit 1
 fi
 log "root filesystem read-only"
+# A selection cut by its budget abandons its joblib pool, whose workers loky kills through psutil
+# or `pgrep` (the image has no pgrep): without psutil the trainer outlived its fit by the workers'
+# 300 s idle timeout.
+docker exec "$api" timeout 60 python -c 'import time
+from joblib import Parallel, delayed
+pool = Parallel(n_jobs=2, return_as="generator_unordered")(delayed(time.sleep)(0.5) for _ in range(20))
+next(pool)
+pool.close()' 2>/dev/null || { echo "an abandoned joblib pool kept its command 60 s" >&2; exit 1; }
+log "an abandoned joblib pool ends with its command"
 if [ "${SMOKE_PROTOCOL:-1}" != 0 ]; then
     probes=$(compose logs --no-color api | grep -c 'GET /readyz' || true)
     [ "$probes" -eq 0 ] || { echo "$probes health-probe lines in the api's log" >&2; exit 1; }

@@ -58,3 +58,17 @@ def test_the_api_keeps_its_snapshots_on_a_volume_it_may_write():
     dockerfile = (markdown.ROOT / "Dockerfile").read_text()
     owned = next(line for line in dockerfile.splitlines() if "chown besvm:besvm" in line)
     assert where in owned.split()
+
+
+def test_every_image_can_kill_the_workers_of_an_abandoned_joblib_pool():
+    """A selection cut by its budget abandons its joblib pool; loky kills the workers through
+    psutil, or `pgrep`, which slim images lack: without either, the command outlived its fit by
+    the workers' 300 s idle timeout. So each lock that installs joblib installs psutil too."""
+    for lock in sorted(markdown.ROOT.glob("requirements-*.lock")):
+        pins = {
+            line.split("==")[0]
+            for line in lock.read_text().splitlines()
+            if "==" in line and not line.startswith((" ", "#"))
+        }
+        if "joblib" in pins:
+            assert "psutil" in pins, f"{lock.name} installs joblib without psutil"
