@@ -24,6 +24,7 @@ from training import BasisExpandingSVC, ForwardSelectionCV
 from training.data.datasets import Dataset
 from training.fitting import fit_dataset, model_for
 from training.selection import budget as budget_module
+from training.selection import sites
 from training.selection.budget import budget_for
 from training.selection.folds import paired_gain, repeats_for
 from training.selection.space import (
@@ -425,6 +426,20 @@ def test_parallel_folds_choose_as_one_process_does():
     side_by_side = select(dataset, n_jobs=2, repeats=1)
     assert side_by_side.best_params_ == alone.best_params_
     assert _without_times(side_by_side.path_) == _without_times(alone.path_)
+
+
+def test_the_default_gives_a_small_selection_every_cores_budget(monkeypatch):
+    """The budget counts CPU seconds per core the fold fits use. The default once ran a small
+    set's fits in the calling process on one thread, so a cut selection spent one core's
+    budget where the machine had more (segment: half the search on 2 cores). Two cores here
+    whatever the host's (on many, wine's whole search fits the budget), and the wall-clock
+    backstop lifted (starting the workers on a loaded host is not what is tested)."""
+    monkeypatch.setattr(sites, "available_cpus", lambda: 2)
+    monkeypatch.setattr(budget_module, "WALL_BACKSTOP", 1e6)
+    assert sites.fold_jobs(None) == (2, 1)
+    cut = select(_wine(1), budget=3.0, n_jobs=None)
+    assert cut.stopped_ == "budget of 3 s spent"
+    assert cut.cpu_seconds_ >= 2 * 3.0
 
 
 def test_the_candidates_follow_the_inputs():

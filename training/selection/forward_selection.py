@@ -119,10 +119,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         (:func:`repeats_for`: 3 below 334 items, 1 from 1,000).
     n_jobs : int or None, default=None
         Fold fits run side by side (joblib processes); None or negative: one per available
-        core, except for selections of fewer than 100,000 numbers (items cross-validated times
-        features: wine, breast cancer, digits), which run in the calling process on one
-        thread, where starting workers costs more than it saves. Each process gets
-        ``cores // n_jobs`` numba threads and one BLAS thread.
+        core, small selections too (the budget counts CPU seconds per core the fits use).
+        Each process gets ``cores // n_jobs`` numba threads and one BLAS thread.
     min_gain_se : float, default=1.0
         A gain in cross-validated accuracy beyond this many standard errors of the paired
         difference (:func:`paired_gain`) is always taken; within it, ``prefer`` decides.
@@ -380,9 +378,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         if whole_split:
             class_counts = np.unique(labels, return_counts=True)[1]
         n_validated = min(len(labels), self.max_items)
-        jobs, threads = fold_jobs(
-            self.n_jobs, n_validated * (1 if spec.is_documents else spec.n_features), spec
-        )
+        jobs, threads = fold_jobs(self.n_jobs)
         repeats = repeats_for(n_validated) if self.repeats is None else self.repeats
         X_folds, folds, n_items = make_folds(
             X_checked, labels, self.cv, repeats, self.random_state, self.max_items
@@ -489,10 +485,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 **(ladder.params or self.best_params_),
                 "basis_per_class": ladder.basis_per_class,
             }
-            # Then the kernel SVM's grid against that choice on the whole split; its fits hold
-            # n x n features (every item the basis), heavy whatever the inputs' width.
+            # Then the kernel SVM's grid against that choice on the whole split.
             if len(labels) <= rules.kernel_grid_max_items:
-                grid_jobs, grid_threads = fold_jobs(self.n_jobs, len(labels) ** 2, spec)
                 grid = search_kernel_grid(
                     base,
                     self.best_params_,
@@ -500,8 +494,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                     labels,
                     rules=rules,
                     site=site,
-                    jobs=grid_jobs,
-                    threads=grid_threads,
+                    jobs=jobs,
+                    threads=threads,
                     budget_s=self.budget_s_,
                     memory_budget=self.memory_budget_,
                     min_gain_se=self.min_gain_se,

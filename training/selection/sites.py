@@ -8,27 +8,23 @@ from __future__ import annotations
 
 from joblib import Parallel, parallel_config
 
-from service.model.inputs.spec import InputSpec
 from service.model.threads import available_cpus
 from training.cluster.connection import cluster_workers
 
-# Selections of fewer numbers than this (items cross-validated times features) run their fold
-# fits in the calling process by default: starting worker processes (importing numpy,
-# scikit-learn, numba) costs more than their fits save, and on a loaded machine it can take a
-# small set's whole budget (docs/measurements/model-selection.md#the-selections-constants-measured).
-PROCESSES_FROM_NUMBERS = 100_000
 
-
-def fold_jobs(n_jobs: int | None, numbers: int, spec: InputSpec) -> tuple[int, int]:
+def fold_jobs(n_jobs: int | None) -> tuple[int, int]:
     """Processes for the fold fits and numba threads for each: ``n_jobs`` as given sharing
-    the cores, or by default one process per core, except for selections of fewer than
-    :data:`PROCESSES_FROM_NUMBERS` numbers (documents never count as few), which run in the
-    calling process on one thread (their fits are too small for a parallel region to pay)."""
+    the cores, or by default one process of one thread per core.
+
+    Small selections too: the budget counts CPU seconds per core the fits use, so fits on
+    fewer cores than the machine has get a smaller share of it. In the calling process on one
+    thread, a small set's selection had half the CPU of two processes on 2 cores and stopped
+    before its large-basis stage (segment's seed 0: 96.19% against 98.10%,
+    docs/measurements/model-selection.md, "A small set under the command line's default").
+    Starting the workers costs wall time (the backstop's), not the CPU budget."""
     cpus = available_cpus()
     if n_jobs is not None and n_jobs > 0:
         return int(n_jobs), max(1, cpus // int(n_jobs))
-    if not spec.is_documents and numbers < PROCESSES_FROM_NUMBERS:
-        return 1, 1
     return cpus, 1
 
 
