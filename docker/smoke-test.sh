@@ -126,7 +126,12 @@ log "compose up -d (trainer, then api on 127.0.0.1:$PORT, gRPC on 127.0.0.1:$GRP
 timeout "$UP_TIMEOUT_S" "${COMPOSE[@]}" -p "$PROJECT" -f docker-compose.yml up -d --quiet-pull
 trainer=$(compose ps --all --quiet trainer)
 test "$(docker inspect --format '{{.State.ExitCode}}' "$trainer")" = 0
-log "trained at $(elapsed)"
+trainer_s=$("$PYTHON" -c 'import sys, datetime as dt
+start, end = (dt.datetime.fromisoformat(t[:26].rstrip("Z")) for t in sys.argv[1:])
+print(round((end - start).total_seconds()))' \
+    "$(docker inspect --format '{{.State.StartedAt}}' "$trainer")" \
+    "$(docker inspect --format '{{.State.FinishedAt}}' "$trainer")")
+log "trained at $(elapsed) (the trainer ran $trainer_s s)"
 
 api=$(compose ps --quiet api)
 deadline=$(($(date +%s) + HEALTH_TIMEOUT_S))
@@ -166,14 +171,30 @@ if docker exec "$api" sh -c 'touch /opt/besvm/written /written' 2>/dev/null; the
 fi
 log "root filesystem read-only"
 # A selection cut by its budget abandons its joblib pool, whose workers loky kills through psutil
-# or `pgrep` (the image has no pgrep): without psutil the trainer outlived its fit by the workers'
-# 300 s idle timeout.
-docker exec "$api" timeout 60 python -c 'import time
+# or `pgrep` (the image has no pgrep): without psutil the trainer waited about 330 s at its exit
+# (the workers' 300 s idle timeout). The script checks that it ran in worker processes.
+pool_check='import os, time, psutil
 from joblib import Parallel, delayed
+pool = Parallel(n_jobs=2, return_as="generator_unordered")(delayed(os.getpid)() for _ in range(4))
+assert os.getpid() not in set(pool), "joblib ran the tasks in this process"
 pool = Parallel(n_jobs=2, return_as="generator_unordered")(delayed(time.sleep)(0.5) for _ in range(20))
 next(pool)
-pool.close()' 2>/dev/null || { echo "an abandoned joblib pool kept its command 60 s" >&2; exit 1; }
-log "an abandoned joblib pool ends with its command"
+pool.close()'
+set +e
+pool_out=$(docker exec "$api" timeout 60 python -W ignore -c "$pool_check" 2>&1)
+pool_status=$?
+set -e
+case $pool_status in
+    0) log "an abandoned joblib pool ends with its command" ;;
+    124) echo "an abandoned joblib pool kept its command 60 s" >&2; exit 1 ;;
+    *) echo "the joblib pool check failed ($pool_status): $pool_out" >&2; exit 1 ;;
+esac
+# A CPU quota the affinity mask does not show bounds the CPUs the code counts (the fold fits'
+# processes, the server's threads): one CPU under `--cpus 1` whatever the host's cores.
+quota_cpus=$(docker run --rm --cpus 1 --entrypoint python "$IMAGE" -c \
+    'from service.model.threads import available_cpus; print(available_cpus())')
+[ "$quota_cpus" = 1 ] || { echo "under --cpus 1 the image counts $quota_cpus CPUs" >&2; exit 1; }
+log "under --cpus 1 the image counts 1 CPU"
 if [ "${SMOKE_PROTOCOL:-1}" != 0 ]; then
     probes=$(compose logs --no-color api | grep -c 'GET /readyz' || true)
     [ "$probes" -eq 0 ] || { echo "$probes health-probe lines in the api's log" >&2; exit 1; }

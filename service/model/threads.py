@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 
+import joblib
 import numba
 from threadpoolctl import threadpool_limits
 
@@ -151,11 +152,13 @@ def limit_threads(
 
 
 def available_cpus() -> int:
-    """CPUs this process may run on: its affinity mask where the platform has one (a container's
-    cpuset, ``taskset``), else :func:`os.cpu_count`."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
+    """CPUs this process may use, as :func:`joblib.cpu_count` reads them: the fewest of its
+    affinity mask (a container's cpuset, ``taskset``), its cgroup's CPU quota (a container's
+    ``cpus:``, rounded up) and ``LOKY_MAX_CPU_COUNT`` where that is set.
+
+    The quota counts: it leaves the affinity mask as it is, and a trainer limited to 2 CPUs on a
+    32-core host would otherwise start 32 fold-fit processes inside its 2 CPUs and its memory."""
+    return max(1, joblib.cpu_count())
 
 
 def configure_worker_threads(n_workers: int, cpu_count: int | None = None) -> int:

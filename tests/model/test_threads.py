@@ -1,5 +1,7 @@
 """service.model.threads: thread limits that restore what they change, and the worker split."""
 
+import os
+
 import numba
 import numpy as np
 import pytest
@@ -101,6 +103,16 @@ def test_configure_worker_threads_defaults_to_the_affinity_mask(monkeypatch):
     assert configure_worker_threads(5) == 2
     monkeypatch.undo()
     assert configure_worker_threads(1) == threads.available_cpus() >= 1
+
+
+def test_the_cpus_available_are_the_fewest_the_process_is_allowed(monkeypatch):
+    """The affinity mask bounds them, and so does a limit the mask does not show: a cgroup's
+    CPU quota, read through joblib, which also reads LOKY_MAX_CPU_COUNT (the quota itself is
+    checked in a container with `--cpus 1` by docker/smoke-test.sh)."""
+    assert 1 <= threads.available_cpus() <= len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
+    assert threads.available_cpus() == 1
+    assert configure_worker_threads(1) == 1
 
 
 @pytest.mark.parametrize(("workers", "cpus"), [(0, 4), (-2, 4), (2, 0), (None, 4)])

@@ -173,7 +173,7 @@ def add_cluster_argument(parser) -> None:
 
 
 def _local_memory_limit(n_workers: int) -> int:
-    import psutil  # a dependency of distributed
+    import psutil  # a runtime dependency (joblib kills its workers with it)
 
     return int(psutil.virtual_memory().total * LOCAL_MEMORY_SHARE / n_workers)
 
