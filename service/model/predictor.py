@@ -117,7 +117,7 @@ class Predictor(PredictorArtifact):
                 positions.append(m)
             else:
                 on_inputs.append((measure, input_weights))
-        return Scorer(
+        scorer = Scorer(
             tuple(computed),
             np.ascontiguousarray(np.concatenate(computed_rows)) if computed else None,
             tuple(on_inputs),
@@ -125,6 +125,7 @@ class Predictor(PredictorArtifact):
             tuple(positions),
             weights,
         )
+        return Scorer.reading_what_counts(scorer, basis)
 
     def _fold_normalization(self) -> tuple[np.ndarray, np.ndarray]:
         r"""Weights and intercepts applied to the raw similarities, shapes (M * B, K) and (K,).
@@ -438,7 +439,10 @@ class Predictor(PredictorArtifact):
         if not valid:
             return outcomes
         items = join_items([v[3] for v in valid])
-        scores, similarities = self._scorer.scored(items, self.inputs.basis_items)
+        if any(call.explain for _, call, *_ in valid):
+            scores, similarities = self._scorer.scored(items, self.inputs.basis_items)
+        else:  # in blocks (Scorer.__call__): no similarities kept
+            scores, similarities = self._scores(items), None
         start = 0
         for i, call, batch, part in valid:
             rows = slice(start, start + len(part))

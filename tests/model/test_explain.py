@@ -4,15 +4,18 @@ then the SVM's weights), and the one-batch answers of several requests."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.datasets import load_breast_cancer
 
-from service.model import InvalidInputError, Predictor
+from service.model import InvalidInputError, Predictor, scoring
 from service.model.answers import ClassifyCall
 from service.model.features import NORMALIZATIONS, expand
 from service.model.inputs.spec import InputSpec
+from training import BasisExpandingSVC
 from training.data.datasets import Dataset
 from training.fitting import fit_dataset
 
@@ -137,6 +140,99 @@ def test_contributions_add_up_to_the_score_on_document_measures(
     predictor = fit.predictor
     documents = predictor.encode_texts(list(text_dataset.X_test[:6]))
     _check_explanations(predictor, documents, predictor.inputs.prepare(documents))
+
+
+def _scored_in_blocks(monkeypatch, rows: int) -> list[int]:
+    """Blocks of ``rows`` rows whatever their width; the sizes of the blocks scored, in order."""
+    monkeypatch.setattr(scoring, "SCORES_BLOCK_ROWS", rows)
+    monkeypatch.setattr(scoring, "SCORES_BLOCK_MAX_BYTES", sys.maxsize)
+    sizes, computed = [], scoring.raw_similarities
+
+    def counted(items, basis, measures, out=None):
+        sizes.append(len(items))
+        return computed(items, basis, measures, out)
+
+    monkeypatch.setattr(scoring, "raw_similarities", counted)
+    return sizes
+
+
+@pytest.mark.parametrize("measure", ["rbf", "several"])
+def test_a_batch_scored_in_blocks_of_rows_has_the_unfolded_scores(
+    dense_dataset, measure, monkeypatch
+):
+    """A batch wider than a block is scored block by block (12 items in blocks of 5, 5 and
+    2), to the scores computed the unfolded way, in predictions and in the batched answers that
+    ask for no explanation."""
+    fit = fit_dataset(dense_dataset, "squares", similarity=MEASURES[measure], basis_per_class=4)
+    predictor, X = fit.predictor, dense_dataset.X_test
+    _, reference = _reference(predictor, predictor.inputs.prepare(predictor.inputs.batch(X)))
+    sizes = _scored_in_blocks(monkeypatch, 5)
+    assert np.allclose(predictor.decision_function(X), reference, rtol=0, atol=TOLERANCE)
+    assert sizes == [5, 5, 2]
+    images = X.reshape(-1, 6, 6).tolist()
+    (answers,) = predictor.classify_many([ClassifyCall(instances=images, top_k=1)])
+    assert np.allclose([a.scores for a in answers], reference, rtol=0, atol=TOLERANCE)
+    assert sizes == [5, 5, 2] * 2
+
+
+def test_a_kernel_map_on_every_item_scores_from_its_support_vectors(monkeypatch):
+    """Every training item the basis under nystroem(clip): the folded weights are the kernel
+    SVM's dual coefficients, zero but for rounding off its support vectors, which for the
+    squared hinge are the items inside some class's margin (y f(x) < 1). The scores read those
+    items only, and equal the unfolded ones; explanations still name every item."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X, y = X[:200], y[:200]
+    model = BasisExpandingSVC(
+        similarity="rbf(gamma=0.25)", input_normalization="per-feature",
+        normalization="nystroem(clip)", C=10.0, basis_per_class=200,
+    ).fit(X, y)  # fmt: skip
+    predictor = model.predictor_
+    assert predictor.n_basis == 200
+    bases = []
+    computed = scoring.raw_similarities
+
+    def counted(items, basis, measures, out=None):
+        bases.append(len(basis))
+        return computed(items, basis, measures, out)
+
+    monkeypatch.setattr(scoring, "raw_similarities", counted)
+    items = predictor.inputs.prepare(predictor.inputs.batch(X))
+    _, reference = _reference(predictor, items)
+    scores = predictor.decision_function(X)
+    (read,) = bases
+    assert read < 100
+    # What leaving the items out moved: their weights, at most 1e-9 of the largest each.
+    assert np.allclose(scores, reference, rtol=0, atol=1e-7)
+    signs = np.where(y[:, None].astype(str) == np.asarray(predictor.classes), 1.0, -1.0)
+    inside = (signs * reference < 1 - 1e-6).any(axis=1)
+    outside = (signs * reference > 1 + 1e-6).all(axis=1)
+    assert inside.sum() == read
+    assert not (inside & outside).any()
+    (explanation,) = predictor.explain(X[:1], k=200)
+    assert len(explanation.items) == 200
+
+
+def test_only_blocks_that_fit_the_bound_are_cut():
+    """256 rows of 426 similarities (852 KiB) are a block; of 2,000 (4 MiB) the batch is one."""
+
+    def scorer(width: int) -> scoring.Scorer:
+        return scoring.Scorer((), np.zeros((width, 2)), (), np.zeros(2))
+
+    assert scorer(426).block_rows() == scoring.SCORES_BLOCK_ROWS == 256
+    assert scorer(2000).block_rows() == sys.maxsize
+    assert scoring.Scorer((), None, (), np.zeros(2)).block_rows() == sys.maxsize
+
+
+def test_documents_scored_in_blocks_of_rows_have_the_unfolded_scores(text_dataset, monkeypatch):
+    fit = fit_dataset(
+        text_dataset, "topics", similarity="sensing0 + linear", basis_per_class=5, min_df=1
+    )
+    predictor = fit.predictor
+    documents = predictor.encode_texts(list(text_dataset.X_test[:6]))
+    _, reference = _reference(predictor, predictor.inputs.prepare(documents))
+    sizes = _scored_in_blocks(monkeypatch, 4)
+    assert np.allclose(predictor.decision_function(documents), reference, rtol=0, atol=TOLERANCE)
+    assert sizes == [4, 2]
 
 
 def test_artifacts_without_ids_explain_by_index(tmp_path, dense_dataset):
