@@ -113,19 +113,27 @@ class Predictor(PredictorArtifact):
             input_weights = measure.input_weights(basis, block)
             if input_weights is None:
                 computed.append(measure)
-                computed_rows.append(block)
+                computed_rows.append(slice(m * n_basis, (m + 1) * n_basis))
                 positions.append(m)
             else:
                 on_inputs.append((measure, input_weights))
+
+        def computed_part(values: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(np.concatenate([values[rows] for rows in computed_rows]))
+
         scorer = Scorer(
             tuple(computed),
-            np.ascontiguousarray(np.concatenate(computed_rows)) if computed else None,
+            computed_part(weights) if computed else None,
             tuple(on_inputs),
             intercept,
             tuple(positions),
             weights,
         )
-        return Scorer.reading_what_counts(scorer, basis)
+        if not computed:
+            return scorer
+        return Scorer.reading_what_counts(
+            scorer, basis, computed_part(self.feature_scale), computed_part(self.feature_offset)
+        )
 
     def _fold_normalization(self) -> tuple[np.ndarray, np.ndarray]:
         r"""Weights and intercepts applied to the raw similarities, shapes (M * B, K) and (K,).
@@ -583,7 +591,12 @@ class Predictor(PredictorArtifact):
         # Two rows at least: a transform runs one image on the calling thread (bof), two or more
         # in parallel when heavy.
         for rows in (1, max(2, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // work_per_row) + 1)):
-            self.decision_function(self.inputs.warm_up_batch(rows))
+            batch = self.inputs.warm_up_batch(rows)
+            self.decision_function(batch)
+            # Scores read the basis items in use, in blocks, which may keep every call light:
+            # the whole basis at once, as explanations read it, reaches the parallel drivers.
+            items = self.inputs.prepare(self.inputs.batch(batch))
+            self._scorer.scored(items, self.inputs.basis_items)
         self.explain(self.inputs.warm_up_batch(1), 1)
 
 

@@ -19,13 +19,17 @@ from service.model.threads import (
     SCORES_BLOCK_ROWS,
 )
 
-# A basis item whose folded weights, in every computed measure and class, are below this share
-# of the largest is left out of the scores (not of explanations). With every training item as
-# the basis under nystroem(clip), the folded weights are the kernel SVM's dual coefficients, zero
-# off its support vectors but for rounding: breast cancer's every-item model (B = 426) has 71
-# items above 1e-6 of its largest weight and 355 at most 3.3e-11 of it, 2.2e-8 together, which
-# is what leaving them out moves an rbf score by at most (its similarities are at most 1).
+# A basis item whose weights on the normalised features (P w, in every computed measure and
+# class) are all below this share of the largest is left out of the scores, its features taken
+# at their offsets (not left out of explanations). With every training item as the basis under
+# nystroem(clip), those weights are the kernel SVM's dual coefficients, zero off its support
+# vectors but for rounding: breast cancer's every-item model (B = 426) has 71 items above 1e-6
+# of its largest weight and 355 at most 3.3e-11 of it, 2.2e-8 together, which is what leaving
+# them out moves a score by at most, times the largest normalised feature (there an rbf
+# similarity: at most 1).
 NEGLIGIBLE_WEIGHT = 1e-9
+# Fewer items than this share of the basis are worth a copy of them beside the basis.
+USED_SHARE_WORTH_A_COPY = 0.9
 
 
 def items_in_use(weights: np.ndarray | None, n_measures: int, n_basis: int) -> np.ndarray | None:
@@ -34,7 +38,7 @@ def items_in_use(weights: np.ndarray | None, n_measures: int, n_basis: int) -> n
     Parameters
     ----------
     weights : ndarray of shape (n_measures * n_basis, K), or None
-        Folded weights of the computed measures, measure by measure.
+        Weights on the normalised features of the computed measures, measure by measure.
     n_measures, n_basis : int
 
     Returns
@@ -71,6 +75,8 @@ class Scorer:
         The basis items :meth:`__call__` reads (:func:`items_in_use`), B' of them; None: all.
     used_weights : ndarray of shape (len(computed) * B', K), or None
         Their rows of ``computed_weights``.
+    used_intercept : ndarray of shape (K,), or None
+        ``intercept`` with the other items' features taken at their offsets.
     """
 
     computed: tuple
@@ -81,36 +87,52 @@ class Scorer:
     weights: np.ndarray | None = None
     used_basis: object = None
     used_weights: np.ndarray | None = None
+    used_intercept: np.ndarray | None = None
 
     @classmethod
-    def reading_what_counts(cls, scorer: Scorer, basis) -> Scorer:
-        """``scorer``, its scores reading only the basis items in use (:func:`items_in_use`)."""
-        n_basis = len(basis)
-        used = items_in_use(scorer.computed_weights, len(scorer.computed), n_basis)
-        if used is None:
+    def reading_what_counts(cls, scorer: Scorer, basis, scales, offsets) -> Scorer:
+        """``scorer``, its scores reading only the basis items in use (:func:`items_in_use`)
+        where they are few enough (:data:`USED_SHARE_WORTH_A_COPY`); the others' features
+        taken at their offsets, in the intercept.
+
+        Parameters
+        ----------
+        scorer : Scorer
+        basis : items of the basis' kind, B of them
+        scales, offsets : ndarray of shape (len(computed) * B,)
+            The affine normalisation of the computed measures' features (the folded weights
+            times ``scales`` are the weights on the normalised features).
+        """
+        n_basis, n_computed = len(basis), len(scorer.computed)
+        if not n_computed:
             return scorer
-        n_classes = scorer.intercept.shape[0]
-        by_measure = scorer.computed_weights.reshape(len(scorer.computed), n_basis, n_classes)
+        weights = scorer.computed_weights
+        used = items_in_use(weights * scales[:, None], n_computed, n_basis)
+        if used is None or len(used) > USED_SHARE_WORTH_A_COPY * n_basis:
+            return scorer
+        rows = (np.arange(n_computed)[:, None] * n_basis + used).ravel()
+        dropped = np.setdiff1d(np.arange(n_computed * n_basis), rows)
         return replace(
             scorer,
             used_basis=basis[used],
-            used_weights=np.ascontiguousarray(by_measure[:, used].reshape(-1, n_classes)),
+            used_weights=np.ascontiguousarray(weights[rows]),
+            used_intercept=scorer.intercept + offsets[dropped] @ weights[dropped],
         )
 
     def __call__(self, items, basis) -> np.ndarray:
         """The scores, shape (n_samples, K): of a large batch, block by block of
         :meth:`block_rows` rows; from the basis items in use only."""
         if self.used_basis is not None:
-            basis, weights = self.used_basis, self.used_weights
+            basis, weights, intercept = self.used_basis, self.used_weights, self.used_intercept
         else:
-            weights = self.computed_weights
+            weights, intercept = self.computed_weights, self.intercept
         n_samples, rows = len(items), self.block_rows()
         if n_samples <= rows:
-            return self._scored(items, basis, weights)[0]
+            return self._scored(items, basis, weights, intercept)[0]
         scores = np.empty((n_samples, self.intercept.shape[0]))
         for start in range(0, n_samples, rows):
             block = items[start : start + rows]
-            scores[start : start + rows] = self._scored(block, basis, weights)[0]
+            scores[start : start + rows] = self._scored(block, basis, weights, intercept)[0]
         return scores
 
     def block_rows(self) -> int:
@@ -129,24 +151,24 @@ class Scorer:
         """The scores, shape (n_samples, K), and the raw similarities of :attr:`computed` on
         every basis item, shape (n_samples, len(computed) * B) (None when none is computed):
         what explanations read."""
-        return self._scored(items, basis, self.computed_weights)
+        return self._scored(items, basis, self.computed_weights, self.intercept)
 
-    def _scored(self, items, basis, weights) -> tuple[np.ndarray, np.ndarray | None]:
+    def _scored(self, items, basis, weights, intercept) -> tuple[np.ndarray, np.ndarray | None]:
         n_samples, n_classes = len(items), self.intercept.shape[0]
         similarities = None
         if not self.computed:
-            scores = np.tile(self.intercept, (n_samples, 1))
+            scores = np.tile(intercept, (n_samples, 1))
         elif (
             n_samples < SCORES_BLAS_MIN_SAMPLES
             and n_samples * weights.size < SCORES_BLAS_MIN_MULTIPLY_ADDS
         ):
             similarities = raw_similarities(items, basis, self.computed)
             scores = np.empty((n_samples, n_classes))
-            affine_rows(similarities, weights, self.intercept, scores)
+            affine_rows(similarities, weights, intercept, scores)
         else:
             similarities = raw_similarities(items, basis, self.computed)
             scores = similarities @ weights
-            scores += self.intercept
+            scores += intercept
         for measure, input_weights in self.on_inputs:
             scores += measure.items_of(items) @ input_weights
         return scores, similarities

@@ -65,16 +65,17 @@ SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS = 3
 SCORES_BLAS_MIN_SAMPLES = 16
 SCORES_BLAS_MIN_MULTIPLY_ADDS = 200_000
 
-# A large batch is scored in blocks of this many rows where a block's similarities fit the
-# second bound (a core's L2 cache here: 2 MiB): each block's similarities are exponentiated and
-# scored while they are in cache, where the whole batch's passes over them went to memory. On
-# one thread, 1,000 items of breast cancer's model (426 similarities each) and of digits' (250)
-# took 0.88 and 0.91 times as long as in one block; 128 and 512 rows were slower, and 2,000
-# similarities an item (4 MB a block) were slower in blocks, so they are not cut
-# (docs/measurements/benchmarks.md#scores-in-blocks-of-rows-and-the-basis-items-in-use,
-# benchmarks/bench_score_blocks.py).
+# A large batch is scored in blocks of this many rows where a block's similarities (of the
+# measures computed: a dense `linear` is folded into weights on the input) take at most the
+# second bound: each block's similarities are exponentiated and scored while they are in the
+# core's cache (2 MiB of L2 here), where the whole batch's passes over them went to memory. On
+# one thread, 1,000 items of breast cancer's model (426 similarities each, 852 KiB a block) and
+# of digits' (250) took 0.88 and 0.91 times as long as in one block; 128 and 512 rows were
+# slower, and so were blocks of 1,000 similarities an item (2 MB a block: 1.03 to 1.08), which
+# the bound leaves whole (docs/measurements/benchmarks.md#scores-in-blocks-of-rows-and-the-basis-
+# items-in-use, benchmarks/bench_score_blocks.py).
 SCORES_BLOCK_ROWS = 256
-SCORES_BLOCK_MAX_BYTES = 2 << 20
+SCORES_BLOCK_MAX_BYTES = 1 << 20
 
 # The multiply-adds one document pair counts for in that choice: the row kernels' fixed cost per
 # basis item plus a few shared words, each costing a log-Gamma (about ten multiply-adds).

@@ -435,8 +435,7 @@ def test_the_default_gives_a_small_selection_every_cores_budget(monkeypatch):
     whatever the host's (on many, wine's whole search fits the budget), and the wall-clock
     backstop lifted (starting the workers on a loaded host is not what is tested). The budget
     is far below wine's whole search (5.0 and 5.6 CPU seconds in two runs on 2 cores: at 3 s a
-    core, a fast run
-    finished every stage)."""
+    core, a fast run finished every stage)."""
     monkeypatch.setattr(sites, "available_cpus", lambda: 2)
     monkeypatch.setattr(budget_module, "WALL_BACKSTOP", 1e6)
     assert sites.fold_jobs(None) == (2, 1)
