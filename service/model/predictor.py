@@ -591,11 +591,10 @@ class Predictor(PredictorArtifact):
         # Two rows at least: a transform runs one image on the calling thread (bof), two or more
         # in parallel when heavy.
         for rows in (1, max(2, int(SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS // work_per_row) + 1)):
-            batch = self.inputs.warm_up_batch(rows)
-            self.decision_function(batch)
+            items = self.inputs.prepare(self.inputs.batch(self.inputs.warm_up_batch(rows)))
+            self._scores(items)
             # Scores read the basis items in use, in blocks, which may keep every call light:
             # the whole basis at once, as explanations read it, reaches the parallel drivers.
-            items = self.inputs.prepare(self.inputs.batch(batch))
             self._scorer.scored(items, self.inputs.basis_items)
         self.explain(self.inputs.warm_up_batch(1), 1)
 

@@ -32,12 +32,12 @@ NEGLIGIBLE_WEIGHT = 1e-9
 USED_SHARE_WORTH_A_COPY = 0.9
 
 
-def items_in_use(weights: np.ndarray | None, n_measures: int, n_basis: int) -> np.ndarray | None:
+def items_in_use(weights: np.ndarray, n_measures: int, n_basis: int) -> np.ndarray | None:
     """The basis items whose weights are not negligible (:data:`NEGLIGIBLE_WEIGHT`).
 
     Parameters
     ----------
-    weights : ndarray of shape (n_measures * n_basis, K), or None
+    weights : ndarray of shape (n_measures * n_basis, K)
         Weights on the normalised features of the computed measures, measure by measure.
     n_measures, n_basis : int
 
@@ -47,7 +47,7 @@ def items_in_use(weights: np.ndarray | None, n_measures: int, n_basis: int) -> n
         Their positions in the basis, ascending; None when every item is in use (or none is:
         a model of zero weights keeps its basis).
     """
-    if weights is None or weights.size == 0:
+    if weights.size == 0:
         return None
     largest = np.abs(weights).max(axis=1).reshape(n_measures, n_basis).max(axis=0)
     used = np.flatnonzero(largest > NEGLIGIBLE_WEIGHT * largest.max())
