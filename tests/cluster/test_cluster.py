@@ -160,6 +160,28 @@ def test_a_scheduler_without_workers_is_refused_naming_it_before_work_is_sent(se
             model.fit(X, y)
 
 
+@pytest.mark.timeout(120)
+def test_index_on_a_scheduler_without_workers_exits_naming_it_instead_of_waiting(
+    search_model_dir, tmp_path, capsys
+):
+    """``index --cluster`` sent its chunks to a scheduler without workers and waited for one
+    forever; every command that connects now waits for a first worker as long as for the
+    scheduler's answer, then stops with the fit's message."""
+    import shutil
+
+    from training.cli.main import main
+
+    model = tmp_path / "model"
+    shutil.copytree(search_model_dir, model)
+    with start_local_cluster(n_workers=0) as empty:
+        started = time.monotonic()
+        argv = ["index", "--model", str(model), "--force", "--quiet"]
+        assert main([*argv, "--cluster", empty.scheduler_address]) == 2
+        waited = time.monotonic() - started
+    assert f"{empty.scheduler_address} has no workers" in capsys.readouterr().err
+    assert waited < 60
+
+
 def test_a_client_that_lost_its_scheduler_stops_the_fit_with_a_clear_error(dask_cluster):
     """A ClusterError that says so, not an AttributeError from inside Dask's client."""
     from distributed import Client

@@ -14,7 +14,8 @@ The API is three names::
         ...                                  # client: a distributed.Client
 
 :func:`connect` checks what a user cannot see from outside before any work is sent: that the
-scheduler answers within :data:`CONNECT_TIMEOUT_S`, and that the scheduler and every worker run
+scheduler answers within :data:`CONNECT_TIMEOUT_S` and has a worker within as long again, and
+that the scheduler and every worker run
 the same ``dask``, ``distributed`` and ``besvm`` as this process (tasks are pickled by module
 path: a worker with another version runs other code, or none). Each failure is a
 :class:`ClusterError` whose message is one line naming the address or both versions; the
@@ -28,7 +29,7 @@ import re
 import sys
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +161,8 @@ def add_cluster_argument(parser) -> None:
         "machine for this command (one thread each, memory shared out unless --worker-memory), "
         "tcp://host:8786 uses a running scheduler; default: the address in "
         f"{SCHEDULER_ENV} if set, else no cluster (this process only). The scheduler must "
-        f"answer within {CONNECT_TIMEOUT_S:g} s and run the same dask, distributed and besvm",
+        f"answer within {CONNECT_TIMEOUT_S:g} s, have a worker within {CONNECT_TIMEOUT_S:g} s "
+        "more, and run the same dask, distributed and besvm",
     )
     parser.add_argument(
         "--worker-memory",
@@ -220,8 +222,8 @@ def connect(
     Raises
     ------
     ClusterError
-        The scheduler does not answer in time, or runs other versions (see
-        :data:`CHECKED_PACKAGES`).
+        The scheduler does not answer in time, has no worker within ``timeout_s`` more, or it or
+        a worker runs other versions (see :data:`CHECKED_PACKAGES`).
     """
     spec = cluster if isinstance(cluster, ClusterSpec) else parse_cluster(cluster)
     if spec is None:
@@ -267,8 +269,23 @@ def connect(
             f"no Dask scheduler answered at {spec.address} within {timeout_s:g} s ({error})"
         ) from None
     with client:
+        # The scheduler's version at once (a mismatched one is the first thing to say), then
+        # the workers', those that joined while waiting included.
+        check_versions(client, str(spec))
+        _wait_for_a_worker(client, timeout_s)
         check_versions(client, str(spec))
         yield client
+
+
+def _wait_for_a_worker(client, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for the scheduler's first worker (one may be starting beside it),
+    then refuse a scheduler that still has none: work sent there waits for a worker forever
+    (``index --cluster`` did)."""
+    from distributed.client import WorkerStartTimeoutError
+
+    with suppress(WorkerStartTimeoutError):
+        client.wait_for_workers(1, timeout=timeout_s)
+    cluster_workers(client)
 
 
 def enclosing_client():
