@@ -182,7 +182,9 @@ class Batcher:
             outcomes = predictor.classify_many(calls)
             return outcomes, time.perf_counter() - began
 
-        place = plane.placement(snapshot, parts, predictor.runs_serially(instances))
+        explains = any(call.explain for call in calls)
+        serially = predictor.runs_serially(instances, explain=explains)
+        place = plane.placement(snapshot, parts, serially)
         if place is place.INLINE:
             try:
                 outcome: Any = work()

@@ -200,7 +200,7 @@ class DataPlane(CataloguePlane, WorkPlacement):
         if call.top_k is None:
             call.top_k = self.default_top_k
         text_chars = 0 if call.texts is None else sum(map(len, call.texts))
-        serially = snapshot.predictor.runs_serially(max(size, 1))
+        serially = snapshot.predictor.runs_serially(max(size, 1), explain=bool(call.explain))
         return snapshot, shadow, _Classification(call, size, text_chars, serially)
 
     def _answered(

@@ -349,17 +349,19 @@ class Predictor(PredictorArtifact):
         """Scores of prepared items, shape (n_samples, K): the hot path, no checks."""
         return self._scorer(items, self.inputs.basis_items)
 
-    def runs_serially(self, n_samples: int) -> bool:
+    def runs_serially(self, n_samples: int, *, explain: bool = False) -> bool:
         """Whether scoring ``n_samples`` inputs is light work on the calling thread: every
         measure whose similarities are computed is light (see
         :meth:`~service.model.similarity.BoundSimilarity.runs_serially`: no parallel region, so
-        no wait for :data:`service.model.threads.PARALLEL_REGION`). Measures folded into
-        weights on the input cost one small product and always count as light. The input
-        transform must be light too (a HOG batch past its threshold runs in parallel)."""
+        no wait for :data:`service.model.threads.PARALLEL_REGION`), in each of the scorer's
+        computations (blocks of rows, against the basis items in use; with ``explain``, the
+        whole batch against every item). Measures folded into weights on the input cost one
+        small product and always count as light. The input transform must be light too (a HOG
+        batch past its threshold runs in parallel)."""
         if not self.inputs.prepares_serially(n_samples):
             return False
-        n_basis = self.n_basis
-        return all(measure.runs_serially(n_samples, n_basis) for measure in self._scorer.computed)
+        rows, n_basis = self._scorer.similarity_calls(n_samples, self.n_basis, every_item=explain)
+        return all(measure.runs_serially(rows, n_basis) for measure in self._scorer.computed)
 
     def predict(self, X) -> np.ndarray:
         """Predicted class labels, shape (n_samples,)."""

@@ -147,6 +147,20 @@ class Scorer:
             return sys.maxsize
         return SCORES_BLOCK_ROWS
 
+    def similarity_calls(self, n_samples: int, n_basis: int, *, every_item: bool = False):
+        """The rows and basis items of each similarity computation that scores ``n_samples``
+        items against a basis of ``n_basis``: :meth:`__call__`'s blocks of the items in use,
+        or (``every_item``) :meth:`scored`'s whole batch against every item.
+
+        Returns
+        -------
+        rows, basis_items : int
+        """
+        if every_item:
+            return n_samples, n_basis
+        in_use = n_basis if self.used_basis is None else len(self.used_basis)
+        return min(n_samples, self.block_rows()), in_use
+
     def scored(self, items, basis) -> tuple[np.ndarray, np.ndarray | None]:
         """The scores, shape (n_samples, K), and the raw similarities of :attr:`computed` on
         every basis item, shape (n_samples, len(computed) * B) (None when none is computed):

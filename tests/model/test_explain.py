@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
-from service.model import InvalidInputError, Predictor, scoring
+from service.model import InvalidInputError, Predictor, scoring, threads
 from service.model.answers import ClassifyCall
 from service.model.features import NORMALIZATIONS, expand
 from service.model.inputs.spec import InputSpec
@@ -175,18 +175,24 @@ def test_a_batch_scored_in_blocks_of_rows_has_the_unfolded_scores(
     assert sizes == [5, 5, 2] * 2
 
 
-def test_a_kernel_map_on_every_item_scores_from_its_support_vectors(monkeypatch):
-    """Every training item the basis under nystroem(clip): the folded weights are the kernel
-    SVM's dual coefficients, zero but for rounding off its support vectors, which for the
-    squared hinge are the items inside some class's margin (y f(x) < 1). The scores read those
-    items only, and equal the unfolded ones; explanations still name every item."""
+@pytest.fixture(scope="module")
+def every_item_model():
+    """200 breast cancer items, every one of them the basis of a kernel's own map."""
     X, y = load_breast_cancer(return_X_y=True)
     X, y = X[:200], y[:200]
     model = BasisExpandingSVC(
         similarity="rbf(gamma=0.25)", input_normalization="per-feature",
         normalization="nystroem(clip)", C=10.0, basis_per_class=200,
     ).fit(X, y)  # fmt: skip
-    predictor = model.predictor_
+    return model.predictor_, X, y
+
+
+def test_a_kernel_map_on_every_item_scores_from_its_support_vectors(every_item_model, monkeypatch):
+    """Every training item the basis under nystroem(clip): the folded weights are the kernel
+    SVM's dual coefficients, zero but for rounding off its support vectors, which for the
+    squared hinge are the items inside some class's margin (y f(x) < 1). The scores read those
+    items only, and equal the unfolded ones; explanations still name every item."""
+    predictor, X, y = every_item_model
     assert predictor.n_basis == 200
     bases = []
     computed = scoring.raw_similarities
@@ -213,6 +219,29 @@ def test_a_kernel_map_on_every_item_scores_from_its_support_vectors(monkeypatch)
     (explanation,) = predictor.explain(X[:1], k=200)
     assert sorted(item.basis_index for item in explanation.items) == list(range(200))
     assert explanation.rest == pytest.approx(0.0, abs=1e-9)
+
+
+def test_work_is_judged_light_by_the_items_the_scores_read(every_item_model, monkeypatch):
+    """The data plane runs light work on the calling thread: scores read the support vectors
+    only (fewer than 100 of 200 items), so a batch too heavy against every item is light
+    against them; an explanation reads every item and is not."""
+    predictor, X, _ = every_item_model
+    read = []
+    computed = scoring.raw_similarities
+
+    def counted(items, basis, measures, out=None):
+        read.append((len(basis), measures))
+        return computed(items, basis, measures, out)
+
+    monkeypatch.setattr(scoring, "raw_similarities", counted)
+    predictor.decision_function(X[:1])
+    ((in_use, (rbf,)),) = read
+    # A batch between the two: light against the items in use, heavy against every item.
+    limit = threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS / rbf.pair_work
+    n_samples = int(limit / 200) + 1
+    assert n_samples * in_use < limit <= n_samples * 200
+    assert predictor.runs_serially(n_samples)
+    assert not predictor.runs_serially(n_samples, explain=True)
 
 
 def test_only_blocks_that_fit_the_bound_are_cut():
