@@ -5,13 +5,14 @@ from a larger basis, and under which normalisation, width and C?).
         --similarity "rbf(gamma=1)" --input-normalization global --C 1,10 \\
         --normalization auto,besvm --sizes 200,400,800,1600,4000
     .venv/bin/python benchmarks/bench_basis_path.py --set fortunes --similarity linear \\
-        --normalization besvm --sizes 200,1000 --min-df 1 --stop-words none
+        --normalization besvm --sizes 200,1000 --min-df 2 --stop-words english
 
 For every combination of the listed normalisations, C and basis sizes (per class; a size past a
 class takes every item of it), its items chosen by ``--basis-strategy``, a
 :class:`~training.BasisExpandingSVC` is fitted on the set's
 training split (as ``bench_defaults.py`` splits it: 25% test, stratified, the seed given) on one
-thread (documents with the vocabulary of ``--min-df`` and ``--stop-words``), and its test and
+thread (documents with the vocabulary of ``--min-df`` and ``--stop-words``, by default
+``fit``'s: every word), and its test and
 training accuracy, fit seconds and basis size are printed, one line each. The estimator's own
 ``max_iter`` (10,000) is kept, so a fit that stalls shows its time.
 """
@@ -29,6 +30,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from training import BasisExpandingSVC
 from training.data.datasets import load_dataset
+from training.estimator.preparation import DEFAULT_MIN_DF, DEFAULT_STOP_WORDS
 
 
 def _floats(text: str) -> list[float]:
@@ -79,10 +81,16 @@ def main() -> None:
         help="how each class's basis items are chosen",
     )
     parser.add_argument(
-        "--min-df", type=int, default=2, help="documents: the vocabulary's least quote count"
+        "--min-df",
+        type=int,
+        default=DEFAULT_MIN_DF,
+        help="documents: the vocabulary's least quote count (default fit's: %(default)s)",
     )
     parser.add_argument(
-        "--stop-words", default="english", choices=("english", "none"), help="documents"
+        "--stop-words",
+        default="none" if DEFAULT_STOP_WORDS is None else DEFAULT_STOP_WORDS,
+        choices=("english", "none"),
+        help="documents (default fit's: %(default)s)",
     )
     parser.add_argument(
         "--synthetic",

@@ -26,8 +26,8 @@ digits, 25% test, seed 0) and ``adult`` (mglearn; 32,561 census rows, 25% test, 
 Opt-in: ``--synthetic`` (10-class ``make_classification``, d = 64, 10,000 training items),
 ``--large`` (the same at 100,000), ``--digits-cv`` (digits in repeated stratified 5-fold CV,
 2 repeats), ``--fortunes`` (text; 25% test, seed 0, or ``--fortunes-seeds 0,1,2``; the default
-model's vocabulary as ``fit``'s, or ``--min-df 1 --stop-words none``: every word, as the
-``TfidfVectorizer`` of the LinearSVC row).
+model's vocabulary as ``fit``'s: every word, as the ``TfidfVectorizer`` of the LinearSVC row;
+``--min-df 2 --stop-words english`` gives ``fit``'s before 30 November).
 ``--no-tuned-svc`` leaves the tuned SVC out (on fortunes its grid search takes hours on 2 cores):
 ``--sets none --fortunes --no-tuned-svc`` gives the fortunes row against tf-idf + LinearSVC.
 The tuned SVC takes the small grid from 5,000 training items or 1,000,000 training numbers
@@ -75,6 +75,7 @@ from sklearn.svm import SVC, LinearSVC
 
 from service.model.inputs.spec import InputSpec
 from training.data.datasets import Dataset, load_dataset, load_digits_dataset
+from training.estimator.preparation import DEFAULT_MIN_DF, DEFAULT_STOP_WORDS
 from training.evaluation.held_out import (
     describe_tuned_svc,
     prediction_batch,
@@ -353,10 +354,16 @@ def main() -> None:
         "--fortunes-seeds", default="0", help="fortunes' splits (25%% test), comma separated"
     )
     parser.add_argument(
-        "--min-df", type=int, default=2, help="the default model's vocabulary (text; fit's)"
+        "--min-df",
+        type=int,
+        default=DEFAULT_MIN_DF,
+        help="the default model's vocabulary (text; default fit's: %(default)s)",
     )
     parser.add_argument(
-        "--stop-words", default="english", choices=("english", "none"), help="the same"
+        "--stop-words",
+        default="none" if DEFAULT_STOP_WORDS is None else DEFAULT_STOP_WORDS,
+        choices=("english", "none"),
+        help="the same (default fit's: %(default)s)",
     )
     parser.add_argument(
         "--all",

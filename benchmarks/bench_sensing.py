@@ -4,8 +4,9 @@
         [--model PATH] [--skip-http] [--dense-docs 20]
 
 Data: Debian's fortunes (``load_dataset("fortunes")``), word counts over a vocabulary fitted on
-the training split (the trainer's ``fit_vocabulary``); the idf is the smooth idf of the training
-counts. The basis is ``--basis`` training documents, evenly spaced through the training split.
+the training split (the trainer's ``fit_vocabulary``, with :data:`VOCABULARY`); the idf is the
+smooth idf of the training counts. The basis is ``--basis`` training documents, evenly spaced
+through the training split.
 
 1. Sensing-kernel throughput: ``SimilaritySpec.compute(basis, X)`` on :class:`Documents` for
    ``linear`` (tf-idf, the reference), ``sensing0``, ``sensing1(n=150)`` and
@@ -69,6 +70,9 @@ from training.evaluation.held_out import median_seconds
 from training.fitting import fit_dataset
 
 MEASURES = ("linear", "sensing0", "sensing1(n=150)", "sensing2(n_words=150)")
+# The vocabulary its figures (docs/measurements/benchmarks.md) were measured with: the words of
+# at least 2 training quotes, English stop words left out (fit's default until 30 November).
+VOCABULARY = {"min_df": 2, "stop_words": "english"}
 BATCH1_DOCS = 200
 # Elements of one dense block (rows x basis x words): 16M float64 = 128 MB per buffer.
 DENSE_BLOCK_ELEMENTS = 16_000_000
@@ -216,7 +220,7 @@ def _evenly_spaced(n: int, k: int) -> np.ndarray:
 
 
 def bench_kernels(data: Dataset, n_basis: int, repeats: int, dense_docs: int) -> None:
-    vocabulary = fit_vocabulary(data.X_train)
+    vocabulary = fit_vocabulary(data.X_train, **VOCABULARY)
     train_counts = vocabulary.encode(data.X_train)
     test_counts = canonical_counts(vocabulary.encode(data.X_test))
     idf = smooth_idf(train_counts)
@@ -351,7 +355,7 @@ def bench_classify(data: Dataset, model: Path | None, requests: int, skip_http: 
     with tempfile.TemporaryDirectory(prefix="bench-sensing-") as tmp:
         if model is None:
             started = time.perf_counter()
-            config = dict(similarity="sensing1(n=150)", basis_per_class=25)
+            config = dict(similarity="sensing1(n=150)", basis_per_class=25, **VOCABULARY)
             predictor = fit_dataset(data, "fortunes-sensing1-bench", **config).predictor
             model = Path(tmp) / "model"
             predictor.save(model)

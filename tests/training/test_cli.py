@@ -200,14 +200,20 @@ def test_none_is_the_value_a_user_names(
     assert json.loads((out / "manifest.json").read_text())[manifest_key] == recorded
 
 
-def test_stop_words_none_keeps_every_word(tmp_path, capsys):
+def test_fit_keeps_every_word_unless_told_to_leave_some_out(tmp_path, capsys):
     texts = tmp_path / "t.jsonl"
     lines = [{"text": f"the {w} of the thing", "label": w[0]} for w in ["ant", "axe", "bee", "bow"]]
-    texts.write_text("\n".join(json.dumps(line) for line in lines * 10) + "\n")
-    out = tmp_path / "words"
-    args = ["fit", "--data", str(texts), "--out", str(out), "--quiet", "--similarity", "linear"]
-    assert main([*args, "--basis-per-class", "2", "--stop-words", "none", "--min-df", "1"]) == 0
-    assert "the" in Predictor.load(out).vocabulary.terms
+    lines.append({"text": "a zebra", "label": "a"})  # "zebra": in one text only
+    texts.write_text("\n".join(json.dumps(line) for line in lines * 10 + lines[-1:]) + "\n")
+    args = ["fit", "--data", str(texts), "--quiet", "--similarity", "linear"]
+    args += ["--basis-per-class", "2", "--test-fraction", "0"]
+    assert main([*args, "--out", str(tmp_path / "every")]) == 0
+    every = Predictor.load(tmp_path / "every").vocabulary.terms
+    assert {"the", "of", "zebra"} <= set(every)
+    assert main([*args, "--out", str(tmp_path / "some"), "--stop-words", "english",
+                 "--min-df", "12"]) == 0  # fmt: skip
+    some = Predictor.load(tmp_path / "some").vocabulary.terms
+    assert set(some) == {"thing"}  # in 40 texts; ant, axe, bee and bow in 10, zebra in 11
 
 
 def test_model_options_are_the_estimators_parameters(capsys):

@@ -3,14 +3,17 @@ text report, and what fortunes gives (when the Debian packages are installed).""
 
 import json
 import os
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from service.model import Predictor
+from training import BasisExpandingSVC
 from training.cli.main import main
 from training.data.datasets import FORTUNES_DIR, load_dataset
-from training.evaluation.report import parse_configuration, run_report
+from training.estimator.preparation import fit_vocabulary
+from training.evaluation.report import parse_configuration, render_markdown, run_report
 from training.evaluation.report_data import ReportGrid
 from training.fitting import fit_dataset
 
@@ -98,6 +101,39 @@ def test_a_small_text_report(text_dataset):
     assert report.records[1].configuration.C == 3.0
     assert {b.method for b in report.baselines} >= {"tf-idf + LinearSVC", "multinomial naive Bayes"}
     assert all(r.test_accuracy > 0.8 for r in report.records)
+
+
+def test_the_default_vocabulary_is_scikit_learns_tfidf_vectorizers(text_dataset):
+    """Every word of the training texts, stop words too: the vocabulary of the usual baseline
+    (tf-idf + LinearSVC with scikit-learn's defaults)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    texts = [*text_dataset.X_train, "the of and", "unique"]
+    labels = [*text_dataset.y_train, text_dataset.y_train[0], text_dataset.y_train[-1]]
+    model = BasisExpandingSVC(similarity="linear", basis_per_class=3).fit(texts, labels)
+    expected = TfidfVectorizer().fit(texts).get_feature_names_out().tolist()
+    assert list(model.predictor_.vocabulary.terms) == expected
+    assert {"the", "of", "and", "unique"} <= set(expected)
+
+
+def test_a_text_report_reads_the_vocabulary_it_is_given(text_dataset):
+    """The report's fits and baselines count the words of its grid's vocabulary, and its page
+    says which."""
+    for min_df, stop_words in ((1, None), (3, "english")):
+        grid = ReportGrid(
+            configurations=(parse_configuration("linear", text_dataset),),
+            basis_sizes=(3,), strategies=("index",), normalizations=("besvm",),
+            reference_size=3, folds=2, repeats=1, min_df=min_df, stop_words=stop_words,
+        )  # fmt: skip
+        report = run_report(text_dataset, grid, verbose=False)
+        words = fit_vocabulary(text_dataset.X_train, min_df, stop_words).size
+        n_classes = len(text_dataset.classes)
+        svm = next(b for b in report.baselines if b.method == "tf-idf + LinearSVC")
+        # Its idf, then a weight a word and an intercept a class.
+        assert svm.n_parameters == words + n_classes * (words + 1)
+        page = render_markdown(report, defaultdict(lambda: "figure.png"), "report")
+        said = "every word" if min_df == 1 else "the words of at least 3 texts"
+        assert f"The vocabulary: {said} of the training split" in page
 
 
 def _fortunes_or_skip():

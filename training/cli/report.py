@@ -6,8 +6,10 @@ import argparse
 from pathlib import Path
 
 from training.cli.common import add_data_arguments, command_line, load_data, split_list, status
+from training.cli.options import add_estimator_arguments, estimator_params
 from training.cluster.connection import add_cluster_argument
 from training.data.datasets import DIGITS
+from training.estimator.estimator import BasisExpandingSVC
 from training.evaluation.report import (
     DEFAULT_CONFIGURATIONS,
     TEXT_CONFIGURATIONS,
@@ -20,6 +22,9 @@ from training.evaluation.report_data import (
     DEFAULT_NORMALIZATIONS,
     DEFAULT_STRATEGIES,
 )
+
+# The estimator's parameters that the report takes from its command line (the grid sets the rest).
+VOCABULARY = {"min_df", "stop_words"}
 
 HELP = "train a grid of configurations and write a Markdown report with plots"
 DESCRIPTION = (
@@ -73,6 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     axes.add_argument(
         "--repeats", type=int, default=5, help="timing runs, the median is shown (default: 5)"
     )
+    text = parser.add_argument_group("documents", "the vocabulary of every fit and baseline")
+    parser.set_defaults(
+        vocabulary_options=add_estimator_arguments(
+            text, BasisExpandingSVC, skip=set(BasisExpandingSVC().get_params()) - VOCABULARY
+        )
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("report"), help="output directory (default: report)"
     )
@@ -101,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         repeats=args.repeats,
         folds=args.folds,
+        **estimator_params(args, args.vocabulary_options),
     )
     status(
         args,

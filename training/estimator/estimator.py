@@ -54,7 +54,12 @@ from training.estimator.basis import BASIS_STRATEGIES
 from training.estimator.cluster_fit import OneProcessOnly, fit_on_cluster
 from training.estimator.diagnostics import eigen_diagnostics
 from training.estimator.expansion import BasisExpansion
-from training.estimator.preparation import preparation_for, preparation_for_spec
+from training.estimator.preparation import (
+    DEFAULT_MIN_DF,
+    DEFAULT_STOP_WORDS,
+    preparation_for,
+    preparation_for_spec,
+)
 from training.estimator.solver import solve_one_vs_rest, training_design
 
 # The value of ``similarity`` that asks for model selection: no measure, but the wrapper around
@@ -203,10 +208,11 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
     input_shape : str or None, default=None
         How to read a flat row: 'grid(H, W, C)' for images given as (n, H * W * C), or
         'vector(d)'; unset: from the array (2-d: vectors, 3-d or 4-d: images).
-    min_df : int, default=2
-        Documents: words found in fewer training texts are left out of the vocabulary.
-    stop_words : {"english"} or None, default="english"
-        Documents: leave out scikit-learn's English stop words, or keep every word (none).
+    min_df : int, default=1
+        Documents: words found in fewer training texts are left out of the vocabulary (1: every
+        word, as scikit-learn's ``TfidfVectorizer``).
+    stop_words : {"english"} or None, default=None
+        Documents: leave out scikit-learn's English stop words, or keep them (none).
     n_jobs : int or None, default=-1
         Cores training may use: the numba and BLAS threads of the expansion, and the classes'
         SVMs trained side by side; -1: every core this process may run on.
@@ -287,8 +293,8 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
         max_iter=10_000,
         input_normalization="global",
         input_shape=None,
-        min_df=2,
-        stop_words="english",
+        min_df=DEFAULT_MIN_DF,
+        stop_words=DEFAULT_STOP_WORDS,
         n_jobs=-1,
         cluster=None,
         random_state=0,

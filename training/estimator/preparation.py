@@ -33,6 +33,13 @@ from training.estimator.expansion import BasisExpansion
 from training.estimator.preprocessing import InputNormalizer
 from training.estimator.visual_words import fit_bag_of_features
 
+# The vocabulary of a document model by default: every word (scikit-learn's TfidfVectorizer's
+# default, the usual baseline's). Leaving out words of one training text and English stop words
+# cost fortunes about a point at a large basis (docs/measurements/model-selection.md, "Every
+# word by default").
+DEFAULT_MIN_DF = 1
+DEFAULT_STOP_WORDS = None
+
 
 class InputPreparation(ABC):
     """What an estimator does with one kind of input: validate it, prepare the items the basis
@@ -249,7 +256,10 @@ class DocumentPreparation(InputPreparation):
     spec = InputSpec("text", ())
 
     def __init__(
-        self, min_df: int = 2, stop_words: str | None = "english", transform: str | None = None
+        self,
+        min_df: int = DEFAULT_MIN_DF,
+        stop_words: str | None = DEFAULT_STOP_WORDS,
+        transform: str | None = None,
     ):
         self.min_df = min_df
         self.stop_words = stop_words
@@ -359,15 +369,17 @@ def as_texts(X) -> np.ndarray:
     return texts
 
 
-def fit_vocabulary(texts, min_df: int = 2, stop_words: str | None = "english") -> Vocabulary:
+def fit_vocabulary(
+    texts, min_df: int = DEFAULT_MIN_DF, stop_words: str | None = DEFAULT_STOP_WORDS
+) -> Vocabulary:
     """The words of the training texts that a model will count.
 
     Parameters
     ----------
     texts : sequence of str
-    min_df : int
+    min_df : int, default=DEFAULT_MIN_DF
         Words in fewer documents than this are left out.
-    stop_words : "english" or None
+    stop_words : "english" or None, default=DEFAULT_STOP_WORDS
         Words of scikit-learn's English stop word list are left out.
 
     Raises

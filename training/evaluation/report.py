@@ -47,8 +47,7 @@ from training.cluster.connection import client_for
 from training.data.datasets import Dataset
 from training.estimator.basis import BASIS_STRATEGIES
 from training.estimator.diagnostics import format_ratio
-from training.estimator.estimator import BasisExpandingSVC
-from training.estimator.preparation import fit_vocabulary
+from training.estimator.preparation import DEFAULT_MIN_DF, DEFAULT_STOP_WORDS, fit_vocabulary
 from training.evaluation.held_out import (
     evaluate_baselines,
     evaluate_text_baselines,
@@ -156,6 +155,8 @@ def run_report(
             basis_strategy=strategy,
             normalization=normalization,
             C=configuration.C,
+            min_df=grid.min_df,
+            stop_words=grid.stop_words,
             random_state=grid.seed,
         )
         for configuration, size, strategy, normalization in fits
@@ -194,14 +195,13 @@ def run_report(
             )
         )
     n_classes = len(dataset.classes)
-    defaults = BasisExpandingSVC().get_params()
     if dataset.input_spec.kind == "text":
         baselines = evaluate_text_baselines(
             dataset.X_train,
             dataset.y_train,
             dataset.X_test,
             dataset.y_test,
-            fit_vocabulary(dataset.X_train, defaults["min_df"], defaults["stop_words"]),
+            fit_vocabulary(dataset.X_train, grid.min_df, grid.stop_words),
             repeats=grid.repeats,
         )
     else:
@@ -311,6 +311,13 @@ def write_report(report: Report, out: Path, command: str) -> Path:
     return markdown
 
 
+def _vocabulary(grid: ReportGrid) -> str:
+    """How the report's documents were read, for its opening paragraph."""
+    words = "every word" if grid.min_df == 1 else f"the words of at least {grid.min_df} texts"
+    stop = "kept" if grid.stop_words is None else f"({grid.stop_words}) left out"
+    return f" The vocabulary: {words} of the training split, stop words {stop}."
+
+
 def _pct(value: float) -> str:
     return f"{100 * value:.2f}%"
 
@@ -338,7 +345,8 @@ def render_markdown(report: Report, figures: dict[str, str], command: str) -> st
         f"{grid.folds}-fold cross-validation within the training split (the *validation* "
         "accuracy, which chooses the best), and trained on the whole training split and tested "
         "on the test split (every other accuracy shown). Prediction times are medians over the "
-        "whole test set in one batch, on the machine that made the report.",
+        "whole test set in one batch, on the machine that made the report."
+        + (_vocabulary(grid) if reference is not svc else ""),
         "",
         "## Best configuration (by cross-validated accuracy)",
         "",
@@ -503,6 +511,8 @@ def build_grid(
     seed: int,
     repeats: int,
     folds: int = 3,
+    min_df: int = DEFAULT_MIN_DF,
+    stop_words: str | None = DEFAULT_STOP_WORDS,
 ) -> ReportGrid:
     """Parse and check the command line's grid before anything is trained.
 
@@ -530,4 +540,6 @@ def build_grid(
         folds=folds,
         seed=seed,
         repeats=repeats,
+        min_df=min_df,
+        stop_words=stop_words,
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
+from training.estimator.preparation import DEFAULT_MIN_DF, DEFAULT_STOP_WORDS
+
 if TYPE_CHECKING:
     from training.evaluation.held_out import MethodResult
 
@@ -79,6 +81,9 @@ class ReportGrid:
     folds: int = 3
     seed: int = 0
     repeats: int = 3
+    # Documents: the vocabulary of every fit and of the baselines (the estimator's parameters).
+    min_df: int = DEFAULT_MIN_DF
+    stop_words: str | None = DEFAULT_STOP_WORDS
 
     def fits(self) -> list[tuple[Configuration, int, str, str]]:
         """Every distinct (configuration, basis per class, strategy, normalisation) to train."""
