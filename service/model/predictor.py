@@ -355,13 +355,15 @@ class Predictor(PredictorArtifact):
         :meth:`~service.model.similarity.BoundSimilarity.runs_serially`: no parallel region, so
         no wait for :data:`service.model.threads.PARALLEL_REGION`), in each of the scorer's
         computations (blocks of rows, against the basis items in use; with ``explain``, the
-        whole batch against every item). Measures folded into weights on the input cost one
-        small product and always count as light. The input transform must be light too (a HOG
-        batch past its threshold runs in parallel)."""
+        whole batch against every item, for every measure). Without ``explain``, measures folded
+        into weights on the input cost one small product and count as light. The input transform
+        must be light too (a HOG batch past its threshold runs in parallel)."""
         if not self.inputs.prepares_serially(n_samples):
             return False
         rows, n_basis = self._scorer.similarity_calls(n_samples, self.n_basis, every_item=explain)
-        return all(measure.runs_serially(rows, n_basis) for measure in self._scorer.computed)
+        # An explanation also computes the similarities of the measures folded into weights.
+        measures = self._measures if explain else self._scorer.computed
+        return all(measure.runs_serially(rows, n_basis) for measure in measures)
 
     def predict(self, X) -> np.ndarray:
         """Predicted class labels, shape (n_samples,)."""

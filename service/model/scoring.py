@@ -147,10 +147,21 @@ class Scorer:
             return sys.maxsize
         return SCORES_BLOCK_ROWS
 
-    def similarity_calls(self, n_samples: int, n_basis: int, *, every_item: bool = False):
+    def similarity_calls(
+        self, n_samples: int, n_basis: int, *, every_item: bool = False
+    ) -> tuple[int, int]:
         """The rows and basis items of each similarity computation that scores ``n_samples``
         items against a basis of ``n_basis``: :meth:`__call__`'s blocks of the items in use,
         or (``every_item``) :meth:`scored`'s whole batch against every item.
+
+        Parameters
+        ----------
+        n_samples : int
+            Items scored.
+        n_basis : int
+            Items of the whole basis.
+        every_item : bool, default=False
+            What explanations compute: every basis item, the batch whole.
 
         Returns
         -------

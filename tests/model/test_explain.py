@@ -244,6 +244,21 @@ def test_work_is_judged_light_by_the_items_the_scores_read(every_item_model, mon
     assert not predictor.runs_serially(n_samples, explain=True)
 
 
+def test_an_explanation_counts_the_measures_folded_into_weights_on_the_input():
+    """A dense linear measure scores through one weight vector on the input (light at any
+    batch), but an explanation computes its similarity to every basis item."""
+    X, y = load_breast_cancer(return_X_y=True)
+    model = BasisExpandingSVC(similarity="linear", normalization="besvm", basis_per_class=100).fit(
+        X[:200], y[:200]
+    )
+    predictor = model.predictor_
+    (linear,) = predictor.inputs.bind(predictor.specs)
+    n_samples = int(threads.SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS / linear.pair_work) + 1
+    assert not linear.runs_serially(n_samples, predictor.n_basis)
+    assert predictor.runs_serially(n_samples)
+    assert not predictor.runs_serially(n_samples, explain=True)
+
+
 def test_only_blocks_that_fit_the_bound_are_cut():
     """256 rows of 426 similarities (852 KiB) are a block; of 1,000 (2 MB) the batch is one."""
 
