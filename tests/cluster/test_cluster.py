@@ -182,6 +182,22 @@ def test_index_on_a_scheduler_without_workers_exits_naming_it_instead_of_waiting
     assert waited < 60
 
 
+def test_a_worker_that_joins_while_the_command_connects_is_taken():
+    """A scheduler started beside its workers (compose) has none for a moment: the command
+    waits for the first, then checks its versions and goes on."""
+    import threading
+
+    with start_local_cluster(n_workers=0) as starting:
+        joins = threading.Timer(2.0, starting.scale, args=(1,))
+        joins.start()
+        try:
+            with connect(starting.scheduler_address, timeout_s=30) as client:
+                workers = cluster_workers(client)
+        finally:
+            joins.join()
+    assert len(workers) == 1
+
+
 def test_a_client_that_lost_its_scheduler_stops_the_fit_with_a_clear_error(dask_cluster):
     """A ClusterError that says so, not an AttributeError from inside Dask's client."""
     from distributed import Client

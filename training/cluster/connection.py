@@ -213,7 +213,8 @@ def connect(
         machine's (:data:`LOCAL_MEMORY_SHARE`). Ignored for a remote cluster (its workers were
         started with their own).
     timeout_s : float
-        Seconds to wait for the scheduler's first answer.
+        Seconds to wait for the scheduler's first answer, and as many more for a first worker
+        where it has none.
 
     Yields
     ------
@@ -231,6 +232,7 @@ def connect(
         return
     try:
         from distributed import Client, LocalCluster
+        from distributed.exceptions import WorkerStartTimeoutError
         from distributed.versions import VersionMismatchWarning
     except ImportError:
         raise ClusterError(
@@ -269,23 +271,14 @@ def connect(
             f"no Dask scheduler answered at {spec.address} within {timeout_s:g} s ({error})"
         ) from None
     with client:
-        # The scheduler's version at once (a mismatched one is the first thing to say), then
-        # the workers', those that joined while waiting included.
-        check_versions(client, str(spec))
-        _wait_for_a_worker(client, timeout_s)
-        check_versions(client, str(spec))
+        if not check_versions(client, str(spec)):
+            # None yet (one may be starting beside the scheduler): work sent to a scheduler
+            # without workers waits for one forever (index --cluster did).
+            with suppress(WorkerStartTimeoutError):
+                client.wait_for_workers(1, timeout=timeout_s)
+            cluster_workers(client)  # still none: refused by name
+            check_versions(client, str(spec))
         yield client
-
-
-def _wait_for_a_worker(client, timeout_s: float) -> None:
-    """Wait up to ``timeout_s`` for the scheduler's first worker (one may be starting beside it),
-    then refuse a scheduler that still has none: work sent there waits for a worker forever
-    (``index --cluster`` did)."""
-    from distributed.client import WorkerStartTimeoutError
-
-    with suppress(WorkerStartTimeoutError):
-        client.wait_for_workers(1, timeout=timeout_s)
-    cluster_workers(client)
 
 
 def enclosing_client():
@@ -354,8 +347,13 @@ def cluster_workers(client) -> dict[str, dict]:
     return workers
 
 
-def check_versions(client, where: str) -> None:
+def check_versions(client, where: str) -> list[str]:
     """Refuse a cluster whose scheduler or workers run another version of a checked package.
+
+    Returns
+    -------
+    list of str
+        The addresses of the workers checked (none: the scheduler has no worker yet).
 
     Raises
     ------
@@ -375,6 +373,7 @@ def check_versions(client, where: str) -> None:
                     f"{ours.get(package)}, {who} runs {package} {theirs.get(package)} "
                     "(install the same pins everywhere: requirements-cluster.lock)"
                 )
+    return sorted(versions["workers"])
 
 
 @contextmanager
