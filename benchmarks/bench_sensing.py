@@ -65,14 +65,13 @@ from service.model.similarity import SimilaritySpec, parse_spec
 from service.model.threads import DOCUMENT_PAIR_MULTIPLY_ADDS, SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 from training.data.datasets import Dataset, load_dataset
 from training.data.readers import DatasetError
-from training.estimator.preparation import fit_vocabulary
+from training.estimator.preparation import FREQUENT_WORDS, fit_vocabulary
 from training.evaluation.held_out import median_seconds
 from training.fitting import fit_dataset
 
 MEASURES = ("linear", "sensing0", "sensing1(n=150)", "sensing2(n_words=150)")
-# The vocabulary its figures (docs/measurements/benchmarks.md) were measured with: the words of
-# at least 2 training quotes, English stop words left out (fit's default until 30 November).
-VOCABULARY = {"min_df": 2, "stop_words": "english"}
+# The vocabulary its figures (docs/measurements/benchmarks.md) were measured with.
+VOCABULARY = FREQUENT_WORDS
 BATCH1_DOCS = 200
 # Elements of one dense block (rows x basis x words): 16M float64 = 128 MB per buffer.
 DENSE_BLOCK_ELEMENTS = 16_000_000

@@ -147,12 +147,18 @@ def _features_of(X, y, **params):
 
 
 def _model_features(data: str, similarity: str, per_class: int):
-    """The training features a BasisExpandingSVC computes on a shipped data set."""
+    """The training features a BasisExpandingSVC computes on a shipped data set (documents read
+    with the vocabulary the figures were measured with, ``FREQUENT_WORDS``)."""
     from training.data.datasets import load_dataset
+    from training.estimator.preparation import FREQUENT_WORDS
 
     dataset = load_dataset(data, test_fraction=0)
     return _features_of(
-        dataset.X_train, dataset.y_train, similarity=similarity, basis_per_class=per_class
+        dataset.X_train,
+        dataset.y_train,
+        similarity=similarity,
+        basis_per_class=per_class,
+        **FREQUENT_WORDS,
     )
 
 

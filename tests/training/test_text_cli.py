@@ -132,8 +132,23 @@ def test_a_text_report_reads_the_vocabulary_it_is_given(text_dataset):
         # Its idf, then a weight a word and an intercept a class.
         assert svm.n_parameters == words + n_classes * (words + 1)
         page = render_markdown(report, defaultdict(lambda: "figure.png"), "report")
-        said = "every word" if min_df == 1 else "the words of at least 3 texts"
-        assert f"The vocabulary: {said} of the training split" in page
+        said = {
+            1: "every word of the training split.",
+            3: "the words of at least 3 texts of the training split but the english stop words.",
+        }
+        assert f"The vocabulary: {said[min_df]}" in page
+
+
+@pytest.mark.parametrize(
+    ("texts", "stop_words", "message"),
+    [
+        (["a b", "c d"], None, "no word of two or more letters or digits is in the training texts"),
+        (["the of", "and a"], "english", "other than english stop words, is in the training"),
+    ],
+)
+def test_texts_without_a_word_are_refused_saying_why(texts, stop_words, message):
+    with pytest.raises(ValueError, match=message):
+        BasisExpandingSVC(similarity="linear", stop_words=stop_words).fit(texts, [0, 1])
 
 
 def _fortunes_or_skip():

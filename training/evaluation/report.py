@@ -314,8 +314,12 @@ def write_report(report: Report, out: Path, command: str) -> Path:
 def _vocabulary(grid: ReportGrid) -> str:
     """How the report's documents were read, for its opening paragraph."""
     words = "every word" if grid.min_df == 1 else f"the words of at least {grid.min_df} texts"
-    stop = "kept" if grid.stop_words is None else f"({grid.stop_words}) left out"
-    return f" The vocabulary: {words} of the training split, stop words {stop}."
+    words += " of the training split"
+    if grid.stop_words is not None:
+        words += f" but the {grid.stop_words} stop words"
+    elif grid.min_df > 1:
+        words += ", stop words kept"
+    return f" The vocabulary: {words}."
 
 
 def _pct(value: float) -> str:

@@ -16,7 +16,7 @@ A batch of inputs is a :class:`Documents`; the basis is one too, and keeps its v
 
 The :class:`Vocabulary` is plain data (terms, lower-casing, token pattern) saved in the artifact;
 encoding text needs no scikit-learn and runs no code from the artifact. Words not in the
-vocabulary are dropped (stop words were left out of it when it was fitted).
+vocabulary are dropped (stop words too, where the model's vocabulary left them out).
 """
 
 from __future__ import annotations
