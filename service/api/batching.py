@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from service.api.placement import WorkPlacement
+from service.api.placement import EXPLAINED, WorkPlacement
 from service.api.serving_file import BatchingPolicy
 from service.api.versions import ModelSnapshot
 from service.model import ModelNotReadyError
@@ -172,6 +172,9 @@ class Batcher:
         text_chars = sum(waiting.text_chars for waiting in batch)
         if text_chars:
             parts["text_chars"] = text_chars
+        explained = sum(waiting.instances for waiting in batch if waiting.call.explain)
+        if explained:
+            parts[EXPLAINED] = explained
         plane.metrics.batch_computed(
             snapshot.name, instances, len(batch), [started - w.arrived for w in batch]
         )

@@ -20,7 +20,7 @@ from service.api.jobs import Jobs
 from service.api.machinery.limits import RequestHold, WorkLimiter, concurrency_bound
 from service.api.machinery.metrics import Metrics
 from service.api.machinery.observability import answered_by
-from service.api.placement import WorkPlacement
+from service.api.placement import EXPLAINED, WorkPlacement
 from service.api.registry import ModelRegistry
 from service.api.serving_file import BatchingPolicy
 from service.api.settings import Settings
@@ -361,6 +361,8 @@ class _Classification:
         parts = {"instances": self.instances}
         if self.call.texts is not None:
             parts["text_chars"] = self.text_chars
+        if self.call.explain:
+            parts[EXPLAINED] = self.instances
         return parts
 
     def work(self, predictor) -> Callable[[], list[Answer]]:

@@ -51,8 +51,12 @@ COST_OUTLIER_FACTOR = 4.0
 DECODE_THREADS = 2
 
 # A request's work by part, each counted in its own units ("instances", "text_chars",
-# "search", "ids", "atom"); an empty mapping, or None: no estimate, never inline.
+# "search", "ids", "atom", EXPLAINED); an empty mapping, or None: no estimate, never inline.
 Parts = Mapping[str, int]
+
+# The part of the instances whose answers explain their scores: an explanation reads every basis
+# item and every measure, where the scores alone read the items in use, so it learns its own cost.
+EXPLAINED = "explained_instances"
 
 
 class Placement(enum.Enum):

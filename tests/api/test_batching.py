@@ -22,6 +22,7 @@ from service.api import Settings
 from service.api.dataplane import DataPlane
 from service.api.errors import WorkTimeoutError
 from service.api.machinery.metrics import Metrics
+from service.api.placement import EXPLAINED
 from service.api.registry import ModelRegistry, ModelState
 from service.api.repository import Repository
 from service.api.serving_file import SERVING_FILE, BatchingPolicy
@@ -107,6 +108,25 @@ def test_a_lone_request_is_never_held_back(digits_model_dir, digits):
     assert seconds < 2.0
     assert [requests for _, requests, _ in batches] == [1] * len(images)
     assert max(wait for _, _, waits in batches for wait in waits) < 0.05
+
+
+def test_a_batch_that_explains_learns_the_cost_of_its_explanations(digits_model_dir, digits):
+    images = digits.X_test[:2].reshape(2, 1, 8, 8).tolist()
+
+    async def scenario():
+        plane, metrics = await _plane(digits_model_dir)
+        snapshot = plane.snapshot(None)
+        await plane.classify(None, images[0], None, 3)
+        plain = plane.estimate(snapshot, EXPLAINED)
+        await plane.classify(None, images[1], None, 3, explain=2)
+        explained = plane.estimate(snapshot, EXPLAINED)
+        plane.close()
+        return plain, explained, metrics.batches
+
+    plain, explained, batches = asyncio.run(scenario())
+    assert len(batches) == 2  # both went through the batcher
+    assert plain is None
+    assert explained > 0
 
 
 def test_a_delay_gathers_the_queue_into_one_batch(digits_model_dir, digits, digits_predictor):

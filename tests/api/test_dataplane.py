@@ -13,7 +13,7 @@ from service.api import Settings
 from service.api.dataplane import DataPlane
 from service.api.errors import OverloadedError
 from service.api.machinery.limits import WorkLimiter
-from service.api.placement import Placement
+from service.api.placement import EXPLAINED, Placement
 from service.api.registry import ModelRegistry
 from service.api.repository import Repository
 from service.model import InvalidInputError
@@ -63,6 +63,12 @@ def test_small_serial_work_goes_inline_once_its_cost_is_known(search_model_dir, 
         # A batch whose estimate passes the budget leaves the loop, serial or not.
         too_many = int(budget_s / per_instance) + 1
         assert plane.placement(snapshot, {"instances": too_many}, True) is Placement.THREAD_POOL
+        # Explanations read more than the scores: their first is off the loop, and they learn
+        # their own cost beside the instances'.
+        explained = {"instances": 1, EXPLAINED: 1}
+        assert plane.placement(snapshot, explained, True) is Placement.THREAD_POOL
+        await plane.classify(None, [image], None, 3, explain=2)
+        assert plane.estimate(snapshot, EXPLAINED) > 0
         # Parallel kernels always run on the one compute thread, never on the loop.
         assert not predictor.runs_serially(200)
         assert plane.placement(snapshot, {"instances": 1}, False) is Placement.COMPUTE_THREAD
