@@ -19,6 +19,7 @@ from training.cli.main import main
 from training.selection.memory import (
     MEMORY_SHARE,
     available_memory_bytes,
+    basis_per_class_holding,
     basis_per_class_within,
     cgroup_headroom_bytes,
     default_allowance,
@@ -99,15 +100,18 @@ def test_features_within_is_the_largest_count_that_fits(n_items, budget, expecte
 
 @pytest.mark.parametrize(
     ("n_train", "n_classes", "weight", "budget"),
-    [(1797, 10, 1.0, GIB // 4), (60_000, 10, 1.0, 4 * GIB), (5000, 2, 9.0, 25 * 10**6)],
+    [(1797, 10, 1.0, GIB // 64), (60_000, 10, 1.0, 4 * GIB), (5000, 2, 9.0, 25 * 10**6)],
 )
 def test_the_basis_within_a_budget_is_the_largest_that_fits(n_train, n_classes, weight, budget):
-    per_class = basis_per_class_within(n_train, n_classes, weight, budget)
+    class_size = n_train // n_classes
+    per_class = basis_per_class_within([class_size] * n_classes, weight, budget)
+    n_train = class_size * n_classes
 
     def needed(per_class):
         features = per_class * n_classes * weight
         return 8 * (n_train * features + 3 * features**2)
 
+    assert per_class < class_size  # not every item: the budget decides
     assert needed(per_class) <= budget
     assert needed(per_class + 1) > budget
 
@@ -115,9 +119,40 @@ def test_the_basis_within_a_budget_is_the_largest_that_fits(n_train, n_classes, 
 def test_the_basis_within_a_budget_by_hand():
     # 1,000 items, 10 classes: 100 features fit 1,040,000 bytes: 10 a class of an rbf, 5 of a
     # pair of measures, and never less than 1.
-    assert basis_per_class_within(1000, 10, 1.0, 1_040_000) == 10
-    assert basis_per_class_within(1000, 10, 2.0, 1_040_000) == 5
-    assert basis_per_class_within(1000, 10, 1.0, 100) == 1
+    balanced = [100] * 10
+    assert basis_per_class_within(balanced, 1.0, 1_040_000) == 10
+    assert basis_per_class_within(balanced, 2.0, 1_040_000) == 5
+    assert basis_per_class_within(balanced, 1.0, 100) == 1
+
+
+@pytest.mark.parametrize("weight", [1.0, 2.0, 9.0])
+@pytest.mark.parametrize("budget", [10**5, 4 * 10**6, 3 * 10**7, 10**9])
+def test_unbalanced_classes_hold_the_basis_their_items_give(weight, budget):
+    """A class smaller than the basis per class gives every item it has, not that many: the
+    largest basis per class is the largest whose real basis fits (by brute force over every
+    size). Fortunes (32 classes of 77 to 938 quotes) was held at 707 a class where its every
+    quote fitted: the bound counted 32 x 707 = 22,624 basis items, and 707 a class are 10,368."""
+    counts = np.array([938, 527, 300, 120, 77, 20, 5])
+    n_items = int(counts.sum())
+
+    def fits(per_class):
+        features = np.minimum(per_class, counts).sum() * weight
+        return 8 * (n_items * features + 3 * features**2) <= budget
+
+    expected = max([1, *(k for k in range(1, counts.max() + 1) if fits(k))])
+    assert basis_per_class_within(counts, weight, budget) == expected
+    if budget == 3 * 10**7 and weight == 1.0:  # between the counts, not above the largest
+        assert 77 < expected < counts.max()
+        # counted as if every class gave that many, the bound was smaller
+        assert features_within(n_items, budget) // (len(counts) * weight) < expected
+
+
+def test_the_basis_per_class_a_count_of_items_holds():
+    assert basis_per_class_holding(70, [10, 20, 30, 40]) == 20  # 10 + 20 + 20 + 20
+    assert basis_per_class_holding(69, [10, 20, 30, 40]) == 19  # 10 + 19 x 3 = 67
+    assert basis_per_class_holding(100, [10, 20, 30, 40]) == 40  # every item
+    assert basis_per_class_holding(10**6, [10, 20, 30, 40]) == 40
+    assert basis_per_class_holding(0.5, [10, 20]) == 1  # never below one
 
 
 def test_available_memory_is_memavailable(tmp_path):
@@ -201,8 +236,9 @@ def test_fit_help_says_what_the_default_budget_allows():
     text = " ".join(result.stdout.split())
     found = re.search(
         r"25% of the memory available at the start: on this machine now ([\d.]+) GiB, which holds "
-        r"([\d,]+) basis items a class at 10,000 training items, ([\d,]+) at 100,000, "
-        r"([\d,]+) at 1,000,000 \(10 classes, an rbf under nystroem; more under besvm\)",
+        r"([\d,]+) basis items a class at 10,000 training items(?: \(every item\))?, "
+        r"([\d,]+) at 100,000(?: \(every item\))?, ([\d,]+) at 1,000,000(?: \(every item\))? "
+        r"\(10 classes, an rbf under nystroem; more under besvm\)",
         text,
     )
     assert found, text
@@ -211,8 +247,12 @@ def test_fit_help_says_what_the_default_budget_allows():
     for n_items, shown in zip((10**4, 10**5, 10**6), found.groups()[1:], strict=True):
         # F features of n items take 8 (n F + 3 F^2) bytes: F within the budget, by hand
         features = (-n_items + math.sqrt(n_items**2 + 12 * budget / 8)) / 6
-        assert int(shown.replace(",", "")) == pytest.approx(features / 10, rel=0.05)
+        per_class = min(features / 10, n_items / 10)  # no more than every item of a class
+        assert int(shown.replace(",", "")) == pytest.approx(per_class, rel=0.05)
     assert default_allowance(budget_bytes=8 * GIB).startswith("8.0 GiB, which holds ")
+
+
+TEN_OF_6000 = [6000] * 10
 
 
 def test_the_grown_basis_is_bounded_by_the_budget_and_the_share():
@@ -220,28 +260,26 @@ def test_the_grown_basis_is_bounded_by_the_budget_and_the_share():
     # proportion 750 a class. A fifth of the items is 12,000 features (1,200 a class).
     assert DENSE_RULES.grown_feature_limits(60_000, 64 * GIB, 3)["the share of the items"] == 12_000
     roomy = grown_basis_per_class(
-        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 64 * GIB, 3)
+        25, 2000, TEN_OF_6000, 1.0, DENSE_RULES.grown_feature_limits(60_000, 64 * GIB, 3)
     )
     assert roomy == GrownBasis(750, "in proportion to the items")
     # 5,000 features of 60,000 items take 8 * (3e8 + 7.5e7) = 3e9 bytes: 500 a class.
     tight = grown_basis_per_class(
-        25, 2000, 60_000, 6000, 1.0, 10, DENSE_RULES.grown_feature_limits(60_000, 3 * 10**9, 3)
+        25, 2000, TEN_OF_6000, 1.0, DENSE_RULES.grown_feature_limits(60_000, 3 * 10**9, 3)
     )
     assert tight == GrownBasis(500, "the memory budget")
     # Documents grow in proportion past the folds' cap (MAX_DOCUMENT_FEATURES), with no share
     # of the items to keep to: only the budget bounds them.
     limits = DOCUMENT_RULES.grown_feature_limits(60_000, 64 * GIB, 1)
     assert set(limits) == {"the memory budget"}
-    documents = grown_basis_per_class(100, 2000, 60_000, 6000, 1.0, 10, limits)
+    documents = grown_basis_per_class(100, 2000, TEN_OF_6000, 1.0, limits)
     assert documents == GrownBasis(3000, "in proportion to the items")  # 30,000 features
     small = DOCUMENT_RULES.grown_feature_limits(60_000, 3 * 10**9, 1)
-    assert grown_basis_per_class(25, 2000, 60_000, 6000, 1.0, 10, small).bound == (
-        "the memory budget"
-    )
+    assert grown_basis_per_class(25, 2000, TEN_OF_6000, 1.0, small).bound == ("the memory budget")
     # A budget bounds the final fit even below the size the folds chose (250 a class): 2,000
     # features of 60,000 items (8 * (1.2e8 + 1.2e7) bytes) hold 200 a class of 10 classes.
     below = DENSE_RULES.grown_feature_limits(60_000, 8 * (60_000 * 2000 + 3 * 2000**2), 3)
-    assert grown_basis_per_class(250, 2000, 60_000, 6000, 1.0, 10, below) == GrownBasis(
+    assert grown_basis_per_class(250, 2000, TEN_OF_6000, 1.0, below) == GrownBasis(
         200, "the memory budget"
     )
 

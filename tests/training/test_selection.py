@@ -402,18 +402,25 @@ def test_dense_inputs_searched_on_a_sample_start_the_ladder_at_the_grown_basis()
 
 def test_a_grown_basis_keeps_each_class_share_within_its_caps():
     cap = {"a cap": 6400}
+    # 32 classes, 11,000 items: one of 500, 31 of 338 or 339.
+    counts = [500] + [10_500 // 31 + (j < 10_500 % 31) for j in range(31)]
+    assert sum(counts) == 11_000
     # 25 of a fold's 2,000 items: the same share of 11,000 is 137.5 per class.
-    assert grown_basis_per_class(25, 2000, 11000, 500, 1, 32, cap) == GrownBasis(
+    assert grown_basis_per_class(25, 2000, counts, 1, cap) == GrownBasis(
         138, "in proportion to the items"
     )
     # The feature budget: 6,400 features for 2 measures and 32 classes leave 100 per class.
-    assert grown_basis_per_class(25, 2000, 11000, 500, 2, 32, cap) == GrownBasis(100, "a cap")
+    assert grown_basis_per_class(25, 2000, counts, 2, cap) == GrownBasis(100, "a cap")
     # No class has more than 60 items to give.
-    assert grown_basis_per_class(25, 2000, 11000, 60, 1, 32, cap) == GrownBasis(
+    assert grown_basis_per_class(25, 200, [60] * 32, 1, cap) == GrownBasis(
         60, "every item of the largest class"
     )
+    # A class smaller than the size gives what it has: with 31 classes of 50 items, the 6,400
+    # features leave 6,400 - 1,550 = 4,850 basis items to the largest class, where 32 x 200
+    # would leave it 200.
+    assert grown_basis_per_class(25, 20, [5000] + [50] * 31, 1, cap) == GrownBasis(4850, "a cap")
     # It never shrinks below what the folds chose.
-    assert grown_basis_per_class(25, 2000, 1500, 500, 1, 32, cap) == GrownBasis(
+    assert grown_basis_per_class(25, 2000, [47] * 32, 1, cap) == GrownBasis(
         25, "the size the folds chose"
     )
     # The documents' feature budget admits bases that the dense one (1,000) refuses.

@@ -182,15 +182,13 @@ def climb_basis_ladder(
     X = np.asarray(X)
     y = np.asarray(y)
     holdout = HoldOut(X, y, random_state)
-    n_classes = len(np.unique(y))
     fit_largest = holdout.fit_largest
-    split_largest = int(np.unique(y, return_counts=True)[1].max())
+    class_counts = np.unique(y, return_counts=True)[1]
+    split_largest = int(class_counts.max())
     budget_bytes = default_memory_budget() if memory_budget is None else memory_budget
     # The large-basis search's candidates (besvm for dense inputs) hold no more square matrices
     # than the ladder's configuration (nystroem's, or besvm's for documents): its bound holds.
-    bound = basis_per_class_within(
-        len(y), n_classes, weight, budget_bytes, held_square_matrices(params)
-    )
+    bound = basis_per_class_within(class_counts, weight, budget_bytes, held_square_matrices(params))
     top = min(fit_largest, bound)
     result = LadderResult(
         basis_per_class=min(start, bound),

@@ -542,17 +542,15 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             grown = grown_basis_per_class(
                 chosen["basis_per_class"],
                 fold_items,
-                n_train,
-                int(counts.max()),
+                counts,
                 weight,
-                len(counts),
                 rules.grown_feature_limits(n_train, memory_budget, squares),
             )
             return {**chosen, "basis_per_class": grown.per_class}, grown.bound
         if chosen["basis_per_class"] >= fold_largest:
             cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
             chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
-        within = basis_per_class_within(n_train, len(counts), weight, memory_budget, squares)
+        within = basis_per_class_within(counts, weight, memory_budget, squares)
         if within < chosen["basis_per_class"]:
             return {**chosen, "basis_per_class": within}, GROWN_WITHIN_MEMORY
         return chosen, None

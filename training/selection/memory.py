@@ -1,7 +1,8 @@
 r"""The memory arithmetic of a fit: how much memory this machine has available
 (:func:`available_memory_bytes`), the default budget for the training features
 (:func:`default_memory_budget`), what the features of n items take (:func:`feature_bytes`), and
-the largest basis that fits a budget (:func:`features_within`, :func:`basis_per_class_within`).
+the largest basis that fits a budget (:func:`features_within`, :func:`basis_per_class_within`,
+which counts a class smaller than the basis per class at its size: :func:`basis_per_class_holding`).
 
 The training features are an n x F matrix of float64 numbers (F = basis items x features per
 basis item). Beside them every fit keeps the basis Gram matrix, and the nystroem normalisations
@@ -24,7 +25,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 __all__ = [
     "FALLBACK_AVAILABLE_BYTES",
@@ -33,6 +37,7 @@ __all__ = [
     "MEMORY_SHARE",
     "NYSTROEM_SQUARE_MATRICES",
     "available_memory_bytes",
+    "basis_per_class_holding",
     "basis_per_class_within",
     "default_allowance",
     "default_memory_budget",
@@ -211,9 +216,37 @@ def features_within(
     return features
 
 
+def basis_per_class_holding(basis_items: float, class_counts: Sequence[int]) -> int:
+    r"""The largest basis per class k whose basis, :math:`\sum_c \min(k, n_c)` items (a class
+    smaller than k gives every item it has), is at most ``basis_items`` (at least 1).
+
+    Parameters
+    ----------
+    basis_items : float
+        The most basis items.
+    class_counts : sequence of int
+        Items of each class, n_c.
+
+    Returns
+    -------
+    int
+        At most the largest class: past it the basis is every item.
+    """
+    counts = np.sort(np.asarray(class_counts, dtype=np.int64))
+    if counts.size == 0:
+        raise ValueError("no classes: a basis per class needs at least one")
+    below = 0  # items of the classes already given whole
+    for taken, count in enumerate(counts):
+        # k between the previous class's count and this one's: the classes from here on give k.
+        per_class = (basis_items - below) // (counts.size - taken)
+        if per_class <= count:
+            return max(1, int(per_class))
+        below += int(count)
+    return int(counts[-1])
+
+
 def basis_per_class_within(
-    n_items: int,
-    n_classes: int,
+    class_counts: Sequence[int],
     features_per_basis_item: float,
     budget_bytes: int,
     squares: int = NYSTROEM_SQUARE_MATRICES,
@@ -222,9 +255,9 @@ def basis_per_class_within(
 
     Parameters
     ----------
-    n_items : int
-        Training items the features are computed for.
-    n_classes : int
+    class_counts : sequence of int
+        Training items of each class, the features' rows: a class smaller than the basis per
+        class gives every item it has, so unbalanced classes hold a larger basis per class.
     features_per_basis_item : float
         Features per basis item: the measures' weight
         (:func:`~training.selection.space.basis_weight`, 1 for an rbf), which is at least their
@@ -236,9 +269,10 @@ def basis_per_class_within(
     Returns
     -------
     int
+        At most the largest class (every item).
     """
-    features = features_within(n_items, budget_bytes, squares)
-    return max(1, int(features // (max(features_per_basis_item, 1e-9) * max(1, n_classes))))
+    features = features_within(int(np.sum(class_counts)), budget_bytes, squares)
+    return basis_per_class_holding(features / max(features_per_basis_item, 1e-9), class_counts)
 
 
 def parse_bytes(text: str) -> int:
@@ -280,13 +314,17 @@ def default_allowance(
     basis items per class at each of ``n_items`` training items, for ``n_classes`` classes and
     measures of ``features_per_basis_item`` (an rbf: 1)."""
     budget = default_memory_budget() if budget_bytes is None else budget_bytes
-    sizes = [
-        f"{basis_per_class_within(n, n_classes, features_per_basis_item, budget):,} "
-        + ("basis items a class at " if i == 0 else "at ")
-        + f"{n:,}"
-        + (" training items" if i == 0 else "")
-        for i, n in enumerate(n_items)
-    ]
+    sizes = []
+    for i, n in enumerate(n_items):
+        counts = [n // n_classes] * n_classes
+        per_class = basis_per_class_within(counts, features_per_basis_item, budget)
+        sizes.append(
+            f"{per_class:,} "
+            + ("basis items a class at " if i == 0 else "at ")
+            + f"{n:,}"
+            + (" training items" if i == 0 else "")
+            + (" (every item)" if per_class == counts[0] else "")
+        )
     measure = (
         "an rbf"
         if features_per_basis_item == 1

@@ -8,7 +8,7 @@ for documents is one :class:`KindRules` object, chosen once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALI
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import parse_transform
 from service.model.similarity import parse_spec, split_specs
-from training.selection.memory import features_within, square_matrices
+from training.selection.memory import basis_per_class_holding, features_within, square_matrices
 
 MAX_MEASURES = 3
 
@@ -292,16 +292,15 @@ class GrownBasis:
 def grown_basis_per_class(
     per_class: int,
     validated_items: int,
-    n_train: int,
-    largest_class: int,
+    class_counts: Sequence[int],
     weight: float,
-    n_classes: int,
     feature_limits: Mapping[str, int],
 ) -> GrownBasis:
-    """The per-class basis size for the whole training split, grown from the one chosen on a
-    fold's training part (``validated_items`` items) in proportion to the items: the basis keeps
-    the same share of each class. Bounded by the largest class and by each of
-    ``feature_limits`` (a name and its most basis items times the measures' ``weight``), never
+    """The per-class basis size for the whole training split (``class_counts`` items of each
+    class), grown from the one chosen on a fold's training part (``validated_items`` items) in
+    proportion to the items: the basis keeps the same share of each class. Bounded by the
+    largest class and by each of ``feature_limits`` (a name and its most basis items times the
+    measures' ``weight``; a class smaller than the basis per class counts at its size), never
     below ``per_class`` unless the memory budget (the limit :data:`GROWN_WITHIN_MEMORY`, if
     given) is smaller: that one is a bound on the final fit, not on the growth.
 
@@ -309,11 +308,12 @@ def grown_basis_per_class(
     far smaller than the split, and accuracy keeps growing with the basis, so the size the
     folds support would leave most of the split's information out.
     """
+    n_train, largest_class = int(np.sum(class_counts)), int(np.max(class_counts))
     sizes = {
         GROWN_IN_PROPORTION: round(per_class * n_train / max(1, validated_items)),
         GROWN_EVERY_ITEM: largest_class,
         **{
-            name: max(1, int(features // (max(weight, 1e-9) * max(1, n_classes))))
+            name: basis_per_class_holding(features / max(weight, 1e-9), class_counts)
             for name, features in feature_limits.items()
         },
     }
