@@ -153,6 +153,12 @@ def test_the_basis_per_class_a_count_of_items_holds():
     assert basis_per_class_holding(100, [10, 20, 30, 40]) == 40  # every item
     assert basis_per_class_holding(10**6, [10, 20, 30, 40]) == 40
     assert basis_per_class_holding(0.5, [10, 20]) == 1  # never below one
+    # Where k reaches a class's count, that class is whole and the others may give more.
+    assert basis_per_class_holding(5, [1, 1, 4]) == 3
+    assert basis_per_class_holding(20, [1] * 10 + [100]) == 10
+    assert basis_per_class_holding(2495, [77] * 31 + [938]) == 108
+    with pytest.raises(ValueError, match="finite"):
+        basis_per_class_holding(float("nan"), [10])
 
 
 def test_available_memory_is_memavailable(tmp_path):
@@ -236,19 +242,21 @@ def test_fit_help_says_what_the_default_budget_allows():
     text = " ".join(result.stdout.split())
     found = re.search(
         r"25% of the memory available at the start: on this machine now ([\d.]+) GiB, which holds "
-        r"([\d,]+) basis items a class at 10,000 training items(?: \(every item\))?, "
-        r"([\d,]+) at 100,000(?: \(every item\))?, ([\d,]+) at 1,000,000(?: \(every item\))? "
+        r"([\d,]+) basis items a class at 10,000 training items( \(every item\))?, "
+        r"([\d,]+) at 100,000( \(every item\))?, ([\d,]+) at 1,000,000( \(every item\))? "
         r"\(10 classes, an rbf under nystroem; more under besvm\)",
         text,
     )
     assert found, text
     # The figures are the module's for the budget shown (rounded to a tenth of a GiB).
     budget = float(found.group(1)) * GIB
-    for n_items, shown in zip((10**4, 10**5, 10**6), found.groups()[1:], strict=True):
+    groups = found.groups()[1:]
+    for n_items, shown, every in zip((10**4, 10**5, 10**6), groups[::2], groups[1::2], strict=True):
         # F features of n items take 8 (n F + 3 F^2) bytes: F within the budget, by hand
         features = (-n_items + math.sqrt(n_items**2 + 12 * budget / 8)) / 6
         per_class = min(features / 10, n_items / 10)  # no more than every item of a class
         assert int(shown.replace(",", "")) == pytest.approx(per_class, rel=0.05)
+        assert (every is not None) == (int(shown.replace(",", "")) == n_items // 10)
     assert default_allowance(budget_bytes=8 * GIB).startswith("8.0 GiB, which holds ")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ DEFAULT_STOP_WORDS = None
 # fit's vocabulary until 30 November: the words of at least two training texts, English stop
 # words left out. The text report and the text benchmarks were measured with it, and name it to
 # give their figures again.
-FREQUENT_WORDS = {"min_df": 2, "stop_words": "english"}
+FREQUENT_WORDS = MappingProxyType({"min_df": 2, "stop_words": "english"})
 
 
 class InputPreparation(ABC):

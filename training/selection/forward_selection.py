@@ -55,6 +55,7 @@ from training.selection.folds import FoldScorer, make_folds, repeats_for
 from training.selection.kernel_grid import describe_kernel_grid, search_kernel_grid
 from training.selection.memory import (
     DEFAULT_BUDGET_RULE,
+    basis_per_class_holding,
     basis_per_class_within,
     default_memory_budget,
     describe_bytes,
@@ -64,7 +65,6 @@ from training.selection.space import (
     GROWN_WITHIN_MEMORY,
     START_BASIS_PER_CLASS,
     START_MEASURE,
-    basis_cap,
     basis_weight,
     grown_basis_per_class,
     held_square_matrices,
@@ -548,8 +548,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             )
             return {**chosen, "basis_per_class": grown.per_class}, grown.bound
         if chosen["basis_per_class"] >= fold_largest:
-            cap = basis_cap(chosen["similarity"], len(counts), rules.max_features)
-            chosen["basis_per_class"] = max(chosen["basis_per_class"], min(int(counts.max()), cap))
+            cap = basis_per_class_holding(rules.max_features / weight, counts)
+            chosen["basis_per_class"] = max(chosen["basis_per_class"], cap)
         within = basis_per_class_within(counts, weight, memory_budget, squares)
         if within < chosen["basis_per_class"]:
             return {**chosen, "basis_per_class": within}, GROWN_WITHIN_MEMORY

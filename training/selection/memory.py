@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -216,15 +215,17 @@ def features_within(
     return features
 
 
-def basis_per_class_holding(basis_items: float, class_counts: Sequence[int]) -> int:
-    r"""The largest basis per class k whose basis, :math:`\sum_c \min(k, n_c)` items (a class
-    smaller than k gives every item it has), is at most ``basis_items`` (at least 1).
+def basis_per_class_holding(basis_items: float, class_counts) -> int:
+    r"""The largest basis per class whose basis fits ``basis_items`` items (at least 1).
+
+    A basis of k a class holds :math:`\sum_c \min(k, n_c)` items: a class smaller than k gives
+    every item it has.
 
     Parameters
     ----------
     basis_items : float
         The most basis items.
-    class_counts : sequence of int
+    class_counts : array-like of int, shape (n_classes,)
         Items of each class, n_c.
 
     Returns
@@ -232,21 +233,24 @@ def basis_per_class_holding(basis_items: float, class_counts: Sequence[int]) -> 
     int
         At most the largest class: past it the basis is every item.
     """
-    counts = np.sort(np.asarray(class_counts, dtype=np.int64))
+    if not math.isfinite(basis_items):
+        raise ValueError(f"the most basis items must be a finite number, got {basis_items!r}")
+    counts = np.sort(np.ravel(np.asarray(class_counts)).astype(np.int64))
     if counts.size == 0:
         raise ValueError("no classes: a basis per class needs at least one")
     below = 0  # items of the classes already given whole
     for taken, count in enumerate(counts):
-        # k between the previous class's count and this one's: the classes from here on give k.
+        # k at least the classes before this one: each class from here on gives k items. Where
+        # k reaches this class's count the class is whole, and the next ones may give more.
         per_class = (basis_items - below) // (counts.size - taken)
-        if per_class <= count:
+        if per_class < count:
             return max(1, int(per_class))
         below += int(count)
     return int(counts[-1])
 
 
 def basis_per_class_within(
-    class_counts: Sequence[int],
+    class_counts,
     features_per_basis_item: float,
     budget_bytes: int,
     squares: int = NYSTROEM_SQUARE_MATRICES,
@@ -255,7 +259,7 @@ def basis_per_class_within(
 
     Parameters
     ----------
-    class_counts : sequence of int
+    class_counts : array-like of int, shape (n_classes,)
         Training items of each class, the features' rows: a class smaller than the basis per
         class gives every item it has, so unbalanced classes hold a larger basis per class.
     features_per_basis_item : float
@@ -316,14 +320,14 @@ def default_allowance(
     budget = default_memory_budget() if budget_bytes is None else budget_bytes
     sizes = []
     for i, n in enumerate(n_items):
-        counts = [n // n_classes] * n_classes
+        counts = [n // n_classes + (c < n % n_classes) for c in range(n_classes)]
         per_class = basis_per_class_within(counts, features_per_basis_item, budget)
         sizes.append(
             f"{per_class:,} "
             + ("basis items a class at " if i == 0 else "at ")
             + f"{n:,}"
             + (" training items" if i == 0 else "")
-            + (" (every item)" if per_class == counts[0] else "")
+            + (" (every item)" if per_class == max(counts) else "")
         )
     measure = (
         "an rbf"

@@ -8,7 +8,7 @@ for documents is one :class:`KindRules` object, chosen once.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -292,21 +292,36 @@ class GrownBasis:
 def grown_basis_per_class(
     per_class: int,
     validated_items: int,
-    class_counts: Sequence[int],
+    class_counts,
     weight: float,
     feature_limits: Mapping[str, int],
 ) -> GrownBasis:
-    """The per-class basis size for the whole training split (``class_counts`` items of each
-    class), grown from the one chosen on a fold's training part (``validated_items`` items) in
-    proportion to the items: the basis keeps the same share of each class. Bounded by the
-    largest class and by each of ``feature_limits`` (a name and its most basis items times the
-    measures' ``weight``; a class smaller than the basis per class counts at its size), never
-    below ``per_class`` unless the memory budget (the limit :data:`GROWN_WITHIN_MEMORY`, if
-    given) is smaller: that one is a bound on the final fit, not on the growth.
+    """The per-class basis size for the whole training split, grown from the one the folds chose.
 
-    For documents, and for dense inputs selected on a sample: there the selection runs on folds
-    far smaller than the split, and accuracy keeps growing with the basis, so the size the
-    folds support would leave most of the split's information out.
+    Grown in proportion to the items: the basis keeps the same share of each class. Bounded by
+    the largest class and by each of ``feature_limits`` (a class smaller than the basis per
+    class counts at its size), never below ``per_class`` unless the memory budget (the limit
+    :data:`GROWN_WITHIN_MEMORY`, if given) is smaller: that one is a bound on the final fit,
+    not on the growth. For documents, and for dense inputs selected on a sample: there the
+    selection runs on folds far smaller than the split, and accuracy keeps growing with the
+    basis, so the size the folds support would leave most of the split's information out.
+
+    Parameters
+    ----------
+    per_class : int
+        The basis per class the folds chose.
+    validated_items : int
+        Items of a fold's training part.
+    class_counts : array-like of int, shape (n_classes,)
+        Items of each class of the whole training split.
+    weight : float
+        Features per basis item (:func:`basis_weight`).
+    feature_limits : mapping of str to int
+        Each limit's name and its most features.
+
+    Returns
+    -------
+    GrownBasis
     """
     n_train, largest_class = int(np.sum(class_counts)), int(np.max(class_counts))
     sizes = {
@@ -609,8 +624,8 @@ DOCUMENT_RULES = KindRules(
     grown_max_share=None,
     input_normalizations=(GLOBAL_NORMALIZATION,),  # documents are not input-normalised
     documents=True,
-    # the grown basis, in proportion to the items, within the memory budget (fortunes: 445 a
-    # class, 20 to 30 s a fit on the ladder's fit part)
+    # the grown basis, in proportion to the items, within the memory budget (fortunes: every
+    # quote of the ladder's fit part since the bound counts small classes at their size)
     first_rung_features=None,
     search_at_the_rung=True,
     # documents are under besvm, and their measures' maps are not a kernel SVM's
