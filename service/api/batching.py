@@ -185,8 +185,7 @@ class Batcher:
             outcomes = predictor.classify_many(calls)
             return outcomes, time.perf_counter() - began
 
-        explains = any(call.explain for call in calls)
-        serially = predictor.runs_serially(instances, explain=explains)
+        serially = predictor.runs_serially(instances, explain=bool(explained))
         place = plane.placement(snapshot, parts, serially)
         if place is place.INLINE:
             try:

@@ -98,14 +98,13 @@ class Scorer:
         Parameters
         ----------
         scorer : Scorer
+            One that computes at least one measure's similarities.
         basis : items of the basis' kind, B of them
         scales, offsets : ndarray of shape (len(computed) * B,)
             The affine normalisation of the computed measures' features (the folded weights
             times ``scales`` are the weights on the normalised features).
         """
         n_basis, n_computed = len(basis), len(scorer.computed)
-        if not n_computed:
-            return scorer
         weights = scorer.computed_weights
         used = items_in_use(weights * scales[:, None], n_computed, n_basis)
         if used is None or len(used) > USED_SHARE_WORTH_A_COPY * n_basis:
