@@ -332,7 +332,9 @@ class Claim(Progress):
         """Record the job done with ``result`` or failed with ``error``, and give back the
         lock."""
         with self._guard:
-            self.record["finished"] = _now()
+            # Progress is for a job under way: a finished one reads the same from its record as
+            # from a complete snapshot's directory (JobRecords.done) or an interrupted record.
+            self.record.update(finished=_now(), progress=None)
             if error is None:
                 self.record.update(state=DONE, result=result)
             else:

@@ -27,7 +27,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.api import Settings, create_app
+from service.api.jobs import SNAPSHOT, JobRecords
 from service.model.search import catalogue_dir, search_dir
+from service.model.search.snapshots import new_snapshot_name, snapshot_model_catalogue
 from service.model.search.versions import catalogue_lock
 from tests.api.conftest import server_process, serving
 from tests.api.test_catalogue_api import (
@@ -238,7 +240,7 @@ def test_snapshots_and_restores_past_the_requests_time_go_on_as_jobs_never_504(
         assert done["state"] == "done", done
         assert done["result"]["name"] == name
         assert done["result"]["catalogue_version"] == version
-        assert done["progress"]["files_done"] == done["result"]["n_files"]
+        assert done["progress"] is None  # progress is for a job under way
         assert [s["name"] for s in http.get(SNAPSHOTS).json()["snapshots"]] == [name]
         # In time: 201 with the snapshot; wait=false: 202 at once, done soon after.
         quick = http.post(SNAPSHOTS)
@@ -305,6 +307,50 @@ def test_snapshots_and_restores_past_the_requests_time_go_on_as_jobs_never_504(
         assert http.get(f"{SNAPSHOTS}/never-taken").status_code == 404
     assert 504 not in statuses
     assert statuses.count(202) == 4  # the killed server's is not among them
+
+
+def test_a_finished_snapshot_reads_the_same_before_and_after_its_record_says_so(
+    attributed_model, tmp_path
+):
+    """Regression: a snapshot renamed into place while its record still said in progress (the
+    job's thread between the rename and the record) read done with progress null, and done with
+    its last progress once the record said so. A status read in that window by CI's run saw the
+    first. Now both read the same, and a snapshot the server took reads so too."""
+    model = tmp_path / "digits"
+    shutil.copytree(attributed_model, model)
+    kept = tmp_path / "snapshots"
+    settings = {"ADMIN_TOKEN": TOKEN, "SNAPSHOTS_DIR": str(kept)}
+    with server_process(model, **settings) as server, httpx.Client(
+        base_url=server.url, headers=AUTH, timeout=WAIT_S
+    ) as http:  # fmt: skip
+        taken = http.post(SNAPSHOTS)
+        assert taken.status_code == 201, taken.text
+        finished = http.get(taken.headers["location"]).json()
+        assert finished["state"] == "done", finished
+        assert finished["result"] == taken.json()
+        assert finished["progress"] is None, finished
+        assert finished["error"] is None, finished
+
+        # The window, held open: this process claims a job, its directory completes, and its
+        # record says in progress until the claim finishes.
+        records = JobRecords(kept / "digits", "digits")
+        name = new_snapshot_name()
+        claim = records.claim(SNAPSHOT, name)
+        try:
+            snapshot_model_catalogue(model, kept / "digits" / name, claim)
+            assert records.status(SNAPSHOT, name)["state"] == "in_progress"
+            before = http.get(f"{SNAPSHOTS}/{name}").json()
+        except BaseException as failure:
+            claim.finish(None, failure)
+            raise
+        claim.finish(before["result"], None)
+        after = http.get(f"{SNAPSHOTS}/{name}").json()
+    assert before["state"] == after["state"] == "done", (before, after)
+    assert before["result"] == after["result"]
+    assert before["result"]["name"] == name
+    assert before["progress"] is None, before
+    assert after["progress"] is None, after
+    assert set(before) == set(after) == set(finished)
 
 
 def test_the_command_line_shows_progress_on_a_terminal_only(attributed_model, tmp_path):

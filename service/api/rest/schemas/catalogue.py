@@ -214,7 +214,9 @@ class JobStatus(BaseModel):
     started: str | None = Field(None, description="UTC, ISO 8601.")
     finished: str | None = Field(None, description="UTC, ISO 8601.")
     progress: JobProgress | None = Field(
-        None, description="While in progress: the stage and how far it is (updated every second)."
+        None,
+        description="While in progress: the stage and how far it is (updated every second); "
+        "null once the job has finished.",
     )
     error: ErrorBody | None = None
 
