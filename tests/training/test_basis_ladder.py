@@ -15,7 +15,7 @@ from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
-from training.selection.basis_ladder import climb_basis_ladder, ladder_sizes
+from training.selection.basis_ladder import climb_basis_ladder, ladder_sizes, scaled_fit_cost
 from training.selection.budget import SelectionBudget, ladder_budget_for
 from training.selection.folds import paired_gain
 from training.selection.holdout import HOLDOUT_SHARE, HoldOut
@@ -216,7 +216,9 @@ def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
     # the split its rungs are fitted on. Here the sample's budget (0.01 s per 1,000 items) would
     # stop the ladder after its first rung; the split's (1,000 s per 1,000 items) lets it climb.
     monkeypatch.setattr(selection_budget, "BUDGET_S_PER_1000_ITEMS", 0.01)
-    monkeypatch.setattr(selection_budget, "LADDER_BUDGET_S_PER_1000_ITEMS", 1000.0)
+    monkeypatch.setattr(
+        space, "DENSE_RULES", replace(space.DENSE_RULES, ladder_budget_s_per_1000_items=1000.0)
+    )
     X, y = make_classification(
         n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
     )
@@ -258,6 +260,44 @@ def test_the_ladder_budget_is_the_selections_up_to_40000_items():
     assert ladder_budget_for(10_000, 120.0) == ladder_budget_for(40_000, 120.0) == 120.0
     assert ladder_budget_for(100_000, 120.0) == pytest.approx(300.0)
     assert ladder_budget_for(1_000_000, 120.0) == pytest.approx(3000.0)
+    assert space.DENSE_RULES.ladder_budget(100_000, 120.0) == pytest.approx(300.0)
+
+
+def test_the_ladder_budget_of_documents_holds_two_rungs_of_fortunes():
+    # A rung of fortunes' seed 1 (551 a class of 8,814 fit quotes) took 189 CPU seconds, and the
+    # next (every quote, 750 a class) adds 7% of its items: the dense rate's 120 s held the first
+    # alone, the documents' rate holds both.
+    documents = space.DOCUMENT_RULES.ladder_budget(11_018, 120.0)
+    assert documents == pytest.approx(40.0 * 11.018)
+    assert space.DENSE_RULES.ladder_budget(11_018, 120.0) == 120.0
+    counts = FORTUNES_SEED_1_FIT_COUNTS
+    assert sum(counts) == 8814
+    first, second = 189.0, scaled_fit_cost(189.0, 551, 750, counts)
+    assert second == pytest.approx(189.0 * 8814 / 8236)
+    assert first + second <= documents
+    assert documents < first + 2 * first  # twice the last rung, the former estimate, overran
+    # At 1,000 items a text selection's budget (40 s) is the floor.
+    assert space.DOCUMENT_RULES.ladder_budget(1_000, 40.0) == 40.0
+
+
+# The classes of fortunes' seed-1 split less the ladder's hold-out (load_dataset("fortunes",
+# seed=1), HoldOut(..., 0).fit).
+FORTUNES_SEED_1_FIT_COUNTS = [
+    62, 77, 88, 90, 90, 97, 118, 119, 122, 124, 125, 136, 157, 164, 170, 202, 255, 258, 279, 300,
+    324, 329, 349, 375, 378, 390, 422, 432, 630, 680, 722, 750,
+]  # fmt: skip
+
+
+def test_a_fit_costs_its_bases_items_not_the_sizes_ratio():
+    balanced = [500] * 10
+    assert scaled_fit_cost(10.0, 100, 200, balanced) == pytest.approx(20.0)  # doubled
+    assert scaled_fit_cost(10.0, 100, 400, balanced) == pytest.approx(40.0)
+    # past the largest class the basis is every item, and costs no more
+    assert scaled_fit_cost(10.0, 500, 1000, balanced) == pytest.approx(10.0)
+    # a rung past the small classes adds the large classes' items only
+    unbalanced = [10, 10, 1000]
+    assert scaled_fit_cost(12.0, 10, 20, unbalanced) == pytest.approx(16.0)  # 30 to 40 items
+    assert scaled_fit_cost(12.0, 20, 10, unbalanced) == pytest.approx(9.0)
 
 
 def test_a_selection_on_every_item_has_no_ladder():

@@ -19,6 +19,7 @@ from training.cli.main import main
 from training.selection.memory import (
     MEMORY_SHARE,
     available_memory_bytes,
+    basis_items,
     basis_per_class_holding,
     basis_per_class_within,
     cgroup_headroom_bytes,
@@ -145,6 +146,18 @@ def test_unbalanced_classes_hold_the_basis_their_items_give(weight, budget):
         assert 77 < expected < counts.max()
         # counted as if every class gave that many, the bound was smaller
         assert features_within(n_items, budget) // (len(counts) * weight) < expected
+
+
+def test_a_basis_per_class_holds_each_class_up_to_its_count():
+    assert basis_items(20, [10, 20, 30, 40]) == 70  # 10 + 20 + 20 + 20
+    assert basis_items(19, [10, 20, 30, 40]) == 67
+    assert basis_items(1000, [10, 20, 30, 40]) == 100  # every item
+    assert basis_items(1, np.array([[3], [5]])) == 2
+    # the holding size is the largest k whose items fit
+    for items in range(1, 101):
+        k = basis_per_class_holding(items, [10, 20, 30, 40])
+        assert basis_items(k, [10, 20, 30, 40]) <= max(items, 4)
+        assert k == 40 or basis_items(k + 1, [10, 20, 30, 40]) > items
 
 
 def test_the_basis_per_class_a_count_of_items_holds():

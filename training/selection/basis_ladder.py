@@ -27,7 +27,11 @@ from training.estimator.estimator import SOLVER_PARAMETERS
 from training.selection.budget import SelectionBudget
 from training.selection.folds import RACE_Z, paired_gain
 from training.selection.holdout import HOLDOUT_SHARE, HoldOut, Scored
-from training.selection.memory import basis_per_class_within, default_memory_budget
+from training.selection.memory import (
+    basis_items,
+    basis_per_class_within,
+    default_memory_budget,
+)
 from training.selection.space import Candidate, held_square_matrices, neighbour_candidates
 from training.selection.state import DEFAULT_PREFERENCE, take
 
@@ -47,6 +51,22 @@ def ladder_sizes(start: int, top: int, factor: int = RUNG_FACTOR) -> list[int]:
     while sizes[-1] < top:
         sizes.append(min(top, sizes[-1] * factor))
     return sizes
+
+
+def scaled_fit_cost(cost: float, per_class: int, to_per_class: int, class_counts) -> float:
+    """A fit's cost at a basis of ``to_per_class`` a class, from its ``cost`` at ``per_class``:
+    it grows about as the features, n x B, with B the basis's real items
+    (:func:`~training.selection.memory.basis_items`), so a rung capped at the largest class, or
+    one past the small classes, costs less than the sizes' ratio.
+
+    Parameters
+    ----------
+    cost : float
+    per_class, to_per_class : int
+    class_counts : array-like of int, shape (n_classes,)
+        Items of each class of the items fitted.
+    """
+    return cost * basis_items(to_per_class, class_counts) / basis_items(per_class, class_counts)
 
 
 @dataclass
@@ -142,7 +162,8 @@ def climb_basis_ladder(
         difference on the hold-out.
     budget : SelectionBudget
         The rungs' CPU seconds per core are added to it; no rung starts once it is spent, nor
-        one that would spend it at twice the cost of the rung before.
+        one that would spend it at the cost of the rung before scaled by its basis
+        (:func:`scaled_fit_cost`).
     random_state : int, default=0
         Seed of the hold-out.
     memory_budget : int or None
@@ -155,7 +176,7 @@ def climb_basis_ladder(
         (:func:`~training.selection.space.large_basis_candidates`): each is scored on the
         hold-out at the ladder's top (every item of the fit part's largest class, or the
         memory bound; halved while one fit would not fit ``large_basis_budget`` at the cost of
-        the last rung, scaled by the size; with ``search_at_the_rung``, at least the rung taken,
+        the last rung, scaled by its basis; with ``search_at_the_rung``, at least the rung taken,
         if one fit there fits the budget), the best taken by the selection's rule
         (:func:`~training.selection.state.take`) over the last rung taken, then its width and
         C refined (:func:`~training.selection.space.neighbour_candidates`).
@@ -203,8 +224,13 @@ def climb_basis_ladder(
     untaken = 0
     last_cost, last_size = 0.0, 1
     sizes = ladder_sizes(min(start, top), top)
+    fit_counts = np.unique(y[holdout.fit], return_counts=True)[1]
+
+    def cost_at(per_class: int) -> float:
+        return scaled_fit_cost(last_cost, last_size, per_class, fit_counts)
+
     for size in sizes:
-        if budget.spent or (taken is not None and budget.used_s + 2 * last_cost > budget.seconds):
+        if budget.spent or (taken is not None and budget.used_s + cost_at(size) > budget.seconds):
             result.stopped = "time budget spent"
             break
         scored = holdout.score(
@@ -241,16 +267,13 @@ def climb_basis_ladder(
     if large_basis is not None and taken is not None:
         if large_basis_budget is None:
             raise ValueError("a large-basis search needs its own large_basis_budget")
-        # the cost of one fit grows about as the features, n x B
         size = top
-        while size > result.basis_per_class and (
-            last_cost * size / last_size > large_basis_budget.seconds
-        ):
+        while size > result.basis_per_class and cost_at(size) > large_basis_budget.seconds:
             size //= 2
         rung = result.basis_per_class
         if size <= rung and not search_at_the_rung:
             result.large_basis_stopped = "no larger basis fits its time budget"
-        elif size <= rung and last_cost * rung / last_size > large_basis_budget.seconds:
+        elif size <= rung and cost_at(rung) > large_basis_budget.seconds:
             result.large_basis_stopped = "no basis fits its time budget"
         else:
             size = max(size, rung)  # at the rung: the candidates differ in more than the size

@@ -49,7 +49,6 @@ from training.selection.budget import (
     WALL_BACKSTOP,
     SelectionBudget,
     budget_for,
-    ladder_budget_for,
 )
 from training.selection.folds import FoldScorer, make_folds, repeats_for
 from training.selection.kernel_grid import describe_kernel_grid, search_kernel_grid
@@ -108,10 +107,11 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         with the data, 40 s per 1,000 training items cross-validated (40 s up to 1,000 items,
         120 s from 3,000, the most it samples). A selection on a sample then grows its basis
         along the ladder on the whole split, under a budget of its own (by default 3 s per
-        1,000 items of the split, at least the selection's: ``ladder_budget_s_``; ``budget``
-        when given), and searches the large basis there under one as large as the
-        selection's; on splits of at most 5,000 dense items it then cross-validates the
-        kernel SVM's grid on the whole split under another (``kernel_grid_``).
+        1,000 items of the split for dense inputs, 40 s for documents, at least the
+        selection's: ``ladder_budget_s_``; ``budget`` when given), and searches the large
+        basis there under one as large as the selection's; on splits of at most 5,000 dense
+        items it then cross-validates the kernel SVM's grid on the whole split under another
+        (``kernel_grid_``).
     cv : int, default=3
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
     repeats : int or None, default=None
@@ -171,8 +171,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     budget_s_ : float
         The budget the selection ran under.
     ladder_budget_s_ : float or None
-        The basis ladder's budget (:func:`~training.selection.budget.ladder_budget_for`, or
-        ``budget`` when given); None where no ladder ran.
+        The basis ladder's budget (:meth:`~training.selection.space.KindRules.ladder_budget`,
+        or ``budget`` when given); None where no ladder ran.
     stopped_ : str
         Why the selection ended.
     seconds_ : float
@@ -455,7 +455,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             # selection's.
             cores = fit_cores(base.get_params()["n_jobs"])
             self.ladder_budget_s_ = (
-                ladder_budget_for(len(labels), self.budget_s_)
+                rules.ladder_budget(len(labels), self.budget_s_)
                 if self.budget is None
                 else self.budget_s_
             )

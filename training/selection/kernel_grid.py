@@ -34,7 +34,7 @@ import numpy as np
 
 from service.model.similarity import parse_spec
 from training.selection.folds import FoldScorer, make_folds
-from training.selection.memory import feature_bytes
+from training.selection.memory import basis_items, feature_bytes
 from training.selection.space import (
     DENSE_RULES,
     KERNEL_MAP_NORMALIZATION,
@@ -251,7 +251,7 @@ def _fit_bytes(class_counts: np.ndarray, params: dict[str, Any]) -> int:
     """Bytes of the training features of a fit of ``params`` on items of ``class_counts``
     (:func:`~training.selection.memory.feature_bytes`: its basis items times the measures'
     weight, and the square matrices its normalisation holds)."""
-    basis = int(np.minimum(class_counts, params["basis_per_class"]).sum())
+    basis = basis_items(params["basis_per_class"], class_counts)
     n_features = math.ceil(basis * basis_weight(params["similarity"]))
     return feature_bytes(int(class_counts.sum()), n_features, held_square_matrices(params))
 

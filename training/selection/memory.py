@@ -215,6 +215,20 @@ def features_within(
     return features
 
 
+def basis_items(per_class: int, class_counts) -> int:
+    r"""The items of a basis of ``per_class`` a class: :math:`\sum_c \min(k, n_c)`, a class
+    smaller than k giving every item it has.
+
+    Parameters
+    ----------
+    per_class : int
+        The basis per class, k.
+    class_counts : array-like of int, shape (n_classes,)
+        Items of each class, n_c.
+    """
+    return int(np.minimum(np.ravel(np.asarray(class_counts)), per_class).sum())
+
+
 def basis_per_class_holding(basis_items: float, class_counts) -> int:
     r"""The largest basis per class whose basis fits ``basis_items`` items (at least 1).
 

@@ -19,6 +19,11 @@ from service.model.inputs.dense import GLOBAL_NORMALIZATION, PER_FEATURE_NORMALI
 from service.model.inputs.spec import InputSpec
 from service.model.inputs.transforms import parse_transform
 from service.model.similarity import parse_spec, split_specs
+from training.selection.budget import (
+    DOCUMENT_LADDER_BUDGET_S_PER_1000_ITEMS,
+    LADDER_BUDGET_S_PER_1000_ITEMS,
+    ladder_budget_for,
+)
 from training.selection.memory import basis_per_class_holding, features_within, square_matrices
 
 MAX_MEASURES = 3
@@ -561,6 +566,15 @@ class KindRules:
     # splits up to this many items cross-validate the kernel's map at every item after the
     # ladder (0: never; training.selection.kernel_grid)
     kernel_grid_max_items: int
+    # the ladder's default budget per 1,000 items of the split (training.selection.budget)
+    ladder_budget_s_per_1000_items: float
+
+    def ladder_budget(self, n_split_items: int, selection_budget_s: float) -> float:
+        """The basis ladder's default budget in seconds on a split of ``n_split_items`` items
+        (:func:`~training.selection.budget.ladder_budget_for` at this kind's rate)."""
+        return ladder_budget_for(
+            n_split_items, selection_budget_s, self.ladder_budget_s_per_1000_items
+        )
 
     def climbs_ladder(
         self, validated_items: int, n_train: int, whole_split: bool, this_machine: bool
@@ -611,6 +625,7 @@ DENSE_RULES = KindRules(
     first_rung_features=MAX_FIRST_RUNG_FEATURES,
     search_at_the_rung=False,
     kernel_grid_max_items=KERNEL_GRID_MAX_ITEMS,
+    ladder_budget_s_per_1000_items=LADDER_BUDGET_S_PER_1000_ITEMS,
 )
 
 DOCUMENT_RULES = KindRules(
@@ -630,6 +645,7 @@ DOCUMENT_RULES = KindRules(
     search_at_the_rung=True,
     # documents are under besvm, and their measures' maps are not a kernel SVM's
     kernel_grid_max_items=0,
+    ladder_budget_s_per_1000_items=DOCUMENT_LADDER_BUDGET_S_PER_1000_ITEMS,
 )
 
 
