@@ -220,9 +220,11 @@ class JobRecords:
         if not isinstance(record, dict):
             return None
         if record.get("state") == IN_PROGRESS and not self._running(kind, name):
-            record.update(
-                state=FAILED, progress=None, error={"type": "interrupted", "message": INTERRUPTED}
-            )
+            record.update(state=FAILED, error={"type": "interrupted", "message": INTERRUPTED})
+        if record.get("state") != IN_PROGRESS:
+            # Progress is for a job under way (a finished job's record reads so whoever wrote
+            # it, as does JobRecords.done's).
+            record["progress"] = None
         return record
 
     def done(
@@ -332,8 +334,7 @@ class Claim(Progress):
         """Record the job done with ``result`` or failed with ``error``, and give back the
         lock."""
         with self._guard:
-            # Progress is for a job under way: a finished one reads the same from its record as
-            # from a complete snapshot's directory (JobRecords.done) or an interrupted record.
+            # Progress is for a job under way (as JobRecords.status and .done read it).
             self.record.update(finished=_now(), progress=None)
             if error is None:
                 self.record.update(state=DONE, result=result)

@@ -314,8 +314,9 @@ def test_a_finished_snapshot_reads_the_same_before_and_after_its_record_says_so(
 ):
     """Regression: a snapshot renamed into place while its record still said in progress (the
     job's thread between the rename and the record) read done with progress null, and done with
-    its last progress once the record said so. A status read in that window by CI's run saw the
-    first. Now both read the same, and a snapshot the server took reads so too."""
+    its last progress once the record said so; a status read in that window by CI's run saw the
+    first. Now its state, result and progress read the same before and after, and a record
+    written done with its progress (by a server before the fix) reads progress null too."""
     model = tmp_path / "digits"
     shutil.copytree(attributed_model, model)
     kept = tmp_path / "snapshots"
@@ -323,14 +324,8 @@ def test_a_finished_snapshot_reads_the_same_before_and_after_its_record_says_so(
     with server_process(model, **settings) as server, httpx.Client(
         base_url=server.url, headers=AUTH, timeout=WAIT_S
     ) as http:  # fmt: skip
-        taken = http.post(SNAPSHOTS)
-        assert taken.status_code == 201, taken.text
-        finished = http.get(taken.headers["location"]).json()
-        assert finished["state"] == "done", finished
-        assert finished["result"] == taken.json()
-        assert finished["progress"] is None, finished
-        assert finished["error"] is None, finished
-
+        version = http.get("/v1/models/digits/catalogue").json()["version"]
+        (kept / "digits").mkdir(parents=True)
         # The window, held open: this process claims a job, its directory completes, and its
         # record says in progress until the claim finishes.
         records = JobRecords(kept / "digits", "digits")
@@ -339,18 +334,26 @@ def test_a_finished_snapshot_reads_the_same_before_and_after_its_record_says_so(
         try:
             snapshot_model_catalogue(model, kept / "digits" / name, claim)
             assert records.status(SNAPSHOT, name)["state"] == "in_progress"
+            assert claim.current()["progress"]["files_done"] > 0
             before = http.get(f"{SNAPSHOTS}/{name}").json()
-        except BaseException as failure:
-            claim.finish(None, failure)
-            raise
-        claim.finish(before["result"], None)
+            listed = http.get(SNAPSHOTS).json()["snapshots"]
+        finally:
+            claim.finish({"name": name, "from": "the test's claim"}, None)
         after = http.get(f"{SNAPSHOTS}/{name}").json()
-    assert before["state"] == after["state"] == "done", (before, after)
-    assert before["result"] == after["result"]
-    assert before["result"]["name"] == name
+        # A record written done with its last progress, as the server wrote them before.
+        old = {**after, "progress": {"stage": "copying", "files_done": 3, "n_files": 3,
+                                     "bytes_done": 9, "n_bytes": 9}}  # fmt: skip
+        records.write(SNAPSHOT, name, old, durable=False)
+        rewritten = http.get(f"{SNAPSHOTS}/{name}").json()
+    assert before["state"] == after["state"] == rewritten["state"] == "done", (before, after)
     assert before["progress"] is None, before
     assert after["progress"] is None, after
-    assert set(before) == set(after) == set(finished)
+    assert rewritten["progress"] is None, rewritten
+    # Before the record: the snapshot's directory answered, as the list of snapshots does.
+    assert before["result"]["name"] == name
+    assert before["result"]["catalogue_version"] == version
+    assert {k: v for k, v in before["result"].items() if k in listed[0]} == listed[0]
+    assert after["result"] == {"name": name, "from": "the test's claim"}  # the record's word
 
 
 def test_the_command_line_shows_progress_on_a_terminal_only(attributed_model, tmp_path):

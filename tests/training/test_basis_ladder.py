@@ -2,6 +2,7 @@
 while a larger basis pays on the hold-out, stops when the gain is within its standard error,
 keeps its bounds (every item, memory, time), and lists its path in the selection's record."""
 
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -263,6 +264,14 @@ def test_the_ladder_budget_is_the_selections_up_to_40000_items():
     assert space.DENSE_RULES.ladder_budget(100_000, 120.0) == pytest.approx(300.0)
 
 
+# The classes of fortunes' seed-1 split less the ladder's hold-out (load_dataset("fortunes",
+# seed=1), HoldOut(..., 0).fit).
+FORTUNES_SEED_1_FIT_COUNTS = [
+    62, 77, 88, 90, 90, 97, 118, 119, 122, 124, 125, 136, 157, 164, 170, 202, 255, 258, 279, 300,
+    324, 329, 349, 375, 378, 390, 422, 432, 630, 680, 722, 750,
+]  # fmt: skip
+
+
 def test_the_ladder_budget_of_documents_holds_two_rungs_of_fortunes():
     # A rung of fortunes' seed 1 (551 a class of 8,814 fit quotes) took 189 CPU seconds, and the
     # next (every quote, 750 a class) adds 7% of its items: the dense rate's 120 s held the first
@@ -280,12 +289,28 @@ def test_the_ladder_budget_of_documents_holds_two_rungs_of_fortunes():
     assert space.DOCUMENT_RULES.ladder_budget(1_000, 40.0) == 40.0
 
 
-# The classes of fortunes' seed-1 split less the ladder's hold-out (load_dataset("fortunes",
-# seed=1), HoldOut(..., 0).fit).
-FORTUNES_SEED_1_FIT_COUNTS = [
-    62, 77, 88, 90, 90, 97, 118, 119, 122, 124, 125, 136, 157, 164, 170, 202, 255, 258, 279, 300,
-    324, 329, 349, 375, 378, 390, 422, 432, 630, 680, 722, 750,
-]  # fmt: skip
+def test_the_ladder_predicts_each_rung_from_the_last_by_its_bases_items():
+    # Digits with one class whole and the others cut to 30 images: past 24 a class (the small
+    # classes' fit part) a rung adds the large class's items only.
+    X, y = _digits()
+    keep = np.concatenate(
+        [np.flatnonzero(y == "0")] + [np.flatnonzero(y == c)[:30] for c in np.unique(y)[1:]]
+    )
+    X, y = X[keep], y[keep]
+    result = _climb(X, y, "rbf(gamma=1)", 20)
+    path = result.path
+    assert [rung["basis_per_class"] for rung in path][:2] == [20, 40]
+    assert "predicted_cost_s" not in path[0]  # the first rung runs whatever it costs
+    fit_counts = np.unique(y[HoldOut(X, y, 0).fit], return_counts=True)[1]
+    assert sorted(fit_counts)[:9] == [24] * 9
+    for before, rung in itertools.pairwise(path):
+        items = [np.minimum(fit_counts, r["basis_per_class"]).sum() for r in (before, rung)]
+        assert rung["n_basis"] == items[1]
+        assert rung["predicted_cost_s"] == pytest.approx(
+            before["cost_s"] * items[1] / items[0], rel=1e-3, abs=1e-3
+        )
+    # 20 to 40 a class adds 28% of the items, not 100%
+    assert path[1]["predicted_cost_s"] < 1.5 * path[0]["cost_s"] + 1e-3
 
 
 def test_a_fit_costs_its_bases_items_not_the_sizes_ratio():

@@ -62,9 +62,18 @@ def scaled_fit_cost(cost: float, per_class: int, to_per_class: int, class_counts
     Parameters
     ----------
     cost : float
-    per_class, to_per_class : int
+        The fit's cost at ``per_class`` (CPU seconds per core).
+    per_class : int
+        Its basis per class.
+    to_per_class : int
+        The basis per class whose cost is wanted.
     class_counts : array-like of int, shape (n_classes,)
         Items of each class of the items fitted.
+
+    Returns
+    -------
+    float
+        The cost at ``to_per_class``, in the unit of ``cost``.
     """
     return cost * basis_items(to_per_class, class_counts) / basis_items(per_class, class_counts)
 
@@ -224,20 +233,22 @@ def climb_basis_ladder(
     untaken = 0
     last_cost, last_size = 0.0, 1
     sizes = ladder_sizes(min(start, top), top)
-    fit_counts = np.unique(y[holdout.fit], return_counts=True)[1]
 
     def cost_at(per_class: int) -> float:
-        return scaled_fit_cost(last_cost, last_size, per_class, fit_counts)
+        # from the last rung fitted: last_cost and last_size as they stand when it is called
+        return scaled_fit_cost(last_cost, last_size, per_class, holdout.fit_counts)
 
     for size in sizes:
         if budget.spent or (taken is not None and budget.used_s + cost_at(size) > budget.seconds):
             result.stopped = "time budget spent"
             break
+        predicted = None if taken is None else cost_at(size)
         scored = holdout.score(
             estimator, {**params, "basis_per_class": size}, budget, bounded=taken is not None
         )
         if scored.truncated:
-            result.path.append(_entry(scored, *paired_gain(scored.correct, taken), False, size))
+            gain_error = paired_gain(scored.correct, taken)
+            result.path.append(_entry(scored, *gain_error, False, size, predicted))
             result.stopped = "time budget spent"
             break
         correct, last_cost = scored.correct, scored.cost
@@ -245,7 +256,7 @@ def climb_basis_ladder(
         gain, error = (0.0, 0.0) if taken is None else paired_gain(correct, taken)
         take_rung = taken is None or (gain > 0 and gain > min_gain_se * error)
         accuracy = float(correct.mean())
-        result.path.append(_entry(scored, gain, error, take_rung, size))
+        result.path.append(_entry(scored, gain, error, take_rung, size, predicted))
         rising = accuracy > previous_accuracy
         previous_accuracy = accuracy
         if take_rung:
@@ -443,8 +454,8 @@ def _shrink_large_basis(
     on the hold-out is ``reference`` and whose fit cost ``cost`` CPU seconds per core), its
     basis halved while the selection's rule takes the smaller over the larger (with
     ``prefer="cost"``: at least as accurate on the hold-out, and cheaper to predict), down to
-    ``floor`` a class (the ladder's rung), while the next fit, at about half the cost of the
-    last, fits in ``budget``.
+    ``floor`` a class (the ladder's rung), while the next fit, at the last one's cost scaled
+    by its basis's items (:func:`scaled_fit_cost`: at most half), fits in ``budget``.
     A large basis is chosen for its settings as much as for its size (spambase: the every-item
     configuration scores as well at a quarter of the items), and prediction costs the basis.
     Returns the basis per class kept; ``result.params``, ``result.shrink`` and
@@ -455,20 +466,21 @@ def _shrink_large_basis(
         if size // 2 < max(1, floor):
             result.shrink_stopped = "the ladder's rung"
             break
-        if budget.spent or budget.used_s + cost / 2 > budget.seconds:
+        predicted = scaled_fit_cost(cost, size, size // 2, holdout.fit_counts)
+        if budget.spent or budget.used_s + predicted > budget.seconds:
             result.shrink_stopped = "time budget spent"
             break
         smaller = {**current, "basis_per_class": size // 2}
         fitted = holdout.score(estimator, smaller, budget)
         if fitted.truncated:
             gain, error = paired_gain(fitted.correct, reference)
-            result.shrink.append(_entry(fitted, gain, error, False, size // 2))
+            result.shrink.append(_entry(fitted, gain, error, False, size // 2, predicted))
             result.shrink_stopped = "time budget spent"
             break
         correct, cost = fitted.correct, fitted.cost
         chosen = take(reference, work(current), [(correct, work(smaller))], min_gain_se, prefer)
         gain, error = paired_gain(correct, reference)
-        result.shrink.append(_entry(fitted, gain, error, chosen is not None, size // 2))
+        result.shrink.append(_entry(fitted, gain, error, chosen is not None, size // 2, predicted))
         if chosen is None:
             result.shrink_stopped = "the larger kept by the selection's rule"
             break
@@ -583,13 +595,20 @@ def _confirm_on_the_split(
 
 
 def _entry(
-    scored: Scored, gain: float, error: float, taken: bool, size: int | None = None
+    scored: Scored,
+    gain: float,
+    error: float,
+    taken: bool,
+    size: int | None = None,
+    predicted: float | None = None,
 ) -> dict[str, Any]:
     """A fit's line in the ladder's record: its basis per class and basis items (rungs and
     halvings: a large-basis candidate's change names its size), its held-out accuracy, its gain
     over the reference with that gain's standard error, whether it was taken, ``truncated``
     where the budget cut it short (:attr:`Scored.truncated`), ``unconverged`` where the solver's
-    step cap did (:attr:`Scored.unconverged`), and its wall seconds."""
+    step cap did (:attr:`Scored.unconverged`), its wall seconds, its cost (CPU seconds per
+    core, ``cost_s``) and, where the budget was asked before it started, the cost predicted for
+    it (``predicted_cost_s``, :func:`scaled_fit_cost`)."""
     entry: dict[str, Any] = {}
     if size is not None:
         entry["basis_per_class"] = size
@@ -605,6 +624,9 @@ def _entry(
     if scored.unconverged:
         entry["unconverged"] = True
     entry["seconds"] = round(scored.seconds, 2)
+    entry["cost_s"] = round(scored.cost, 4)
+    if predicted is not None:
+        entry["predicted_cost_s"] = round(predicted, 4)
     return entry
 
 

@@ -64,7 +64,8 @@ class HoldOut:
         self.fit = np.concatenate([fit, np.flatnonzero(single)])
         self.held = held
         self.X, self.y = X, y
-        self.fit_largest = int(np.unique(y[self.fit], return_counts=True)[1].max())
+        self.fit_counts = np.unique(y[self.fit], return_counts=True)[1]  # of each class
+        self.fit_largest = int(self.fit_counts.max())
         self.random_state = random_state
         self._expanded = None  # the fit part's last expansion
         self.expansion_cost = 0.0  # its expansion's CPU seconds per core

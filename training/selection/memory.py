@@ -225,19 +225,21 @@ def basis_items(per_class: int, class_counts) -> int:
         The basis per class, k.
     class_counts : array-like of int, shape (n_classes,)
         Items of each class, n_c.
+
+    Returns
+    -------
+    int
     """
     return int(np.minimum(np.ravel(np.asarray(class_counts)), per_class).sum())
 
 
-def basis_per_class_holding(basis_items: float, class_counts) -> int:
-    r"""The largest basis per class whose basis fits ``basis_items`` items (at least 1).
-
-    A basis of k a class holds :math:`\sum_c \min(k, n_c)` items: a class smaller than k gives
-    every item it has.
+def basis_per_class_holding(most_items: float, class_counts) -> int:
+    """The largest basis per class whose basis (:func:`basis_items`) fits ``most_items`` items
+    (at least 1).
 
     Parameters
     ----------
-    basis_items : float
+    most_items : float
         The most basis items.
     class_counts : array-like of int, shape (n_classes,)
         Items of each class, n_c.
@@ -247,8 +249,8 @@ def basis_per_class_holding(basis_items: float, class_counts) -> int:
     int
         At most the largest class: past it the basis is every item.
     """
-    if not math.isfinite(basis_items):
-        raise ValueError(f"the most basis items must be a finite number, got {basis_items!r}")
+    if not math.isfinite(most_items):
+        raise ValueError(f"the most basis items must be a finite number, got {most_items!r}")
     counts = np.sort(np.ravel(np.asarray(class_counts)).astype(np.int64))
     if counts.size == 0:
         raise ValueError("no classes: a basis per class needs at least one")
@@ -256,7 +258,7 @@ def basis_per_class_holding(basis_items: float, class_counts) -> int:
     for taken, count in enumerate(counts):
         # k at least the classes before this one: each class from here on gives k items. Where
         # k reaches this class's count the class is whole, and the next ones may give more.
-        per_class = (basis_items - below) // (counts.size - taken)
+        per_class = (most_items - below) // (counts.size - taken)
         if per_class < count:
             return max(1, int(per_class))
         below += int(count)
