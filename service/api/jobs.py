@@ -209,7 +209,7 @@ class JobRecords:
 
     def status(self, kind: JobKind, name: str) -> dict[str, Any] | None:
         """Job ``name``'s record (None: there is none), a job whose process ended before it
-        finished reported failed."""
+        finished reported failed, and ``progress`` null unless it is in progress."""
         if not SNAPSHOT_NAME.fullmatch(name):
             return None
         try:

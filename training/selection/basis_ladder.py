@@ -69,6 +69,7 @@ def scaled_fit_cost(cost: float, per_class: int, to_per_class: int, class_counts
         The basis per class whose cost is wanted.
     class_counts : array-like of int, shape (n_classes,)
         Items of each class of the items fitted.
+        (``per_class`` at least 1, so that its basis holds an item.)
 
     Returns
     -------
@@ -356,12 +357,13 @@ def _search_large_basis(
     selection's rule over ``current`` (whose correctness is ``reference``); then refine the
     width and C of the one taken. Sets ``result.params`` when a candidate was taken; returns
     the correctness on the hold-out of the configuration kept (``current`` when none was
-    taken) and the CPU seconds per core of the last fit at the large size, as a fit of its own
-    (with the expansion it reused)."""
+    taken) and the CPU seconds per core of its fit at the large size, as a fit of its own
+    (with the expansion it reused; 0 when none was taken)."""
     # the last fit's cost as a fit of its own, and of its solve on a kept expansion, CPU
     # seconds per core
     last_own_cost = 0.0
     last_solve: float | None = None
+    taken_cost = 0.0  # the configuration taken's, as a fit of its own
     rounds = 0
     while candidates:
         scored: list[tuple[Candidate, np.ndarray]] = []
@@ -392,8 +394,9 @@ def _search_large_basis(
                 entries.append(len(result.large_basis))
                 costs.append(fitted.own_cost)  # the confirmation's fits expand
                 gains.append(gain)
+            predicted = expected if expected > 0 else None  # the first: no fit to go by
             result.large_basis.append(
-                {"change": candidate.change, **_entry(fitted, gain, error, False)}
+                {"change": candidate.change, **_entry(fitted, gain, error, False, None, predicted)}
             )
             if fitted.truncated:
                 result.large_basis_stopped = "time budget spent"
@@ -422,19 +425,20 @@ def _search_large_basis(
             result.large_basis_stopped = result.large_basis_stopped or (
                 "refined" if rounds else "no candidate gained"
             )
-            return reference, last_own_cost
+            return reference, taken_cost
         index = chosen[0]
         candidate, reference = scored[index]
+        taken_cost = costs[index]
         current = candidate.params
         result.params = current
         result.large_basis[entries[index]]["taken"] = True
         if result.large_basis_stopped or rounds == LARGE_BASIS_REFINEMENTS:
             result.large_basis_stopped = result.large_basis_stopped or "refined"
-            return reference, last_own_cost
+            return reference, taken_cost
         rounds += 1
         candidates = neighbour_candidates(current)
     result.large_basis_stopped = result.large_basis_stopped or "refined"
-    return reference, last_own_cost
+    return reference, taken_cost
 
 
 def _shrink_large_basis(
@@ -455,7 +459,8 @@ def _shrink_large_basis(
     basis halved while the selection's rule takes the smaller over the larger (with
     ``prefer="cost"``: at least as accurate on the hold-out, and cheaper to predict), down to
     ``floor`` a class (the ladder's rung), while the next fit, at the last one's cost scaled
-    by its basis's items (:func:`scaled_fit_cost`: at most half), fits in ``budget``.
+    by its basis's items (:func:`scaled_fit_cost`: about half, up to the whole where the small
+    classes are whole already), fits in ``budget``.
     A large basis is chosen for its settings as much as for its size (spambase: the every-item
     configuration scores as well at a quarter of the items), and prediction costs the basis.
     Returns the basis per class kept; ``result.params``, ``result.shrink`` and
@@ -607,8 +612,9 @@ def _entry(
     over the reference with that gain's standard error, whether it was taken, ``truncated``
     where the budget cut it short (:attr:`Scored.truncated`), ``unconverged`` where the solver's
     step cap did (:attr:`Scored.unconverged`), its wall seconds, its cost (CPU seconds per
-    core, ``cost_s``) and, where the budget was asked before it started, the cost predicted for
-    it (``predicted_cost_s``, :func:`scaled_fit_cost`)."""
+    core, ``cost_s``) and, where the budget was asked with it before the fit started, the cost
+    predicted for it (``predicted_cost_s``: a rung's or a halving's by
+    :func:`scaled_fit_cost`, a large-basis candidate's the last finished one's)."""
     entry: dict[str, Any] = {}
     if size is not None:
         entry["basis_per_class"] = size

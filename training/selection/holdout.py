@@ -50,7 +50,17 @@ class HoldOut:
     The fit part's last expansion is kept
     (:class:`~training.estimator.estimator.ExpandedTrainingSet`): a configuration that differs
     from the one before only in C is fitted on it, without expanding again (on spambase's
-    every-item basis under ``nystroem(clip)`` the expansion is most of a fit's cost)."""
+    every-item basis under ``nystroem(clip)`` the expansion is most of a fit's cost).
+
+    Attributes
+    ----------
+    fit, held : ndarray of int
+        Positions of the fit part and of the hold-out in the split.
+    fit_counts : ndarray of int, shape (n_classes,)
+        Items of each class in the fit part (a basis of k a class holds min(k, n_c) of each).
+    fit_largest : int
+        Items of the fit part's largest class.
+    """
 
     def __init__(self, X: np.ndarray, y: np.ndarray, random_state: int) -> None:
         _, codes, counts = np.unique(y, return_inverse=True, return_counts=True)

@@ -229,6 +229,7 @@ def basis_items(per_class: int, class_counts) -> int:
     Returns
     -------
     int
+        The basis's items: at most every item.
     """
     return int(np.minimum(np.ravel(np.asarray(class_counts)), per_class).sum())
 
