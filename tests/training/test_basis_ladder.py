@@ -16,7 +16,12 @@ from service.model.inputs.spec import InputSpec
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
-from training.selection.basis_ladder import climb_basis_ladder, ladder_sizes, scaled_fit_cost
+from training.selection.basis_ladder import (
+    climb_basis_ladder,
+    describe_large_basis,
+    ladder_sizes,
+    scaled_fit_cost,
+)
 from training.selection.budget import SelectionBudget, ladder_budget_for
 from training.selection.folds import paired_gain
 from training.selection.holdout import HOLDOUT_SHARE, HoldOut
@@ -311,6 +316,11 @@ def test_the_ladder_predicts_each_rung_from_the_last_by_its_bases_items():
         )
     # 20 to 40 a class adds 28% of the items, not 100%
     assert path[1]["predicted_cost_s"] < 1.5 * path[0]["cost_s"] + 1e-3
+    # What the ladder's budget counted is its rungs' costs, whatever their wall time.
+    assert result.budget_used_s == pytest.approx(
+        sum(rung["cost_s"] for rung in path), abs=1e-4 * len(path)
+    )
+    assert 0 < result.budget_used_s < result.budget_s
 
 
 def test_a_fit_costs_its_bases_items_not_the_sizes_ratio():
@@ -467,10 +477,17 @@ def test_the_large_basis_search_at_the_rung_taken(at_the_rung, search_budget, st
     )
     assert len(result.path) == 1
     top = result.path[0]["basis_per_class"]
+    searched = result.record()["large_basis"]
+    assert searched["budget_s"] == search_budget
     if stopped is None:
         assert asked == [top]
         assert result.large_basis[0]["change"] == "C = 3"
+        # its budget counted its one fit, and the ladder's did not
+        assert searched["budget_used_s"] == pytest.approx(result.large_basis[0]["cost_s"], abs=0.01)
+        assert result.budget_used_s == pytest.approx(result.path[0]["cost_s"], abs=1e-4)
+        assert f"of {GENEROUS:g} CPU s a core" in describe_large_basis(searched)
     else:
         assert asked == []
         assert result.large_basis_stopped == stopped
         assert result.large_basis == []
+        assert searched["budget_used_s"] == 0

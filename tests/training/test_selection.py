@@ -24,12 +24,13 @@ from training import BasisExpandingSVC, ForwardSelectionCV
 from training.data.datasets import Dataset
 from training.fitting import fit_dataset, model_for
 from training.selection import budget as budget_module
-from training.selection import sites
+from training.selection import sites, space
 from training.selection.budget import budget_for
 from training.selection.folds import paired_gain, repeats_for
 from training.selection.space import (
     RBF_SCALE,
     GrownBasis,
+    basis_cap,
     basis_size_candidates,
     grown_basis_per_class,
     measure_candidates,
@@ -205,6 +206,8 @@ def test_the_budget_counts_the_fits_cpu_time_not_time_spent_waiting(monkeypatch)
     assert search.seconds_ >= _WaitingSVC.wait_s * search.n_fits_ > search.budget_s_
     record = search.record()
     assert record["cpu_seconds"] == round(search.cpu_seconds_, 2)
+    # What stopped it, per core, is what the record says it used; its wall time was longer.
+    assert 1.0 <= record["budget_used_s"] < record["seconds"]
     assert "CPU seconds per core" in record["budget_clock"]
 
 
@@ -218,6 +221,30 @@ def test_the_wall_clock_stops_a_search_that_waits_ten_times_its_budget():
     assert search.stopped_.startswith("budget of 0.2 s cut by the wall clock")
     assert search.n_fits_ == 1  # 3 s of waiting for one fit: past 2 s, nothing new starts
     assert search.cpu_seconds_ < search.seconds_ / 2  # it waited, it did not compute
+
+
+def test_a_set_of_a_few_items_a_class_is_offered_every_measure_at_every_item():
+    # Six wines a class: a fold's training part has 4 of each, fewer than MIN_BASIS_PER_CLASS,
+    # and every item fits the feature budget, so the measures are offered at every item (no
+    # basis to shrink), not refused for a basis too small.
+    full = _wine(0)
+    keep = np.concatenate([np.flatnonzero(full.y_train == c)[:6] for c in np.unique(full.y_train)])
+    dataset = Dataset(
+        "wine", full.input_spec, full.X_train[keep], full.y_train[keep], full.X_test, full.y_test
+    )
+    stages = {stage["stage"]: stage for stage in select(dataset).record()["stages"]}
+    assert stages["widths and C"]["candidates"] >= 10
+    assert stages["widths and C"]["scored"] > 0
+    assert stages["add measure"]["candidates"] > 0
+
+
+def test_the_ladders_first_rung_counts_a_small_class_at_its_size():
+    # Dense inputs start the ladder within MAX_FIRST_RUNG_FEATURES (4,000 rbf features): a class
+    # of 100 beside one of 50,000 leaves 3,900 to the large one (2,000 counted evenly).
+    assert space.DENSE_RULES.first_rung(5000, "rbf(gamma=1)", [100, 50_000]) == 3900
+    assert space.DENSE_RULES.first_rung(5000, "rbf(gamma=1)", [50_000, 50_000]) == 2000
+    assert space.DENSE_RULES.first_rung(300, "rbf(gamma=1)", [100, 50_000]) == 300
+    assert space.DOCUMENT_RULES.first_rung(5000, "linear", [100, 50_000]) == 5000  # no cap
 
 
 def test_the_budget_and_the_repeats_grow_with_the_data():
@@ -379,7 +406,7 @@ def test_dense_inputs_keep_the_basis_the_folds_chose_or_take_every_item():
     else:
         assert chosen["basis_per_class"] == searched
     # Small sets: every item of a fold's class is a candidate basis.
-    assert basis_size_candidates(47, 1, 3)[-1] == 47
+    assert basis_size_candidates([47, 45, 40], 1)[-1] == 47
 
 
 def test_dense_inputs_searched_on_a_sample_start_the_ladder_at_the_grown_basis():
@@ -428,7 +455,7 @@ def test_a_grown_basis_keeps_each_class_share_within_its_caps():
         25, "the size the folds chose"
     )
     # The documents' feature budget admits bases that the dense one (1,000) refuses.
-    assert basis_size_candidates(5000, 1, 10, 6400) == [10, 25, 50, 100, 200, 400, 640]
+    assert basis_size_candidates([5000] * 10, 1, 6400) == [10, 25, 50, 100, 200, 400, 640]
 
 
 def test_parallel_folds_choose_as_one_process_does():
@@ -478,10 +505,15 @@ def test_the_candidates_follow_the_inputs():
     assert transform_candidates(InputSpec("vector", (5,))) == [None]
     # The basis grows with the classes, up to the work budget: a measure costing 9 rbf pairs a
     # basis item (rigid(1)) gets a ninth of the basis.
-    assert basis_size_candidates(30, 1, 10) == [10, 25, 30]
-    assert basis_size_candidates(5000, 1, 10) == [10, 25, 50, 100]
-    assert basis_size_candidates(5000, 2, 2) == [10, 25, 50, 100, 200, 250]
-    assert basis_size_candidates(5000, 9, 10) == [10, 11]
+    assert basis_size_candidates([30] * 10, 1) == [10, 25, 30]
+    assert basis_size_candidates([5000] * 10, 1) == [10, 25, 50, 100]
+    assert basis_size_candidates([5000] * 2, 2) == [10, 25, 50, 100, 200, 250]
+    assert basis_size_candidates([5000] * 10, 9) == [10, 11]
+    # Classes smaller than the cap give every item and count those alone: the 900 items left
+    # beside a class of 100 make the large class's cap 900 (1,000 shared evenly: 500).
+    assert basis_size_candidates([100, 5000], 1) == [10, 25, 50, 100, 200, 400, 800, 900]
+    assert basis_cap("rbf(gamma=1) + linear", [100, 5000], 1000) == 400
+    assert basis_cap("rbf(gamma=1)", [3] * 5, 1000) == 3  # at most the largest class
 
 
 def test_bad_settings_are_refused(digits):

@@ -91,12 +91,15 @@ class LadderResult:
     fit_items: int = 0
     memory_bound_per_class: int = 0
     budget_s: float = 0.0
-    seconds: float = 0.0
+    budget_used_s: float = 0.0  # what the budget counts: the rungs' CPU seconds per core
+    seconds: float = 0.0  # wall time, the large-basis search's included
     # the large-basis search after the ladder: the configuration it chose (None: the ladder's),
     # every candidate it scored, and why it ended
     params: dict[str, Any] | None = None
     large_basis: list[dict[str, Any]] = field(default_factory=list)
     large_basis_stopped: str = ""
+    large_basis_budget_s: float = 0.0  # its own budget, and what it counted of it
+    large_basis_budget_used_s: float = 0.0
     confirmation: dict[str, Any] | None = None  # a gain within the noise, tested on every item
     # the configuration taken, at smaller bases: halved while as accurate on the hold-out
     shrink: list[dict[str, Any]] = field(default_factory=list)
@@ -113,6 +116,7 @@ class LadderResult:
             "chosen_basis_per_class": self.basis_per_class,
             "stopped": self.stopped,
             "budget_s": self.budget_s,
+            "budget_used_s": round(self.budget_used_s, 2),
             "seconds": round(self.seconds, 2),
             "path": self.path,
             **(
@@ -120,6 +124,8 @@ class LadderResult:
                     "large_basis": {
                         "chosen": self.params,
                         "stopped": self.large_basis_stopped,
+                        "budget_s": self.large_basis_budget_s,
+                        "budget_used_s": round(self.large_basis_budget_used_s, 2),
                         "candidates": self.large_basis,
                         "confirmation": self.confirmation,
                         "shrink": self.shrink,
@@ -240,10 +246,11 @@ def climb_basis_ladder(
         return scaled_fit_cost(last_cost, last_size, per_class, holdout.fit_counts)
 
     for size in sizes:
-        if budget.spent or (taken is not None and budget.used_s + cost_at(size) > budget.seconds):
+        # the first rung has no fit to go by, and is fitted whatever it costs
+        predicted = None if taken is None else cost_at(size)
+        if budget.spent or (predicted is not None and budget.used_s + predicted > budget.seconds):
             result.stopped = "time budget spent"
             break
-        predicted = None if taken is None else cost_at(size)
         scored = holdout.score(
             estimator, {**params, "basis_per_class": size}, budget, bounded=taken is not None
         )
@@ -279,6 +286,7 @@ def climb_basis_ladder(
     if large_basis is not None and taken is not None:
         if large_basis_budget is None:
             raise ValueError("a large-basis search needs its own large_basis_budget")
+        result.large_basis_budget_s = large_basis_budget.seconds
         size = top
         while size > result.basis_per_class and cost_at(size) > large_basis_budget.seconds:
             size //= 2
@@ -310,8 +318,10 @@ def climb_basis_ladder(
                 )
                 result.basis_per_class = size
                 result.every_item = size >= fit_largest
+        result.large_basis_budget_used_s = large_basis_budget.used_s
     if result.every_item:
         result.basis_per_class = min(split_largest, bound)
+    result.budget_used_s = budget.used_s
     result.seconds = time.monotonic() - started
     return result
 
@@ -639,7 +649,8 @@ def _entry(
 def describe_large_basis(record: dict[str, Any]) -> str:
     """The large-basis search's record (:meth:`LadderResult.record`'s ``large_basis``) in one
     line: how many candidates were scored (and how many of them did not converge), the best
-    finished fit on the hold-out, whether one was taken and why the search ended."""
+    finished fit on the hold-out, whether one was taken and why the search ended, and its
+    budget used (records written before 30 November have none)."""
     scored = record["candidates"]
     unconverged = sum(1 for entry in scored if entry.get("unconverged"))
     finished = [
@@ -653,5 +664,10 @@ def describe_large_basis(record: dict[str, Any]) -> str:
         + (f", best {best['change']} {100 * best['held_out_accuracy']:.2f}%" if best else "")
         + ("; taken" if record["chosen"] else "; not taken")
         + f" ({record['stopped']})"
+        + (
+            f", {record['budget_used_s']:.0f} of {record['budget_s']:g} CPU s a core"
+            if "budget_used_s" in record
+            else ""
+        )
         + (f"; shrunk to {shrunk[-1]['basis_per_class']} bases per class" if shrunk else "")
     )

@@ -178,7 +178,11 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     seconds_ : float
         The selection's wall time with the ladder's and the kernel grid's (not the refit).
     cpu_seconds_ : float
-        Its fold fits' CPU time, all cores together (what the budget counts, per core).
+        Its fold fits' CPU time, all cores together.
+    budget_used_s_ : float
+        What the budget counts of it: ``cpu_seconds_`` per core the fold fits ran on, to
+        compare with ``budget_s_`` (``seconds_`` is wall time, the ladder's and the kernel
+        grid's included).
     n_fits_ : int
         Fold fits run.
     n_splits_ : int
@@ -387,7 +391,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         rules = rules_for(spec)
         n_classes = len(np.unique(labels))
         # Every fold's training part holds about as many items of each class as the first's.
-        fold_largest = int(np.unique(folds[0].y_train, return_counts=True)[1].max())
+        fold_counts = np.unique(folds[0].y_train, return_counts=True)[1]
+        fold_largest = int(fold_counts.max())
         transforms = [
             t
             for t in transform_candidates(spec)
@@ -436,7 +441,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             self.prefer,
         )
         every_item = whole_split and n_items >= len(labels)  # the folds hold the whole split
-        run_stages(state, spec, n_classes, fold_largest, rules, transforms, every_item)
+        run_stages(state, spec, fold_counts, rules, transforms, every_item)
         self.searched_basis_per_class_ = state.current["basis_per_class"]
         self.best_params_, self.grown_bound_ = self._final_params(
             state.current,
@@ -465,7 +470,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 X_checked,
                 labels,
                 start=rules.first_rung(
-                    self.best_params_["basis_per_class"], state.current["similarity"], n_classes
+                    self.best_params_["basis_per_class"], state.current["similarity"], class_counts
                 ),
                 weight=basis_weight(state.current["similarity"]),
                 min_gain_se=self.min_gain_se,
@@ -512,6 +517,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.stopped_ = budget.describe() if scorer.out_of_time else "every stage done"
         self.seconds_ = time.monotonic() - started
         self.cpu_seconds_ = budget.cpu_seconds
+        self.budget_used_s_ = budget.used_s
         self.n_fits_ = scorer.fits
         self.n_splits_ = len(folds) // repeats
         self.n_repeats_ = repeats
@@ -609,6 +615,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             "prefer": self.prefer,
             "seconds": round(self.seconds_, 2),
             "cpu_seconds": round(self.cpu_seconds_, 2),
+            "budget_used_s": round(self.budget_used_s_, 2),
             "fits": self.n_fits_,
             "stopped": self.stopped_,
             # NaN is no JSON: the budget ran out before the start was scored.

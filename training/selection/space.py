@@ -32,7 +32,8 @@ MAX_MEASURES = 3
 # SimilarityKind.cost of the measure): caps training memory and, above all, serving cost.
 MAX_FEATURES = 1000
 
-# A measure that can have fewer basis items a class than this within MAX_FEATURES is not offered.
+# A measure that can have fewer basis items a class than this within MAX_FEATURES is not offered
+# (unless that is every item of each class).
 MIN_BASIS_PER_CLASS = 5
 
 # Documents: their measures read sparse tf-idf or word-frequency vectors, cheap per basis item,
@@ -221,9 +222,28 @@ def basis_weight(similarity: str) -> float:
     return total
 
 
-def basis_cap(similarity: str, n_classes: int, max_features: int) -> int:
-    """The most basis items per class that ``similarity`` may have within ``max_features``."""
-    return max(1, int(max_features // (basis_weight(similarity) * max(1, n_classes))))
+def basis_cap(similarity: str, class_counts, max_features: int) -> int:
+    """The most basis items per class that ``similarity`` may have within ``max_features``.
+
+    A class smaller than the cap gives every item it has and counts those alone
+    (:func:`~training.selection.memory.basis_items`): the cap is at least ``max_features``
+    shared out evenly, and larger where a class is smaller than that share.
+
+    Parameters
+    ----------
+    similarity : str
+        The measures, their weight per basis item :func:`basis_weight`.
+    class_counts : array-like of int, shape (n_classes,)
+        Items of each class the basis is drawn from.
+    max_features : int
+        Basis items times the measures' weight, at most.
+
+    Returns
+    -------
+    int
+        At least 1, at most the largest class.
+    """
+    return basis_per_class_holding(max_features / max(basis_weight(similarity), 1e-9), class_counts)
 
 
 def measure_candidates(input_spec: InputSpec, transform: str | None) -> list[str]:
@@ -266,12 +286,27 @@ def transform_candidates(input_spec: InputSpec) -> list[str | None]:
 
 
 def basis_size_candidates(
-    class_size: int, weight: float, n_classes: int, max_features: int = MAX_FEATURES
+    class_counts, weight: float, max_features: int = MAX_FEATURES
 ) -> list[int]:
-    """Per-class basis sizes to try: :data:`BASIS_SIZES` up to the largest class (whose full
-    size is a candidate too: every item a basis item) and to ``max_features`` over the
-    measures' ``weight`` (:func:`basis_weight`)."""
-    cap = max(1, min(class_size, int(max_features // (max(weight, 1e-9) * max(1, n_classes)))))
+    r"""Per-class basis sizes to try: :data:`BASIS_SIZES` below the cap, then the cap.
+
+    Parameters
+    ----------
+    class_counts : array-like of int, shape (n_classes,)
+        Items of each class the basis is drawn from (a fold's training part).
+    weight : float
+        The measures' work per basis item (:func:`basis_weight`).
+    max_features : int, default=MAX_FEATURES
+        Basis items times ``weight``, at most.
+
+    Returns
+    -------
+    list of int
+        Increasing; the last is the cap: the largest k whose basis, :math:`\sum_c \min(k, n_c)`
+        items, holds ``max_features / weight`` (as :func:`basis_cap`), at most the largest class
+        (every item a basis item).
+    """
+    cap = basis_per_class_holding(max_features / max(weight, 1e-9), class_counts)
     sizes = [size for size in BASIS_SIZES if size < cap]
     return [*sizes, cap]
 
@@ -584,12 +619,14 @@ class KindRules:
         this process (on a cluster, or from shards, it grows by its share)."""
         return whole_split and this_machine and validated_items < n_train
 
-    def first_rung(self, grown: int, similarity: str, n_classes: int) -> int:
+    def first_rung(self, grown: int, similarity: str, class_counts) -> int:
         """The basis ladder's first rung: the basis ``grown`` for the split (per class),
-        within :attr:`first_rung_features`."""
+        within :attr:`first_rung_features` of a basis drawn from the split's ``class_counts``
+        items a class (:func:`basis_cap`; the split's, not the ladder's fit part's: the final
+        fit's basis is drawn from the split)."""
         if self.first_rung_features is None:
             return grown
-        return min(grown, basis_cap(similarity, n_classes, self.first_rung_features))
+        return min(grown, basis_cap(similarity, class_counts, self.first_rung_features))
 
     def grows_basis(self, validated_items: int, n_train: int) -> bool:
         """Whether the chosen basis grows from the folds to the whole split."""

@@ -12,7 +12,8 @@ searched together and revisited, not fixed one after the other:
 3. **Basis size** per class: a grid (10, 25, 50, ...) up to the largest class of a fold, whose
    every item is a candidate basis on small sets, and up to a prediction-work budget
    (:data:`~training.selection.space.MAX_FEATURES` rbf-equivalent basis items; a measure costing
-   9 times an rbf per pair counts 9 times).
+   9 times an rbf per pair counts 9 times; a class smaller than the basis per class counts its
+   own items, :func:`~training.selection.space.basis_cap`).
 4. **Refinement**, repeated while it moves: the width one step either way on its scale's ladder,
    C one step either way (together: 8 neighbours) and the basis one size either way.
 5. **Added measures**: the measure whose ``+``-combination with those chosen helps most,
@@ -33,6 +34,8 @@ searched together and revisited, not fixed one after the other:
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from service.model.inputs.dense import GLOBAL_NORMALIZATION
 from service.model.inputs.spec import InputSpec
@@ -64,14 +67,13 @@ MAX_REFINEMENTS = 4
 def run_stages(
     state: SelectionState,
     spec: InputSpec,
-    n_classes: int,
-    largest: int,
+    class_counts: np.ndarray,
     rules: KindRules,
     transforms: list[str | None],
     every_item: bool = False,
 ) -> None:
-    """The stages of the module docstring, in order, on ``state``; ``largest`` is the
-    largest class of a fold's training part, ``transforms`` the input transforms to try;
+    """The stages of the module docstring, in order, on ``state``; ``class_counts`` are the
+    items of each class in a fold's training part, ``transforms`` the input transforms to try;
     ``every_item``: the folds hold every training item (no basis ladder follows), so the large
     basis is searched on them."""
     if len(transforms) > 1:
@@ -92,17 +94,17 @@ def run_stages(
                 if not learns_from_items(transform) or normalization == GLOBAL_NORMALIZATION
             ],
         )
-    state.step("widths and C", _coarse_candidates(state, spec, rules, n_classes))
+    state.step("widths and C", _coarse_candidates(state, spec, rules, class_counts))
 
     def sizes() -> list[int]:
         weight = basis_weight(state.current["similarity"])
-        return basis_size_candidates(largest, weight, n_classes, rules.max_features)
+        return basis_size_candidates(class_counts, weight, rules.max_features)
 
     state.vary("basis size", "basis_per_class", sizes(), lambda size: f"{size} bases per class")
     for _ in range(MAX_REFINEMENTS):
         if not state.step("refine", _refinements(state, sizes())):
             break
-    _add_measures(state, spec, n_classes, rules)
+    _add_measures(state, spec, class_counts, rules)
     state.vary("C", "C", ladder_around(state.current["C"], 1), lambda C: f"C = {C:g}")
     state.vary("basis strategy", "basis_strategy", STRATEGIES, lambda strategy: f"{strategy} basis")
     if every_item and not rules.documents:
@@ -122,10 +124,15 @@ def _large_basis(state: SelectionState, rules: KindRules, largest: int) -> None:
             break
 
 
-def _with_measure(params: dict[str, Any], similarity: str, n_classes: int, max_features: int):
-    """``params`` with ``similarity``, the basis shrunk to fit the feature budget; None if the
-    measures could not have :data:`MIN_BASIS_PER_CLASS` items a class."""
-    cap = basis_cap(similarity, n_classes, max_features)
+def _with_measure(
+    params: dict[str, Any], similarity: str, class_counts: np.ndarray, max_features: int
+):
+    """``params`` with ``similarity``, the basis shrunk to fit the feature budget on classes
+    of ``class_counts`` items; None if the measures could not have :data:`MIN_BASIS_PER_CLASS`
+    items a class, or every item where the classes are smaller."""
+    cap = basis_cap(similarity, class_counts, max_features)
+    if cap >= np.max(class_counts):  # every item fits: nothing to shrink
+        return {**params, "similarity": similarity}
     if cap < MIN_BASIS_PER_CLASS:
         return None
     return {
@@ -135,7 +142,9 @@ def _with_measure(params: dict[str, Any], similarity: str, n_classes: int, max_f
     }
 
 
-def _coarse_candidates(state: SelectionState, spec: InputSpec, rules: KindRules, n_classes: int):
+def _coarse_candidates(
+    state: SelectionState, spec: InputSpec, rules: KindRules, class_counts: np.ndarray
+):
     """Every measure at the coarse grid of its scale, times the coarse grid of C, under each
     input normalisation; the most promising first (the middle of each grid, the current
     normalisation), so that a stage the budget cuts has scored those."""
@@ -148,7 +157,7 @@ def _coarse_candidates(state: SelectionState, spec: InputSpec, rules: KindRules,
         if normalization == current["input_normalization"]:
             n = -1
         for measure in measure_candidates(spec, current["input_transform"]):
-            params = _with_measure(current, measure, n_classes, rules.max_features)
+            params = _with_measure(current, measure, class_counts, rules.max_features)
             if params is None:
                 continue
             Cs = rules.coarse_C(measure)
@@ -210,7 +219,9 @@ def _added_measures(current: str, spec: InputSpec, transform: str | None) -> lis
     return unique
 
 
-def _add_measures(state: SelectionState, spec: InputSpec, n_classes: int, rules: KindRules) -> None:
+def _add_measures(
+    state: SelectionState, spec: InputSpec, class_counts: np.ndarray, rules: KindRules
+) -> None:
     """Add the measure that helps most, while one helps; the basis shrinks if the measures
     would otherwise exceed the feature budget."""
     while len(measures(state.current["similarity"])) < MAX_MEASURES:
@@ -218,7 +229,7 @@ def _add_measures(state: SelectionState, spec: InputSpec, n_classes: int, rules:
         candidates = []
         for measure in _added_measures(current["similarity"], spec, current["input_transform"]):
             params = _with_measure(
-                current, f"{current['similarity']} + {measure}", n_classes, rules.max_features
+                current, f"{current['similarity']} + {measure}", class_counts, rules.max_features
             )
             if params is None:
                 continue
