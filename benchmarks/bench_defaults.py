@@ -234,6 +234,15 @@ def _default(dataset: Dataset, args) -> dict:
         if ladder
         else ""
     )
+    after = [
+        name
+        for name, ran in (
+            ("the ladder's", ladder),
+            ("the kernel grid's", getattr(selection, "kernel_grid_", None)),
+        )
+        if ran
+    ]
+    included = f", {' and '.join(after)} included" if after else ""
     large = (ladder or {}).get("large_basis")
     if large:
         rungs += f", large basis: {describe_large_basis(large)}"
@@ -246,8 +255,9 @@ def _default(dataset: Dataset, args) -> dict:
         f"{chosen['input_normalization']}, {chosen['normalization']}, "
         f"B/class {chosen['basis_per_class']}, C {chosen['C']:g}, "
         f"CV {100 * selection.best_score_:.2f}%, search {selection.budget_used_s_:.0f} of "
-        f"{selection.budget_s_:g} CPU s a core ({selection.seconds_:.0f} s wall, the ladder's and "
-        "the kernel grid's included)" + (f", cut: {', '.join(cut)}" if cut else "") + rungs,
+        f"{selection.budget_s_:g} CPU s a core ({selection.seconds_:.0f} s wall{included})"
+        + (f", cut: {', '.join(cut)}" if cut else "")
+        + rungs,
     }
 
 

@@ -102,6 +102,9 @@ def test_the_kernels_map_at_every_item_replaces_a_weak_choice_by_cross_validatio
     assert record["compared_with"] == WEAK
     assert record["chosen"] == chosen
     assert record["stages"][0]["candidates"] == KERNEL_GRID_CANDIDATES
+    # one job of one thread: the budget counted every CPU second of its fits, within it
+    assert 0 < record["budget_used_s"] == pytest.approx(record["cpu_seconds"], abs=0.01)
+    assert record["budget_used_s"] < record["budget_s"]
 
 
 def test_a_gain_within_the_noise_is_taken_only_when_accuracy_is_preferred():

@@ -36,6 +36,7 @@ from training.selection.space import (
     measure_candidates,
     transform_candidates,
 )
+from training.selection.stages import with_measure
 from training.selection.state import take
 
 pytestmark = pytest.mark.slow
@@ -216,7 +217,7 @@ def test_the_wall_clock_stops_a_search_that_waits_ten_times_its_budget():
     cache its first fit would also compile, seconds of CPU that spend the budget before the wall
     clock does, so the kernels are compiled first."""
     X, y = load_wine(return_X_y=True)
-    BasisExpandingSVC().fit(X, y)
+    BasisExpandingSVC().fit(X, y).predict(X)
     search = ForwardSelectionCV(_LongWaitingSVC(), budget=0.2, n_jobs=1, refit=False).fit(X, y)
     assert search.stopped_.startswith("budget of 0.2 s cut by the wall clock")
     assert search.n_fits_ == 1  # 3 s of waiting for one fit: past 2 s, nothing new starts
@@ -236,6 +237,26 @@ def test_a_set_of_a_few_items_a_class_is_offered_every_measure_at_every_item():
     assert stages["widths and C"]["candidates"] >= 10
     assert stages["widths and C"]["scored"] > 0
     assert stages["add measure"]["candidates"] > 0
+
+
+def test_a_measure_is_offered_with_the_basis_its_classes_hold():
+    start = {"similarity": "rbf(gamma=1)", "basis_per_class": 800}
+    # Beside a class of 100, the large one may have 400 of the 500 basis items two measures
+    # hold in 1,000 features (250 shared evenly, the former cap).
+    joined = with_measure(start, "rbf(gamma=1) + linear", np.array([100, 5000]), 1000)
+    assert joined == {"similarity": "rbf(gamma=1) + linear", "basis_per_class": 400}
+    # Fortunes' folds (32 classes of 13 to 170 quotes): every quote fits two and three
+    # measures within the documents' 6,400, so the basis is not shrunk (it was to 100 and 66).
+    quotes = np.array([13, 17, 19, 20, 20, 21, 26, 27, 27, 28, 28, 30, 35, 37, 38, 45, 57, 58])
+    quotes = np.concatenate([quotes, [63, 68, 73, 74, 79, 85, 85, 88, 95, 98, 143, 154, 163, 170]])
+    texts = {"similarity": "linear", "basis_per_class": 170}
+    for measures in ("linear + sensing1(n=150)", "linear + sensing1(n=150) + sensing1(n=15)"):
+        assert with_measure(texts, measures, quotes, 6400)["basis_per_class"] == 170
+    # Four items a class, fewer than MIN_BASIS_PER_CLASS, all fitting: offered as they are.
+    few = with_measure({**start, "basis_per_class": 25}, "linear", np.array([4, 4, 4]), 1000)
+    assert few == {"similarity": "linear", "basis_per_class": 25}
+    # A measure costing 106 rbf pairs a basis item, on 10 classes of 100: under 5 a class.
+    assert with_measure(start, "deformable(1, 1)", np.array([100] * 10), 1000) is None
 
 
 def test_the_ladders_first_rung_counts_a_small_class_at_its_size():

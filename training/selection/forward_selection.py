@@ -207,12 +207,15 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         Inputs selected on a sample of a split held in this process: the basis ladder on
         the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
         (``basis_per_class``, ``n_basis``, ``held_out_accuracy``, ``gain``,
-        ``standard_error``, ``taken``, ``seconds``), why it ``stopped``, its hold-out and
-        memory bound; the record's ``basis_ladder``. None elsewhere.
+        ``standard_error``, ``taken``, ``seconds``, ``cost_s``), why it ``stopped``, its
+        hold-out and memory bound, its ``budget_s`` and ``budget_used_s`` (the rungs' CPU
+        seconds per core), and its ``large_basis`` search with a budget of its own; the record's
+        ``basis_ladder``. None elsewhere.
     kernel_grid_ : dict or None
         Where the ladder ran on at most 5,000 dense items: the kernel SVM's grid against its
         choice (:mod:`training.selection.kernel_grid`): ``path``, ``stages``, ``chosen``
-        (None: kept), why it ``stopped``; the record's ``kernel_grid``. None elsewhere.
+        (None: kept), why it ``stopped``, its ``budget_s`` and ``budget_used_s``; the record's
+        ``kernel_grid``. None elsewhere.
     documents_ : bool
         Whether the inputs are documents (no input normalisation to choose).
     classes_ : ndarray of shape (n_classes,)

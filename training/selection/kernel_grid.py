@@ -77,6 +77,7 @@ class KernelGridResult:
     budget_s: float = 0.0
     seconds: float = 0.0
     cpu_seconds: float = 0.0
+    budget_used_s: float = 0.0  # what the budget counts: cpu_seconds per core
     fits: int = 0
     jobs: int = 0  # fold fits side by side
     path: list[dict[str, Any]] = field(default_factory=list)
@@ -94,6 +95,7 @@ class KernelGridResult:
             "budget_s": self.budget_s,
             "seconds": round(self.seconds, 2),
             "cpu_seconds": round(self.cpu_seconds, 2),
+            "budget_used_s": round(self.budget_used_s, 2),
             "fits": self.fits,
             "jobs": self.jobs,
             "path": self.path,
@@ -243,6 +245,7 @@ def search_kernel_grid(
     )
     result.seconds = time.monotonic() - started
     result.cpu_seconds = budget.cpu_seconds
+    result.budget_used_s = budget.used_s
     result.fits = scorer.fits
     return result
 

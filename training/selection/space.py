@@ -227,7 +227,8 @@ def basis_cap(similarity: str, class_counts, max_features: int) -> int:
 
     A class smaller than the cap gives every item it has and counts those alone
     (:func:`~training.selection.memory.basis_items`): the cap is at least ``max_features``
-    shared out evenly, and larger where a class is smaller than that share.
+    shared out evenly (or the largest class, where that is smaller), and larger where a class is
+    smaller than that share.
 
     Parameters
     ----------

@@ -124,12 +124,28 @@ def _large_basis(state: SelectionState, rules: KindRules, largest: int) -> None:
             break
 
 
-def _with_measure(
+def with_measure(
     params: dict[str, Any], similarity: str, class_counts: np.ndarray, max_features: int
-):
-    """``params`` with ``similarity``, the basis shrunk to fit the feature budget on classes
-    of ``class_counts`` items; None if the measures could not have :data:`MIN_BASIS_PER_CLASS`
-    items a class, or every item where the classes are smaller."""
+) -> dict[str, Any] | None:
+    """``params`` with ``similarity``, its basis shrunk to fit the feature budget.
+
+    Parameters
+    ----------
+    params : dict
+        The configuration, with its ``basis_per_class``.
+    similarity : str
+        The measures to offer it with.
+    class_counts : ndarray of shape (n_classes,)
+        Items of each class in a fold's training part.
+    max_features : int
+        Basis items times the measures' weight, at most (:func:`basis_cap`).
+
+    Returns
+    -------
+    dict or None
+        ``params`` with ``similarity`` and its basis unchanged where every item fits; else with
+        its basis at most the cap; None where the cap is under :data:`MIN_BASIS_PER_CLASS`.
+    """
     cap = basis_cap(similarity, class_counts, max_features)
     if cap >= np.max(class_counts):  # every item fits: nothing to shrink
         return {**params, "similarity": similarity}
@@ -157,7 +173,7 @@ def _coarse_candidates(
         if normalization == current["input_normalization"]:
             n = -1
         for measure in measure_candidates(spec, current["input_transform"]):
-            params = _with_measure(current, measure, class_counts, rules.max_features)
+            params = with_measure(current, measure, class_counts, rules.max_features)
             if params is None:
                 continue
             Cs = rules.coarse_C(measure)
@@ -228,7 +244,7 @@ def _add_measures(
         current = state.current
         candidates = []
         for measure in _added_measures(current["similarity"], spec, current["input_transform"]):
-            params = _with_measure(
+            params = with_measure(
                 current, f"{current['similarity']} + {measure}", class_counts, rules.max_features
             )
             if params is None:
