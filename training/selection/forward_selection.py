@@ -180,9 +180,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     cpu_seconds_ : float
         Its fold fits' CPU time, all cores together.
     budget_used_s_ : float
-        What the budget counts of it: ``cpu_seconds_`` per core the fold fits ran on, to
-        compare with ``budget_s_`` (``seconds_`` is wall time, the ladder's and the kernel
-        grid's included).
+        What the budget counted: ``cpu_seconds_`` per core of the fold fits (``budget_s_``'s unit).
     n_fits_ : int
         Fold fits run.
     n_splits_ : int
