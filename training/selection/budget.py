@@ -10,6 +10,7 @@ counts the fits' CPU time per core they use, with a wall-clock backstop
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 # The selection's time budget grows with the items it cross-validates: digits (1,000 training
 # images) gets 40 s, a sample of 3,000 items 120 s (docs/how-it-works/model-selection.md;
@@ -39,6 +40,18 @@ LADDER_BUDGET_S_PER_1000_ITEMS = 3.0
 # (about 441 s at 11,018 quotes), and the hold-out decides
 # (docs/measurements/model-selection.md, "The ladder's budget for documents (30 November)").
 DOCUMENT_LADDER_BUDGET_S_PER_1000_ITEMS = 40.0
+
+
+def fit_cpu_clock(threads: int) -> Callable[[], float]:
+    """The CPU clock a fit on ``threads`` numba threads (and one BLAS thread) is counted by.
+
+    On one thread the fit runs on the calling thread (numba's kernels and BLAS included), so its
+    thread's clock counts it alone: another thread of the same process computing meanwhile (a
+    Dask worker's other tasks, each a fit of its own, or whatever else the calling process
+    runs) is not counted, where the process's clock counted every thread. On more threads the
+    process's clock counts the fit's numba threads, which the calling thread's does not see.
+    """
+    return time.thread_time if threads == 1 else time.process_time
 
 
 def budget_for(n_items: int) -> float:

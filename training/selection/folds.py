@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import RepeatedStratifiedKFold, train_test_split
 
 from service.model.threads import limit_threads
-from training.selection.budget import SelectionBudget
+from training.selection.budget import SelectionBudget, fit_cpu_clock
 from training.selection.space import Candidate
 
 # Sets smaller than this are cross-validated with several shuffles of the folds (at most
@@ -95,7 +94,7 @@ def _score_fold(
 ) -> tuple[np.ndarray, float]:
     """Which validation items of a fold are predicted right, trained on the fold's rest
     (``X``: the items cross-validated, which the fold's positions index); and the CPU seconds
-    the fit and prediction took (the process's: its numba threads count)."""
+    the fit and prediction took (:func:`~training.selection.budget.fit_cpu_clock`'s)."""
     model = clone(estimator).set_params(**params, n_jobs=threads, verbose=False)
     # A candidate whose features are ill-conditioned (a wide rbf on one dominant feature) can
     # keep the solver for thousands of iterations, where others converge in hundreds at most:
@@ -104,12 +103,13 @@ def _score_fold(
     # BLAS gets one thread: its work here is small (eigh of a B x B Gram matrix), and its
     # threads spin-wait, which costs far more than they save when another process holds a core
     # (docs/measurements/model-selection.md#the-selections-constants-measured).
-    started = time.process_time()
+    clock = fit_cpu_clock(threads)
+    started = clock()
     with limit_threads(numba_threads=threads, blas_threads=1), warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(X[fold.train_index], fold.y_train)
         predicted = model.predict(X[fold.valid_index])
-    return np.asarray(predicted == fold.y_valid), time.process_time() - started
+    return np.asarray(predicted == fold.y_valid), clock() - started
 
 
 def paired_gain(candidate: np.ndarray, reference: np.ndarray) -> tuple[float, float]:
