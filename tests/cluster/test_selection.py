@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits, load_wine
 
 from service.model import Predictor
+from tests.cluster.conftest import start_local_cluster
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.cli.main import main
 from training.cluster.connection import ClusterError
@@ -197,3 +199,28 @@ def test_shards_without_a_cluster_are_searched_and_fitted_in_this_process(tmp_pa
     assert selection.n_items_ == 178
     assert selection.best_estimator_.predictor_.metadata["training"]["n_train"] == 178
     assert (selection.predict(X).astype(str) == y.astype(str)).mean() > 0.85
+
+
+def test_fold_fits_sharing_a_worker_are_counted_their_own_cpu_time_not_each_others():
+    """A worker of two threads runs two fold fits at once. Each is counted by its own thread's
+    clock, so the selection's CPU seconds are at most what the worker process spent; counted
+    by the process's clock, each fit also counted the other's work (about twice as much)."""
+    from distributed import Client
+
+    X, y = load_wine(return_X_y=True)
+    with (
+        start_local_cluster(n_workers=1, threads_per_worker=2) as cluster,
+        Client(cluster) as client,
+    ):
+        worker_cpu = lambda: sum(client.run(lambda: time.process_time()).values())  # noqa: E731
+        before = worker_cpu()
+        search = ForwardSelectionCV(
+            BasisExpandingSVC(cluster=cluster.scheduler_address),
+            budget=GENEROUS_BUDGET_S,
+            repeats=1,
+            refit=False,
+        ).fit(X, y)
+        spent = worker_cpu() - before
+    assert search.stopped_ == "every stage done"
+    assert search.n_fits_ > 20
+    assert 0 < search.cpu_seconds_ <= spent
