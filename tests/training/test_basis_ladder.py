@@ -44,7 +44,16 @@ def _wine():
 
 
 def _climb(
-    X, y, similarity, start, *, budget=GENEROUS, memory_budget=None, C=10.0, normalization="auto"
+    X,
+    y,
+    similarity,
+    start,
+    *,
+    budget=GENEROUS,
+    memory_budget=None,
+    C=10.0,
+    normalization="auto",
+    prefer="cost",
 ):
     return climb_basis_ladder(
         BasisExpandingSVC(n_jobs=1),
@@ -56,6 +65,7 @@ def _climb(
         min_gain_se=1.0,
         budget=SelectionBudget(budget, 1),
         memory_budget=memory_budget,
+        prefer=prefer,
     )
 
 
@@ -99,6 +109,22 @@ def test_the_ladder_stops_when_the_gain_is_within_its_standard_error():
     assert last["gain"] <= last["standard_error"]
     assert result.basis_per_class == 8
     assert result.stopped.startswith("gain below min_gain_se standard errors")
+
+
+@pytest.mark.parametrize("prefer", ["cost", "accuracy"])
+def test_a_rung_within_the_noise_is_taken_as_prefer_says(prefer):
+    """The search's rule on the rungs: a gain beyond a standard error is taken; within it a
+    larger basis (never cheaper to predict) is taken only under "accuracy", when it scores
+    better. On digits from 4 a class, 16 a class gains exactly its error over 8."""
+    X, y = _digits()
+    result = _climb(X, y, "rbf(gamma=1)", 4, prefer=prefer)
+    for rung in result.path[1:]:
+        beyond = rung["gain"] > rung["standard_error"]
+        assert rung["taken"] == (beyond or (prefer == "accuracy" and rung["gain"] > 0)), rung
+    within = [r for r in result.path[1:] if r["taken"] and r["gain"] <= r["standard_error"]]
+    assert bool(within) == (prefer == "accuracy")
+    taken = [rung["basis_per_class"] for rung in result.path if rung["taken"]]
+    assert result.basis_per_class == taken[-1]
 
 
 def test_the_gain_and_its_error_are_the_paired_difference_on_the_hold_out():

@@ -175,7 +175,7 @@ def climb_basis_ladder(
         The measures' work per basis item (:func:`~training.selection.space.basis_weight`).
     min_gain_se : float
         A rung is taken when its gain exceeds this many standard errors of the paired
-        difference on the hold-out.
+        difference on the hold-out over the last rung taken; within them, as ``prefer`` says.
     budget : SelectionBudget
         The rungs' CPU seconds per core are added to it; no rung starts once it is spent, nor
         one that would spend it at the cost of the rung before scaled by its basis
@@ -201,8 +201,10 @@ def climb_basis_ladder(
     work : callable or None
         A configuration's prediction work, for the rule's ties (None: all equal).
     prefer : {"accuracy", "cost"}
-        What wins within the noise in the large-basis search
-        (:data:`~training.selection.state.PREFERENCES`).
+        What wins within the noise, on the rungs and in the large-basis search
+        (:data:`~training.selection.state.PREFERENCES`; the rule,
+        :func:`~training.selection.state.take`): a rung, never cheaper to predict than the one
+        before, is taken within the noise only under "accuracy", when it scores better.
     search_at_the_rung : bool, default=False
         Search ``large_basis`` at the ladder's top even when that is the rung taken
         (:attr:`~training.selection.space.KindRules.search_at_the_rung`: documents, whose
@@ -216,6 +218,7 @@ def climb_basis_ladder(
         the large-basis search chose, or None.
     """
     started = time.monotonic()
+    work = work or (lambda _: 0.0)  # no work given: every configuration costs the same
     X = np.asarray(X)
     y = np.asarray(y)
     holdout = HoldOut(X, y, random_state)
@@ -241,6 +244,9 @@ def climb_basis_ladder(
     last_cost, last_size = 0.0, 1
     sizes = ladder_sizes(min(start, top), top)
 
+    def rung_work(per_class: int) -> float:
+        return work({**params, "basis_per_class": per_class})
+
     def cost_at(per_class: int) -> float:
         # from the last rung fitted: last_cost and last_size as they stand when it is called
         return scaled_fit_cost(last_cost, last_size, per_class, holdout.fit_counts)
@@ -262,7 +268,18 @@ def climb_basis_ladder(
         correct, last_cost = scored.correct, scored.cost
         last_size = size
         gain, error = (0.0, 0.0) if taken is None else paired_gain(correct, taken)
-        take_rung = taken is None or (gain > 0 and gain > min_gain_se * error)
+        # the search's own rule: a larger basis is never cheaper to predict, so within the
+        # noise it is taken only where ``prefer`` is "accuracy" and it scores better
+        take_rung = taken is None or (
+            take(
+                taken,
+                rung_work(result.basis_per_class),
+                [(correct, rung_work(size))],
+                min_gain_se,
+                prefer,
+            )
+            is not None
+        )
         accuracy = float(correct.mean())
         result.path.append(_entry(scored, gain, error, take_rung, size, predicted))
         rising = accuracy > previous_accuracy
@@ -300,7 +317,7 @@ def climb_basis_ladder(
             rule = {
                 "budget": large_basis_budget,
                 "min_gain_se": min_gain_se,
-                "work": work or (lambda _: 0.0),
+                "work": work,
                 "prefer": prefer,
             }
             correct, cost = _search_large_basis(
