@@ -199,8 +199,10 @@ def test_the_budget_counts_the_fits_cpu_time_not_time_spent_waiting(monkeypatch)
     time would have stopped after two fits; counted in CPU time the selection goes on, in
     several times the budget's wall time, as it would on an idle machine in one second. The
     wall-clock backstop is lifted here, so that how long this host takes to compute (a loaded
-    one: many times the CPU time) cannot be what stops it."""
+    one: many times the CPU time) cannot be what stops it; and the fits run on one thread,
+    counted by its clock, so that other threads of this process cannot either."""
     monkeypatch.setattr(budget_module, "WALL_BACKSTOP", 1e6)
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")  # n_jobs=1: one process of one thread
     X, y = load_wine(return_X_y=True)
     search = ForwardSelectionCV(_WaitingSVC(), budget=1.0, n_jobs=1, refit=False).fit(X, y)
     assert search.stopped_ == "budget of 1 s spent"
