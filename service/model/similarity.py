@@ -432,10 +432,17 @@ class BoundSimilarity:
         :data:`service.model.threads.SIMILARITY_BLAS_MIN_SAMPLES`, unless the work is heavy
         and at least :data:`service.model.threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS`
         numba threads share it (then the parallel pair kernels); else the serial pair kernels
-        for light work and the parallel ones for heavy work."""
+        for light work and the parallel ones for heavy work shared by several numba threads.
+
+        On one numba thread the work stays on the calling thread, however heavy: a parallel
+        region there gains nothing, waits for :data:`service.model.threads.PARALLEL_REGION`
+        behind other callers, and under the ``workqueue`` threading layer (the image's) runs
+        on numba's pool thread instead, where the caller's own CPU clock does not count it
+        (the trainer's selection times a fold fit on one thread by that clock).
+        """
         drivers = self.drivers
         blas = drivers.blas is not None and n_samples >= threads.SIMILARITY_BLAS_MIN_SAMPLES
-        if self.runs_serially(n_samples, n_basis):
+        if self.runs_serially(n_samples, n_basis) or numba.get_num_threads() < 2:
             return drivers.blas if blas else drivers.serial
         if blas and numba.get_num_threads() < threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS:
             return drivers.blas

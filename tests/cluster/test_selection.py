@@ -201,10 +201,15 @@ def test_shards_without_a_cluster_are_searched_and_fitted_in_this_process(tmp_pa
     assert (selection.predict(X).astype(str) == y.astype(str)).mean() > 0.85
 
 
+def _process_cpu() -> float:
+    return time.process_time()
+
+
 def test_fold_fits_sharing_a_worker_are_counted_their_own_cpu_time_not_each_others():
     """A worker of two threads runs two fold fits at once. Each is counted by its own thread's
-    clock, so the selection's CPU seconds are at most what the worker process spent; counted
-    by the process's clock, each fit also counted the other's work (about twice as much)."""
+    clock, so the selection's CPU seconds are at most what the worker process spent, and most
+    of it; counted by the process's clock, each fit also counted the other's work (about 1.6
+    times what the worker spent)."""
     from distributed import Client
 
     X, y = load_wine(return_X_y=True)
@@ -212,7 +217,10 @@ def test_fold_fits_sharing_a_worker_are_counted_their_own_cpu_time_not_each_othe
         start_local_cluster(n_workers=1, threads_per_worker=2) as cluster,
         Client(cluster) as client,
     ):
-        worker_cpu = lambda: sum(client.run(lambda: time.process_time()).values())  # noqa: E731
+
+        def worker_cpu() -> float:
+            return sum(client.run(_process_cpu).values())
+
         before = worker_cpu()
         search = ForwardSelectionCV(
             BasisExpandingSVC(cluster=cluster.scheduler_address),
@@ -223,4 +231,5 @@ def test_fold_fits_sharing_a_worker_are_counted_their_own_cpu_time_not_each_othe
         spent = worker_cpu() - before
     assert search.stopped_ == "every stage done"
     assert search.n_fits_ > 20
-    assert 0 < search.cpu_seconds_ <= spent
+    # the rest is the worker's own (tasks received, results sent): about a sixth here
+    assert spent / 2 <= search.cpu_seconds_ <= spent

@@ -1,5 +1,10 @@
 """Parsing and formatting of similarity specs, and dispatch to the dense_kernels."""
 
+import os
+import subprocess
+import sys
+
+import numba
 import numpy as np
 import pytest
 from sklearn.metrics.pairwise import rbf_kernel
@@ -89,35 +94,88 @@ def test_spec_compute_dispatches_to_the_right_kernel():
 )
 def test_every_driver_gives_the_same_similarities(n, driver, monkeypatch):
     # Small batches run on the serial driver, from 16 items on BLAS, and large ones on the
-    # parallel driver when enough numba threads share them (here: as soon as one does).
+    # parallel driver when enough numba threads share them (here: as soon as two do).
     from service.model.threads import SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS
 
+    numba_threads = 1
     if driver is dense_kernels.rbf_similarities:
+        _need_two_numba_threads()
         monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
+        numba_threads = 2
     rng = np.random.default_rng(n)
     X, basis = rng.normal(size=(n, 64)), rng.normal(size=(20, 64))
     spec = parse_spec("rbf(0.1)")
     assert (n * 20 * 64 >= SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS) == (n == 400)
-    with threads.limit_threads(numba_threads=1):
+    with threads.limit_threads(numba_threads=numba_threads):
         assert spec.bind(64).driver_for(n, 20) is driver
         similarities = spec.compute(basis, X)
     np.testing.assert_allclose(similarities, rbf_kernel(X, basis, gamma=0.1), rtol=1e-10)
 
 
+def _need_two_numba_threads():
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("the parallel drivers run where numba has two threads or more")
+
+
 def test_heavy_work_is_heavy_whichever_driver_computes_it(monkeypatch):
-    # The data plane sends heavy work to its one compute thread: BLAS on one thread must not
-    # make a 4,000-item batch look light, nor may a measure without BLAS drivers take one.
+    # The data plane sends heavy work to its one compute thread: BLAS, or the serial driver on
+    # one numba thread, must not make a 4,000-item batch look light.
     rbf, rigid = parse_spec("rbf(0.1)").bind(64), parse_spec("rigid(1)").bind(64, (8, 8, 1))
     with threads.limit_threads(numba_threads=1):
         assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities_blas
         assert not rbf.runs_serially(4000, 100)
-        assert rigid.driver_for(4000, 100) is rigid.drivers.parallel
+        assert rigid.driver_for(4000, 100) is rigid.drivers.serial
         assert not rigid.runs_serially(4000, 100)
         assert rbf.runs_serially(1, 100)
         assert rigid.driver_for(1, 100) is rigid.drivers.serial
+    _need_two_numba_threads()
+    with threads.limit_threads(numba_threads=2):
+        assert rigid.driver_for(4000, 100) is rigid.drivers.parallel
+        assert rigid.driver_for(1, 100) is rigid.drivers.serial
+        assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities_blas
     monkeypatch.setattr(threads, "SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS", 1)
     with threads.limit_threads(numba_threads=1):
+        assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities_blas
+    with threads.limit_threads(numba_threads=2):
         assert rbf.driver_for(4000, 100) is dense_kernels.rbf_similarities
+
+
+# Heavy work on one numba thread under the image's threading layer, timed by the calling
+# thread's clock and the process's: run in a process of its own, since the layer is chosen
+# once per process at its first parallel region.
+_ONE_THREAD_UNDER_WORKQUEUE = """
+import time
+import numpy as np
+from service.model import parse_spec, threads
+
+rigid = parse_spec("rigid(1)").bind(64, (8, 8, 1))
+X, basis = np.random.default_rng(0).random((4000, 64)), np.random.default_rng(1).random((100, 64))
+assert not rigid.runs_serially(4000, 100)
+with threads.limit_threads(numba_threads=1):
+    rigid.compute(basis, X)  # compiled, not timed
+    own, process = time.thread_time(), time.process_time()
+    for _ in range(5):
+        rigid.compute(basis, X)
+    print(time.thread_time() - own, time.process_time() - process)
+"""
+
+
+def test_heavy_work_on_one_numba_thread_runs_on_the_calling_thread():
+    """Under the ``workqueue`` layer (the image's) a parallel region runs on numba's pool
+    thread even at one thread, where the caller's thread clock, by which the trainer's
+    selection times a fold fit on one thread, missed it."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue"}
+    result = subprocess.run(
+        [sys.executable, "-c", _ONE_THREAD_UNDER_WORKQUEUE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    own, process = (float(value) for value in result.stdout.split())
+    assert process > 0.05  # heavy work: enough CPU time to tell the clocks apart
+    assert own >= 0.9 * process
 
 
 def test_grid_measures_need_a_grid_that_fits_the_items():

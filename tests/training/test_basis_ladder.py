@@ -5,6 +5,7 @@ keeps its bounds (every item, memory, time), and lists its path in the selection
 import itertools
 import json
 import math
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -13,6 +14,7 @@ from sklearn.datasets import load_digits, load_wine, make_classification
 from sklearn.model_selection import train_test_split
 
 from service.model.inputs.spec import InputSpec
+from tests.training.computing import another_thread_computing
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.selection import budget as selection_budget
 from training.selection import space
@@ -54,6 +56,7 @@ def _climb(
     C=10.0,
     normalization="auto",
     prefer="cost",
+    work=None,
 ):
     return climb_basis_ladder(
         BasisExpandingSVC(n_jobs=1),
@@ -66,6 +69,7 @@ def _climb(
         budget=SelectionBudget(budget, 1),
         memory_budget=memory_budget,
         prefer=prefer,
+        work=work,
     )
 
 
@@ -127,6 +131,18 @@ def test_a_rung_within_the_noise_is_taken_as_prefer_says(prefer):
     assert result.basis_per_class == taken[-1]
 
 
+def test_a_rung_cheaper_than_the_last_taken_and_as_accurate_is_taken_under_cost():
+    """The rule compares a rung's prediction work with the last rung taken's: were a larger
+    basis cheaper (a work that falls with the basis), a rung as accurate would win the tie
+    under "cost", as a cheaper candidate does in the search."""
+    X, y = _digits()
+    result = _climb(X, y, "rbf(gamma=1)", 4, work=lambda params: -params["basis_per_class"])
+    within = [r for r in result.path[1:] if r["taken"] and r["gain"] <= r["standard_error"]]
+    assert within  # 16 a class, within its error over 8, taken as cheaper
+    for rung in result.path[1:]:
+        assert rung["taken"] == (rung["gain"] >= 0), rung
+
+
 def test_the_gain_and_its_error_are_the_paired_difference_on_the_hold_out():
     rng = np.random.default_rng(0)
     reference = rng.random((1, 400)) < 0.8
@@ -181,6 +197,25 @@ def test_the_time_budget_stops_the_ladder_after_its_first_rung():
     assert len(result.path) == 1
     assert result.stopped == "time budget spent"
     assert result.basis_per_class == 2
+
+
+def test_a_hold_out_fit_on_one_thread_counts_its_own_cpu_time():
+    """Fits on one core are counted by their thread's clock: another thread of the process
+    computing meanwhile (a core's worth) is not counted, where the process's clock counted
+    it, nor does it cut the fit's time limit."""
+    X, y = _digits()
+    holdout = HoldOut(X, y, 0)
+    params = {"similarity": "rbf(gamma=1)", "basis_per_class": 50, "C": 100.0}
+    BasisExpandingSVC(n_jobs=1).set_params(**params).fit(X[:200], y[:200])  # compiled
+    budget = SelectionBudget(GENEROUS, 1)
+    with another_thread_computing() as other:
+        process = time.process_time()
+        scored = [holdout.score(BasisExpandingSVC(n_jobs=1), params, budget) for _ in range(3)]
+        process = time.process_time() - process
+    assert other.cpu_seconds > 0.5
+    assert not any(fit.truncated for fit in scored)
+    # What the process spent, less the other thread's, is the fits' and this thread's rest.
+    assert 0 < budget.cpu_seconds <= process - other.cpu_seconds + 0.05
 
 
 def test_a_hold_out_fit_stops_where_its_budget_runs_out():

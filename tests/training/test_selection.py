@@ -3,10 +3,8 @@ scikit-learn references, that its path is recorded, that it keeps its budget and
 test split."""
 
 import dataclasses
-import hashlib
 import itertools
 import json
-import threading
 import time
 
 import numpy as np
@@ -22,6 +20,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from service.model import Predictor
 from service.model.inputs.spec import InputSpec
 from service.model.similarity import parse_specs
+from tests.training.computing import another_thread_computing
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.data.datasets import Dataset
 from training.fitting import fit_dataset, model_for
@@ -216,14 +215,6 @@ def test_the_budget_counts_the_fits_cpu_time_not_time_spent_waiting(monkeypatch)
     assert "CPU seconds per core" in record["budget_clock"]
 
 
-def _compute_until(stop: threading.Event) -> None:
-    """A core's worth of CPU in a thread of this process: hashing a large buffer releases the
-    GIL, so the fold fit's thread runs meanwhile."""
-    block = bytes(8 << 20)
-    while not stop.is_set():
-        hashlib.sha256(block).digest()
-
-
 def test_the_wall_clock_stops_a_search_that_waits_ten_times_its_budget(monkeypatch):
     """One fold fit waits 3 s and computes for much less than the 0.2 s budget, while another
     thread of this process computes throughout (as a Dask worker's other tasks do, or a test
@@ -234,15 +225,9 @@ def test_the_wall_clock_stops_a_search_that_waits_ten_times_its_budget(monkeypat
     monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")  # n_jobs=1: one process of one thread
     X, y = load_wine(return_X_y=True)
     BasisExpandingSVC().fit(X, y).predict(X)
-    stop = threading.Event()
-    other = threading.Thread(target=_compute_until, args=(stop,), daemon=True)
-    other.start()
-    try:
+    with another_thread_computing():
         search = ForwardSelectionCV(_LongWaitingSVC(), budget=0.2, n_jobs=1, refit=False)
         search.fit(X, y)
-    finally:
-        stop.set()
-        other.join()
     assert search.stopped_.startswith("budget of 0.2 s cut by the wall clock")
     assert search.n_fits_ == 1  # 3 s of waiting for one fit: past 2 s, nothing new starts
     assert search.cpu_seconds_ < search.seconds_ / 2  # it waited, it did not compute

@@ -356,6 +356,25 @@ def test_a_cpu_time_limit_stops_the_fit_and_says_so(problem):
     assert not intercept.any()
 
 
+def test_a_cpu_time_limit_reads_the_clock_it_is_given(problem):
+    """The limit is on the clock given (a fit on one thread passes its thread's): a clock that
+    stands still never stops the fit, one that has run past the limit stops it before its
+    first step, whatever the process's CPU time says."""
+    X, y = problem
+    _, _, n_iter, _ = fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        with cpu_time_limit(1.0, clock=lambda: 0.0):  # a clock that never reaches the limit
+            assert fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1)[2] == n_iter
+    readings = iter([0.0, *[10.0] * 100])  # the limit set at 0; then 10 s later, every check
+    with (
+        pytest.warns(ConvergenceWarning, match="CPU time limit"),
+        cpu_time_limit(5.0, clock=lambda: next(readings)),
+    ):
+        stopped = fit_one_vs_rest(X.copy(), y, 4, C=100.0, max_iter=1000, n_jobs=1)[2]
+    assert stopped == 0 < n_iter
+
+
 def test_the_method_is_chosen_by_the_design():
     """Exact Newton on narrow dense designs; Newton-CG on wide and on sparse ones."""
     narrow = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS - 1))

@@ -104,24 +104,30 @@ def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, n
     return sp.csr_matrix(features), median
 
 
-# The process CPU time (time.process_time) past which the solver stops: set by cpu_time_limit.
-_CPU_DEADLINE: ContextVar[float | None] = ContextVar("solver_cpu_deadline", default=None)
+# The CPU clock's reading past which the solver stops, and the clock: set by cpu_time_limit.
+_CPU_DEADLINE: ContextVar[tuple[float, Callable[[], float]] | None] = ContextVar(
+    "solver_cpu_deadline", default=None
+)
 
 
 @contextlib.contextmanager
-def cpu_time_limit(seconds: float | None) -> Iterator[None]:
-    """Within the block, :func:`solve_one_vs_rest` stops its Newton steps once this process has
-    spent ``seconds`` more CPU time (all its threads) than at the block's start: the problems
-    not converged by then are left where they are, as at ``max_iter``, and the warning says
-    the time limit stopped them. What bounds a selection's fits on the whole split by what is
-    left of its budget (:mod:`training.selection.basis_ladder`): a fit there costs what its
-    features and C make it, and neither is known before it runs. None: no limit.
+def cpu_time_limit(
+    seconds: float | None, clock: Callable[[], float] = time.process_time
+) -> Iterator[None]:
+    """Within the block, :func:`solve_one_vs_rest` stops its Newton steps once ``clock`` (by
+    default this process's CPU time, all its threads) reads ``seconds`` more than at the
+    block's start: the problems not converged by then are left where they are, as at
+    ``max_iter``, and the warning says the time limit stopped them. What bounds a selection's
+    fits on the whole split by what is left of its budget
+    (:mod:`training.selection.basis_ladder`): a fit there costs what its features and C make
+    it, and neither is known before it runs. None: no limit. A fit on one thread passes its
+    thread's clock (``time.thread_time``), so that other threads of the process do not count.
 
     The limit is a context variable, read by :func:`solve_one_vs_rest` in the thread that calls
     it, which hands the solver a check of its own (the solver's threads share that check). The
     check runs before each Newton step: a step under way finishes, and the exact method builds
     its first Hessian (the Gram matrix of every item) before its first check."""
-    deadline = None if seconds is None else time.process_time() + max(0.0, seconds)
+    deadline = None if seconds is None else (clock() + max(0.0, seconds), clock)
     token = _CPU_DEADLINE.set(deadline)
     try:
         yield
@@ -130,10 +136,11 @@ def cpu_time_limit(seconds: float | None) -> Iterator[None]:
 
 
 def _out_of_time() -> Callable[[], bool] | None:
-    deadline = _CPU_DEADLINE.get()
-    if deadline is None:
+    limit = _CPU_DEADLINE.get()
+    if limit is None:
         return None
-    return lambda: time.process_time() >= deadline
+    deadline, clock = limit
+    return lambda: clock() >= deadline
 
 
 @dataclass(frozen=True)

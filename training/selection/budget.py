@@ -43,13 +43,26 @@ DOCUMENT_LADDER_BUDGET_S_PER_1000_ITEMS = 40.0
 
 
 def fit_cpu_clock(threads: int) -> Callable[[], float]:
-    """The CPU clock a fit on ``threads`` numba threads (and one BLAS thread) is counted by.
+    """The CPU clock a fit on ``threads`` numba threads is counted by.
 
-    On one thread the fit runs on the calling thread (numba's kernels and BLAS included), so its
-    thread's clock counts it alone: another thread of the same process computing meanwhile (a
-    Dask worker's other tasks, each a fit of its own, or whatever else the calling process
-    runs) is not counted, where the process's clock counted every thread. On more threads the
-    process's clock counts the fit's numba threads, which the calling thread's does not see.
+    On one thread the fit runs on the calling thread: the similarities' drivers stay serial
+    there (:meth:`service.model.similarity.BoundSimilarity.driver_for`; under numba's
+    ``workqueue`` layer a parallel region would run on the pool's thread), and BLAS on one
+    thread runs on its caller. Its thread's clock then counts it alone: another thread of the
+    same process computing meanwhile (a Dask worker's other tasks, each a fit of its own, or
+    whatever else the calling process runs) is not counted, where the process's clock counted
+    every thread. On more threads the process's clock counts the fit's numba threads, which
+    the calling thread's does not see.
+
+    Parameters
+    ----------
+    threads : int
+        The fit's numba threads.
+
+    Returns
+    -------
+    callable
+        ``time.thread_time`` for one thread, else ``time.process_time``.
     """
     return time.thread_time if threads == 1 else time.process_time
 

@@ -15,8 +15,9 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import StratifiedKFold, train_test_split
 
+from service.model.threads import limit_threads
 from training.estimator.solver import cpu_time_limit
-from training.selection.budget import SelectionBudget
+from training.selection.budget import SelectionBudget, fit_cpu_clock
 from training.selection.folds import FOLD_MAX_ITER
 
 # The share of the training split held out to score each rung (stratified), at most
@@ -121,20 +122,21 @@ class HoldOut:
         on_the_fit_part = fit is None
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
-        cpu, wall = time.process_time(), time.monotonic()
+        clock = fit_cpu_clock(budget.cores)  # the fit's threads: the budget's cores
+        cpu, wall = clock(), time.monotonic()
         model = clone(estimator).set_params(**params)
         # Scored as a fold fit is: an ill-conditioned basis (nystroem's at a large size) can
         # keep the solver for thousands of iterations, scored as it stands after max_iter
         # (the final fit keeps the estimator's max_iter).
         model.set_params(max_iter=min(model.max_iter, max_iter))
-        # what is left of the budget, in the process's CPU seconds
+        # what is left of the budget, in the fit's CPU seconds
         left = None
         if bounded:
             left = max(0.0, budget.left_s - reserve) * budget.cores
         expanded = not (on_the_fit_part and self._keeps(model))
         caught: list[warnings.WarningMessage] = []
         try:
-            with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left):
+            with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left, clock):
                 warnings.simplefilter("always", ConvergenceWarning)
                 if expanded:
                     self._expanded = None  # its memory freed before the next expansion's
@@ -142,17 +144,20 @@ class HoldOut:
                     model.fit(self.X[fit], self.y[fit])
                 else:
                     if expanded:
-                        started = time.process_time()
+                        started = clock()
                         self._expanded = model.expand(self.X[fit], self.y[fit])
-                        self.expansion_cost = (time.process_time() - started) / budget.cores
+                        self.expansion_cost = (clock() - started) / budget.cores
                     model.fit_expanded(self._expanded)
         finally:
             solver_unconverged = _solver_stopped_unconverged(caught)
         # The solver stops only once the fit's CPU time has passed the limit.
-        truncated = left is not None and time.process_time() - cpu >= left
+        truncated = left is not None and clock() - cpu >= left
         unconverged = solver_unconverged and not truncated
-        correct = (model.predict(self.X[held]) == self.y[held])[np.newaxis, :]
-        cpu = time.process_time() - cpu
+        # on the fit's cores, as the fit ran (the clock counts no more threads than those)
+        with limit_threads(numba_threads=budget.cores, blas_threads=budget.cores):
+            predicted = model.predict(self.X[held])
+        correct = (predicted == self.y[held])[np.newaxis, :]
+        cpu = clock() - cpu
         budget.add(cpu)
         cost = cpu / budget.cores
         own_cost = cost if expanded else cost + self.expansion_cost
