@@ -7,8 +7,9 @@ busy neighbour, on the two request paths that run parallel kernels.
 The threading layer is fixed when numba starts, so every cell is a fresh process (this script
 with ``--child``) started with its environment: ``NUMBA_THREADING_LAYER`` = omp, workqueue,
 tbb (only where it loads), omp with ``OMP_WAIT_POLICY=PASSIVE`` (GNU OpenMP's threads then sleep
-at once instead of spinning after a region), and workqueue with ``NUMBA_NUM_THREADS=1`` (the
-same drivers on one thread: what parallelism buys). Each cell loads the models, calls both paths
+at once instead of spinning after a region), and workqueue with ``NUMBA_NUM_THREADS=1`` (one
+thread: what parallelism buys; since 30 November classify's similarities run on the serial
+driver there, on the calling thread, where they ran the parallel driver on one pool thread). Each cell loads the models, calls both paths
 untimed (compilation comes from numba's cache), then times each path for ``--seconds``:
 
 - classify: ``Predictor.classify`` of a batch of ``--batch`` digits (models/digits, the parallel

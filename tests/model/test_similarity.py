@@ -154,7 +154,7 @@ assert not rigid.runs_serially(4000, 100)
 with threads.limit_threads(numba_threads=1):
     rigid.compute(basis, X)  # compiled, not timed
     own, process = time.thread_time(), time.process_time()
-    for _ in range(5):
+    while time.process_time() - process < 0.3:  # enough CPU time to tell the clocks apart
         rigid.compute(basis, X)
     print(time.thread_time() - own, time.process_time() - process)
 """
@@ -174,8 +174,7 @@ def test_heavy_work_on_one_numba_thread_runs_on_the_calling_thread():
         check=True,
     )
     own, process = (float(value) for value in result.stdout.split())
-    assert process > 0.05  # heavy work: enough CPU time to tell the clocks apart
-    assert own >= 0.9 * process
+    assert own >= 0.9 * process >= 0.27
 
 
 def test_grid_measures_need_a_grid_that_fits_the_items():

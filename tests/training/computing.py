@@ -11,29 +11,36 @@ from contextlib import contextmanager
 
 
 class ComputingThread:
-    """The thread's CPU seconds, known once the block has ended."""
+    """A thread computing until stopped, a core's worth: hashing a large buffer releases the
+    GIL, so the other threads of the process run meanwhile."""
 
-    cpu_seconds: float = 0.0
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._compute, daemon=True)
+        self._block = bytes(1 << 20)
+
+    def _compute(self) -> None:
+        while not self._stop.is_set():
+            hashlib.sha256(self._block).digest()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cpu_time(self) -> float:
+        """The thread's CPU seconds so far (read while it runs)."""
+        return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
 
 
 @contextmanager
 def another_thread_computing() -> Iterator[ComputingThread]:
-    """A thread computing for the block's duration, a core's worth: hashing a large buffer
-    releases the GIL, so the block's own thread runs meanwhile."""
-    stop = threading.Event()
-    result = ComputingThread()
-    block = bytes(8 << 20)
-
-    def compute() -> None:
-        started = time.thread_time()
-        while not stop.is_set():
-            hashlib.sha256(block).digest()
-        result.cpu_seconds = time.thread_time() - started
-
-    thread = threading.Thread(target=compute, daemon=True)
-    thread.start()
+    """A :class:`ComputingThread` running for the block's duration."""
+    computing = ComputingThread()
+    computing.start()
     try:
-        yield result
+        yield computing
     finally:
-        stop.set()
-        thread.join()
+        computing.stop()

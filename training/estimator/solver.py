@@ -121,7 +121,9 @@ def cpu_time_limit(
     fits on the whole split by what is left of its budget
     (:mod:`training.selection.basis_ladder`): a fit there costs what its features and C make
     it, and neither is known before it runs. None: no limit. A fit on one thread passes its
-    thread's clock (``time.thread_time``), so that other threads of the process do not count.
+    thread's clock (``time.thread_time``), so that other threads of the process do not count;
+    the check reads the clock on whichever thread runs it, so a thread's clock is for a solver
+    on that one thread (``n_jobs=1``) only.
 
     The limit is a context variable, read by :func:`solve_one_vs_rest` in the thread that calls
     it, which hands the solver a check of its own (the solver's threads share that check). The

@@ -104,8 +104,8 @@ class HoldOut:
         max_iter: int = FOLD_MAX_ITER,
     ) -> Scored:
         """``estimator`` with ``params`` fitted on the fit part (or the ``fit`` positions) and
-        scored on the hold-out (or the ``held`` positions); its CPU seconds are added to
-        ``budget``.
+        scored on the hold-out (or the ``held`` positions), on ``budget.cores`` threads; its CPU
+        seconds (:func:`~training.selection.budget.fit_cpu_clock`'s) are added to ``budget``.
 
         Unless not ``bounded`` (the ladder's first rung, which everything after it is compared
         with), the solver stops where ``budget`` (less ``reserve`` seconds) runs out
@@ -122,9 +122,11 @@ class HoldOut:
         on_the_fit_part = fit is None
         fit = self.fit if fit is None else fit
         held = self.held if held is None else held
-        clock = fit_cpu_clock(budget.cores)  # the fit's threads: the budget's cores
+        # The fit runs on the budget's cores, BLAS, numba and the prediction alike, so that its
+        # clock counts what it spends (on one core, its thread's: no other thread's work).
+        clock = fit_cpu_clock(budget.cores)
         cpu, wall = clock(), time.monotonic()
-        model = clone(estimator).set_params(**params)
+        model = clone(estimator).set_params(**params, n_jobs=budget.cores)
         # Scored as a fold fit is: an ill-conditioned basis (nystroem's at a large size) can
         # keep the solver for thousands of iterations, scored as it stands after max_iter
         # (the final fit keeps the estimator's max_iter).
@@ -135,27 +137,26 @@ class HoldOut:
             left = max(0.0, budget.left_s - reserve) * budget.cores
         expanded = not (on_the_fit_part and self._keeps(model))
         caught: list[warnings.WarningMessage] = []
-        try:
-            with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left, clock):
-                warnings.simplefilter("always", ConvergenceWarning)
-                if expanded:
-                    self._expanded = None  # its memory freed before the next expansion's
-                if not on_the_fit_part:
-                    model.fit(self.X[fit], self.y[fit])
-                else:
-                    if expanded:
-                        started = clock()
-                        self._expanded = model.expand(self.X[fit], self.y[fit])
-                        self.expansion_cost = (clock() - started) / budget.cores
-                    model.fit_expanded(self._expanded)
-        finally:
-            solver_unconverged = _solver_stopped_unconverged(caught)
-        # The solver stops only once the fit's CPU time has passed the limit.
-        truncated = left is not None and clock() - cpu >= left
-        unconverged = solver_unconverged and not truncated
-        # on the fit's cores, as the fit ran (the clock counts no more threads than those)
         with limit_threads(numba_threads=budget.cores, blas_threads=budget.cores):
+            try:
+                with warnings.catch_warnings(record=True) as caught, cpu_time_limit(left, clock):
+                    warnings.simplefilter("always", ConvergenceWarning)
+                    if expanded:
+                        self._expanded = None  # its memory freed before the next expansion's
+                    if not on_the_fit_part:
+                        model.fit(self.X[fit], self.y[fit])
+                    else:
+                        if expanded:
+                            started = clock()
+                            self._expanded = model.expand(self.X[fit], self.y[fit])
+                            self.expansion_cost = (clock() - started) / budget.cores
+                        model.fit_expanded(self._expanded)
+            finally:
+                solver_unconverged = _solver_stopped_unconverged(caught)
+            # The solver stops only once the fit's CPU time has passed the limit.
+            truncated = left is not None and clock() - cpu >= left
             predicted = model.predict(self.X[held])
+        unconverged = solver_unconverged and not truncated
         correct = (predicted == self.y[held])[np.newaxis, :]
         cpu = clock() - cpu
         budget.add(cpu)
