@@ -9,8 +9,9 @@ with ``--child``) started with its environment: ``NUMBA_THREADING_LAYER`` = omp,
 tbb (only where it loads), omp with ``OMP_WAIT_POLICY=PASSIVE`` (GNU OpenMP's threads then sleep
 at once instead of spinning after a region), and workqueue with ``NUMBA_NUM_THREADS=1`` (one
 thread: what parallelism buys; since 30 November classify's similarities run on the serial
-driver there, on the calling thread, where they ran the parallel driver on one pool thread). Each cell loads the models, calls both paths
-untimed (compilation comes from numba's cache), then times each path for ``--seconds``:
+driver there, on the calling thread, where they ran the parallel driver on one pool thread).
+Each cell loads the models, calls both paths untimed (compilation comes from numba's cache),
+then times each path for ``--seconds``:
 
 - classify: ``Predictor.classify`` of a batch of ``--batch`` digits (models/digits, the parallel
   similarity driver, far above ``SIMILARITY_PARALLEL_MIN_MULTIPLY_ADDS``);

@@ -1,4 +1,4 @@
-"""Thread settings of the numba kernels and BLAS, in one place.
+"""Thread settings of the numba kernels, BLAS and OpenMP, in one place.
 
 Everything that decides how many threads a computation uses, and at what priority, lives here:
 the lock that serialises numba's parallel regions, the fastmath flags the kernels are compiled
@@ -126,9 +126,12 @@ def _check_count(value: int | None, what: str) -> None:
 
 @contextmanager
 def limit_threads(
-    numba_threads: int | None = None, blas_threads: int | None = None
+    numba_threads: int | None = None,
+    blas_threads: int | None = None,
+    openmp_threads: int | None = None,
 ) -> Iterator[None]:
-    """Use at most this many numba and BLAS threads inside the ``with`` block, then restore both.
+    """Use at most this many numba, BLAS and OpenMP threads inside the ``with`` block, then
+    restore them.
 
     Parameters
     ----------
@@ -140,6 +143,11 @@ def limit_threads(
     blas_threads : int or None
         Threads of every BLAS library loaded in the process (threadpoolctl), restored on exit.
         None leaves them as they are.
+    openmp_threads : int or None
+        Threads of the OpenMP runtimes' next parallel regions started from the calling thread
+        (threadpoolctl; scikit-learn's k-means runs them), restored on exit. numba's ``omp``
+        layer sizes its regions itself: ``numba_threads`` decides those. None leaves them as
+        they are.
 
     Raises
     ------
@@ -153,9 +161,12 @@ def limit_threads(
     """
     _check_count(numba_threads, "numba_threads")
     _check_count(blas_threads, "blas_threads")
+    _check_count(openmp_threads, "openmp_threads")
     with ExitStack() as stack:
         if blas_threads is not None:
             stack.enter_context(threadpool_limits(limits=int(blas_threads), user_api="blas"))
+        if openmp_threads is not None:
+            stack.enter_context(threadpool_limits(limits=int(openmp_threads), user_api="openmp"))
         if numba_threads is not None:
             previous = numba.get_num_threads()
             numba.set_num_threads(min(int(numba_threads), numba.config.NUMBA_NUM_THREADS))

@@ -25,6 +25,21 @@ def test_limit_threads_sets_and_restores_both():
     assert blas_threads() == blas_before
 
 
+def test_limit_threads_holds_openmp_to_its_count_and_restores_it():
+    import sklearn.cluster  # noqa: F401  (loads scikit-learn's OpenMP runtime)
+
+    def openmp_threads() -> list[int]:
+        return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "openmp"]
+
+    before = openmp_threads()
+    assert before  # an OpenMP runtime is loaded
+    if max(before) == 1:
+        pytest.skip("OpenMP runs one thread here already: nothing to hold")
+    with limit_threads(openmp_threads=1):
+        assert all(n == 1 for n in openmp_threads())
+    assert openmp_threads() == before
+
+
 def test_limit_threads_restores_after_an_exception():
     numba_before, blas_before = numba.get_num_threads(), blas_threads()
     with pytest.raises(RuntimeError, match="inside"), limit_threads(1, 1):

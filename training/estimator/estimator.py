@@ -453,9 +453,10 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             inputs.settle(specs)
         except SpecError as error:
             raise ValueError(str(error)) from None
-        n_cores = _cores(self.n_jobs)
+        n_cores = threads_for_n_jobs(self.n_jobs)
         started = time.perf_counter()
-        with limit_threads(numba_threads=n_cores, blas_threads=n_cores):
+        # OpenMP too: a bag of visual words' k-means (scikit-learn's) runs its threads
+        with limit_threads(numba_threads=n_cores, blas_threads=n_cores, openmp_threads=n_cores):
             items = inputs.fit_items(X)
             expansion = self.basis_expansion(inputs, verbose=self.verbose)
             try:
@@ -524,7 +525,7 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             len(expanded.classes),
             C=self.C,
             max_iter=self.max_iter,
-            n_jobs=_cores(self.n_jobs),
+            n_jobs=threads_for_n_jobs(self.n_jobs),
             start=None if start is None else (start.predictor_.coef, start.predictor_.intercept),
         )
         timings = {
@@ -677,8 +678,19 @@ def basis_diagnostics(expansion: BasisExpansion) -> dict[str, dict[str, float]]:
     }
 
 
-def _cores(n_jobs: int | None) -> int:
-    """Threads for ``n_jobs``: -1 or None every available core, -2 all but one, and so on."""
+def threads_for_n_jobs(n_jobs: int | None) -> int:
+    """Threads for ``n_jobs``: -1 or None every available core, -2 all but one, and so on.
+
+    Parameters
+    ----------
+    n_jobs : int or None
+        Not 0.
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
     if n_jobs == 0:
         raise ValueError("n_jobs == 0 has no meaning: use a positive count, or -1 for all cores")
     cpus = available_cpus()

@@ -11,10 +11,8 @@ seed; then the idf of each word over the cells of every training image (the tf-i
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from sklearn.cluster import MiniBatchKMeans
-from threadpoolctl import threadpool_limits
 
 from service.model.inputs.bof import DESCRIPTOR_LENGTH, BagOfFeatures, PyramidLayout
 from service.model.inputs.spec import InputSpec
@@ -77,15 +75,13 @@ def fit_bag_of_features(
             f"transform {transform}: {len(descriptors)} patches in the training images, fewer "
             f"than the {n_words} words asked for"
         )
-    # scikit-learn's k-means runs OpenMP threads, every core by default: held to the fit's
-    # numba threads (n_jobs), so that a fit on one core computes on its thread alone
-    with threadpool_limits(limits=numba.get_num_threads(), user_api="openmp"):
-        kmeans = MiniBatchKMeans(
-            n_clusters=n_words,
-            random_state=random_state,
-            batch_size=max(1024, 2 * n_words),
-            n_init=3,
-        ).fit(descriptors)
+    # OpenMP threads, as many as the caller's limit_threads allows (the estimator's n_jobs)
+    kmeans = MiniBatchKMeans(
+        n_clusters=n_words,
+        random_state=random_state,
+        batch_size=max(1024, 2 * n_words),
+        n_init=3,
+    ).fit(descriptors)
     centres = kmeans.cluster_centers_
     bound = BagOfFeatures(transform, centres, np.ones(n_words)).bind(spec)
     words, finite = bound.words(X)
