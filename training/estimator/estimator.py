@@ -214,8 +214,8 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
     stop_words : {"english"} or None, default=None
         Documents: leave out scikit-learn's English stop words, or keep them (none).
     n_jobs : int or None, default=-1
-        Cores training may use: the numba and BLAS threads of the expansion, and the classes'
-        SVMs trained side by side; -1: every core this process may run on.
+        Cores training may use: the numba, BLAS and OpenMP threads of the expansion, and the
+        classes' SVMs trained side by side; -1: every core this process may run on.
     cluster : str or None, default=None
         Train on a Dask cluster (docs/using/cluster.md): ``"local:N"`` (N worker processes started
         for the fit) or a scheduler's address (``"tcp://host:8786"``); None: in this process,
