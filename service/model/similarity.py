@@ -442,9 +442,10 @@ class BoundSimilarity:
         """
         drivers = self.drivers
         blas = drivers.blas is not None and n_samples >= threads.SIMILARITY_BLAS_MIN_SAMPLES
-        if self.runs_serially(n_samples, n_basis) or numba.get_num_threads() < 2:
+        n_threads = numba.get_num_threads()
+        if self.runs_serially(n_samples, n_basis) or n_threads < 2:
             return drivers.blas if blas else drivers.serial
-        if blas and numba.get_num_threads() < threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS:
+        if blas and n_threads < threads.SIMILARITY_PARALLEL_MIN_THREADS_OVER_BLAS:
             return drivers.blas
         return drivers.parallel
 

@@ -47,10 +47,10 @@ def fit_cpu_clock(threads: int) -> Callable[[], float]:
 
     On one thread the fit runs on the calling thread: the similarities' drivers stay serial
     there (:meth:`service.model.similarity.BoundSimilarity.driver_for`; under numba's
-    ``workqueue`` layer a parallel region would run on the pool's thread), BLAS held to one
-    thread runs on its caller, and so does a bag of visual words' k-means, its OpenMP threads
-    held to the fit's numba threads. Its thread's clock then counts it alone: another thread of the
-    same process computing meanwhile (a Dask worker's other tasks, each a fit of its own, or
+    ``workqueue`` layer a parallel region would run on the pool's thread), and BLAS and a bag
+    of visual words' k-means (OpenMP), held to the estimator's ``n_jobs``, run on their caller.
+    Its thread's clock then counts it alone: another thread of the same process computing
+    meanwhile (a Dask worker's other tasks, each a fit of its own, or
     whatever else the calling process runs) is not counted, where the process's clock counted
     every thread. On more threads the process's clock counts the fit's numba threads, which
     the calling thread's does not see.

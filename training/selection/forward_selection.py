@@ -41,7 +41,7 @@ from training.cluster.connection import client_for, enclosing_client, in_process
 from training.cluster.rows import draw_sample
 from training.cluster.shards import ShardedData
 from training.estimator.cluster_fit import fit_on_cluster
-from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC
+from training.estimator.estimator import ArtifactMixin, BasisExpandingSVC, threads_for_n_jobs
 from training.estimator.preparation import preparation_for
 from training.selection.basis_ladder import climb_basis_ladder, describe_large_basis
 from training.selection.budget import (
@@ -59,7 +59,7 @@ from training.selection.memory import (
     default_memory_budget,
     describe_bytes,
 )
-from training.selection.sites import OnCluster, ThisMachine, fit_cores, fold_jobs
+from training.selection.sites import OnCluster, ThisMachine, fold_jobs
 from training.selection.space import (
     GROWN_WITHIN_MEMORY,
     START_BASIS_PER_CLASS,
@@ -459,7 +459,7 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             # it pays, under a budget of its own that grows with the split, counted as the
             # selection's; then the large basis is searched at its top, under one as large as the
             # selection's.
-            cores = fit_cores(base.get_params()["n_jobs"])
+            cores = threads_for_n_jobs(base.get_params()["n_jobs"])  # the fits' cores
             self.ladder_budget_s_ = (
                 rules.ladder_budget(len(labels), self.budget_s_)
                 if self.budget is None

@@ -10,7 +10,6 @@ from joblib import Parallel, parallel_config
 
 from service.model.threads import available_cpus
 from training.cluster.connection import cluster_workers
-from training.estimator.estimator import threads_for_n_jobs
 
 
 def fold_jobs(n_jobs: int | None) -> tuple[int, int]:
@@ -27,12 +26,6 @@ def fold_jobs(n_jobs: int | None) -> tuple[int, int]:
     if n_jobs is not None and n_jobs > 0:
         return int(n_jobs), max(1, cpus // int(n_jobs))
     return cpus, 1
-
-
-def fit_cores(n_jobs: int | None) -> int:
-    """Cores an estimator fit with ``n_jobs`` uses (the estimator's own count,
-    :func:`~training.estimator.estimator.threads_for_n_jobs`): the budget's count of them."""
-    return threads_for_n_jobs(n_jobs)
 
 
 class ThisMachine:
