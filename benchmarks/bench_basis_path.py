@@ -62,6 +62,18 @@ def grid_models(args: argparse.Namespace) -> Iterator[tuple[str, float, int, Bas
                 )
 
 
+def _force_solver(method: str) -> None:
+    """Make this process's solver use ``method`` on every dense design (``auto``: leave the
+    choice to ``newton_method_for``), to measure both methods on one configuration."""
+    from training.estimator import solver
+
+    if method == "exact":
+        solver.EXACT_NEWTON_MAX_COLUMNS = np.iinfo(np.int64).max
+    elif method == "newton-cg":
+        solver.EXACT_NEWTON_MAX_COLUMNS = 0
+        solver.EXACT_NEWTON_ROWS_PER_COLUMN = np.iinfo(np.int64).max
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", default="phoneme", help="a data set load_dataset knows")
@@ -101,7 +113,15 @@ def main() -> None:
         "features, 10 classes) with N training items and its 2,000 test items",
     )
     parser.add_argument("--n-jobs", type=int, default=1, help="the model's threads")
+    parser.add_argument(
+        "--solver",
+        default="auto",
+        choices=("auto", "exact", "newton-cg"),
+        help="the Newton method on dense designs: the one newton_method_for chooses, or this "
+        "one whatever the design's width",
+    )
     args = parser.parse_args()
+    _force_solver(args.solver)
     if args.synthetic:
         data = synthetic_dataset(args.synthetic)
         args.set = f"synthetic ({args.synthetic:,})"
@@ -122,7 +142,8 @@ def main() -> None:
             f"{args.basis_strategy} "
             f"per class {size}: B = {model.expansion_.basis_.shape[0]}, "
             f"test {100 * accuracy:.2f}%, train {100 * model.train_accuracy_:.2f}%, "
-            f"{seconds:.1f} s" + (" (stopped at max_iter)" if stalled else ""),
+            f"{seconds:.1f} s (solver {model.timings_['svm_seconds']:.1f} s, "
+            f"{model.n_iter_} Newton steps)" + (" (stopped at max_iter)" if stalled else ""),
             flush=True,
         )
 

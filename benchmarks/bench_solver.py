@@ -194,6 +194,7 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
     from service.model.threads import limit_threads
     from training.estimator.newton_cg import TOLERANCE, liblinear_tolerance, minimize_squared_hinge
     from training.estimator.solver import (
+        feature_weights,
         one_vs_rest_problems,
         one_vs_rest_weights,
         problem_signs,
@@ -201,7 +202,7 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
     )
     from training.estimator.squared_hinge import InMemorySquaredHinge
 
-    design, shift = training_design(features)
+    design, shift, columns = training_design(features)
     signs = problem_signs(codes, one_vs_rest_problems(n_classes))
     tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), TOLERANCE)
     start, steps = None, 0
@@ -211,17 +212,19 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
             solution = minimize_squared_hinge(loss, 10_000, tolerance, start)
             start, steps = solution.W, steps + solution.n_iter
     coef, intercept = one_vs_rest_weights(start, n_classes)
+    coef = feature_weights(coef, columns, len(shift))
     intercept -= coef @ shift
     return coef, intercept, int(steps.max())
 
 
 def _exact_newton_up_to(columns: int) -> None:
     """Make this process's solver use the exact Newton method on dense designs of fewer than
-    ``columns`` columns (0: trust-region Newton-CG on every design, the exact method's
-    baseline), to measure either in the same run."""
+    ``columns`` columns, however many items (0: trust-region Newton-CG on every design, the
+    exact method's baseline), to measure either in the same run."""
     from training.estimator import solver
 
     solver.EXACT_NEWTON_MAX_COLUMNS = columns
+    solver.EXACT_NEWTON_ROWS_PER_COLUMN = sys.maxsize
 
 
 def _default_fit(method: str, out: str) -> None:

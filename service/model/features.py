@@ -173,6 +173,9 @@ def normalize_features(
 def project_blocks(features: np.ndarray, projection: np.ndarray) -> None:
     """Multiply each measure's block of ``features`` by its projection, in place.
 
+    A projection's columns past its last one that is not zero (a Nystroem map of rank r < B
+    keeps its r columns first) give zeros, written without the product.
+
     Parameters
     ----------
     features : ndarray of shape (n_samples, M * n_basis)
@@ -181,4 +184,8 @@ def project_blocks(features: np.ndarray, projection: np.ndarray) -> None:
     n_basis = projection.shape[1]
     for m, block_projection in enumerate(projection):
         block = features[:, m * n_basis : (m + 1) * n_basis]
-        block[...] = block @ block_projection
+        rank = n_basis
+        while rank and not block_projection[:, rank - 1].any():  # older maps: one column read
+            rank -= 1
+        block[:, :rank] = block @ block_projection[:, :rank]
+        block[:, rank:] = 0.0

@@ -96,8 +96,9 @@ def test_sparse_training_folds_the_shift_into_the_intercept_exactly():
     rng = np.random.default_rng(0)
     features = np.where(rng.random((300, 40)) < 0.1, rng.normal(size=(300, 40)), 0.0) + 0.5
     y = (features[:, :5].sum(axis=1) > 2.6).astype(int) + (features[:, 5] > 0.6)
-    design, shift = training_design(features.copy())
+    design, shift, columns = training_design(features.copy())
     assert sp.issparse(design)
+    assert columns is None
     np.testing.assert_array_equal(shift, 0.5)
     svm = LinearSVC(dual="auto", max_iter=10_000).fit(design, y)
     folded = svm.intercept_ - svm.coef_ @ shift
@@ -105,6 +106,7 @@ def test_sparse_training_folds_the_shift_into_the_intercept_exactly():
         features @ svm.coef_.T + folded, svm.decision_function(design), rtol=1e-10, atol=1e-10
     )
     features = np.random.default_rng(1).normal(size=(50, 4))
-    dense, no_shift = training_design(features.copy())
+    dense, no_shift, every_column = training_design(features.copy())
+    assert every_column is None
     np.testing.assert_array_equal(dense, features)  # dense features are trained on as they are
     np.testing.assert_array_equal(no_shift, 0.0)

@@ -7,6 +7,7 @@ from sklearn.metrics.pairwise import rbf_kernel
 
 from service.model import SpecError, parse_specs
 from service.model.features import NORMALIZATIONS, parse_normalization, resolve_normalization
+from training import BasisExpandingSVC
 from training.estimator.block_statistics import learn
 from training.estimator.diagnostics import eigen_diagnostics
 from training.estimator.expansion import BasisExpansion
@@ -126,7 +127,8 @@ def test_a_kernel_map_of_a_zero_or_one_item_basis():
 
 def test_an_indefinite_measure_is_clipped_by_its_eigenvalues_beside_a_kernels_factor():
     """Clip drops an indefinite measure's negative eigenvalues, which a Cholesky factor cannot
-    do: that measure's projection is V_+ L_+^(-1/2) V_+^T, the kernel's beside it a factor's."""
+    do: that measure's projection is V_+ L_+^(-1/2) V_+^T up to a rotation, the kernel's beside
+    it a factor's."""
     rng = np.random.default_rng(4)
     X = rng.random(size=(40, 16))
     y = np.repeat(["a", "b"], 20)
@@ -138,7 +140,8 @@ def test_an_indefinite_measure_is_clipped_by_its_eigenvalues_beside_a_kernels_fa
     assert (w < -1e-8).any()
     positive = w > 1e-10 * np.abs(w).max()
     expected = (V[:, positive] * w[positive] ** -0.5) @ V[:, positive].T
-    np.testing.assert_allclose(expansion.projection_[1], expected, atol=1e-8)
+    clipped = expansion.projection_[1]
+    np.testing.assert_allclose(clipped @ clipped.T, expected @ expected.T, atol=1e-8)
     reproduced = linear @ expansion.projection_[0]
     np.testing.assert_allclose(reproduced @ reproduced.T, linear, atol=1e-8)
     assert expansion.basis_eigenvalues_ is None
@@ -160,16 +163,55 @@ def indefinite():
     ],
 )
 def test_nystroem_spectrum_fixes_equal_direct_eigen_decomposition(indefinite, fix, spectrum):
+    """The map is V f(w) V^T up to a rotation (the features' inner products, P P^T, are the
+    same), its columns past the eigenvalues kept zero."""
     w, V = np.linalg.eigh(indefinite)
     assert (w < 0).any()
     assert (w > 0).any()
     expected = (V * spectrum(w)) @ V.T
-    np.testing.assert_allclose(nystroem_projection(indefinite, fix), expected, atol=1e-10)
+    projection = nystroem_projection(indefinite, fix)
+    np.testing.assert_allclose(projection @ projection.T, expected @ expected.T, atol=1e-10)
+    rank = np.count_nonzero(np.isfinite(spectrum(w)) & (spectrum(w) != 0))
+    np.testing.assert_array_equal(projection[:, rank:], 0.0)
+    assert np.linalg.matrix_rank(projection) == rank
+
+
+@pytest.mark.parametrize("fix", ["square", "clip"])
+def test_a_linear_measure_of_few_inputs_maps_to_its_rank_in_columns(fix):
+    """A linear measure of 3 numbers on a basis of 24 items has rank 3: its Nystroem features
+    are 3 columns and zeros, with the inner products of the map, k(x)^T f(K)^2 k(y), by numpy;
+    the solver trains on those 3 columns (dense ones), beside the rbf measure's or alone."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(60, 3))
+    y = np.repeat(["a", "b", "c"], 20)
+    expansion = BasisExpansion("linear", n_basis_per_class=8, normalization=f"nystroem({fix})")
+    features = expansion.fit(X, y).transform(X)
+    np.testing.assert_array_equal(features[:, 3:], 0.0)
+    basis = expansion.basis_items_
+    gram, similarities = basis @ basis.T, X @ basis.T
+    inverse = np.linalg.pinv(gram @ gram if fix == "square" else gram, rtol=1e-10)
+    np.testing.assert_allclose(
+        features @ features.T, similarities @ inverse @ similarities.T, rtol=1e-7, atol=1e-8
+    )
+    expanded = BasisExpandingSVC(
+        similarity="rbf(gamma=0.5) + linear",
+        normalization=f"nystroem({fix})",
+        basis_per_class=8,
+    ).expand(X, y)
+    np.testing.assert_array_equal(expanded.columns, np.r_[0:24, 24:27])
+    assert expanded.design.shape == (60, 27)
+    # alone, its 3 columns of 24 are dense ones: not a sparse design of mostly zeros
+    alone = BasisExpandingSVC(
+        similarity="linear", normalization=f"nystroem({fix})", basis_per_class=8
+    ).expand(X, y)
+    assert isinstance(alone.design, np.ndarray)
+    np.testing.assert_array_equal(alone.columns, [0, 1, 2])
 
 
 def test_nystroem_square_is_the_inverse_square_root_of_k_transpose_k(indefinite):
     expected = np.real(scipy.linalg.sqrtm(np.linalg.inv(indefinite.T @ indefinite)))
-    np.testing.assert_allclose(nystroem_projection(indefinite, "square"), expected, atol=1e-8)
+    projection = nystroem_projection(indefinite, "square")
+    np.testing.assert_allclose(projection @ projection.T, expected @ expected.T, atol=1e-8)
 
 
 def test_nystroem_symmetrises_an_asymmetric_gram_matrix(indefinite):

@@ -17,6 +17,7 @@ from training import BasisExpandingSVC
 from training.estimator.exact_newton import (
     EXACT_NEWTON_MAX_COLUMNS,
     EXACT_NEWTON_ROWS,
+    EXACT_NEWTON_ROWS_PER_COLUMN,
     exact_newton,
 )
 from training.estimator.newton_cg import liblinear_tolerance, minimize_squared_hinge
@@ -123,7 +124,7 @@ def test_sparse_design_around_the_medians_is_linear_svc_on_the_shifted_features(
     mask = rng.random(features.shape) < 0.1
     features[mask] = rng.normal(size=mask.sum())
     y = rng.integers(0, 3, size=400)
-    design, shift = training_design(features.copy())
+    design, shift, _ = training_design(features.copy())
     assert sp.issparse(design)
     np.testing.assert_allclose(shift, 0.25)
     coef, intercept, _, _ = fit_one_vs_rest(features.copy(), y, 3, C=1.0, max_iter=1000, n_jobs=1)
@@ -139,15 +140,68 @@ def test_dense_features_are_trained_on_as_they_are():
     differ from their column's median in a tenth of the entries still go sparse."""
     rng = np.random.default_rng(6)
     features = rng.normal(size=(5000, 30))
-    design, shift = training_design(features)
+    design, shift, columns = training_design(features)
     assert design is features
+    assert columns is None
     np.testing.assert_array_equal(shift, 0.0)
     features = np.full((5000, 30), 0.5)
     mask = rng.random(features.shape) < 0.1
     features[mask] = rng.normal(size=mask.sum())
-    design, shift = training_design(features.copy())
+    design, shift, _ = training_design(features.copy())
     assert sp.issparse(design)
     np.testing.assert_allclose(shift, 0.5)
+
+
+def _with_zero_columns(X: np.ndarray, every: int = 3) -> np.ndarray:
+    """``X`` with a column of zeros after every ``every`` of its columns, and one first."""
+    n, d = X.shape
+    widened = np.zeros((n, d + d // every + 1))
+    kept = [j for j in range(widened.shape[1]) if j % (every + 1) != 0][:d]
+    widened[:, kept] = X
+    return widened
+
+
+def test_columns_of_zeros_are_left_out_of_a_dense_design_in_its_own_memory(problem):
+    """A dense design holds only the columns that are not zero on every item, written over the
+    features' memory (no second training set); the others come back by their indices."""
+    X, _ = problem
+    features = _with_zero_columns(X)
+    original = features.copy()
+    design, shift, columns = training_design(features)
+    np.testing.assert_array_equal(columns, np.flatnonzero(np.any(original != 0, axis=0)))
+    assert design.shape == (len(X), X.shape[1])
+    np.testing.assert_array_equal(design, original[:, columns])
+    np.testing.assert_array_equal(shift, 0.0)
+    assert design.flags.c_contiguous
+    assert np.shares_memory(design, features)
+    read_only = original.copy()
+    read_only.flags.writeable = False
+    copied, _, same = training_design(read_only)
+    np.testing.assert_array_equal(same, columns)
+    np.testing.assert_array_equal(copied, original[:, columns])
+    np.testing.assert_array_equal(read_only, original)
+
+
+def test_a_fit_without_the_columns_of_zeros_is_linear_svc_on_every_column(problem):
+    """The model of a design without the columns of zeros scores the features as LinearSVC
+    fitted on all of them scores them, its weights zero on the columns left out, and a warm
+    start given on every column reaches the same optimum."""
+    X, y = problem
+    features = _with_zero_columns(X)
+    zero = ~np.any(features != 0, axis=0)
+    reference = LinearSVC(C=1.0, dual=False, tol=1e-10, max_iter=100_000).fit(features, y)
+    coef, intercept, _, _ = fit_one_vs_rest(features.copy(), y, 4, C=1.0, max_iter=1000, n_jobs=1)
+    at_three = fit_one_vs_rest(features.copy(), y, 4, C=3.0, max_iter=1000, n_jobs=1)
+    warm = fit_one_vs_rest(
+        features.copy(), y, 4, C=1.0, max_iter=1000, n_jobs=1, start=at_three[:2]
+    )
+    assert coef.shape == (4, features.shape[1])
+    np.testing.assert_array_equal(coef[:, zero], 0.0)
+    np.testing.assert_allclose(
+        features @ coef.T + intercept, reference.decision_function(features), atol=1e-4
+    )
+    np.testing.assert_allclose(warm[0], coef, atol=1e-5)
+    np.testing.assert_allclose(warm[1], intercept, atol=1e-5)
 
 
 def _reference_hessian_product(X, signs, C, W, V):
@@ -376,12 +430,20 @@ def test_a_cpu_time_limit_reads_the_clock_it_is_given(problem):
 
 
 def test_the_method_is_chosen_by_the_design():
-    """Exact Newton on narrow dense designs; Newton-CG on wide and on sparse ones."""
+    """Exact Newton on narrow dense designs, and on wider ones of many more items; Newton-CG
+    on wide and on sparse ones."""
     narrow = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS - 1))
     wide = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS))
     assert isinstance(newton_method_for(narrow), ExactNewton)
     assert isinstance(newton_method_for(wide), TrustRegionNewtonCG)
     assert isinstance(newton_method_for(sp.csr_matrix(narrow)), TrustRegionNewtonCG)
+    columns = 2 * EXACT_NEWTON_MAX_COLUMNS  # with the bias's
+    tall = np.broadcast_to(0.0, (EXACT_NEWTON_ROWS_PER_COLUMN * columns, columns - 1))
+    shorter = tall[:-1]
+    assert isinstance(newton_method_for(tall, n_threads=2, n_problems=10), ExactNewton)
+    assert isinstance(newton_method_for(shorter, n_threads=2, n_problems=10), TrustRegionNewtonCG)
+    # 16 threads' and 10 problems' square matrices would outweigh the design: Newton-CG
+    assert isinstance(newton_method_for(tall, n_threads=16, n_problems=10), TrustRegionNewtonCG)
 
 
 # Issue 34's stalled set, scaled down: one class 78% of the items, two of 6, separable, whole

@@ -80,8 +80,7 @@ class ExpandedTrainingSet:
     """A training set expanded once, as the SVM's solver reads it: what
     :meth:`BasisExpandingSVC.expand` makes and :meth:`BasisExpandingSVC.fit_expanded` fits, as
     often as asked, at any of :data:`SOLVER_PARAMETERS` (the selection scores the C of one
-    configuration on one expansion). Its arrays are read-only (the fitted models share its
-    parts).
+    configuration on one expansion). Its arrays are read-only (fitted models share its parts).
 
     Attributes
     ----------
@@ -92,11 +91,9 @@ class ExpandedTrainingSet:
         The input kind's preparation, fitted on the training inputs.
     expansion : BasisExpansion
         The fitted basis expansion.
-    design : ndarray or csr_matrix of shape (n_samples, n_features)
-        The features as the solver trains on them
-        (:func:`~training.estimator.solver.training_design`), and ``shift``, what it took from
-        them.
-    shift : ndarray of shape (n_features,)
+    design, shift, columns
+        The features as the solver trains on them, what it took from them and which columns
+        it holds (:func:`~training.estimator.solver.training_design`).
     codes : ndarray of shape (n_samples,)
         Class index of each training item in ``classes``.
     classes : ndarray of shape (n_classes,)
@@ -110,6 +107,7 @@ class ExpandedTrainingSet:
     expansion: BasisExpansion
     design: Any
     shift: np.ndarray
+    columns: np.ndarray | None
     codes: np.ndarray
     classes: np.ndarray
     validated: dict[str, Any]
@@ -464,8 +462,8 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             except SpecError as error:
                 raise ValueError(str(error)) from None
         del items
-        design, shift = training_design(features)
-        for array in (design, shift, codes, classes):
+        design, shift, columns = training_design(features)
+        for array in (design, shift, columns, codes, classes):
             if isinstance(array, np.ndarray):
                 array.flags.writeable = False
         return ExpandedTrainingSet(
@@ -474,6 +472,7 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             expansion=expansion,
             design=design,
             shift=shift,
+            columns=columns,
             codes=codes,
             classes=classes,
             validated=validated,
@@ -527,6 +526,7 @@ class BasisExpandingSVC(ArtifactMixin, ClassifierMixin, BaseEstimator):
             max_iter=self.max_iter,
             n_jobs=threads_for_n_jobs(self.n_jobs),
             start=None if start is None else (start.predictor_.coef, start.predictor_.intercept),
+            columns=expanded.columns,
         )
         timings = {
             "expand_seconds": expanded.expand_seconds,

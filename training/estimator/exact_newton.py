@@ -20,6 +20,14 @@ from training.estimator.newton_cg import TOLERANCE, Solution
 # wider, on well-conditioned features of many classes, its Hessians already cost more than
 # Newton-CG's products (docs/measurements/model-selection.md, the solver stall, fixed).
 EXACT_NEWTON_MAX_COLUMNS = 1024
+# Wider dense designs too, up to one column in this many items (and memory permitting, see
+# training.estimator.solver.newton_method_for): on a tall design the first Hessian (the Gram
+# matrix of every item, shared by the problems) costs what a few hundred conjugate gradients'
+# products of all the problems cost, and the steps after it little more. Measured at 100,000 x
+# 2,056 (10 classes, the kernel's map of an rbf and a linear measure), 2 threads: the solver
+# 166.5 s against Newton-CG's 507.7 s at C = 100 (docs/measurements/model-selection.md, the
+# solver without the maps' columns of zeros).
+EXACT_NEWTON_ROWS_PER_COLUMN = 32
 # Rows of the design read at a time for a Hessian (its active rows are copied: 32 MiB at most).
 EXACT_NEWTON_ROWS = 4096
 

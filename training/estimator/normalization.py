@@ -243,12 +243,21 @@ def nystroem_projection(
     spectrum_fix: str,
     spectrum: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> np.ndarray:
-    r"""The Nystroem map :math:`K^{-1/2}` of a possibly indefinite basis Gram matrix.
+    r"""The Nystroem map :math:`K^{-1/2}` of a possibly indefinite basis Gram matrix, up to a
+    rotation, in its rank's columns.
 
-    With :math:`K = V \Lambda V^T` (symmetrised), the projection is :math:`V f(\Lambda) V^T`
-    with :math:`f(\lambda) = \lambda^{-1/2}` on the positive eigenvalues only (``clip``),
+    With :math:`K = V \Lambda V^T` (symmetrised), the projection is :math:`V_r f(\Lambda_r)`
+    in its first r columns (zero in the others), :math:`V_r, \Lambda_r` the eigenpairs kept:
+    :math:`f(\lambda) = \lambda^{-1/2}` on the positive eigenvalues only (``clip``),
     :math:`|\lambda|^{-1/2}` (``flip``) or :math:`|\lambda|^{-1}` (``square``, the inverse
     square root of :math:`K^T K`). Eigenvalues within rounding of zero are dropped.
+
+    That is :math:`V f(\Lambda) V^T` rotated by :math:`V_r`: the features
+    :math:`k(x)^T P` have the same inner products,
+    :math:`P P^T = V_r f(\Lambda_r)^2 V_r^T`, which is all an L2-regularised linear model
+    sees, and their last B - r columns are zero on every item, which the solver leaves out
+    (:func:`training.estimator.solver.training_design`): a ``linear`` measure of d input
+    numbers on a basis of B > d items trains on d columns, not B.
 
     Parameters
     ----------
@@ -259,7 +268,7 @@ def nystroem_projection(
 
     Returns
     -------
-    ndarray of shape (n_basis, n_basis), symmetric
+    ndarray of shape (n_basis, n_basis)
     """
     eigenvalues, vectors = symmetric_eigenvalues(gram) if spectrum is None else spectrum
     tolerance = eigenvalue_tolerance(eigenvalues)
@@ -271,9 +280,10 @@ def nystroem_projection(
     else:
         raise ValueError(f"spectrum fix must be one of {SPECTRUM_FIXES}, got {spectrum_fix!r}")
     power = 1.0 if spectrum_fix == "square" else 0.5
-    weights = magnitude[keep] ** -power
-    kept = vectors[:, keep]
-    return (kept * weights) @ kept.T
+    projection = np.zeros_like(vectors)
+    rank = int(keep.sum())
+    projection[:, :rank] = vectors[:, keep] * magnitude[keep] ** -power
+    return projection
 
 
 def kernel_map_projection(gram: np.ndarray) -> np.ndarray:

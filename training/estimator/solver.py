@@ -2,11 +2,11 @@ r"""The linear SVM's solver: one-vs-rest L2-regularised squared-hinge problems (
 primal, ``liblinear -s 2``) solved on one shared feature matrix.
 
 Two Newton methods solve them, one chosen per design (:func:`newton_method_for`): on dense
-designs of at most ``EXACT_NEWTON_MAX_COLUMNS`` columns, Newton's method with exact steps
-(:mod:`training.estimator.exact_newton`: each step a Cholesky solve with the Hessian of the
-problem's active items), whose handful of steps does not depend on the features' conditioning;
-elsewhere trust-region Newton-CG (:mod:`training.estimator.newton_cg`), which never forms a
-Hessian and reads its data only through a squared-hinge loss
+designs of at most ``EXACT_NEWTON_MAX_COLUMNS`` columns (more on tall ones), Newton's method
+with exact steps (:mod:`training.estimator.exact_newton`: each step a Cholesky solve with the
+Hessian of the problem's active items), whose handful of steps does not depend on the
+features' conditioning; elsewhere trust-region Newton-CG (:mod:`training.estimator.newton_cg`),
+which never forms a Hessian and reads its data only through a squared-hinge loss
 (:mod:`training.estimator.squared_hinge`: the loss term's value and gradient at some weights,
 and products of its generalised Hessian with a vector); where the data lives is the loss's
 business. The in-memory loss computes everything from the two products the method needs, the
@@ -34,7 +34,11 @@ import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 
 from service.model.threads import limit_threads
-from training.estimator.exact_newton import EXACT_NEWTON_MAX_COLUMNS, exact_newton
+from training.estimator.exact_newton import (
+    EXACT_NEWTON_MAX_COLUMNS,
+    EXACT_NEWTON_ROWS_PER_COLUMN,
+    exact_newton,
+)
 from training.estimator.newton_cg import (
     TOLERANCE,
     Solution,
@@ -49,6 +53,7 @@ __all__ = [
     "TrustRegionNewtonCG",
     "correct_predictions",
     "cpu_time_limit",
+    "feature_weights",
     "fit_one_vs_rest",
     "newton_method_for",
     "one_vs_rest_problems",
@@ -67,41 +72,102 @@ SPARSE_TRAINING_DENSITY = 0.25
 DENSITY_SAMPLE_ROWS = 1024
 
 
-def training_design(features: np.ndarray) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray]:
-    """The matrix the SVM trains on, and the shift that makes it from ``features``.
+def training_design(
+    features: np.ndarray,
+) -> tuple[np.ndarray | sp.csr_matrix, np.ndarray, np.ndarray | None]:
+    """The matrix the SVM trains on, the shift that makes it from ``features``, and the
+    features' columns it holds.
 
-    When at most :data:`SPARSE_TRAINING_DENSITY` of the entries differ from their column's
-    median, the features minus those medians, as a sparse matrix (``features`` is shifted in
-    place); otherwise the features themselves and a zero shift. A linear model on shifted
-    features is the same model with another intercept: the caller folds ``shift`` back in
-    (``b - w . shift``).
+    Columns that are zero on every item are found first: they get weight zero in every
+    L2-regularised problem, so a design without them has the same optimum at a fraction of the
+    cost (a Nystroem map of rank r below its B basis items writes B - r of them; a ``linear``
+    measure of d < B input numbers has rank d at most). When at most
+    :data:`SPARSE_TRAINING_DENSITY` of the other columns' entries differ from their column's
+    median, the design is the features minus those medians, as a sparse matrix (``features``
+    is shifted in place; the zero columns cost it nothing); otherwise the features themselves
+    without the zero columns (written over ``features``' own memory where it is C-contiguous
+    and writeable) and a zero shift. A linear model on shifted features is the same model with
+    another intercept: the caller folds ``shift`` back in (``b - w . shift``).
 
     Returns
     -------
-    design : ndarray or csr_matrix of shape (n_samples, n_features)
+    design : ndarray or csr_matrix of shape (n_samples, n_columns)
     shift : ndarray of shape (n_features,)
+    columns : ndarray of shape (n_columns,), int, or None
+        The features' columns the design holds, in order; None: all of them.
     """
+    n_samples, n_features = features.shape
+    # Row blocks of about 8 MiB: a comparison makes a mask of what it reads.
+    height = max(1, (1 << 20) // max(n_features, 1))
+    nonzero = np.zeros(n_features, dtype=bool)
+    for start in range(0, n_samples, height):
+        nonzero |= (features[start : start + height] != 0).any(axis=0)
+    columns = None if nonzero.all() else np.flatnonzero(nonzero)
+    kept = np.arange(n_features) if columns is None else columns
+    median = _sparse_medians(features, kept)
+    if median is None:
+        if columns is None:
+            return features, np.zeros(n_features), None
+        return _compact_columns(features, columns, height), np.zeros(n_features), columns
+    features -= median
+    return sp.csr_matrix(features), median, None
+
+
+def _sparse_medians(features: np.ndarray, kept: np.ndarray) -> np.ndarray | None:
+    """The column medians of ``features`` (zero off ``kept``) where at most
+    :data:`SPARSE_TRAINING_DENSITY` of the ``kept`` columns' entries differ from them; None
+    where more do (the design is dense)."""
     n_samples, n_features = features.shape
     # Evenly spaced rows first: where even they differ from their own medians twice as often as
     # the threshold, the features are dense, and the medians of every row (a partition of each
     # column, the slowest step after the products on large features) are not needed.
-    sample = features[:: max(1, n_samples // DENSITY_SAMPLE_ROWS)]
+    sample = features[:: max(1, n_samples // DENSITY_SAMPLE_ROWS)][:, kept]
     if np.count_nonzero(sample != np.median(sample, axis=0)) > 2 * SPARSE_TRAINING_DENSITY * (
         sample.size
     ):
-        return features, np.zeros(n_features)
-    median = np.empty(n_features)
+        return None
+    median = np.zeros(n_features)
     differing = 0
     # Column blocks of about 8 MiB: np.median copies what it reads.
     width = max(1, (1 << 20) // max(n_samples, 1))
-    for start in range(0, n_features, width):
-        block = features[:, start : start + width]
-        median[start : start + width] = np.median(block, axis=0)
-        differing += int(np.count_nonzero(block != median[start : start + width]))
-    if differing > SPARSE_TRAINING_DENSITY * features.size:
-        return features, np.zeros(n_features)
-    features -= median
-    return sp.csr_matrix(features), median
+    every = len(kept) == n_features  # slices then: a view, where an index array copies
+    for start in range(0, len(kept), width):
+        block = slice(start, start + width) if every else kept[start : start + width]
+        values = features[:, block]
+        median[block] = np.median(values, axis=0)
+        differing += int(np.count_nonzero(values != median[block]))
+    if differing > SPARSE_TRAINING_DENSITY * n_samples * len(kept):
+        return None
+    return median
+
+
+def _compact_columns(features: np.ndarray, columns: np.ndarray, height: int = 4096) -> np.ndarray:
+    """``features[:, columns]`` written over ``features``' own memory where it may be
+    (C-contiguous and writeable), a copy elsewhere: the design needs no second training set.
+
+    Row block by row block, in order: a block's columns are copied out, then written where
+    the compact matrix keeps them, which ends before the next block's rows begin.
+
+    Parameters
+    ----------
+    features : ndarray of shape (n_samples, n_features)
+        Overwritten where the result is made in place.
+    columns : ndarray of shape (n_columns,), int, increasing
+    height : int
+        Rows copied at a time.
+
+    Returns
+    -------
+    ndarray of shape (n_samples, n_columns), C-contiguous
+    """
+    if not (features.flags.c_contiguous and features.flags.writeable):
+        return np.ascontiguousarray(features[:, columns])
+    n_samples, width = features.shape[0], len(columns)
+    flat = features.reshape(-1)
+    for start in range(0, n_samples, height):
+        stop = min(n_samples, start + height)
+        flat[start * width : stop * width] = features[start:stop, columns].ravel()
+    return flat[: n_samples * width].reshape(n_samples, width)
 
 
 # The CPU clock's reading past which the solver stops, and the clock: set by cpu_time_limit.
@@ -163,7 +229,7 @@ class TrustRegionNewtonCG:
 @dataclass(frozen=True)
 class ExactNewton:
     """The one-vs-rest problems by Newton's method with exact steps (:func:`exact_newton`):
-    dense designs of at most ``EXACT_NEWTON_MAX_COLUMNS`` columns."""
+    dense designs whose Hessians are small beside them (:func:`newton_method_for`)."""
 
     name = "exact Newton"
 
@@ -173,10 +239,21 @@ class ExactNewton:
         return exact_newton(design, signs, C, max_iter, tolerance, start, n_threads, out_of_time)
 
 
-def newton_method_for(design) -> TrustRegionNewtonCG | ExactNewton:
+def newton_method_for(
+    design, n_threads: int = 1, n_problems: int = 1
+) -> TrustRegionNewtonCG | ExactNewton:
     """The method that solves the problems on ``design``: :class:`ExactNewton` where a
-    problem's Hessian is a small dense matrix, :class:`TrustRegionNewtonCG` elsewhere."""
-    if sp.issparse(design) or design.shape[1] + 1 > EXACT_NEWTON_MAX_COLUMNS:
+    problem's Hessian is a dense matrix small beside the design, :class:`TrustRegionNewtonCG`
+    elsewhere.
+
+    Small: at most ``EXACT_NEWTON_MAX_COLUMNS`` columns; or, on a tall design, one column in
+    ``EXACT_NEWTON_ROWS_PER_COLUMN`` items while the exact method's square matrices, counted
+    as two a thread and four a problem in flight (Gram matrices, a Hessian and its factor),
+    hold no more than the design itself."""
+    n_samples, columns = design.shape[0], design.shape[1] + 1  # the bias's column too
+    squares = 2 * n_threads + 4 * min(n_threads, n_problems)
+    tall = min(n_samples // EXACT_NEWTON_ROWS_PER_COLUMN, n_samples // squares)
+    if sp.issparse(design) or columns > max(EXACT_NEWTON_MAX_COLUMNS, tall):
         return TrustRegionNewtonCG()
     return ExactNewton()
 
@@ -189,7 +266,7 @@ def fit_one_vs_rest(
     Parameters
     ----------
     features : ndarray of shape (n_samples, n_features)
-        May be shifted in place (see :func:`training_design`).
+        May be overwritten: shifted, or compacted (see :func:`training_design`).
     codes : ndarray of shape (n_samples,), int
     n_classes : int
     **options
@@ -201,8 +278,8 @@ def fit_one_vs_rest(
     coef, intercept, n_iter, train_accuracy
         As :func:`solve_one_vs_rest` returns them.
     """
-    design, shift = training_design(features)
-    return solve_one_vs_rest(design, shift, codes, n_classes, **options)
+    design, shift, columns = training_design(features)
+    return solve_one_vs_rest(design, shift, codes, n_classes, columns=columns, **options)
 
 
 def solve_one_vs_rest(
@@ -216,6 +293,7 @@ def solve_one_vs_rest(
     n_jobs: int,
     tol: float = TOLERANCE,
     start: tuple[np.ndarray, np.ndarray] | None = None,
+    columns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int, float]:
     """LinearSVC's one-vs-rest problems (L2-regularised squared hinge, regularised bias), solved
     on the one shared feature matrix by the Newton method chosen for it
@@ -233,7 +311,7 @@ def solve_one_vs_rest(
 
     Parameters
     ----------
-    design : ndarray or csr_matrix of shape (n_samples, n_features)
+    design : ndarray or csr_matrix of shape (n_samples, n_columns)
         The features as :func:`training_design` made them: only read, so that one design
         serves fits at several C (the selection's candidates that differ in C alone,
         :meth:`~training.estimator.estimator.BasisExpandingSVC.fit_expanded`).
@@ -253,7 +331,10 @@ def solve_one_vs_rest(
     tol : float, default=TOLERANCE
         LinearSVC's ``tol`` (see :func:`liblinear_tolerance`).
     start : (coef, intercept), optional
-        A model to start from (a warm start: the solution at a nearby C).
+        A model of the features to start from (a warm start: the solution at a nearby C).
+    columns : ndarray of shape (n_columns,), int, optional
+        The features' columns the design holds (:func:`training_design`); the others are zero
+        on every item and get weight zero. None: every column.
 
     Returns
     -------
@@ -270,7 +351,9 @@ def solve_one_vs_rest(
     tolerance = liblinear_tolerance((signs > 0).sum(axis=0), len(signs), tol)
     # A model of the features starts the design's problems with the shift folded in.
     start_W = None if start is None else problem_weights(start[0], start[1] + start[0] @ shift)
-    method = newton_method_for(design)
+    if start_W is not None and columns is not None:
+        start_W = start_W[np.append(columns, len(shift))]
+    method = newton_method_for(design, n_jobs, signs.shape[1])
     with limit_threads(blas_threads=1):
         solution = method.solve(
             design, signs, C, max_iter, tolerance, start_W, n_jobs, _out_of_time()
@@ -279,8 +362,30 @@ def solve_one_vs_rest(
     warn_unconverged([solution], max_iter)
     coef, intercept = one_vs_rest_weights(solution.W, n_classes)
     train_accuracy = correct_predictions(design, codes, coef, intercept) / len(codes)
+    coef = feature_weights(coef, columns, len(shift))
     intercept -= coef @ shift  # the design's shift folded back: the model scores the features
     return coef, intercept, int(solution.n_iter.max()), train_accuracy
+
+
+def feature_weights(coef: np.ndarray, columns: np.ndarray | None, n_features: int) -> np.ndarray:
+    """The weights of a model of a design (:func:`training_design`) as weights of the
+    features: zero on the columns the design left out.
+
+    Parameters
+    ----------
+    coef : ndarray of shape (n_classes, n_columns)
+    columns : ndarray of shape (n_columns,), int, or None (every column: ``coef`` itself)
+    n_features : int
+
+    Returns
+    -------
+    ndarray of shape (n_classes, n_features)
+    """
+    if columns is None:
+        return coef
+    full = np.zeros((len(coef), n_features))
+    full[:, columns] = coef
+    return full
 
 
 def correct_predictions(design, codes: np.ndarray, coef: np.ndarray, intercept: np.ndarray) -> int:

@@ -25,7 +25,7 @@ from sklearn.svm import LinearSVC
 from service.model import Predictor
 from service.model.search import feature_space_for, search_features
 from training.data.datasets import Dataset
-from training.estimator.solver import training_design
+from training.estimator.solver import feature_weights, training_design
 from training.retrieval.dictionary import UnionOfSubspacesSVM, prune_codes
 
 US_SVM_VARIANTS: dict[str, dict[str, Any]] = {
@@ -202,11 +202,12 @@ def fit_baseline(method: str, F_train: np.ndarray, y_train: np.ndarray):
         svm = LinearSVC(penalty="l1", dual=False, random_state=0)
     else:
         raise ValueError(f"unknown baseline {method!r}: one of {', '.join(BASELINES)}")
-    design, shift = training_design(np.array(F_train, dtype=np.float64))
+    design, shift, columns = training_design(np.array(F_train, dtype=np.float64))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         svm.fit(design, y_train)
-    coef, intercept = svm.coef_, svm.intercept_ - svm.coef_ @ shift
+    coef = feature_weights(svm.coef_, columns, len(shift))
+    intercept = svm.intercept_ - coef @ shift
     if len(svm.classes_) == 2:  # one row for two classes: positive means classes_[1]
         coef, intercept = np.vstack([-coef, coef]), np.concatenate([-intercept, intercept])
     return coef, intercept, svm.classes_
