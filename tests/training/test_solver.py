@@ -174,6 +174,13 @@ def test_columns_of_zeros_are_left_out_of_a_dense_design_in_its_own_memory(probl
     np.testing.assert_array_equal(shift, 0.0)
     assert design.flags.c_contiguous
     assert np.shares_memory(design, features)
+    # taller than one block of rows: each block written before the next one's rows are read
+    rng = np.random.default_rng(3)
+    wide = _with_zero_columns(rng.normal(size=(2500, 900)))
+    expected = wide[:, np.any(wide != 0, axis=0)]
+    compact, _, _ = training_design(wide)
+    assert (1 << 20) // wide.shape[1] < len(wide)
+    np.testing.assert_array_equal(compact, expected)
     read_only = original.copy()
     read_only.flags.writeable = False
     copied, _, same = training_design(read_only)
@@ -184,8 +191,8 @@ def test_columns_of_zeros_are_left_out_of_a_dense_design_in_its_own_memory(probl
 
 def test_a_fit_without_the_columns_of_zeros_is_linear_svc_on_every_column(problem):
     """The model of a design without the columns of zeros scores the features as LinearSVC
-    fitted on all of them scores them, its weights zero on the columns left out, and a warm
-    start given on every column reaches the same optimum."""
+    fitted on all of them scores them, its weights zero on the columns left out; a warm start
+    given on every column reaches the same optimum, and from that optimum takes no step."""
     X, y = problem
     features = _with_zero_columns(X)
     zero = ~np.any(features != 0, axis=0)
@@ -202,6 +209,10 @@ def test_a_fit_without_the_columns_of_zeros_is_linear_svc_on_every_column(proble
     )
     np.testing.assert_allclose(warm[0], coef, atol=1e-5)
     np.testing.assert_allclose(warm[1], intercept, atol=1e-5)
+    at_the_optimum = fit_one_vs_rest(
+        features.copy(), y, 4, C=1.0, max_iter=1000, n_jobs=1, start=(coef, intercept)
+    )
+    assert at_the_optimum[2] == 0
 
 
 def _reference_hessian_product(X, signs, C, W, V):
@@ -444,6 +455,8 @@ def test_the_method_is_chosen_by_the_design():
     assert isinstance(newton_method_for(shorter, n_threads=2, n_problems=10), TrustRegionNewtonCG)
     # 16 threads' and 10 problems' square matrices would outweigh the design: Newton-CG
     assert isinstance(newton_method_for(tall, n_threads=16, n_problems=10), TrustRegionNewtonCG)
+    # one problem in flight however many threads: 8 threads' 16 and its 4
+    assert isinstance(newton_method_for(tall, n_threads=8, n_problems=1), ExactNewton)
 
 
 # Issue 34's stalled set, scaled down: one class 78% of the items, two of 6, separable, whole

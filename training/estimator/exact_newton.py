@@ -14,7 +14,8 @@ import scipy.linalg
 from training.estimator.newton_cg import TOLERANCE, Solution
 
 # Dense designs of at most this many columns (the bias included) are solved by Newton's method
-# with exact steps (ExactNewton); wider ones, and sparse ones, by trust-region Newton-CG. Up to
+# with exact steps (ExactNewton); wider ones (but tall ones, below), and sparse ones, by
+# trust-region Newton-CG. Up to
 # about a thousand columns the exact method is as fast on well-conditioned features and many
 # times faster on badly conditioned ones (its steps do not depend on the conditioning); a little
 # wider, on well-conditioned features of many classes, its Hessians already cost more than

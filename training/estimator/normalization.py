@@ -257,7 +257,7 @@ def nystroem_projection(
     :math:`P P^T = V_r f(\Lambda_r)^2 V_r^T`, which is all an L2-regularised linear model
     sees, and their last B - r columns are zero on every item, which the solver leaves out
     (:func:`training.estimator.solver.training_design`): a ``linear`` measure of d input
-    numbers on a basis of B > d items trains on d columns, not B.
+    numbers on a basis of B > d items trains on at most d columns, not B.
 
     Parameters
     ----------
