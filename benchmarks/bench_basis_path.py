@@ -20,12 +20,14 @@ training accuracy, fit seconds and basis size are printed, one line each. The es
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 from collections.abc import Iterator
 
 import numpy as np
 from bench_defaults import synthetic_dataset
+from bench_solver import exact_newton_up_to
 from sklearn.exceptions import ConvergenceWarning
 
 from training import BasisExpandingSVC
@@ -60,18 +62,6 @@ def grid_models(args: argparse.Namespace) -> Iterator[tuple[str, float, int, Bas
                         n_jobs=args.n_jobs,
                     ),
                 )
-
-
-def _force_solver(method: str) -> None:
-    """Make this process's solver use ``method`` on every dense design (``auto``: leave the
-    choice to ``newton_method_for``), to measure both methods on one configuration."""
-    from training.estimator import solver
-
-    if method == "exact":
-        solver.EXACT_NEWTON_MAX_COLUMNS = np.iinfo(np.int64).max
-    elif method == "newton-cg":
-        solver.EXACT_NEWTON_MAX_COLUMNS = 0
-        solver.EXACT_NEWTON_ROWS_PER_COLUMN = np.iinfo(np.int64).max
 
 
 def main() -> None:
@@ -121,7 +111,8 @@ def main() -> None:
         "one whatever the design's width",
     )
     args = parser.parse_args()
-    _force_solver(args.solver)
+    if args.solver != "auto":  # one method on every dense design, to measure both
+        exact_newton_up_to(sys.maxsize if args.solver == "exact" else 0)
     if args.synthetic:
         data = synthetic_dataset(args.synthetic)
         args.set = f"synthetic ({args.synthetic:,})"

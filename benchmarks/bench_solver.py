@@ -217,7 +217,7 @@ def _c_ladder(features: np.ndarray, codes: np.ndarray, n_classes: int, C: float)
     return coef, intercept, int(steps.max())
 
 
-def _exact_newton_up_to(columns: int) -> None:
+def exact_newton_up_to(columns: int) -> None:
     """Make this process's solver use the exact Newton method on dense designs of fewer than
     ``columns`` columns, however many items (0: trust-region Newton-CG on every design, the
     exact method's baseline), to measure either in the same run."""
@@ -236,7 +236,7 @@ def _default_fit(method: str, out: str) -> None:
     from training.fitting import model_for
 
     if method == "newton-cg":
-        _exact_newton_up_to(0)
+        exact_newton_up_to(0)
     X, y = shuttle_like()
     X_train, X_test, y_train, y_test = train_test_split(
         X, y, test_size=0.25, random_state=0, stratify=y
@@ -311,7 +311,7 @@ def _run_one(method: str, path: str, out: str, C: float) -> None:
     from training.estimator.solver import fit_one_vs_rest
 
     if method in ("ours-cg", "ours-exact"):
-        _exact_newton_up_to(0 if method == "ours-cg" else sys.maxsize)
+        exact_newton_up_to(0 if method == "ours-cg" else sys.maxsize)
 
     with np.load(path, allow_pickle=False) as saved:
         F_train, y_train = saved["F_train"], saved["y_train"]

@@ -103,8 +103,7 @@ def training_design(
     for start in range(0, n_samples, height):
         nonzero |= (features[start : start + height] != 0).any(axis=0)
     columns = None if nonzero.all() else np.flatnonzero(nonzero)
-    kept = np.arange(n_features) if columns is None else columns
-    median = _sparse_medians(features, kept)
+    median = _sparse_medians(features, columns)
     if median is None:
         if columns is None:
             return features, np.zeros(n_features), None
@@ -113,15 +112,17 @@ def training_design(
     return sp.csr_matrix(features), median, None
 
 
-def _sparse_medians(features: np.ndarray, kept: np.ndarray) -> np.ndarray | None:
-    """The column medians of ``features`` (zero off ``kept``) where at most
-    :data:`SPARSE_TRAINING_DENSITY` of the ``kept`` columns' entries differ from them; None
-    where more do (the design is dense)."""
+def _sparse_medians(features: np.ndarray, columns: np.ndarray | None) -> np.ndarray | None:
+    """The column medians of ``features`` (zero off ``columns``; None: every column) where at
+    most :data:`SPARSE_TRAINING_DENSITY` of those columns' entries differ from them; None where
+    more do (the design is dense)."""
     n_samples, n_features = features.shape
     # Evenly spaced rows first: where even they differ from their own medians twice as often as
     # the threshold, the features are dense, and the medians of every row (a partition of each
     # column, the slowest step after the products on large features) are not needed.
-    sample = features[:: max(1, n_samples // DENSITY_SAMPLE_ROWS)][:, kept]
+    sample = features[:: max(1, n_samples // DENSITY_SAMPLE_ROWS)]
+    if columns is not None:
+        sample = sample[:, columns]
     if np.count_nonzero(sample != np.median(sample, axis=0)) > 2 * SPARSE_TRAINING_DENSITY * (
         sample.size
     ):
@@ -130,18 +131,19 @@ def _sparse_medians(features: np.ndarray, kept: np.ndarray) -> np.ndarray | None
     differing = 0
     # Column blocks of about 8 MiB: np.median copies what it reads.
     width = max(1, (1 << 20) // max(n_samples, 1))
-    every = len(kept) == n_features  # slices then: a view, where an index array copies
-    for start in range(0, len(kept), width):
-        block = slice(start, start + width) if every else kept[start : start + width]
+    n_kept = n_features if columns is None else len(columns)
+    for start in range(0, n_kept, width):
+        # every column: slices, views, where an index array copies
+        block = slice(start, start + width) if columns is None else columns[start : start + width]
         values = features[:, block]
         median[block] = np.median(values, axis=0)
         differing += int(np.count_nonzero(values != median[block]))
-    if differing > SPARSE_TRAINING_DENSITY * n_samples * len(kept):
+    if differing > SPARSE_TRAINING_DENSITY * n_samples * n_kept:
         return None
     return median
 
 
-def _compact_columns(features: np.ndarray, columns: np.ndarray, height: int = 4096) -> np.ndarray:
+def _compact_columns(features: np.ndarray, columns: np.ndarray, height: int) -> np.ndarray:
     """``features[:, columns]`` written over ``features``' own memory where it may be
     (C-contiguous and writeable), a copy elsewhere: the design needs no second training set.
 
