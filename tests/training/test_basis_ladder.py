@@ -320,12 +320,40 @@ def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
     assert ladder["budget_s"] == 1200.0
     assert len(ladder["path"]) >= 2
     assert ladder["stopped"] != "time budget spent"
-    # A budget given is the ladder's too.
+    # the large-basis search's is the selection's where the kernel grid follows it (1,200 items)
+    assert selection.large_basis_budget_s_ == ladder["large_basis"]["budget_s"] == 0.01
+    # A budget given is the ladder's too, and the large-basis search's.
     given = ForwardSelectionCV(estimator, budget=0.01, n_jobs=1, max_items=300, refit=False)
     given.fit(X, y.astype(str))
     assert given.ladder_budget_s_ == given.ladder_["budget_s"] == 0.01
+    assert given.large_basis_budget_s_ == 0.01
     assert len(given.ladder_["path"]) == 1
     assert given.ladder_["stopped"] == "time budget spent"
+
+
+@pytest.mark.slow
+def test_above_the_kernel_grids_bound_the_large_basis_search_has_the_ladders_budget(monkeypatch):
+    # the sample's budget 0.01 s; the ladder's 2 s on the split's 1,200 items, and the
+    # large-basis search's the same where no kernel grid follows it
+    monkeypatch.setattr(selection_budget, "BUDGET_S_PER_1000_ITEMS", 0.01)
+    monkeypatch.setattr(
+        space,
+        "DENSE_RULES",
+        replace(
+            space.DENSE_RULES, ladder_budget_s_per_1000_items=2.0 / 1.2, kernel_grid_max_items=1199
+        ),
+    )
+    X, y = make_classification(
+        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
+    )
+    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    selection = ForwardSelectionCV(estimator, n_jobs=1, max_items=300, refit=False)
+    selection.fit(X, y.astype(str))
+    assert selection.budget_s_ == 0.01
+    assert selection.ladder_budget_s_ == pytest.approx(2.0)
+    assert selection.large_basis_budget_s_ == selection.ladder_budget_s_
+    assert selection.ladder_["large_basis"]["budget_s"] == selection.ladder_budget_s_
+    assert selection.kernel_grid_ is None
 
 
 def test_the_kernel_grid_runs_on_splits_of_a_few_thousand_items_only(monkeypatch):
@@ -343,6 +371,54 @@ def test_the_kernel_grid_runs_on_splits_of_a_few_thousand_items_only(monkeypatch
     assert selection.ladder_ is not None
     assert selection.kernel_grid_ is None
     assert "kernel_grid" not in selection.record()
+
+
+def test_above_the_kernel_grids_bound_the_ladders_search_offers_the_kernels_map_first():
+    # Up to the kernel grid's bound the grid offers the kernel's map on the split, and the
+    # ladder's large-basis search besvm alone under the selection's budget; above it the search
+    # offers the kernel's map too, first, under the ladder's budget (its fits are the split's).
+    rules = space.DENSE_RULES
+    assert rules.large_basis_normalizations(5000) == (space.LARGE_BASIS_NORMALIZATION,)
+    assert rules.large_basis_normalizations(5001) == (
+        space.KERNEL_MAP_NORMALIZATION,
+        space.LARGE_BASIS_NORMALIZATION,
+    )
+    assert rules.large_basis_budget(5000, 120.0) == 120.0
+    assert rules.large_basis_budget(100_000, 120.0) == pytest.approx(300.0)
+    # documents: their other measures under besvm, the selection's budget, at any size
+    assert space.DOCUMENT_RULES.large_basis_normalizations(100_000) == (
+        space.LARGE_BASIS_NORMALIZATION,
+    )
+    assert space.DOCUMENT_RULES.large_basis_budget(100_000, 40.0) == 40.0
+
+
+@pytest.mark.slow
+def test_a_split_the_kernel_grid_does_not_reach_searches_the_kernels_map_on_the_ladder(
+    monkeypatch,
+):
+    X, y = make_classification(
+        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
+    )
+    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    selection = ForwardSelectionCV(estimator, budget=5.0, n_jobs=1, max_items=300, refit=False)
+
+    def searched():
+        selection.fit(X, y.astype(str))
+        large = selection.ladder_["large_basis"]
+        assert large["budget_s"] == selection.large_basis_budget_s_ == 5.0
+        return [entry["change"] for entry in large["candidates"]]
+
+    within = searched()
+    assert selection.kernel_grid_ is not None
+    assert within
+    assert not any("nystroem(clip)" in change for change in within)
+    monkeypatch.setattr(
+        space, "DENSE_RULES", replace(space.DENSE_RULES, kernel_grid_max_items=1199)
+    )
+    above = searched()
+    assert selection.kernel_grid_ is None
+    assert "nystroem(clip)" in above[0]
+    assert any("besvm" in change for change in above)
 
 
 def test_the_ladder_budget_is_the_selections_up_to_40000_items():

@@ -446,6 +446,32 @@ def test_the_candidate_taken_is_marked_when_a_later_fit_is_cut_short():
 
 
 @pytest.mark.slow
+def test_the_first_candidate_has_the_whole_budget_and_the_reserve_holds_after_it(monkeypatch):
+    """The first round keeps a share of its budget back to confirm a gain within the hold-out's
+    noise, from its second fit on: a first fit the reserve cut short would learn nothing and
+    end the search. Here the reserve is the whole budget."""
+    monkeypatch.setattr(basis_ladder, "CONFIRMATION_SHARE", 1.0)
+    X, y = _digits()
+    poor = {**PARAMS, "C": 0.01, "basis_per_class": 2}
+    cheap = {**PARAMS, "C": 10.0, "basis_per_class": 10}
+    result = _climb(
+        X,
+        y,
+        poor,
+        2,
+        budget=0.01,
+        large_budget=GENEROUS,
+        offered=lambda _: [Candidate("first", cheap), Candidate("second", {**cheap, "C": 1.0})],
+    )
+    record = result.record()["large_basis"]
+    assert [entry["change"] for entry in record["candidates"]] == ["first"]
+    assert not record["candidates"][0].get("truncated")
+    assert record["candidates"][0]["taken"]
+    assert record["stopped"] == "time budget spent"
+    assert result.params["C"] == cheap["C"]
+
+
+@pytest.mark.slow
 def test_an_unconverged_candidate_is_never_taken_and_the_search_goes_on(monkeypatch):
     """A candidate whose solver reaches the search's Newton-step cap unconverged is recorded,
     not taken (its final fit would take as many steps), and the search scores the next one."""

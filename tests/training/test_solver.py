@@ -19,6 +19,7 @@ from training.estimator.exact_newton import (
     EXACT_NEWTON_ROWS,
     EXACT_NEWTON_ROWS_PER_COLUMN,
     exact_newton,
+    exact_newton_tall_columns,
 )
 from training.estimator.newton_cg import liblinear_tolerance, minimize_squared_hinge
 from training.estimator.solver import (
@@ -441,22 +442,52 @@ def test_a_cpu_time_limit_reads_the_clock_it_is_given(problem):
 
 
 def test_the_method_is_chosen_by_the_design():
-    """Exact Newton on narrow dense designs, and on wider ones of many more items; Newton-CG
-    on wide and on sparse ones."""
+    """Exact Newton on narrow dense designs, and on wider ones of many more items, the wider
+    the larger C; Newton-CG on wide and on sparse ones."""
     narrow = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS - 1))
     wide = np.zeros((10, EXACT_NEWTON_MAX_COLUMNS))
-    assert isinstance(newton_method_for(narrow), ExactNewton)
-    assert isinstance(newton_method_for(wide), TrustRegionNewtonCG)
-    assert isinstance(newton_method_for(sp.csr_matrix(narrow)), TrustRegionNewtonCG)
+    assert isinstance(newton_method_for(narrow, 1.0), ExactNewton)
+    assert isinstance(newton_method_for(wide, 100.0), TrustRegionNewtonCG)
+    assert isinstance(newton_method_for(sp.csr_matrix(narrow), 1.0), TrustRegionNewtonCG)
     columns = 2 * EXACT_NEWTON_MAX_COLUMNS  # with the bias's
     tall = np.broadcast_to(0.0, (EXACT_NEWTON_ROWS_PER_COLUMN * columns, columns - 1))
     shorter = tall[:-1]
-    assert isinstance(newton_method_for(tall, n_threads=2, n_problems=10), ExactNewton)
-    assert isinstance(newton_method_for(shorter, n_threads=2, n_problems=10), TrustRegionNewtonCG)
+    assert isinstance(newton_method_for(tall, 1.0, n_threads=2, n_problems=10), ExactNewton)
+    assert isinstance(
+        newton_method_for(shorter, 1.0, n_threads=2, n_problems=10), TrustRegionNewtonCG
+    )
     # 16 threads' and 10 problems' square matrices would outweigh the design: Newton-CG
-    assert isinstance(newton_method_for(tall, n_threads=16, n_problems=10), TrustRegionNewtonCG)
+    assert isinstance(
+        newton_method_for(tall, 1.0, n_threads=16, n_problems=10), TrustRegionNewtonCG
+    )
     # one problem in flight however many threads: 8 threads' 16 and its 4
-    assert isinstance(newton_method_for(tall, n_threads=8, n_problems=1), ExactNewton)
+    assert isinstance(newton_method_for(tall, 1.0, n_threads=8, n_problems=1), ExactNewton)
+
+
+@pytest.mark.parametrize(
+    ("C", "columns"),
+    [
+        (0.1, 1024),
+        (0.99, 1024),
+        (1.0, 2560),
+        (3.0, 2560),
+        (10.0, 3072),
+        (30.0, 3072),
+        (100.0, 5120),
+        (1e6, 5120),
+    ],
+)
+def test_a_tall_design_is_solved_exactly_up_to_more_columns_the_larger_C(C, columns):
+    # the break-even measured, by C: about 1,600 columns at C = 0.1, 2,600 at 1, 3,500 at 10,
+    # 6,000 at 100; each range of C takes its lower end's, below C = 1 the narrow designs' cap
+    assert exact_newton_tall_columns(C) == columns
+    for width, method in ((columns, ExactNewton), (columns + 1, TrustRegionNewtonCG)):
+        design = np.broadcast_to(0.0, (64 * width, width - 1))  # tall, memory no bound
+        assert isinstance(newton_method_for(design, C, n_threads=2, n_problems=10), method)
+
+
+def test_a_C_that_is_not_a_number_gets_the_narrow_designs_cap():
+    assert exact_newton_tall_columns(float("nan")) == EXACT_NEWTON_MAX_COLUMNS
 
 
 # Issue 34's stalled set, scaled down: one class 78% of the items, two of 6, separable, whole

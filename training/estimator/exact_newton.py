@@ -21,16 +21,36 @@ from training.estimator.newton_cg import TOLERANCE, Solution
 # wider, on well-conditioned features of many classes, its Hessians already cost more than
 # Newton-CG's products (docs/measurements/model-selection.md, the solver stall, fixed).
 EXACT_NEWTON_MAX_COLUMNS = 1024
-# Wider dense designs too, up to one column in this many items (and memory permitting, see
-# training.estimator.solver.newton_method_for): on a tall design the first Hessian (the Gram
-# matrix of every item, shared by the problems) costs what a few hundred conjugate gradients'
-# products of all the problems cost, and the steps after it little more. Measured at 100,000 x
-# 2,056 (10 classes, the kernel's map of an rbf and a linear measure), 2 threads: the solver
-# 166.5 s against Newton-CG's 507.7 s at C = 100 (docs/measurements/model-selection.md, the
-# solver without the maps' columns of zeros).
-EXACT_NEWTON_ROWS_PER_COLUMN = 32
+# Wider dense designs too where they are tall, at least this many items a column (so that a
+# step's factorisation is small beside its Gram matrices' products), memory permitting
+# (training.estimator.solver.newton_method_for), up to EXACT_NEWTON_TALL_COLUMNS: on a tall
+# design the first Hessian (the Gram matrix of every item, shared by the problems) costs what a
+# few hundred conjugate gradients' products of all the problems cost, and the steps after it
+# little more.
+EXACT_NEWTON_ROWS_PER_COLUMN = 24
+# ... up to these columns, by C (the smallest C each holds from; below the last, the narrow
+# designs' EXACT_NEWTON_MAX_COLUMNS alone): the exact method's cost against Newton-CG's grows
+# with the columns (its Hessians are d x d where CG's products are d long) and falls as C grows
+# (CG's steps and products grow with C), and on tall designs it does not depend on the items
+# (both are linear in them). Measured on the kernel's map of an rbf and a linear measure, 2,057
+# columns (the bias's included), 10 classes, 2 threads (docs/measurements/model-selection.md,
+# the exact method on tall designs, by C), the exact solver's seconds against Newton-CG's: 1.31
+# at C = 0.1 (50,000 items), 0.79 at C = 1 (100,000), 0.58 at C = 10 (50,000), 0.34 at C = 100
+# (50,000; 0.33 at 100,000). So the break-even is near 1,600 columns at C = 0.1, 2,600 at
+# C = 1, 3,500 at C = 10 and 6,000 at C = 100; each range takes its lower end's.
+EXACT_NEWTON_TALL_COLUMNS = ((100.0, 5120), (10.0, 3072), (1.0, 2560))
 # Rows of the design read at a time for a Hessian (its active rows are copied: 32 MiB at most).
 EXACT_NEWTON_ROWS = 4096
+
+
+def exact_newton_tall_columns(C: float) -> int:
+    """The columns (the bias's included) up to which a tall design is solved by the exact
+    method at ``C``: those of :data:`EXACT_NEWTON_TALL_COLUMNS`' first entry whose C is at most
+    it; below them (and for a C that is not a number), :data:`EXACT_NEWTON_MAX_COLUMNS`."""
+    return next(
+        (columns for smallest, columns in EXACT_NEWTON_TALL_COLUMNS if smallest <= C),
+        EXACT_NEWTON_MAX_COLUMNS,
+    )
 
 
 def exact_newton(

@@ -1,8 +1,9 @@
 r"""The linear SVM's solver: one-vs-rest L2-regularised squared-hinge problems (LinearSVC's
 primal, ``liblinear -s 2``) solved on one shared feature matrix.
 
-Two Newton methods solve them, one chosen per design (:func:`newton_method_for`): on dense
-designs of at most ``EXACT_NEWTON_MAX_COLUMNS`` columns (more on tall ones), Newton's method
+Two Newton methods solve them, one chosen per design and C (:func:`newton_method_for`): on
+dense designs of at most ``EXACT_NEWTON_MAX_COLUMNS`` columns (more on tall ones, the more the
+larger C), Newton's method
 with exact steps (:mod:`training.estimator.exact_newton`: each step a Cholesky solve with the
 Hessian of the problem's active items), whose handful of steps does not depend on the
 features' conditioning; elsewhere trust-region Newton-CG (:mod:`training.estimator.newton_cg`),
@@ -38,6 +39,7 @@ from training.estimator.exact_newton import (
     EXACT_NEWTON_MAX_COLUMNS,
     EXACT_NEWTON_ROWS_PER_COLUMN,
     exact_newton,
+    exact_newton_tall_columns,
 )
 from training.estimator.newton_cg import (
     TOLERANCE,
@@ -242,19 +244,24 @@ class ExactNewton:
 
 
 def newton_method_for(
-    design, n_threads: int = 1, n_problems: int = 1
+    design, C: float, n_threads: int = 1, n_problems: int = 1
 ) -> TrustRegionNewtonCG | ExactNewton:
-    """The method that solves the problems on ``design``: :class:`ExactNewton` where a
-    problem's Hessian is a dense matrix small beside the design, :class:`TrustRegionNewtonCG`
+    """The method that solves the problems on ``design`` at ``C``: :class:`ExactNewton` where
+    a problem's Hessian is a dense matrix small beside the design, :class:`TrustRegionNewtonCG`
     elsewhere.
 
-    Small: at most ``EXACT_NEWTON_MAX_COLUMNS`` columns; or, on a tall design, one column in
-    ``EXACT_NEWTON_ROWS_PER_COLUMN`` items while the exact method's square matrices, counted
-    as two a thread and four a problem in flight (Gram matrices, a Hessian and its factor),
-    hold no more than the design itself."""
+    Small: at most ``EXACT_NEWTON_MAX_COLUMNS`` columns; or, on a tall design (at least
+    ``EXACT_NEWTON_ROWS_PER_COLUMN`` items a column), up to
+    :func:`~training.estimator.exact_newton.exact_newton_tall_columns` at ``C``, while the
+    exact method's square matrices, counted as two a thread and four a problem in flight (Gram
+    matrices, a Hessian and its factor), hold no more than the design itself."""
     n_samples, columns = design.shape[0], design.shape[1] + 1  # the bias's column too
     squares = 2 * n_threads + 4 * min(n_threads, n_problems)
-    tall = min(n_samples // EXACT_NEWTON_ROWS_PER_COLUMN, n_samples // squares)
+    tall = min(
+        n_samples // EXACT_NEWTON_ROWS_PER_COLUMN,
+        n_samples // squares,
+        exact_newton_tall_columns(C),
+    )
     if sp.issparse(design) or columns > max(EXACT_NEWTON_MAX_COLUMNS, tall):
         return TrustRegionNewtonCG()
     return ExactNewton()
@@ -355,7 +362,7 @@ def solve_one_vs_rest(
     start_W = None if start is None else problem_weights(start[0], start[1] + start[0] @ shift)
     if start_W is not None and columns is not None:
         start_W = start_W[np.append(columns, len(shift))]
-    method = newton_method_for(design, n_jobs, signs.shape[1])
+    method = newton_method_for(design, C, n_jobs, signs.shape[1])
     with limit_threads(blas_threads=1):
         solution = method.solve(
             design, signs, C, max_iter, tolerance, start_W, n_jobs, _out_of_time()

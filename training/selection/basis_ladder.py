@@ -357,9 +357,9 @@ LARGE_BASIS_REFINEMENTS = 2
 # the estimator's max_iter: hundreds of steps there too.
 LARGE_BASIS_MAX_ITER = 250
 
-# The share of the large-basis search's budget its first round leaves for testing a gain within
-# the hold-out's noise on the whole split (_confirm_on_the_split: the best candidate and the
-# ladder's choice fitted four more times each).
+# The share of the large-basis search's budget its first round leaves, from its second fit on,
+# for testing a gain within the hold-out's noise on the whole split (_confirm_on_the_split: the
+# best candidate and the ladder's choice fitted four more times each).
 CONFIRMATION_SHARE = 0.3
 
 # A candidate is confirmed only if its own fits, times this (for the ladder's choice, a smaller
@@ -391,15 +391,17 @@ def _search_large_basis(
     last_own_cost = 0.0
     last_solve: float | None = None
     taken_cost = 0.0  # the configuration taken's, as a fit of its own
-    rounds = 0
+    rounds = fits = 0
     while candidates:
         scored: list[tuple[Candidate, np.ndarray]] = []
         entries: list[int] = []  # each one's line in result.large_basis
         costs: list[float] = []  # each one's fit on its own, CPU seconds per core
         gains: list[float] = []  # each one's over the reference, on the hold-out
         for candidate in _grouped_by_features(candidates):
-            # the first round leaves a share of the budget to confirm its best on the split
-            reserve = CONFIRMATION_SHARE * budget.seconds if rounds == 0 else 0.0
+            # the first round leaves a share of the budget to confirm its best on the split,
+            # once its first fit is in: a first fit cut short learns nothing and ends the search
+            # (at 100,000 items one fit of the kernel's map takes most of the budget)
+            reserve = CONFIRMATION_SHARE * budget.seconds if rounds == 0 and fits else 0.0
             expected = last_own_cost
             if last_solve is not None and holdout.holds(estimator, candidate.params):
                 expected = last_solve
@@ -411,6 +413,7 @@ def _search_large_basis(
             fitted = holdout.score(
                 estimator, candidate.params, budget, reserve=reserve, max_iter=LARGE_BASIS_MAX_ITER
             )
+            fits += 1
             gain, error = paired_gain(fitted.correct, reference)
             # An unconverged or truncated fit is recorded, never taken; an unconverged one's cost
             # is the cap's, so the next fit is predicted from the last finished one.

@@ -109,8 +109,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         along the ladder on the whole split, under a budget of its own (by default 3 s per
         1,000 items of the split for dense inputs, 40 s for documents, at least the
         selection's: ``ladder_budget_s_``; ``budget`` when given), and searches the large
-        basis there under one as large as the selection's; on splits of at most 5,000 dense
-        items it then cross-validates the kernel SVM's grid on the whole split under another
+        basis there under a budget of its own (``large_basis_budget_s_``: the selection's; on
+        dense splits over 5,000 items, where it offers the kernel's own map first, the
+        ladder's; ``budget`` when given); on splits of at most 5,000 dense items it then
+        cross-validates the kernel SVM's grid on the whole split under another
         (``kernel_grid_``).
     cv : int, default=3
         Stratified folds (fewer if the smallest class has fewer items; at least 2).
@@ -173,6 +175,10 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
     ladder_budget_s_ : float or None
         The basis ladder's budget (:meth:`~training.selection.space.KindRules.ladder_budget`,
         or ``budget`` when given); None where no ladder ran.
+    large_basis_budget_s_ : float or None
+        The budget of the large-basis search at the ladder's top
+        (:meth:`~training.selection.space.KindRules.large_basis_budget`, or ``budget`` when
+        given); None where no ladder ran.
     stopped_ : str
         Why the selection ended.
     seconds_ : float
@@ -453,15 +459,21 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             rules,
             self.memory_budget_,
         )
-        self.ladder_ = self.ladder_budget_s_ = self.kernel_grid_ = None
+        self.ladder_ = self.kernel_grid_ = None
+        self.ladder_budget_s_ = self.large_basis_budget_s_ = None
         if rules.climbs_ladder(n_items, len(labels), whole_split, isinstance(site, ThisMachine)):
             # From the grown size, the basis doubles while the hold-out of the whole split says
             # it pays, under a budget of its own that grows with the split, counted as the
             # selection's; then the large basis is searched at its top, under one as large as the
-            # selection's.
+            # selection's, or the ladder's where it offers the kernel's map.
             cores = threads_for_n_jobs(base.get_params()["n_jobs"])  # the fits' cores
             self.ladder_budget_s_ = (
                 rules.ladder_budget(len(labels), self.budget_s_)
+                if self.budget is None
+                else self.budget_s_
+            )
+            self.large_basis_budget_s_ = (
+                rules.large_basis_budget(len(labels), self.budget_s_)
                 if self.budget is None
                 else self.budget_s_
             )
@@ -479,9 +491,13 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
                 random_state=self.random_state,
                 memory_budget=self.memory_budget_,
                 large_basis=lambda per_class: large_basis_candidates(
-                    self.best_params_, rules, per_class, alone=True
+                    self.best_params_,
+                    rules,
+                    per_class,
+                    rules.large_basis_normalizations(len(labels)),
+                    alone=True,
                 ),
-                large_basis_budget=SelectionBudget(self.budget_s_, cores),
+                large_basis_budget=SelectionBudget(self.large_basis_budget_s_, cores),
                 work=lambda params: prediction_work(params, spec, n_classes),
                 prefer=self.prefer,
                 search_at_the_rung=rules.search_at_the_rung,

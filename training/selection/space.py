@@ -85,12 +85,16 @@ LARGE_BASIS_NORMALIZATION = "besvm"
 # up as the basis grows where auto's nystroem(square), K^(-1), overfits (segment, seed 0,
 # rbf(gamma=1), C = 100: 97.58% at every item against 83.91%; the default 96.14% -> 96.77% on
 # segment, 91.05% -> 91.59% on phishing; docs/measurements/model-selection.md, "The kernel's own
-# map at a large basis"). Not in the ladder's search: there its eigendecomposition at thousands
-# of basis items took the time budget the besvm candidates needed (spambase 93.74% -> 93.45%,
-# phoneme 89.66% -> 88.77%, the same section); computed from a Cholesky factor instead, its fits
-# cost about what besvm's do, but twice the candidates left phoneme's seed 1 short of the width
-# it needed (89.66% -> 88.48%; spambase 93.74% either way: "The kernel's map from a Cholesky
-# factor").
+# map at a large basis"). Not in the ladder's search on the splits the kernel grid reaches
+# (KERNEL_GRID_MAX_ITEMS, where the grid offers it at every item): there its eigendecomposition
+# at thousands of basis items took the time budget the besvm candidates needed (spambase 93.74%
+# -> 93.45%, phoneme 89.66% -> 88.77%, the same section); computed from a Cholesky factor
+# instead, its fits cost about what besvm's do, but twice the candidates left phoneme's seed 1
+# short of the width it needed (89.66% -> 88.48%; spambase 93.74% either way: "The kernel's map
+# from a Cholesky factor"). On larger splits the ladder's search offers it first
+# (KindRules.large_basis_normalizations), under the ladder's budget: at 100,000 synthetic items
+# it is the best configuration measured, where besvm scores far below auto ("The kernel's map in
+# the ladder's search on tall splits").
 KERNEL_MAP_NORMALIZATION = "nystroem(clip)"
 LARGE_BASIS_NORMALIZATIONS = (KERNEL_MAP_NORMALIZATION, LARGE_BASIS_NORMALIZATION)
 
@@ -611,6 +615,27 @@ class KindRules:
         return ladder_budget_for(
             n_split_items, selection_budget_s, self.ladder_budget_s_per_1000_items
         )
+
+    def large_basis_normalizations(self, n_split_items: int) -> tuple[str, ...]:
+        """The normalisations the basis ladder's large-basis search offers on a split of
+        ``n_split_items`` items: :data:`LARGE_BASIS_NORMALIZATIONS`, the kernel's own map first,
+        on dense splits the kernel grid does not reach (above :attr:`kernel_grid_max_items`),
+        so that the kernel's map is offered on every dense split (to kernels only:
+        :func:`large_basis_candidates`); elsewhere :data:`LARGE_BASIS_NORMALIZATION` alone
+        (documents: their other measures, whatever these say)."""
+        if self.documents or n_split_items <= self.kernel_grid_max_items:
+            return (LARGE_BASIS_NORMALIZATION,)
+        return LARGE_BASIS_NORMALIZATIONS
+
+    def large_basis_budget(self, n_split_items: int, selection_budget_s: float) -> float:
+        """The large-basis search's default budget in seconds on a split of ``n_split_items``
+        items: on dense splits above the kernel grid's bound, where the search stands in for
+        the grid and offers the kernel's map (:meth:`large_basis_normalizations`; one such fit
+        at 100,000 items takes minutes), the ladder's (:meth:`ladder_budget`); elsewhere the
+        selection's, as the kernel grid's beside it."""
+        if len(self.large_basis_normalizations(n_split_items)) > 1:
+            return self.ladder_budget(n_split_items, selection_budget_s)
+        return selection_budget_s
 
     def climbs_ladder(
         self, validated_items: int, n_train: int, whole_split: bool, this_machine: bool
