@@ -47,6 +47,16 @@ def _wine():
     return X, y.astype(str)
 
 
+def _three_classes_of_1200():
+    """1,200 items of 8 numbers in 3 classes (labels as str), and an estimator that reads
+    them."""
+    X, y = make_classification(
+        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
+    )
+    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    return X, y.astype(str), estimator
+
+
 def _climb(
     X,
     y,
@@ -273,12 +283,9 @@ def test_ladder_sizes_double_to_the_top():
 
 
 def test_a_selection_on_a_sample_records_its_ladder():
-    X, y = make_classification(
-        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
-    )
-    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    X, y, estimator = _three_classes_of_1200()
     selection = ForwardSelectionCV(estimator, budget=GENEROUS, n_jobs=1, max_items=300, refit=False)
-    selection.fit(X, y.astype(str))
+    selection.fit(X, y)
     ladder = selection.record()["basis_ladder"]
     assert ladder == selection.ladder_
     assert json.loads(json.dumps(selection.record()))["basis_ladder"] == ladder  # for the manifest
@@ -308,12 +315,9 @@ def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
     monkeypatch.setattr(
         space, "DENSE_RULES", replace(space.DENSE_RULES, ladder_budget_s_per_1000_items=1000.0)
     )
-    X, y = make_classification(
-        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
-    )
-    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    X, y, estimator = _three_classes_of_1200()
     selection = ForwardSelectionCV(estimator, n_jobs=1, max_items=300, refit=False)
-    selection.fit(X, y.astype(str))
+    selection.fit(X, y)
     assert selection.budget_s_ == 0.01
     assert selection.ladder_budget_s_ == 1200.0
     ladder = selection.record()["basis_ladder"]
@@ -324,7 +328,7 @@ def test_the_ladder_budget_grows_with_the_split_not_the_sample(monkeypatch):
     assert selection.large_basis_budget_s_ == ladder["large_basis"]["budget_s"] == 0.01
     # A budget given is the ladder's too, and the large-basis search's.
     given = ForwardSelectionCV(estimator, budget=0.01, n_jobs=1, max_items=300, refit=False)
-    given.fit(X, y.astype(str))
+    given.fit(X, y)
     assert given.ladder_budget_s_ == given.ladder_["budget_s"] == 0.01
     assert given.large_basis_budget_s_ == 0.01
     assert len(given.ladder_["path"]) == 1
@@ -343,12 +347,9 @@ def test_above_the_kernel_grids_bound_the_large_basis_search_has_the_ladders_bud
             space.DENSE_RULES, ladder_budget_s_per_1000_items=2.0 / 1.2, kernel_grid_max_items=1199
         ),
     )
-    X, y = make_classification(
-        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
-    )
-    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    X, y, estimator = _three_classes_of_1200()
     selection = ForwardSelectionCV(estimator, n_jobs=1, max_items=300, refit=False)
-    selection.fit(X, y.astype(str))
+    selection.fit(X, y)
     assert selection.budget_s_ == 0.01
     assert selection.ladder_budget_s_ == pytest.approx(2.0)
     assert selection.large_basis_budget_s_ == selection.ladder_budget_s_
@@ -357,17 +358,14 @@ def test_above_the_kernel_grids_bound_the_large_basis_search_has_the_ladders_bud
 
 
 def test_the_kernel_grid_runs_on_splits_of_a_few_thousand_items_only(monkeypatch):
-    X, y = make_classification(
-        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
-    )
-    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    X, y, estimator = _three_classes_of_1200()
     tiny = ForwardSelectionCV(estimator, budget=0.01, n_jobs=1, max_items=300, refit=False)
-    assert tiny.fit(X, y.astype(str)).kernel_grid_["items"] == 1200
+    assert tiny.fit(X, y).kernel_grid_["items"] == 1200
     # above the rules' bound, the ladder's choice is final and the record has no kernel grid
     monkeypatch.setattr(
         space, "DENSE_RULES", replace(space.DENSE_RULES, kernel_grid_max_items=1199)
     )
-    selection = tiny.fit(X, y.astype(str))
+    selection = tiny.fit(X, y)
     assert selection.ladder_ is not None
     assert selection.kernel_grid_ is None
     assert "kernel_grid" not in selection.record()
@@ -396,14 +394,11 @@ def test_above_the_kernel_grids_bound_the_ladders_search_offers_the_kernels_map_
 def test_a_split_the_kernel_grid_does_not_reach_searches_the_kernels_map_on_the_ladder(
     monkeypatch,
 ):
-    X, y = make_classification(
-        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
-    )
-    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    X, y, estimator = _three_classes_of_1200()
     selection = ForwardSelectionCV(estimator, budget=5.0, n_jobs=1, max_items=300, refit=False)
 
     def searched():
-        selection.fit(X, y.astype(str))
+        selection.fit(X, y)
         large = selection.ladder_["large_basis"]
         assert large["budget_s"] == selection.large_basis_budget_s_ == 5.0
         return [entry["change"] for entry in large["candidates"]]
@@ -520,13 +515,10 @@ def test_the_first_rung_is_capped_and_the_ladder_climbs_from_there(monkeypatch):
     # keeps within the dense rules' first_rung_features (MAX_FIRST_RUNG_FEATURES; here 30
     # features: 10 a class for one measure and three classes), and the ladder doubles from it.
     monkeypatch.setattr(space, "DENSE_RULES", replace(space.DENSE_RULES, first_rung_features=30))
-    X, y = make_classification(
-        n_samples=1200, n_features=8, n_informative=6, n_classes=3, random_state=0
-    )
-    estimator = BasisExpandingSVC(n_jobs=1, input_shape=str(InputSpec("vector", (8,))))
+    X, y, estimator = _three_classes_of_1200()
     selection = ForwardSelectionCV(
         estimator, budget=GENEROUS, n_jobs=1, max_items=300, refit=False
-    ).fit(X, y.astype(str))
+    ).fit(X, y)
     # the folds' choice, which the first rung grows (the kernel grid may change the final one)
     measures = len(selection.path_[-1]["similarity"].split("+"))
     searched = selection.searched_basis_per_class_

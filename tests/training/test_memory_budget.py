@@ -16,6 +16,7 @@ from sklearn.datasets import load_digits
 
 from training import BasisExpandingSVC, ForwardSelectionCV
 from training.cli.main import main
+from training.selection.grown_basis import GrownBasis, grown_basis_per_class, split_basis
 from training.selection.memory import (
     MEMORY_SHARE,
     available_memory_bytes,
@@ -34,8 +35,6 @@ from training.selection.memory import (
 from training.selection.space import (
     DENSE_RULES,
     DOCUMENT_RULES,
-    GrownBasis,
-    grown_basis_per_class,
     held_square_matrices,
 )
 
@@ -303,6 +302,28 @@ def test_the_grown_basis_is_bounded_by_the_budget_and_the_share():
     assert grown_basis_per_class(250, 2000, TEN_OF_6000, 1.0, below) == GrownBasis(
         200, "the memory budget"
     )
+
+
+def test_the_splits_basis_grows_on_a_sample_and_keeps_the_folds_otherwise():
+    chosen = {"similarity": "rbf(gamma=1)", "basis_per_class": 25}
+    roomy = {"rules": DENSE_RULES, "memory_budget": 64 * GIB, "weight": 1.0, "squares": 3}
+    ten_of_6000 = {"fold_largest": 200, "fold_items": 2000, "class_counts": TEN_OF_6000}
+    # selected on a sample of the split: grown in proportion (25 of 2,000 to 60,000 items)
+    grown, bound = split_basis(chosen, n_items=3000, **ten_of_6000, **roomy)
+    assert (grown["basis_per_class"], bound) == (750, "in proportion to the items")
+    assert chosen["basis_per_class"] == 25  # a copy
+    # selected on every item: the folds' size, nothing bounding it
+    assert split_basis(chosen, n_items=60_000, **ten_of_6000, **roomy) == (chosen, None)
+    # the folds chose every item of theirs: every item of each class, within the feature cap
+    # (1,000 features hold 30 a class of ten classes of 30)
+    small = {"fold_largest": 20, "fold_items": 200, "class_counts": [30] * 10}
+    every, bound = split_basis({**chosen, "basis_per_class": 20}, n_items=300, **small, **roomy)
+    assert (every["basis_per_class"], bound) == (30, None)
+    # a memory budget below the folds' size bounds it: 2,000 features of 60,000 items
+    tight = {**roomy, "memory_budget": 8 * (60_000 * 2000 + 3 * 2000**2)}
+    bounded = {**chosen, "basis_per_class": 250}
+    within, bound = split_basis(bounded, n_items=60_000, **ten_of_6000, **tight)
+    assert (within["basis_per_class"], bound) == (200, "the memory budget")
 
 
 def _digits_selection(memory_budget):

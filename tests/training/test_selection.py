@@ -28,12 +28,11 @@ from training.selection import budget as budget_module
 from training.selection import sites, space
 from training.selection.budget import budget_for
 from training.selection.folds import paired_gain, repeats_for
+from training.selection.grown_basis import GrownBasis, grown_basis_per_class
 from training.selection.space import (
     RBF_SCALE,
-    GrownBasis,
     basis_cap,
     basis_size_candidates,
-    grown_basis_per_class,
     measure_candidates,
     transform_candidates,
 )

@@ -51,21 +51,18 @@ from training.selection.budget import (
     budget_for,
 )
 from training.selection.folds import FoldScorer, make_folds, repeats_for
+from training.selection.grown_basis import GROWN_WITHIN_MEMORY, split_basis
 from training.selection.kernel_grid import describe_kernel_grid, search_kernel_grid
 from training.selection.memory import (
     DEFAULT_BUDGET_RULE,
-    basis_per_class_holding,
-    basis_per_class_within,
     default_memory_budget,
     describe_bytes,
 )
 from training.selection.sites import OnCluster, ThisMachine, fold_jobs
 from training.selection.space import (
-    GROWN_WITHIN_MEMORY,
     START_BASIS_PER_CLASS,
     START_MEASURE,
     basis_weight,
-    grown_basis_per_class,
     held_square_matrices,
     ladder_around,
     large_basis_candidates,
@@ -206,7 +203,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         What bounded the basis grown for the whole split (the ladder's first rung): ``in
         proportion to the items``, ``every item of the largest class``, ``the memory budget``,
         ``the share of the items`` or ``the size the folds chose``; None when it did not grow
-        (``the memory budget`` where that bounded a basis that did not grow).
+        in proportion (the folds' size, or every item of each class within the kind's feature
+        cap; ``the memory budget`` where that bounded a basis that did not grow).
     ladder_ : dict or None
         Inputs selected on a sample of a split held in this process: the basis ladder on
         the whole split (:mod:`training.selection.basis_ladder`), its ``path`` of rungs
@@ -450,14 +448,16 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         every_item = whole_split and n_items >= len(labels)  # the folds hold the whole split
         run_stages(state, spec, fold_counts, rules, transforms, every_item)
         self.searched_basis_per_class_ = state.current["basis_per_class"]
-        self.best_params_, self.grown_bound_ = self._final_params(
+        self.best_params_, self.grown_bound_ = split_basis(
             state.current,
-            fold_largest,
-            len(folds[0].y_train),
-            class_counts,
-            n_items,
-            rules,
-            self.memory_budget_,
+            fold_largest=fold_largest,
+            fold_items=len(folds[0].y_train),
+            class_counts=class_counts,
+            n_items=n_items,
+            rules=rules,
+            memory_budget=self.memory_budget_,
+            weight=basis_weight(state.current["similarity"]),
+            squares=held_square_matrices(state.current),
         )
         self.ladder_ = self.kernel_grid_ = None
         self.ladder_budget_s_ = self.large_basis_budget_s_ = None
@@ -541,42 +541,6 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.n_items_ = n_items
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
-
-    @staticmethod
-    def _final_params(
-        chosen,
-        fold_largest: int,
-        fold_items: int,
-        class_counts,
-        n_items: int,
-        rules,
-        memory_budget: int,
-    ) -> tuple[dict[str, Any], str | None]:
-        """The chosen parameters with the basis for the whole split (``class_counts`` items
-        of each class), and what bounded it where it grew: grown in proportion where the rules
-        say so (documents, a selection on a sample) within their limits and ``memory_budget``
-        bytes, every item of each class when the folds chose every item of theirs, else as the
-        folds chose it; never above what ``memory_budget`` holds."""
-        chosen = dict(chosen)
-        counts = np.asarray(class_counts)
-        n_train = int(counts.sum())
-        weight, squares = basis_weight(chosen["similarity"]), held_square_matrices(chosen)
-        if rules.grows_basis(n_items, n_train):
-            grown = grown_basis_per_class(
-                chosen["basis_per_class"],
-                fold_items,
-                counts,
-                weight,
-                rules.grown_feature_limits(n_train, memory_budget, squares),
-            )
-            return {**chosen, "basis_per_class": grown.per_class}, grown.bound
-        if chosen["basis_per_class"] >= fold_largest:
-            cap = basis_per_class_holding(rules.max_features / weight, counts)
-            chosen["basis_per_class"] = max(chosen["basis_per_class"], cap)
-        within = basis_per_class_within(counts, weight, memory_budget, squares)
-        if within < chosen["basis_per_class"]:
-            return {**chosen, "basis_per_class": within}, GROWN_WITHIN_MEMORY
-        return chosen, None
 
     def predict(self, X):
         """Labels predicted by ``best_estimator_``."""

@@ -24,6 +24,7 @@ from training.selection.budget import (
     LADDER_BUDGET_S_PER_1000_ITEMS,
     ladder_budget_for,
 )
+from training.selection.grown_basis import GROWN_WITHIN_MEMORY
 from training.selection.memory import basis_per_class_holding, features_within, square_matrices
 
 MAX_MEASURES = 3
@@ -314,76 +315,6 @@ def basis_size_candidates(
     cap = basis_per_class_holding(max_features / max(weight, 1e-9), class_counts)
     sizes = [size for size in BASIS_SIZES if size < cap]
     return [*sizes, cap]
-
-
-# What a grown basis may be bounded by, as the training record names it (besides the feature
-# limits of KindRules.grown_feature_limits).
-GROWN_IN_PROPORTION = "in proportion to the items"
-GROWN_EVERY_ITEM = "every item of the largest class"
-GROWN_AS_SEARCHED = "the size the folds chose"
-GROWN_WITHIN_MEMORY = "the memory budget"
-
-
-@dataclass(frozen=True)
-class GrownBasis:
-    """A basis grown to the whole training split: its size per class and what bounded it
-    (:data:`GROWN_IN_PROPORTION`, :data:`GROWN_EVERY_ITEM`, :data:`GROWN_AS_SEARCHED` or the
-    name of a feature limit)."""
-
-    per_class: int
-    bound: str
-
-
-def grown_basis_per_class(
-    per_class: int,
-    validated_items: int,
-    class_counts,
-    weight: float,
-    feature_limits: Mapping[str, int],
-) -> GrownBasis:
-    """The per-class basis size for the whole training split, grown from the one the folds chose.
-
-    Grown in proportion to the items: the basis keeps the same share of each class. Bounded by
-    the largest class and by each of ``feature_limits`` (a class smaller than the basis per
-    class counts at its size), never below ``per_class`` unless the memory budget (the limit
-    :data:`GROWN_WITHIN_MEMORY`, if given) is smaller: that one is a bound on the final fit,
-    not on the growth. For documents, and for dense inputs selected on a sample: there the
-    selection runs on folds far smaller than the split, and accuracy keeps growing with the
-    basis, so the size the folds support would leave most of the split's information out.
-
-    Parameters
-    ----------
-    per_class : int
-        The basis per class the folds chose.
-    validated_items : int
-        Items of a fold's training part.
-    class_counts : array-like of int, shape (n_classes,)
-        Items of each class of the whole training split.
-    weight : float
-        Features per basis item (:func:`basis_weight`).
-    feature_limits : mapping of str to int
-        Each limit's name and its most features.
-
-    Returns
-    -------
-    GrownBasis
-    """
-    n_train, largest_class = int(np.sum(class_counts)), int(np.max(class_counts))
-    sizes = {
-        GROWN_IN_PROPORTION: round(per_class * n_train / max(1, validated_items)),
-        GROWN_EVERY_ITEM: largest_class,
-        **{
-            name: basis_per_class_holding(features / max(weight, 1e-9), class_counts)
-            for name, features in feature_limits.items()
-        },
-    }
-    memory = sizes.pop(GROWN_WITHIN_MEMORY, None)
-    bound = min(sizes, key=sizes.__getitem__)
-    grown = GrownBasis(sizes[bound], bound) if sizes[bound] > per_class else None
-    grown = grown or GrownBasis(per_class, GROWN_AS_SEARCHED)
-    if memory is not None and memory < grown.per_class:
-        return GrownBasis(memory, GROWN_WITHIN_MEMORY)
-    return grown
 
 
 def prediction_work(params: dict[str, Any], input_spec: InputSpec, n_classes: int) -> float:
