@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from training.selection.memory import basis_per_class_holding, basis_per_class_within
-
-if TYPE_CHECKING:
-    from training.selection.space import KindRules
 
 # What a grown basis may be bounded by, as the training record names it (besides the feature
 # limits of KindRules.grown_feature_limits).
@@ -95,7 +92,7 @@ def split_basis(
     fold_items: int,
     class_counts,
     n_items: int,
-    rules: KindRules,
+    rules,
     memory_budget: int,
     weight: float,
     squares: int,
@@ -118,7 +115,8 @@ def split_basis(
     n_items : int
         The items the selection validated (the whole split, or a sample of it).
     rules : KindRules
-        The kind of input's rules (:func:`~training.selection.space.rules_for`).
+        The kind of input's rules (:func:`~training.selection.space.rules_for`; not imported
+        here: that module imports this one).
     memory_budget : int
         Bytes the training features may take.
     weight : float
