@@ -22,7 +22,7 @@ cluster, and sharded data is selected on a stratified sample of its shards
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -467,16 +467,8 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
             # selection's; then the large basis is searched at its top, under one as large as the
             # selection's, or the ladder's where it offers the kernel's map.
             cores = threads_for_n_jobs(base.get_params()["n_jobs"])  # the fits' cores
-            self.ladder_budget_s_ = (
-                rules.ladder_budget(len(labels), self.budget_s_)
-                if self.budget is None
-                else self.budget_s_
-            )
-            self.large_basis_budget_s_ = (
-                rules.large_basis_budget(len(labels), self.budget_s_)
-                if self.budget is None
-                else self.budget_s_
-            )
+            self.ladder_budget_s_ = self._split_budget(rules.ladder_budget, len(labels))
+            self.large_basis_budget_s_ = self._split_budget(rules.large_basis_budget, len(labels))
             ladder = climb_basis_ladder(
                 base,
                 self.best_params_,
@@ -541,6 +533,11 @@ class ForwardSelectionCV(ArtifactMixin, MetaEstimatorMixin, ClassifierMixin, Bas
         self.n_items_ = n_items
         self.documents_ = spec.is_documents
         self.classes_ = np.unique(labels)
+
+    def _split_budget(self, rule: Callable[[int, float], float], n_split_items: int) -> float:
+        """A stage's budget on the whole split, in seconds: ``rule``'s default for the split's
+        size when no ``budget`` was given, else the selection's (``budget`` bounds each)."""
+        return rule(n_split_items, self.budget_s_) if self.budget is None else self.budget_s_
 
     def predict(self, X):
         """Labels predicted by ``best_estimator_``."""

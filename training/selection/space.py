@@ -554,9 +554,15 @@ class KindRules:
         so that the kernel's map is offered on every dense split (to kernels only:
         :func:`large_basis_candidates`); elsewhere :data:`LARGE_BASIS_NORMALIZATION` alone
         (documents: their other measures, whatever these say)."""
-        if self.documents or n_split_items <= self.kernel_grid_max_items:
-            return (LARGE_BASIS_NORMALIZATION,)
-        return LARGE_BASIS_NORMALIZATIONS
+        if self.offers_kernel_map_on_the_split(n_split_items):
+            return LARGE_BASIS_NORMALIZATIONS
+        return (LARGE_BASIS_NORMALIZATION,)
+
+    def offers_kernel_map_on_the_split(self, n_split_items: int) -> bool:
+        """Whether the large-basis search on a split of ``n_split_items`` items stands in for
+        the kernel grid: dense splits above :attr:`kernel_grid_max_items`, which the grid does
+        not reach."""
+        return not self.documents and n_split_items > self.kernel_grid_max_items
 
     def large_basis_budget(self, n_split_items: int, selection_budget_s: float) -> float:
         """The large-basis search's default budget in seconds on a split of ``n_split_items``
@@ -564,7 +570,7 @@ class KindRules:
         the grid and offers the kernel's map (:meth:`large_basis_normalizations`; one such fit
         at 100,000 items takes minutes), the ladder's (:meth:`ladder_budget`); elsewhere the
         selection's, as the kernel grid's beside it."""
-        if len(self.large_basis_normalizations(n_split_items)) > 1:
+        if self.offers_kernel_map_on_the_split(n_split_items):
             return self.ladder_budget(n_split_items, selection_budget_s)
         return selection_budget_s
 
