@@ -376,6 +376,9 @@ def test_above_the_kernel_grids_bound_the_ladders_search_offers_the_kernels_map_
     # ladder's large-basis search besvm alone under the selection's budget; above it the search
     # offers the kernel's map too, first, under the ladder's budget (its fits are the split's).
     rules = space.DENSE_RULES
+    assert not rules.offers_kernel_map_on_the_split(5000)
+    assert rules.offers_kernel_map_on_the_split(5001)
+    assert not space.DOCUMENT_RULES.offers_kernel_map_on_the_split(100_000)
     assert rules.large_basis_normalizations(5000) == (space.LARGE_BASIS_NORMALIZATION,)
     assert rules.large_basis_normalizations(5001) == (
         space.KERNEL_MAP_NORMALIZATION,
